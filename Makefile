@@ -1,0 +1,57 @@
+# StarSun. `make demo` and `make test` each work alone on a fresh machine.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+# torch for this CPU machine (a local CPU build); override e.g. TORCH='torch==2.5.0' on other hosts.
+TORCH   ?= torch==2.13.0
+# llama.cpp from source: skip the multimodal parts (build time); GGML_NATIVE=OFF for wheels you ship.
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+TEST_MODELS ?= smollm2-135m qwen2.5-coder-0.5b
+DEMO_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+
+.PHONY: install llama models test-models demo test bench export flash-jetson clean help
+
+help:
+	@echo "make demo    - fetch real models and run the main job (speculative generation)"
+	@echo "make test    - run the whole test suite (installs what it needs)"
+	@echo "make models  - fetch every model in DATA.md (sha256 checked)"
+	@echo "make bench   - run the benchmarks (long; writes benchmarks/results/)"
+	@echo "make flash-jetson DEVICE=user@host - provision a Jetson-class device"
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test,export,bench]"
+	touch $@
+
+install: $(BIN)/.installed
+
+# llama-cpp-python builds from source (minutes); pip caches the wheel afterwards.
+$(BIN)/.llama: $(BIN)/.installed
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q "llama-cpp-python==0.3.36"
+	touch $@
+
+llama: $(BIN)/.llama
+
+models: install
+	$(BIN)/python -m edge.fetch
+
+test-models: install
+	$(BIN)/python -m edge.fetch $(TEST_MODELS)
+
+demo: install
+	$(BIN)/python -m edge.fetch $(DEMO_MODELS)
+	$(BIN)/edge-agent demo
+
+test: install llama test-models
+	$(BIN)/python -m pytest -q
+
+bench: install llama models
+	$(BIN)/python benchmarks/local_spec.py
+
+flash-jetson:
+	$(BIN)/python -m devices.provision $(if $(DEVICE),--device $(DEVICE),)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

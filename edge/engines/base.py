@@ -1,0 +1,64 @@
+"""The one interface every backend implements (torch, onnxruntime, llama.cpp).
+
+An engine holds one model and many *sequences*. A sequence is an int handle
+that owns its KV cache. Logits come back as numpy arrays so the verification
+math (edge/speculative.py) never depends on a backend.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import numpy as np
+
+
+class EngineError(RuntimeError):
+    """A request the engine cannot honour (unknown sequence, context full, ...)."""
+
+
+class Engine(ABC):
+    vocab_size: int          # width of the logits rows
+    max_len: int             # most tokens one sequence may hold
+    fingerprint: str         # names the weights; KV blobs carry it
+    name: str = "engine"     # backend name for reports
+
+    @abstractmethod
+    def new_sequence(self) -> int:
+        """A new empty sequence."""
+
+    @abstractmethod
+    def free(self, seq: int) -> None:
+        """Release a sequence and its KV memory."""
+
+    @abstractmethod
+    def length(self, seq: int) -> int:
+        """Tokens held in the sequence's KV cache."""
+
+    @abstractmethod
+    def forward(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        """Feed tokens after the current end; logits[len(tokens), vocab].
+
+        Used for prefill and for verifying gamma drafted tokens in one call.
+        """
+
+    @abstractmethod
+    def truncate(self, seq: int, n: int) -> None:
+        """Keep the first n tokens (rollback after a rejection)."""
+
+    @abstractmethod
+    def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """One token for each of many sequences (ragged lengths); logits[len(seqs), vocab]."""
+
+    def export_kv(self, seq: int) -> bytes:
+        raise EngineError(f"the {self.name} engine cannot export KV caches")
+
+    def import_kv(self, blob: bytes) -> int:
+        raise EngineError(f"the {self.name} engine cannot import KV caches")
+
+    def check_room(self, seq: int, n: int) -> None:
+        """Raise a clear error when n more tokens would overflow the context."""
+        have = self.length(seq)
+        if have + n > self.max_len:
+            raise EngineError(
+                f"context full: sequence holds {have} tokens, {n} more would exceed "
+                f"the model's context of {self.max_len}; use a shorter prompt or fewer new tokens")

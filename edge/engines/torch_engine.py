@@ -1,0 +1,135 @@
+"""The PyTorch engine: edge/model.py + per-sequence KV caches behind the Engine interface."""
+from __future__ import annotations
+
+import itertools
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+import torch
+
+from edge.engines.base import Engine, EngineError
+from edge.kv import KVError, SequenceKV, gather, scatter_new
+from edge.model import Transformer
+
+
+class TorchEngine(Engine):
+    name = "torch"
+
+    def __init__(self, model: Transformer, fingerprint: str = "", max_len: Optional[int] = None,
+                 threads: Optional[int] = None):
+        self.model = model.eval()
+        cfg = model.cfg
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size
+        self.max_len = int(max_len or cfg.max_position)
+        self.fingerprint = fingerprint
+        self.dtype = next(model.parameters()).dtype
+        if threads:
+            torch.set_num_threads(threads)
+        self._seqs: Dict[int, SequenceKV] = {}
+        self._tokens: Dict[int, list] = {}
+        self._ids = itertools.count(1)
+
+    # -- sequences ---------------------------------------------------------------
+    def _get(self, seq: int) -> SequenceKV:
+        try:
+            return self._seqs[seq]
+        except KeyError:
+            raise EngineError(f"unknown sequence {seq}") from None
+
+    def new_sequence(self) -> int:
+        sid = next(self._ids)
+        c = self.cfg
+        self._seqs[sid] = SequenceKV(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype, self.max_len)
+        self._tokens[sid] = []
+        return sid
+
+    def free(self, seq: int) -> None:
+        self._seqs.pop(seq, None)
+        self._tokens.pop(seq, None)
+
+    def length(self, seq: int) -> int:
+        return self._get(seq).length
+
+    def tokens(self, seq: int) -> list:
+        """Tokens fed so far (the draft service uses it to honour `keep`)."""
+        self._get(seq)
+        return list(self._tokens[seq])
+
+    def truncate(self, seq: int, n: int) -> None:
+        try:
+            self._get(seq).truncate(n)
+        except KVError as e:
+            raise EngineError(str(e)) from None
+        del self._tokens[seq][n:]
+
+    @property
+    def active_sequences(self) -> int:
+        return len(self._seqs)
+
+    def kv_bytes(self) -> int:
+        return sum(s.data.numel() * s.data.element_size() for s in self._seqs.values())
+
+    # -- compute -----------------------------------------------------------------
+    def _out(self, logits: torch.Tensor) -> np.ndarray:
+        # float64 models keep float64 so exactness tests are not blurred by a cast
+        return logits.numpy() if logits.dtype == torch.float64 else logits.float().numpy()
+
+    @torch.inference_mode()
+    def forward(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        kv = self._get(seq)
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        self._check_ids(tokens)
+        self.check_room(seq, len(tokens))
+        t = torch.tensor([tokens], dtype=torch.long)
+        past = kv.past() if kv.length else None
+        logits, present = self.model(t, past=past)
+        scatter_new([kv], present, kv.length)
+        self._tokens[seq].extend(tokens)
+        return self._out(logits[0])
+
+    @torch.inference_mode()
+    def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        if len(seqs) != len(tokens):
+            raise EngineError(f"step got {len(seqs)} sequences but {len(tokens)} tokens")
+        if len(set(seqs)) != len(seqs):
+            raise EngineError("step got the same sequence twice")
+        if not seqs:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        kvs = [self._get(s) for s in seqs]
+        tokens = [int(t) for t in tokens]
+        self._check_ids(tokens)
+        for s in seqs:
+            self.check_room(s, 1)
+        past, lengths = gather(kvs)
+        P = past[0][0].shape[2]
+        t = torch.tensor(tokens, dtype=torch.long)[:, None]
+        logits, present = self.model(t, past=past if P else None, past_lengths=lengths)
+        scatter_new(kvs, present, P)
+        for s, tok in zip(seqs, tokens):
+            self._tokens[s].append(tok)
+        return self._out(logits[:, 0])
+
+    def _check_ids(self, tokens):
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    # -- KV transfer ---------------------------------------------------------------
+    def export_kv(self, seq: int, dtype: str = "float16", meta: Optional[dict] = None) -> bytes:
+        return self._get(seq).to_bytes(self.fingerprint, dtype=dtype, tokens=self._tokens[seq], meta=meta)
+
+    def import_kv(self, blob: bytes) -> int:
+        c = self.cfg
+        try:
+            kv, head = SequenceKV.from_bytes(blob, fingerprint=self.fingerprint, layers=c.num_layers,
+                                             kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                                             dtype=self.dtype, max_len=self.max_len)
+        except KVError as e:
+            raise EngineError(f"KV blob refused: {e}") from None
+        sid = next(self._ids)
+        self._seqs[sid] = kv
+        self._tokens[sid] = list(head.get("tokens") or [])
+        return sid

@@ -1,0 +1,319 @@
+"""Local generation loops over the Engine interface: target-only and speculative.
+
+Both loops feed the prompt minus its last token as prefill and then make
+every generated token come out of a target call over [pending, drafts...], so
+"tokens per verification" counts exactly what each target call yielded.
+
+Stop tokens: generation ends at the first stop token; it is NOT put in
+`tokens` (nor passed to on_token) but it is reported in `stop_token` and
+counted in `n_generated` and against `max_new` (the target did generate it).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from edge.engines.base import Engine
+from edge.ngram import NgramDrafter
+from edge.sampling import GREEDY, SamplingParams, SparseDist, sample, to_probs, truncate_top_k
+from edge.speculative import (AcceptanceTracker, CostTracker, choose_gamma, verify_greedy,
+                              verify_stochastic)
+
+
+@dataclass
+class CallTiming:
+    kind: str          # "prefill", "verify" (a target call, plain steps included) or "draft"
+    n_tokens: int      # tokens fed (prefill/verify) or drafted (draft)
+    seconds: float
+
+
+@dataclass
+class GenResult:
+    tokens: List[int]                 # generated ids, stop token excluded
+    stop_token: Optional[int] = None  # the stop id that ended generation, if any
+    finish_reason: str = "length"     # "length" (max_new), "stop", or "context" (context full)
+    n_verify_calls: int = 0           # target calls after prefill
+    n_drafted: int = 0
+    n_accepted: int = 0
+    wall_s: float = 0.0
+    prefill_s: float = 0.0
+    timings: List[CallTiming] = field(default_factory=list)
+    gammas: List[int] = field(default_factory=list)   # gamma asked for, per round
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) + (self.stop_token is not None)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted (0.0 when nothing was drafted)."""
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def tokens_per_verify(self) -> float:
+        return self.n_generated / self.n_verify_calls if self.n_verify_calls else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return self.wall_s - self.prefill_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput (prefill excluded)."""
+        return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
+
+
+class ModelDrafter:
+    """A draft Engine kept in step with the committed tokens.
+
+    Each call truncates the draft's sequence to its common prefix with the
+    context, feeds what is missing and drafts gamma tokens, returning with
+    each the exact distribution it was sampled from. With top_k > 0 (and
+    temperature > 0) it samples from the renormalised top-k truncation and
+    returns that SparseDist — still exactly lossless (DESIGN.md).
+    """
+
+    def __init__(self, engine: Engine, params: SamplingParams = GREEDY, top_k: int = 0):
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ValueError(f"draft top_k must be an integer >= 0 (0 = full distribution), got {top_k!r}")
+        self.engine = engine
+        self.params = params
+        self.top_k = top_k
+        self.vocab_size = engine.vocab_size
+        self.name = f"model:{getattr(engine, 'fingerprint', '') or engine.name}"
+        self._seq: Optional[int] = None
+        self._fed: List[int] = []
+
+    def _pick(self, logits: np.ndarray, rng: np.random.Generator) -> Tuple[int, Union[np.ndarray, SparseDist]]:
+        if self.params.greedy:
+            x = int(np.argmax(logits))
+            return x, SparseDist.one_hot(x)
+        probs = to_probs(logits, self.params)
+        q = truncate_top_k(probs, self.top_k) if self.top_k else probs
+        return sample(q, rng), q
+
+    def draft(self, context: Sequence[int], gamma: int,
+              rng: np.random.Generator) -> Tuple[List[int], list]:
+        eng = self.engine
+        context = [int(t) for t in context]
+        # A draft with a shorter context drafts less, or nothing: speculation
+        # never decides correctness, the target just decodes alone.
+        gamma = min(gamma, eng.max_len - len(context) + 1)
+        if gamma <= 0 or not context:
+            return [], []
+        if self._seq is None:
+            self._seq = eng.new_sequence()
+            self._fed = []
+        keep = 0
+        for a, b in zip(self._fed, context):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(context) - 1)     # refeed at least one token to get logits
+        if eng.length(self._seq) != keep:
+            eng.truncate(self._seq, keep)
+        logits = eng.forward(self._seq, context[keep:])[-1]
+        tokens, qs = [], []
+        for j in range(gamma):
+            x, q = self._pick(logits, rng)
+            tokens.append(x)
+            qs.append(q)
+            if j + 1 < gamma:
+                logits = eng.forward(self._seq, [x])[-1]
+        self._fed = context + tokens[:-1]
+        return tokens, qs
+
+    def close(self) -> None:
+        """Free the draft's sequence (a later draft() starts a fresh one)."""
+        if self._seq is not None:
+            self.engine.free(self._seq)
+        self._seq, self._fed = None, []
+
+
+Drafter = Union[ModelDrafter, NgramDrafter]
+
+
+class AdaptiveGamma:
+    """Chooses gamma per round from measured costs and the running alpha.
+
+    First a plain step (measures the target's single step), then one round at
+    max_gamma (measures alpha, the draft and a long verify), then
+    choose_gamma(). When that says 0, a gamma=1 probe runs after 8, 16, 32 ...
+    plain steps so the estimates can recover — O(log n) probes in all.
+    """
+
+    def __init__(self, max_gamma: int, margin: float = 0.0, probe_start: int = 8,
+                 acceptance: Optional[AcceptanceTracker] = None, costs: Optional[CostTracker] = None):
+        self.max_gamma = max_gamma
+        self.margin = margin
+        self.acceptance = acceptance or AcceptanceTracker()
+        self.costs = costs or CostTracker()
+        self._probe_start = self._interval = probe_start
+        self._zeros = 0
+
+    def next_gamma(self) -> int:
+        if not self.costs.has_target(1):
+            return 0
+        if self.acceptance.rounds == 0 or not self.costs.has_draft:
+            return self.max_gamma
+        g = choose_gamma(self.acceptance.alpha, self.costs.c, self.costs.verify_cost,
+                         self.max_gamma, self.margin)
+        if g > 0:
+            self._zeros, self._interval = 0, self._probe_start
+            return g
+        self._zeros += 1
+        if self._zeros >= self._interval:
+            self._zeros, self._interval = 0, self._interval * 2
+            return 1
+        return 0
+
+
+def _check_prompt(prompt_ids: Sequence[int], max_new: int) -> List[int]:
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one token (e.g. the BOS token)")
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
+        raise ValueError(f"max_new must be an integer >= 0, got {max_new!r}")
+    return prompt
+
+
+class _Run:
+    """State shared by both loops: the target sequence, output, timings."""
+
+    def __init__(self, target: Engine, prompt: List[int], max_new: int, stop_ids: Iterable[int],
+                 on_token: Optional[Callable[[int], None]]):
+        self.target, self.max_new, self.on_token = target, max_new, on_token
+        self.stops = {int(s) for s in stop_ids}
+        self.res = GenResult(tokens=[])
+        self.t0 = time.perf_counter()
+        self.context = list(prompt)            # committed tokens; the last one not yet fed
+        self.seq = target.new_sequence()
+        try:
+            target.check_room(self.seq, len(prompt))
+            if len(prompt) > 1:
+                self.forward(prompt[:-1], "prefill")
+        except BaseException:
+            target.free(self.seq)
+            raise
+        self.res.prefill_s = time.perf_counter() - self.t0
+
+    def forward(self, tokens: List[int], kind: str = "verify") -> np.ndarray:
+        t = time.perf_counter()
+        out = self.target.forward(self.seq, tokens)
+        self.res.timings.append(CallTiming(kind, len(tokens), time.perf_counter() - t))
+        if kind == "verify":
+            self.res.n_verify_calls += 1
+        return out
+
+    @property
+    def done(self) -> bool:
+        return self.res.finish_reason != "length" or self.res.n_generated >= self.max_new
+
+    def room(self) -> int:
+        """Tokens the target can still take (the pending one included)."""
+        room = self.target.max_len - self.target.length(self.seq)
+        if room < 1:
+            self.res.finish_reason = "context"
+        return room
+
+    def commit(self, tokens: List[int]) -> None:
+        for t in tokens:
+            if t in self.stops:
+                self.res.stop_token, self.res.finish_reason = t, "stop"
+                return
+            self.res.tokens.append(t)
+            self.context.append(t)
+            if self.on_token is not None:
+                self.on_token(t)
+            if self.res.n_generated >= self.max_new:
+                return
+
+    def finish(self) -> GenResult:
+        self.target.free(self.seq)
+        self.res.wall_s = time.perf_counter() - self.t0
+        return self.res
+
+
+def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
+                   params: SamplingParams = GREEDY, stop_ids: Iterable[int] = (),
+                   on_token: Optional[Callable[[int], None]] = None) -> GenResult:
+    """Target-only decoding, one target call per generated token."""
+    prompt = _check_prompt(prompt_ids, max_new)
+    rng = np.random.default_rng(params.seed)
+    run = _Run(target, prompt, max_new, stop_ids, on_token)
+    try:
+        while not run.done and run.room() >= 1:
+            logits = run.forward([run.context[-1]])[-1]
+            t = int(np.argmax(logits)) if params.greedy else sample(to_probs(logits, params), rng)
+            run.res.gammas.append(0)
+            run.commit([t])
+    except BaseException:
+        target.free(run.seq)
+        raise
+    return run.finish()
+
+
+def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[int], max_new: int,
+                         gamma: int, params: SamplingParams = GREEDY, stop_ids: Iterable[int] = (),
+                         on_token: Optional[Callable[[int], None]] = None,
+                         adaptive: bool = False) -> GenResult:
+    """Speculative decoding: the drafter proposes, one target call verifies.
+
+    The output has exactly the target's distribution (greedy: exactly the
+    target's greedy text) whatever the drafter does. gamma is the number of
+    drafted tokens per round (>= 1); with adaptive=True it is the largest
+    gamma tried and each round picks one in 0..gamma from measured costs.
+    """
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1 (drafted tokens per verification), got {gamma!r}; "
+                         f"for target-only decoding use generate_plain, or adaptive=True to let the "
+                         f"cost model switch speculation off")
+    dv = getattr(drafter, "vocab_size", None)
+    if dv is not None and dv != target.vocab_size:
+        raise ValueError(f"draft and target vocabularies differ ({dv} vs {target.vocab_size} tokens); "
+                         f"the draft must share the target's tokenizer")
+    prompt = _check_prompt(prompt_ids, max_new)
+    rng = np.random.default_rng(params.seed)
+    policy = AdaptiveGamma(gamma) if adaptive else None
+    run = _Run(target, prompt, max_new, stop_ids, on_token)
+    res = run.res
+    try:
+        while not run.done:
+            room = run.room()
+            if room < 1:
+                break
+            g = policy.next_gamma() if policy else gamma
+            res.gammas.append(g)
+            # A round yields at most g+1 tokens: never draft past max_new or the context.
+            g = min(g, max_new - res.n_generated - 1, room - 1)
+            drafts, qs = [], []
+            if g > 0:
+                t = time.perf_counter()
+                drafts, qs = drafter.draft(run.context, g, rng)
+                dt = time.perf_counter() - t
+                drafts, qs = [int(x) for x in drafts[:g]], list(qs[:g])
+                res.timings.append(CallTiming("draft", len(drafts), dt))
+                if policy:
+                    policy.costs.add_draft(len(drafts), dt)
+            fed = len(run.context)
+            logits = run.forward([run.context[-1]] + drafts)
+            if policy:
+                policy.costs.add_target(len(drafts) + 1, res.timings[-1].seconds)
+            if params.greedy:
+                n, nxt = verify_greedy(drafts, logits)
+            else:
+                n, nxt = verify_stochastic(drafts, qs, to_probs(logits, params), rng)
+            res.n_drafted += len(drafts)
+            res.n_accepted += n
+            if policy:
+                policy.acceptance.update(len(drafts), n)
+            if n < len(drafts):
+                target.truncate(run.seq, fed + n)   # drop the rejected drafts' KV
+            run.commit(drafts[:n] + [nxt])
+    except BaseException:
+        target.free(run.seq)
+        raise
+    return run.finish()

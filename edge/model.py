@@ -1,0 +1,263 @@
+"""Llama / Qwen2-family decoder-only transformer (RMSNorm, RoPE, GQA, SwiGLU).
+
+One module for every role: draft, target, SUN prefill module and shared
+decoder have this architecture and differ only in weights. Parameter names are
+Hugging Face's, so HF safetensors load as they are. No generation logic here:
+`forward` maps tokens + a past KV (as tensors) to logits + the present KV, the
+same contract the ONNX graphs export and prefill-only tuning differentiates.
+
+Ragged batches: `past` holds B sequences right-padded to P entries; row b is
+valid for its first past_lengths[b] entries. New tokens of row b take positions
+past_lengths[b] .. past_lengths[b]+T-1 and are appended after the padding.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KV = List[Tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v): [B, n_kv, L, head_dim]
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "llama"              # "llama" or "qwen2" (= llama + q/k/v bias)
+    vocab_size: int = 256
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 0                # 0: hidden_size // num_heads
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None  # HF dict, e.g. {"rope_type": "llama3", ...}
+    rms_norm_eps: float = 1e-5
+    max_position: int = 2048
+    tie_embeddings: bool = True
+    qkv_bias: bool = False
+    extra: dict = field(default_factory=dict)  # metadata kept for exporters (bos/eos ids, ...)
+
+    def __post_init__(self):
+        if self.arch not in ("llama", "qwen2"):
+            raise ValueError(f"unsupported architecture {self.arch!r}: use 'llama' or 'qwen2'")
+        if not self.head_dim:
+            self.head_dim = self.hidden_size // self.num_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+
+    # -- Hugging Face config.json <-> ModelConfig --------------------------------
+    @classmethod
+    def from_hf(cls, hf: dict) -> "ModelConfig":
+        mt = hf.get("model_type", "llama")
+        if mt not in ("llama", "qwen2", "mistral"):
+            raise ValueError(f"unsupported model_type {mt!r} (llama and qwen2 families only)")
+        heads = hf["num_attention_heads"]
+        rope_scaling = hf.get("rope_scaling")
+        rope_theta = hf.get("rope_theta")
+        rp = hf.get("rope_parameters")  # transformers 5 folds theta + scaling in here
+        if rp:
+            rope_theta = rope_theta or rp.get("rope_theta")
+            if rp.get("rope_type", "default") != "default":
+                rope_scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
+        return cls(
+            arch="qwen2" if mt == "qwen2" else "llama",
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+            num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rope_theta=float(rope_theta or 10000.0), rope_scaling=rope_scaling,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            max_position=hf.get("max_position_embeddings", 2048),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", mt != "qwen2")),
+            qkv_bias=(mt == "qwen2") or bool(hf.get("attention_bias", False)),
+        )
+
+    def to_hf(self) -> dict:
+        hf = {
+            "model_type": self.arch,
+            "architectures": ["Qwen2ForCausalLM" if self.arch == "qwen2" else "LlamaForCausalLM"],
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim, "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps, "max_position_embeddings": self.max_position,
+            "tie_word_embeddings": self.tie_embeddings, "hidden_act": "silu",
+        }
+        if self.rope_scaling:
+            hf["rope_scaling"] = dict(self.rope_scaling)
+        if self.arch == "llama":
+            hf["attention_bias"] = self.qkv_bias
+            hf["mlp_bias"] = False
+        return hf
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelConfig":
+        return cls(**json.loads(text))
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse RoPE frequencies, with llama3 / linear scaling when configured."""
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    sc = cfg.rope_scaling or {}
+    kind = sc.get("rope_type", sc.get("type", "default"))
+    if kind == "llama3":
+        factor, low, high = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        old = sc["original_max_position_embeddings"]
+        low_wl, high_wl = old / low, old / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= high_wl) & (wavelen <= low_wl)
+        inv = torch.where(is_mid, mid, scaled)
+    elif kind == "linear":
+        inv = inv / sc["factor"]
+    elif kind not in ("default", None):
+        raise ValueError(f"unsupported rope scaling {kind!r}")
+    return inv
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + self.eps) * self.weight
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # HF's rotate_half convention: pairs are (i, i + d/2)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        hd, bias = cfg.head_dim, cfg.qkv_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask, past: Optional[Tuple[torch.Tensor, torch.Tensor]]):
+        B, T, _ = x.shape
+        c = self.cfg
+        q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if past is not None:
+            k = torch.cat((past[0], k), dim=2)
+            v = torch.cat((past[1], v), dim=2)
+        rep = c.num_heads // c.num_kv_heads
+        kk = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+        vv = v.repeat_interleave(rep, dim=1) if rep > 1 else v
+        y = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+        y = y.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim)
+        return self.o_proj(y), (k, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, past):
+        a, present = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), present
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Decoder(cfg)
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
+
+    def output_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.cfg.tie_embeddings else self.lm_head.weight
+
+    def forward(self, tokens: torch.Tensor, past: Optional[KV] = None,
+                past_lengths: Optional[torch.Tensor] = None, return_hidden: bool = False,
+                logits_last_only: bool = False):
+        """tokens [B, T] -> (logits [B, T, V], present KV [B, n_kv, P+T, hd] per layer).
+
+        past: per layer (k, v) [B, n_kv, P, hd], row b valid for past_lengths[b]
+        entries (default: all P). With return_hidden the final-norm hidden states
+        are returned as a third value (SUN and draft heads use them).
+        """
+        B, T = tokens.shape
+        dev = tokens.device
+        P = 0 if past is None else past[0][0].shape[2]
+        if past_lengths is None:
+            past_lengths = torch.full((B,), P, dtype=torch.long, device=dev)
+        positions = past_lengths[:, None] + torch.arange(T, device=dev)[None, :]  # [B, T]
+        x = self.model.embed_tokens(tokens)
+        ang = positions[..., None].to(torch.float32) * self.inv_freq.to(dev)     # [B, T, hd/2]
+        ang = torch.cat((ang, ang), dim=-1)[:, None]                               # [B, 1, T, hd]
+        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+        # key j < P is valid iff j < past_lengths[b]; new key P+t is visible to query t' >= t
+        kidx = torch.arange(P, device=dev)
+        kpos = torch.cat((kidx[None, :].expand(B, P), positions), dim=1)            # [B, P+T]
+        valid = torch.cat((kidx[None, :] < past_lengths[:, None],
+                           torch.ones(B, T, dtype=torch.bool, device=dev)), dim=1)
+        mask = valid[:, None, :] & (kpos[:, None, :] <= positions[:, :, None])   # [B, T, P+T]
+        mask = mask[:, None]                                                       # [B, 1, T, P+T]
+        present = []
+        for i, layer in enumerate(self.model.layers):
+            x, kv = layer(x, cos, sin, mask, None if past is None else past[i])
+            present.append(kv)
+        h = self.model.norm(x)
+        logits = F.linear(h[:, -1:] if logits_last_only else h, self.output_weight())
+        if return_hidden:
+            return logits, present, h
+        return logits, present
+
+
+def tiny_config(arch: str = "llama", **kw) -> ModelConfig:
+    """A small random-init config for tests and CI demos."""
+    base = dict(arch=arch, vocab_size=256, hidden_size=64, intermediate_size=128,
+                num_layers=2, num_heads=4, num_kv_heads=2, max_position=512,
+                qkv_bias=(arch == "qwen2"), tie_embeddings=(arch != "qwen2"))
+    base.update(kw)
+    return ModelConfig(**base)

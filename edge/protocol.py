@@ -1,0 +1,578 @@
+"""StarSD wire format: messages, topics, msgpack codec, HMAC, strict validation.
+
+Every message travels as a msgpack map (an *envelope*):
+
+    {"v": PROTOCOL_VERSION, "t": type tag, "s": session id or "",
+     "b": msgpack bytes of the body map, "h": HMAC-SHA256 or b""}
+
+The HMAC covers version, tag, sid and body bytes, keyed with the session
+secret, so a message cannot be forged, altered or moved to another session by
+anyone who does not hold the secret. Session messages (DraftRequest,
+DraftResponse, Bye, Error) must be signed; control messages (Join, Joined,
+HubStatus, DraftHello, SessionAssign, SessionRelease) travel unsigned unless
+the caller passes a key. The body is unpacked only after the HMAC checks.
+Arrays travel as [dtype, shape, bytes] with an allow-list of little-endian
+dtypes. Nothing is ever pickled.
+
+Confidentiality of the secrets in Joined and SessionAssign comes from the
+broker: with the hub's Mosquitto ACL only the addressed client (or draft
+service) can read its reply topic. On a broker without ACLs any subscriber to
+`#` could read them; signatures then still stop everyone else.
+
+Topics (MQTT 3.1.1: replies go to topics, never v5 properties):
+
+    ss/hub/join/{client}          target -> hub      Join (topic names the sender;
+                                                     the ACL lets a client write only its own)
+    ss/c/{client}/joined          hub -> target      Joined
+    ss/s/{client}/{sid}/up        target -> draft    DraftRequest, Bye (signed)
+    ss/s/{client}/{sid}/down      draft -> target    DraftResponse, Error (signed)
+    ss/hub/status                 hub, retained      HubStatus (last will: online=False)
+    ss/hub/drafts/{service}       draft svc -> hub   DraftHello, retained (will: online=False)
+    ss/d/{service}/ctl            hub -> draft svc   SessionAssign, SessionRelease
+    ss/sun/...                    reserved for SUN routing (prefill / shared decoder)
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import re
+import secrets as _secrets
+import struct
+import threading
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Optional, Union
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# ---- limits (a message outside them is refused, never half-processed) ----
+MAX_MESSAGE_BYTES = 4 << 20
+MAX_GAMMA = 32                 # drafted tokens per request
+MAX_APPEND = 32768             # tokens fed in one request (a whole prompt at first)
+MAX_KEEP = 1 << 20             # longest sequence a draft may be asked to keep
+MAX_VOCAB = 1 << 20            # token ids and vocab sizes stay below this
+MAX_TOP_K = 4096               # top-k parameter and q entries per position
+MAX_TEMPERATURE = 100.0
+MAX_SEQ = (1 << 63) - 1
+SECRET_BYTES = (16, 64)        # allowed secret lengths
+Q_SUM_TOLERANCE = 1e-3         # q must be a distribution: sum within this of 1
+ARRAY_DTYPES = ("<i4", "<i8", "<f4", "<f8")
+
+_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
+_FP = re.compile(r"[A-Za-z0-9_.:\-]{1,128}\Z")
+_CODE = re.compile(r"[a-z0-9_]{1,32}\Z")
+JOIN_ROLES = ("target", "prefill", "decoder")  # SUN roles reserved, not served yet
+
+# Error codes a draft service sends back (Error.code).
+E_BAD_KEEP = "bad_keep"                 # keep > what the draft holds for the session
+E_UNKNOWN_SESSION = "unknown_session"   # evicted or never assigned: rejoin
+E_OVERLOADED = "overloaded"             # session / KV limits reached
+E_BAD_REQUEST = "bad_request"
+E_INTERNAL = "internal"
+
+
+class ProtocolError(ValueError):
+    """A message that must be dropped. `code` groups reasons for counters:
+    'size', 'format', 'version', 'auth', 'invalid'."""
+
+    def __init__(self, reason: str, code: str = "invalid"):
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+# ---- topics ----
+SUN_PREFIX = "ss/sun"                     # reserved: SUN prefill/decoder routing
+STATUS_TOPIC = "ss/hub/status"
+JOIN_SUB = "ss/hub/join/+"                # the hub subscribes here
+SESSION_UP_SUB = "ss/s/+/+/up"            # a draft service serving every session
+DRAFTS_SUB = "ss/hub/drafts/+"            # the hub watches draft services here
+
+
+def check_id(value: Any, what: str = "id") -> str:
+    """Client, service and session ids: 1-64 chars of [A-Za-z0-9_.-] (no / + # $)."""
+    if not isinstance(value, str) or not _ID.match(value):
+        raise ProtocolError(f"{what} must be 1-64 characters of A-Z a-z 0-9 _ . -, got {value!r}")
+    return value
+
+
+def join_topic(client: str) -> str:
+    return f"ss/hub/join/{check_id(client, 'client id')}"
+
+
+def joined_topic(client: str) -> str:
+    return f"ss/c/{check_id(client, 'client id')}/joined"
+
+
+def up_topic(client: str, sid: str) -> str:
+    return f"ss/s/{check_id(client, 'client id')}/{check_id(sid, 'session id')}/up"
+
+
+def down_topic(client: str, sid: str) -> str:
+    return f"ss/s/{check_id(client, 'client id')}/{check_id(sid, 'session id')}/down"
+
+
+def draft_hello_topic(service: str) -> str:
+    return f"ss/hub/drafts/{check_id(service, 'service id')}"
+
+
+def draft_ctl_topic(service: str) -> str:
+    return f"ss/d/{check_id(service, 'service id')}/ctl"
+
+
+def parse_topic(topic: str) -> tuple[str, dict[str, str]]:
+    """(kind, ids) for a StarSD topic: kind in join, joined, up, down, status,
+    draft_hello, draft_ctl; raises ProtocolError for anything else."""
+    p = topic.split("/")
+    try:
+        if p[:3] == ["ss", "hub", "join"] and len(p) == 4:
+            return "join", {"client": check_id(p[3])}
+        if p[:2] == ["ss", "c"] and len(p) == 4 and p[3] == "joined":
+            return "joined", {"client": check_id(p[2])}
+        if p[:2] == ["ss", "s"] and len(p) == 5 and p[4] in ("up", "down"):
+            return p[4], {"client": check_id(p[2]), "sid": check_id(p[3])}
+        if topic == STATUS_TOPIC:
+            return "status", {}
+        if p[:3] == ["ss", "hub", "drafts"] and len(p) == 4:
+            return "draft_hello", {"service": check_id(p[3])}
+        if p[:2] == ["ss", "d"] and len(p) == 4 and p[3] == "ctl":
+            return "draft_ctl", {"service": check_id(p[2])}
+    except ProtocolError:
+        pass
+    raise ProtocolError(f"not a StarSD topic: {topic!r}", "format")
+
+
+def new_secret() -> bytes:
+    return _secrets.token_bytes(32)
+
+
+def new_sid() -> str:
+    return _secrets.token_hex(8)
+
+
+def sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             seed: Optional[int] = None) -> dict:
+    """A sampling dict; temperature 0 means greedy, top_k 0 means no top-k cut."""
+    return _check_sampling({"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
+
+
+# ---- messages ----
+QEntry = tuple[np.ndarray, np.ndarray]      # (token indices, probabilities)
+
+
+@dataclass
+class Join:
+    client: str
+    model_fp: str                           # tokenizer fingerprint
+    vocab_size: int
+    gamma: int = 4
+    sampling: dict = field(default_factory=lambda: sampling())
+    role: str = "target"
+    nonce: str = ""                         # echoed in Joined so stale replies are ignored
+
+
+@dataclass
+class Joined:
+    client: str
+    accepted: bool
+    reason: str = ""
+    sid: str = ""
+    secret: bytes = b""
+    draft: str = ""                         # draft service id that serves the session
+    up: str = ""
+    down: str = ""
+    nonce: str = ""
+
+
+@dataclass
+class DraftRequest:
+    sid: str
+    seq: int
+    keep: int                               # draft keeps its first `keep` tokens
+    append: list[int]                       # then feeds these
+    gamma: int                              # then drafts this many
+    sampling: dict = field(default_factory=lambda: sampling())
+
+
+@dataclass
+class DraftResponse:
+    sid: str
+    seq: int
+    tokens: list[int]
+    q: Optional[list[QEntry]] = None        # None for greedy; else exact sparse q per token
+    compute_us: int = 0                     # draft time spent on it: round trip - this = overhead
+
+
+@dataclass
+class Bye:
+    sid: str
+
+
+@dataclass
+class Error:
+    sid: str
+    seq: int
+    code: str
+    message: str = ""
+
+
+@dataclass
+class HubStatus:
+    hub: str
+    online: bool
+    time: float = 0.0
+    sessions: int = 0
+    services: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DraftHello:
+    service: str
+    model_fp: str
+    vocab_size: int
+    online: bool = True
+    max_sessions: int = 64
+    max_gamma: int = 8
+    sessions: int = 0
+    busy: float = 0.0                       # busy ratio over the last window
+
+
+@dataclass
+class SessionAssign:
+    service: str
+    client: str
+    sid: str
+    secret: bytes
+    gamma: int
+    sampling: dict = field(default_factory=lambda: sampling())
+
+
+@dataclass
+class SessionRelease:
+    service: str
+    sid: str
+    reason: str = ""
+
+
+Message = Union[Join, Joined, DraftRequest, DraftResponse, Bye, Error, HubStatus,
+                DraftHello, SessionAssign, SessionRelease]
+
+# ---- field checkers: take a wire value, return the python value or raise ----
+
+
+def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
+    def check(name: str, v: Any) -> int:
+        if type(v) is not int or not lo <= v <= hi:
+            raise ProtocolError(f"{name} must be an integer in [{lo}, {hi}], got {_short(v)}")
+        return v
+    return check
+
+
+def _float(lo: float, hi: float) -> Callable[[str, Any], float]:
+    def check(name: str, v: Any) -> float:
+        if type(v) not in (int, float) or not math.isfinite(v) or not lo <= v <= hi:
+            raise ProtocolError(f"{name} must be a finite number in [{lo}, {hi}], got {_short(v)}")
+        return float(v)
+    return check
+
+
+def _bool(name: str, v: Any) -> bool:
+    if type(v) is not bool:
+        raise ProtocolError(f"{name} must be true or false, got {_short(v)}")
+    return v
+
+
+def _str(regex: Optional[re.Pattern] = None, maxlen: int = 1024, empty: bool = False):
+    def check(name: str, v: Any) -> str:
+        if not isinstance(v, str) or len(v) > maxlen:
+            raise ProtocolError(f"{name} must be a string of at most {maxlen} characters, got {_short(v)}")
+        if regex is not None and not (empty and v == "") and not regex.match(v):
+            raise ProtocolError(f"{name} has characters or a length not allowed: {_short(v)}")
+        return v
+    return check
+
+
+def _secret(empty: bool):
+    def check(name: str, v: Any) -> bytes:
+        lo, hi = SECRET_BYTES
+        if not isinstance(v, bytes) or not (lo <= len(v) <= hi or (empty and v == b"")):
+            raise ProtocolError(f"{name} must be {lo}-{hi} bytes")
+        return v
+    return check
+
+
+def _tokens(maxlen: int):
+    def check(name: str, v: Any) -> list[int]:
+        if not isinstance(v, list) or len(v) > maxlen:
+            raise ProtocolError(f"{name} must be a list of at most {maxlen} token ids")
+        for t in v:
+            if type(t) is not int or not 0 <= t < MAX_VOCAB:
+                raise ProtocolError(f"{name} holds {_short(t)}, not a token id in [0, {MAX_VOCAB})")
+        return v
+    return check
+
+
+def _ids(name: str, v: Any) -> list[str]:
+    if not isinstance(v, list) or len(v) > 256:
+        raise ProtocolError(f"{name} must be a list of at most 256 ids")
+    return [check_id(x, name) for x in v]
+
+
+def _check_sampling(v: Any, name: str = "sampling") -> dict:
+    if not isinstance(v, dict) or set(v) != {"temperature", "top_k", "top_p", "seed"}:
+        raise ProtocolError(f"{name} must map exactly temperature, top_k, top_p, seed; got {_short(v)}")
+    out = {"temperature": _float(0.0, MAX_TEMPERATURE)(f"{name}.temperature", v["temperature"]),
+           "top_k": _int(0, MAX_TOP_K)(f"{name}.top_k", v["top_k"]),
+           "top_p": _float(0.0, 1.0)(f"{name}.top_p", v["top_p"]),
+           "seed": None if v["seed"] is None else _int(0, MAX_SEQ)(f"{name}.seed", v["seed"])}
+    if out["top_p"] <= 0.0:
+        raise ProtocolError(f"{name}.top_p must be > 0")
+    return out
+
+
+def encode_array(a: np.ndarray) -> list:
+    """[dtype, shape, bytes], little-endian, C order."""
+    a = np.ascontiguousarray(a)
+    a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+    if a.dtype.str not in ARRAY_DTYPES:
+        raise ProtocolError(f"array dtype {a.dtype} is not one of {ARRAY_DTYPES}")
+    return [a.dtype.str, list(a.shape), a.tobytes()]
+
+
+def decode_array(v: Any, name: str, dtypes: tuple = ARRAY_DTYPES, ndim: int = 1,
+                 max_items: int = MAX_TOP_K) -> np.ndarray:
+    if not (isinstance(v, list) and len(v) == 3 and isinstance(v[0], str)
+            and isinstance(v[1], list) and isinstance(v[2], bytes)):
+        raise ProtocolError(f"{name} must be [dtype, shape, bytes]")
+    dt, shape, raw = v
+    if dt not in dtypes:
+        raise ProtocolError(f"{name} has dtype {dt!r}; allowed: {dtypes}")
+    if len(shape) != ndim or any(type(d) is not int or d < 0 for d in shape):
+        raise ProtocolError(f"{name} must have {ndim} non-negative dimensions, got {_short(shape)}")
+    n = math.prod(shape)
+    if n > max_items:
+        raise ProtocolError(f"{name} holds {n} items; at most {max_items}")
+    if len(raw) != n * np.dtype(dt).itemsize:
+        raise ProtocolError(f"{name}: {len(raw)} bytes do not match shape {shape} of {dt}")
+    return np.frombuffer(raw, dtype=np.dtype(dt)).reshape(shape).copy()
+
+
+def _q(name: str, v: Any) -> Optional[list[QEntry]]:
+    if v is None:
+        return None
+    if not isinstance(v, list) or len(v) > MAX_GAMMA:
+        raise ProtocolError(f"{name} must be null or a list of at most {MAX_GAMMA} entries")
+    out = []
+    for i, e in enumerate(v):
+        if not isinstance(e, list) or len(e) != 2:
+            raise ProtocolError(f"{name}[{i}] must be [indices, probs]")
+        idx = decode_array(e[0], f"{name}[{i}].indices", ("<i4", "<i8"))
+        pr = decode_array(e[1], f"{name}[{i}].probs", ("<f4", "<f8"))
+        if idx.shape != pr.shape or idx.size == 0:
+            raise ProtocolError(f"{name}[{i}]: indices and probs must have the same non-zero length")
+        if idx.min() < 0 or idx.max() >= MAX_VOCAB or np.unique(idx).size != idx.size:
+            raise ProtocolError(f"{name}[{i}].indices must be distinct token ids in [0, {MAX_VOCAB})")
+        if not np.isfinite(pr).all() or (pr < 0).any() or (pr > 1).any():
+            raise ProtocolError(f"{name}[{i}].probs must be finite and in [0, 1]")
+        if abs(float(pr.sum(dtype=np.float64)) - 1.0) > Q_SUM_TOLERANCE:
+            raise ProtocolError(f"{name}[{i}].probs must sum to 1 (the exact q sampled from)")
+        out.append((idx, pr))
+    return out
+
+
+def _wire_q(q: Optional[list]) -> Optional[list]:
+    if q is None:
+        return None
+    return [[encode_array(np.asarray(i)), encode_array(np.asarray(p))] for i, p in q]
+
+
+_FPS = _str(_FP, 128)
+_SID = _str(_ID, 64)
+_SID_OR_EMPTY = _str(_ID, 64, empty=True)
+_ID_CHECK = _str(_ID, 64)
+_TOPIC = _str(None, 256)
+_TEXT = _str(None, 1024)
+_SAMPLING = lambda name, v: _check_sampling(v, name)  # noqa: E731
+
+# tag, class, is-session-message, field checkers (every field, in order)
+_SPECS: dict[type, tuple[str, bool, dict[str, Callable]]] = {
+    Join: ("join", False, {
+        "client": _ID_CHECK, "model_fp": _FPS, "vocab_size": _int(1, MAX_VOCAB),
+        "gamma": _int(0, MAX_GAMMA), "sampling": _SAMPLING,
+        "role": _str(re.compile("(?:" + "|".join(JOIN_ROLES) + r")\Z")), "nonce": _str(_ID, 64, empty=True)}),
+    Joined: ("joined", False, {
+        "client": _ID_CHECK, "accepted": _bool, "reason": _TEXT, "sid": _SID_OR_EMPTY,
+        "secret": _secret(empty=True), "draft": _SID_OR_EMPTY, "up": _TOPIC, "down": _TOPIC,
+        "nonce": _str(_ID, 64, empty=True)}),
+    DraftRequest: ("draft_req", True, {
+        "sid": _SID, "seq": _int(0, MAX_SEQ), "keep": _int(0, MAX_KEEP),
+        "append": _tokens(MAX_APPEND), "gamma": _int(0, MAX_GAMMA), "sampling": _SAMPLING}),
+    DraftResponse: ("draft_resp", True, {
+        "sid": _SID, "seq": _int(0, MAX_SEQ), "tokens": _tokens(MAX_GAMMA), "q": _q,
+        "compute_us": _int(0, 1 << 40)}),
+    Bye: ("bye", True, {"sid": _SID}),
+    Error: ("error", True, {"sid": _SID, "seq": _int(0, MAX_SEQ), "code": _str(_CODE, 32),
+                            "message": _TEXT}),
+    HubStatus: ("status", False, {
+        "hub": _ID_CHECK, "online": _bool, "time": _float(0.0, 1e12), "sessions": _int(0, 1 << 31),
+        "services": _ids}),
+    DraftHello: ("draft_hello", False, {
+        "service": _ID_CHECK, "model_fp": _FPS, "vocab_size": _int(1, MAX_VOCAB), "online": _bool,
+        "max_sessions": _int(0, 1 << 20), "max_gamma": _int(0, MAX_GAMMA),
+        "sessions": _int(0, 1 << 20), "busy": _float(0.0, 1.0)}),
+    SessionAssign: ("assign", False, {
+        "service": _ID_CHECK, "client": _ID_CHECK, "sid": _SID, "secret": _secret(empty=False),
+        "gamma": _int(0, MAX_GAMMA), "sampling": _SAMPLING}),
+    SessionRelease: ("release", False, {"service": _ID_CHECK, "sid": _SID, "reason": _TEXT}),
+}
+_BY_TAG = {tag: cls for cls, (tag, _, _) in _SPECS.items()}
+
+
+def _validate(cls: type, body: Any) -> Message:
+    tag, _, checks = _SPECS[cls]
+    if not isinstance(body, dict) or set(body) != set(checks):
+        got = sorted(body) if isinstance(body, dict) else type(body).__name__
+        raise ProtocolError(f"{tag} must have fields {sorted(checks)}, got {got}")
+    msg = cls(**{k: check(f"{tag}.{k}", body[k]) for k, check in checks.items()})
+    if cls is DraftResponse and msg.q is not None:
+        if len(msg.q) != len(msg.tokens):
+            raise ProtocolError("draft_resp.q must have one entry per drafted token")
+        for i, (t, (idx, pr)) in enumerate(zip(msg.tokens, msg.q)):
+            hit = np.flatnonzero(idx == t)
+            if hit.size != 1 or pr[hit[0]] <= 0:
+                raise ProtocolError(f"draft_resp token {i} ({t}) has no positive probability in its q")
+    if cls is Joined and msg.accepted and not (msg.sid and msg.secret and msg.up and msg.down):
+        raise ProtocolError("an accepted joined must carry sid, secret, up and down")
+    return msg
+
+
+def _mac(secret: bytes, version: int, tag: str, sid: str, body: bytes) -> bytes:
+    head = b"starsun\0" + struct.pack(">H", version) + tag.encode() + b"\0" + sid.encode() + b"\0"
+    return hmac.new(secret, head + body, hashlib.sha256).digest()
+
+
+def _session_of(msg: Message) -> str:
+    return getattr(msg, "sid", "") if _SPECS[type(msg)][1] else ""
+
+
+def encode(msg: Message, secret: Optional[bytes] = None) -> bytes:
+    """Validate and pack a message; session messages need the session secret."""
+    if type(msg) not in _SPECS:
+        raise TypeError(f"not a protocol message: {type(msg).__name__}")
+    tag, session, checks = _SPECS[type(msg)]
+    body = {f.name: getattr(msg, f.name) for f in fields(msg)}
+    for k in ("append", "tokens"):         # numpy ints and tuples are welcome here
+        if k in body and isinstance(body[k], (list, tuple, np.ndarray)):
+            body[k] = [int(t) for t in body[k]]
+    if type(msg) is DraftResponse:
+        body["q"] = _wire_q(body["q"])
+    _validate(type(msg), body)            # a bad message fails at the sender, with its reason
+    if session and not secret:
+        raise ProtocolError(f"{tag} is a session message: pass the session secret", "auth")
+    raw = msgpack.packb(body, use_bin_type=True)
+    sid = _session_of(msg)
+    mac = _mac(secret, PROTOCOL_VERSION, tag, sid, raw) if secret else b""
+    out = msgpack.packb({"v": PROTOCOL_VERSION, "t": tag, "s": sid, "b": raw, "h": mac}, use_bin_type=True)
+    if len(out) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"{tag} is {len(out)} bytes; at most {MAX_MESSAGE_BYTES}", "size")
+    return out
+
+
+SecretSource = Union[bytes, None, Callable[[str], Optional[bytes]]]
+
+
+def _unpack(data: bytes, what: str) -> Any:
+    def no_ext(code: int, data: bytes) -> Any:
+        raise ValueError("msgpack extension types are not allowed")
+    try:
+        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True,
+                               ext_hook=no_ext, timestamp=0)
+    except Exception as exc:  # msgpack raises many types; all mean "not ours"
+        raise ProtocolError(f"{what} is not valid msgpack: {exc}", "format") from None
+
+
+def decode(data: bytes, secret: SecretSource = None) -> Message:
+    """Unpack, check version and HMAC, validate strictly; raise ProtocolError.
+
+    `secret` is the session key, or a function sid -> key (None if unknown) for
+    a receiver serving many sessions. Session messages always need a key;
+    control messages are verified only when a key is given."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError("payload must be bytes", "format")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(data)} bytes; at most {MAX_MESSAGE_BYTES}", "size")
+    env = _unpack(bytes(data), "envelope")
+    if not isinstance(env, dict) or set(env) != {"v", "t", "s", "b", "h"}:
+        raise ProtocolError("envelope must map exactly v, t, s, b, h", "format")
+    if env["v"] != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {env['v']!r}, this side speaks {PROTOCOL_VERSION}: "
+                            "run the same StarSun release on hub and devices", "version")
+    tag, sid, raw, mac = env["t"], env["s"], env["b"], env["h"]
+    cls = _BY_TAG.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message type {_short(tag)}", "format")
+    if not isinstance(raw, bytes) or not isinstance(mac, bytes) or not isinstance(sid, str):
+        raise ProtocolError("envelope fields have wrong types", "format")
+    session = _SPECS[cls][1]
+    if session:
+        check_id(sid, "session id")
+    elif sid != "":
+        raise ProtocolError(f"{tag} carries no session id", "format")
+    key = secret(sid) if callable(secret) else secret
+    if session and not key:
+        raise ProtocolError(f"no secret for session {sid!r}: unknown or expired session", "auth")
+    if key is not None and not hmac.compare_digest(mac, _mac(key, env["v"], tag, sid, raw)):
+        raise ProtocolError(f"{tag} for session {sid!r} has a bad HMAC: dropped", "auth")
+    msg = _validate(cls, _unpack(raw, tag))
+    if session and msg.sid != sid:
+        raise ProtocolError(f"{tag}: body sid {msg.sid!r} differs from envelope sid {sid!r}")
+    return msg
+
+
+def check_vocab(msg: Message, vocab_size: int) -> None:
+    """Raise if any token id in msg is outside the receiver's vocabulary."""
+    ids: list = list(getattr(msg, "append", []) or getattr(msg, "tokens", []) or [])
+    if isinstance(msg, DraftResponse) and msg.q:
+        ids += [int(i.max()) for i, _ in msg.q]
+    if ids and max(ids) >= vocab_size:
+        raise ProtocolError(f"token id {max(ids)} is outside the vocabulary of {vocab_size}")
+
+
+GREEDY = sampling()
+
+
+class ReplayGuard:
+    """Per-session monotonic seq: a seq not above the last accepted one is dropped
+    and counted. Thread-safe (MQTT callbacks run on the network thread)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self.dropped_by_sid: dict[str, int] = {}
+
+    def accept(self, sid: str, seq: int) -> bool:
+        with self._lock:
+            if seq <= self._last.get(sid, -1):
+                self.dropped += 1
+                self.dropped_by_sid[sid] = self.dropped_by_sid.get(sid, 0) + 1
+                return False
+            self._last[sid] = seq
+            return True
+
+    def last(self, sid: str) -> int:
+        with self._lock:
+            return self._last.get(sid, -1)
+
+    def forget(self, sid: str) -> None:
+        with self._lock:
+            self._last.pop(sid, None)
+            self.dropped_by_sid.pop(sid, None)
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."

@@ -1,0 +1,185 @@
+"""Logits -> probability distributions, and sampling from them. Pure numpy.
+
+Everything is float64: the speculative verifier divides and subtracts these
+numbers, and the lossless guarantee is only as good as they are.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target (or a draft) turns logits into a next token.
+
+    temperature 0 means greedy (argmax); top_k 0 and top_p 1.0 switch those
+    filters off; seed makes a generation reproducible (None: fresh entropy).
+    """
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+
+    def __post_init__(self):
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        p = self.top_p
+        if not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingParams()
+
+
+def _as_logits(logits) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float64)
+    if x.ndim not in (1, 2) or x.shape[-1] == 0:
+        raise ValueError(f"logits must be [vocab] or [rows, vocab] with vocab > 0, got shape {x.shape}")
+    if np.isnan(x).any() or np.isposinf(x).any():
+        raise ValueError("logits contain NaN or +inf; the model produced invalid numbers")
+    if np.isneginf(x).all(axis=-1).any():
+        raise ValueError("a logits row is -inf everywhere; no token is possible")
+    return x
+
+
+def _filter_row(x: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """One row of scaled logits -> probabilities after top-k then top-p."""
+    v = x.shape[0]
+    keep = np.ones(v, dtype=bool)
+    if 0 < params.top_k < v:
+        # Stable sort so ties are broken by token id, identically every time.
+        order = np.argsort(-x, kind="stable")
+        keep[:] = False
+        keep[order[: params.top_k]] = True
+    z = np.where(keep, x, -np.inf)
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cum = np.cumsum(probs[order])
+        # Keep the smallest prefix whose mass reaches top_p (at least one token):
+        # a token stays if the mass strictly before it is still below top_p.
+        before = cum - probs[order]
+        drop = order[before >= params.top_p]
+        probs[drop] = 0.0
+        probs /= probs.sum()
+    return probs
+
+
+def to_probs(logits, params: SamplingParams) -> np.ndarray:
+    """Logits ([V] or [rows, V]) -> float64 probabilities of the same shape.
+
+    Order as in Hugging Face: temperature, then top-k, then top-p. Greedy
+    gives a one-hot row at argmax (first index on ties, like np.argmax).
+    """
+    x = _as_logits(logits)
+    rows = x.reshape(-1, x.shape[-1])
+    out = np.zeros_like(rows)
+    if params.greedy:
+        out[np.arange(rows.shape[0]), rows.argmax(axis=-1)] = 1.0
+    else:
+        for i, row in enumerate(rows):
+            out[i] = _filter_row(row / params.temperature, params)
+    return out.reshape(x.shape)
+
+
+@dataclass(frozen=True)
+class SparseDist:
+    """A distribution over a few token ids, given exactly: what a draft sampled
+    from after top-k truncation, and what it sends to the target (DESIGN.md)."""
+    indices: np.ndarray   # int64, unique, >= 0
+    probs: np.ndarray     # float64, >= 0, summing to 1
+
+    def __post_init__(self):
+        idx = np.asarray(self.indices)
+        p = np.asarray(self.probs, dtype=np.float64)
+        if idx.ndim != 1 or p.ndim != 1 or idx.shape != p.shape or idx.size == 0:
+            raise ValueError(f"SparseDist needs two 1-D arrays of the same non-zero length, "
+                             f"got indices {idx.shape} and probs {p.shape}")
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise ValueError(f"SparseDist indices must be integers, got dtype {idx.dtype}")
+        if (idx < 0).any() or np.unique(idx).size != idx.size:
+            raise ValueError("SparseDist indices must be unique token ids >= 0")
+        if not np.isfinite(p).all() or (p < 0).any() or abs(p.sum() - 1.0) > 1e-6:
+            raise ValueError(f"SparseDist probs must be finite, >= 0 and sum to 1 (sum is {p.sum()!r})")
+        object.__setattr__(self, "indices", idx.astype(np.int64))
+        object.__setattr__(self, "probs", p)
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    def dense(self, vocab: int) -> np.ndarray:
+        if int(self.indices.max()) >= vocab:
+            raise ValueError(f"SparseDist has token id {int(self.indices.max())} outside a vocabulary of {vocab}")
+        out = np.zeros(vocab, dtype=np.float64)
+        out[self.indices] = self.probs
+        return out
+
+    def prob_of(self, token: int) -> float:
+        hit = np.flatnonzero(self.indices == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+    @classmethod
+    def one_hot(cls, token: int) -> "SparseDist":
+        return cls(np.array([token], dtype=np.int64), np.array([1.0]))
+
+
+Dist = Union[np.ndarray, SparseDist]
+
+
+def _sample_dense(probs: np.ndarray, rng: np.random.Generator) -> int:
+    cdf = np.cumsum(probs)
+    total = cdf[-1]
+    if not np.isfinite(total) or total <= 0:
+        raise ValueError("cannot sample: the distribution has no positive mass")
+    i = int(np.searchsorted(cdf, rng.random() * total, side="right"))
+    # u*total may round up to total: fall back to the last token with mass.
+    if i >= probs.size:
+        i = int(np.flatnonzero(probs > 0)[-1])
+    return i
+
+
+def sample(probs: Dist, rng: np.random.Generator) -> int:
+    """Draw one token id from a dense [V] distribution or a SparseDist."""
+    if isinstance(probs, SparseDist):
+        return int(probs.indices[_sample_dense(probs.probs, rng)])
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 1:
+        raise ValueError(f"sample() needs one distribution [vocab], got shape {p.shape}")
+    if (p < 0).any() or not np.isfinite(p).all():
+        raise ValueError("sample() needs finite, non-negative probabilities")
+    return _sample_dense(p, rng)
+
+
+def truncate_top_k(probs, k: int) -> SparseDist:
+    """The k most likely tokens of a dense distribution, renormalised.
+
+    Zero-probability tokens are left out (so fewer than k may come back).
+    The draft samples from exactly this SparseDist and sends exactly it.
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 1:
+        raise ValueError(f"truncate_top_k needs one distribution [vocab], got shape {p.shape}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"top-k for the draft must be an integer >= 1, got {k!r}")
+    if (p < 0).any() or not np.isfinite(p).all() or p.sum() <= 0:
+        raise ValueError("truncate_top_k needs finite, non-negative probabilities with positive mass")
+    k = min(int(k), p.size)
+    top = np.argpartition(-p, k - 1)[:k] if k < p.size else np.arange(p.size)
+    # Deterministic order: by probability descending, then token id.
+    top = top[np.lexsort((top, -p[top]))]
+    top = top[p[top] > 0]
+    vals = p[top]
+    return SparseDist(top.astype(np.int64), vals / vals.sum())

@@ -50,8 +50,11 @@ test: install llama test-models
 bench: install llama models
 	$(BIN)/python benchmarks/local_spec.py
 
-flash-jetson:
-	$(BIN)/python -m devices.provision $(if $(DEVICE),--device $(DEVICE),)
+# make flash-jetson DEVICE=user@host [PROFILE=jetson-orin-nano-8gb] [ROLE=target] [HUB=mqtt://pc:1883] [DRY=1]
+flash-jetson: install
+	$(BIN)/python -m devices.provision $(if $(DEVICE),--device $(DEVICE),) \
+	  $(if $(PROFILE),--profile $(PROFILE),) $(if $(ROLE),--role $(ROLE),) \
+	  $(if $(HUB),--hub $(HUB),) $(if $(BUNDLE),--bundle $(BUNDLE),) $(if $(DRY),--dry-run,)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

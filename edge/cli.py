@@ -49,21 +49,14 @@ def load_engine(spec: str, dtype: str, threads: int | None, max_len: int):
     return engine, ckpt.tokenizer
 
 
-class TextStreamer:
-    """Prints decoded text as tokens arrive; holds back an incomplete UTF-8 tail."""
+def streamer(tokenizer):
+    """on_token callback that prints text as it becomes complete (UTF-8 safe)."""
+    stream = tokenizer.decode_stream(skip_special=True)
 
-    def __init__(self, tokenizer, echo=True):
-        self.tok, self.ids, self.shown, self.echo = tokenizer, [], "", echo
-
-    def __call__(self, token: int) -> None:
-        self.ids.append(int(token))
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return
-        if self.echo:
-            sys.stdout.write(text[len(self.shown):])
-            sys.stdout.flush()
-        self.shown = text
+    def on_token(token: int) -> None:
+        sys.stdout.write(stream.put(token))
+        sys.stdout.flush()
+    return on_token
 
 
 def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature, top_k, top_p,
@@ -94,14 +87,13 @@ def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature,
                                    f"exceeds the context of {target.max_len}: shorten it or lower --max-new")
     stops = tuple(tok.eos_ids)
     click.echo(f"--- speculative: draft {draft_name}, γ={'adaptive' if adaptive else gamma} ---", err=True)
-    streamer = TextStreamer(tok)
     spec = generate_speculative(target, drafter, ids, max_new, gamma, params, stop_ids=stops,
-                                on_token=streamer, adaptive=adaptive)
+                                on_token=streamer(tok), adaptive=adaptive)
     click.echo("")
     rows = [("speculative", spec)]
     if compare:
         click.echo("--- target alone ---", err=True)
-        plain = generate_plain(target, ids, max_new, params, stop_ids=stops, on_token=TextStreamer(tok))
+        plain = generate_plain(target, ids, max_new, params, stop_ids=stops, on_token=streamer(tok))
         click.echo("")
         rows.append(("target alone", plain))
     report(rows, greedy=temperature == 0)
@@ -112,13 +104,13 @@ def report(rows, greedy):
     spec = rows[0][1]
     click.echo(f"\n{'mode':<14}{'tokens':>8}{'tok/s':>9}{'accept':>9}{'tok/verify':>12}", err=True)
     for name, r in rows:
-        tps = r.tokens_per_second
+        tps = r.tokens_per_s
         acc = f"{r.acceptance_rate:.2f}" if r.n_drafted else "-"
         tpv = f"{r.tokens_per_verify:.2f}" if r.n_verify_calls else "-"
         click.echo(f"{name:<14}{len(r.tokens):>8}{tps:>9.2f}{acc:>9}{tpv:>12}", err=True)
     if len(rows) > 1:
         plain = rows[1][1]
-        click.echo(f"speedup vs target alone: {spec.tokens_per_second / plain.tokens_per_second:.2f}x", err=True)
+        click.echo(f"speedup vs target alone: {spec.tokens_per_s / plain.tokens_per_s:.2f}x", err=True)
         if greedy:
             n = min(len(spec.tokens), len(plain.tokens))
             same = next((i for i in range(n) if spec.tokens[i] != plain.tokens[i]), n)

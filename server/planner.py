@@ -20,14 +20,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Tokens committed per verification: (1 − α^(γ+1)) / (1 − α)."""
-    if gamma <= 0:
-        return 1.0
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+from edge.speculative import expected_tokens
 
 
 def interp_table(table: Dict[int, float], x: float) -> float:

@@ -360,33 +360,56 @@ def decode_array(v: Any, name: str, dtypes: tuple = ARRAY_DTYPES, ndim: int = 1,
     return np.frombuffer(raw, dtype=np.dtype(dt)).reshape(shape).copy()
 
 
-def _q(name: str, v: Any) -> Optional[list[QEntry]]:
+def _q(name: str, v: Any) -> Optional[tuple]:
+    """q on the wire: null, or [indices, probs, lengths] — every position's
+    entries concatenated, so checking costs a few numpy calls for any gamma."""
     if v is None:
         return None
-    if not isinstance(v, list) or len(v) > MAX_GAMMA:
-        raise ProtocolError(f"{name} must be null or a list of at most {MAX_GAMMA} entries")
-    out = []
-    for i, e in enumerate(v):
-        if not isinstance(e, list) or len(e) != 2:
-            raise ProtocolError(f"{name}[{i}] must be [indices, probs]")
-        idx = decode_array(e[0], f"{name}[{i}].indices", ("<i4", "<i8"))
-        pr = decode_array(e[1], f"{name}[{i}].probs", ("<f4", "<f8"))
-        if idx.shape != pr.shape or idx.size == 0:
-            raise ProtocolError(f"{name}[{i}]: indices and probs must have the same non-zero length")
-        if idx.min() < 0 or idx.max() >= MAX_VOCAB or np.unique(idx).size != idx.size:
-            raise ProtocolError(f"{name}[{i}].indices must be distinct token ids in [0, {MAX_VOCAB})")
-        if not np.isfinite(pr).all() or (pr < 0).any() or (pr > 1).any():
-            raise ProtocolError(f"{name}[{i}].probs must be finite and in [0, 1]")
-        if abs(float(pr.sum(dtype=np.float64)) - 1.0) > Q_SUM_TOLERANCE:
-            raise ProtocolError(f"{name}[{i}].probs must sum to 1 (the exact q sampled from)")
-        out.append((idx, pr))
-    return out
+    if not isinstance(v, list) or len(v) != 3:
+        raise ProtocolError(f"{name} must be null or [indices, probs, lengths]")
+    n_max = MAX_GAMMA * MAX_TOP_K
+    lens = decode_array(v[2], f"{name}.lengths", ("<i4", "<i8"), max_items=MAX_GAMMA)
+    idx = decode_array(v[0], f"{name}.indices", ("<i4", "<i8"), max_items=n_max)
+    pr = decode_array(v[1], f"{name}.probs", ("<f4", "<f8"), max_items=n_max)
+    if lens.size and (lens.min() < 1 or lens.max() > MAX_TOP_K):
+        raise ProtocolError(f"{name}: every position needs 1..{MAX_TOP_K} entries")
+    if idx.size != pr.size or idx.size != int(lens.sum()):
+        raise ProtocolError(f"{name}: indices, probs and lengths do not add up")
+    if idx.size and (idx.min() < 0 or idx.max() >= MAX_VOCAB):
+        raise ProtocolError(f"{name}.indices must be token ids in [0, {MAX_VOCAB})")
+    if idx.size and not (pr.min() >= 0.0 and pr.max() <= 1.0):   # NaN fails both
+        raise ProtocolError(f"{name}.probs must be finite and in [0, 1]")
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)
+    seg = np.repeat(np.arange(lens.size), lens)
+    if np.unique(seg * MAX_VOCAB + idx).size != idx.size:
+        raise ProtocolError(f"{name}.indices repeat a token within one position")
+    if lens.size and np.abs(np.add.reduceat(pr.astype(np.float64), starts) - 1.0).max() > Q_SUM_TOLERANCE:
+        raise ProtocolError(f"{name}: each position's probs must sum to 1 (the exact q sampled from)")
+    return idx, pr, lens, starts, seg
+
+
+def _split_q(q: tuple, tokens: list[int]) -> list[QEntry]:
+    idx, pr, lens, starts, seg = q
+    if lens.size != len(tokens):
+        raise ProtocolError("draft_resp.q must have one entry per drafted token")
+    hit = (idx == np.asarray(tokens, dtype=np.int64)[seg]) & (pr > 0)
+    bad = np.flatnonzero(np.bincount(seg[hit], minlength=lens.size) != 1)
+    if bad.size:
+        i = int(bad[0])
+        raise ProtocolError(f"draft_resp token {i} ({tokens[i]}) has no positive probability in its q")
+    return [(idx[a:a + n], pr[a:a + n]) for a, n in zip(starts.tolist(), lens.tolist())]
 
 
 def _wire_q(q: Optional[list]) -> Optional[list]:
     if q is None:
         return None
-    return [[encode_array(np.asarray(i)), encode_array(np.asarray(p))] for i, p in q]
+    if not q:
+        return [encode_array(np.zeros(0, np.int64)), encode_array(np.zeros(0, np.float32)),
+                encode_array(np.zeros(0, np.int64))]
+    idx = [np.asarray(i).reshape(-1) for i, _ in q]
+    pr = [np.asarray(p).reshape(-1) for _, p in q]
+    return [encode_array(np.concatenate(idx)), encode_array(np.concatenate(pr)),
+            encode_array(np.array([a.size for a in idx], dtype=np.int64))]
 
 
 _FPS = _str(_FP, 128)
@@ -438,14 +461,12 @@ def _validate(cls: type, body: Any) -> Message:
         raise ProtocolError(f"{tag} must have fields {sorted(checks)}, got {got}")
     msg = cls(**{k: check(f"{tag}.{k}", body[k]) for k, check in checks.items()})
     if cls is DraftResponse and msg.q is not None:
-        if len(msg.q) != len(msg.tokens):
-            raise ProtocolError("draft_resp.q must have one entry per drafted token")
-        for i, (t, (idx, pr)) in enumerate(zip(msg.tokens, msg.q)):
-            hit = np.flatnonzero(idx == t)
-            if hit.size != 1 or pr[hit[0]] <= 0:
-                raise ProtocolError(f"draft_resp token {i} ({t}) has no positive probability in its q")
-    if cls is Joined and msg.accepted and not (msg.sid and msg.secret and msg.up and msg.down):
-        raise ProtocolError("an accepted joined must carry sid, secret, up and down")
+        msg.q = _split_q(msg.q, msg.tokens)
+    if cls is Joined and msg.accepted:
+        if not (msg.sid and msg.secret and msg.draft):
+            raise ProtocolError("an accepted joined must carry sid, secret and draft")
+        if (msg.up, msg.down) != (up_topic(msg.client, msg.sid), down_topic(msg.client, msg.sid)):
+            raise ProtocolError("joined.up/down must be the session's topics ss/s/{client}/{sid}/up|down")
     return msg
 
 
@@ -491,7 +512,7 @@ def _unpack(data: bytes, what: str) -> Any:
         return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True,
                                ext_hook=no_ext, timestamp=0)
     except Exception as exc:  # msgpack raises many types; all mean "not ours"
-        raise ProtocolError(f"{what} is not valid msgpack: {exc}", "format") from None
+        raise ProtocolError(f"{what} is not valid msgpack: {exc or type(exc).__name__}", "format") from None
 
 
 def decode(data: bytes, secret: SecretSource = None) -> Message:

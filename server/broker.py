@@ -1,0 +1,397 @@
+"""MQTT brokers for the hub and the tests: embedded amqtt, or a Mosquitto process.
+
+Both isolate sessions with the same access table (`Acl`) when `acl=True`:
+the hub may do anything; a client (username = its client id) may only
+
+    write ss/hub/join/{me}          its join request
+    read  ss/c/{me}/joined          the hub's answer (it carries the session secret)
+    write ss/s/{me}/+/up            draft requests and bye of its own sessions
+    read  ss/s/{me}/+/down          draft responses for its own sessions
+    read  ss/hub/status             hub presence
+
+and a remote draft service additionally reads and writes every session
+(`ss/s/#`, it serves them), announces itself on ss/hub/drafts/{me} and reads
+its assignments on ss/d/{me}/#. Mosquitto gets these as an ACL file (patterns
+with %u) plus a password file; amqtt gets them as in-process plugins.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from amqtt.broker import Broker
+from amqtt.contexts import Action
+from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
+from paho.mqtt.client import topic_matches_sub
+
+ROLES = ("hub", "client", "draft")
+CLIENT_RULES = [("write", "ss/hub/join/%u"), ("read", "ss/c/%u/joined"),
+                ("write", "ss/s/%u/+/up"), ("read", "ss/s/%u/+/down"), ("read", "ss/hub/status")]
+DRAFT_RULES = [("readwrite", "ss/s/#"), ("write", "ss/hub/drafts/%u"), ("read", "ss/d/%u/#")]
+HUB_RULES = [("readwrite", "#")]
+
+
+class BrokerError(RuntimeError):
+    """A broker could not be started or configured; the message says what to do."""
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise BrokerError(f"cannot listen on {host}:{port} ({exc.strerror}): another broker "
+                              "may be running there; stop it or pick another port") from None
+
+
+def _wait_port(host: str, port: int, timeout: float, alive=lambda: True) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and alive():
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return True
+        except OSError:
+            time.sleep(0.01)
+    return False
+
+
+def _covers(rule: str, sub: str) -> bool:
+    """Every topic matching filter `sub` also matches filter `rule`."""
+    r, s = rule.split("/"), sub.split("/")
+    for i, level in enumerate(r):
+        if level == "#":
+            return True
+        if i >= len(s) or s[i] == "#" or (s[i] == "+" and level != "+") or (level not in ("+", s[i])):
+            return False
+    return len(r) == len(s)
+
+
+@dataclass
+class Acl:
+    """Users, passwords and roles; answers 'may user do action on topic'."""
+    users: dict[str, tuple[str, str]] = field(default_factory=dict)   # name -> (role, password)
+
+    def add(self, name: str, role: str = "client", password: Optional[str] = None) -> str:
+        if role not in ROLES:
+            raise BrokerError(f"role must be one of {ROLES}, got {role!r}")
+        if not name or any(c in name for c in "/+#:% \n"):
+            raise BrokerError(f"user name {name!r} may not contain / + # : % or spaces")
+        password = password or secrets.token_urlsafe(18)
+        self.users[name] = (role, password)
+        return password
+
+    def rules(self, name: str) -> list[tuple[str, str]]:
+        role = self.users.get(name, ("", ""))[0]
+        table = {"hub": HUB_RULES, "draft": DRAFT_RULES + CLIENT_RULES, "client": CLIENT_RULES}
+        return [(a, t.replace("%u", name)) for a, t in table.get(role, [])]
+
+    def check_password(self, name: Optional[str], password: Optional[str]) -> bool:
+        if not name or name not in self.users:
+            return False
+        return hmac.compare_digest(self.users[name][1].encode(), (password or "").encode())
+
+    def allows(self, name: Optional[str], topic: str, action: str) -> bool:
+        """action: 'write' (publish), 'read' (receive) or 'subscribe'."""
+        for access, rule in self.rules(name or ""):
+            if action == "subscribe":
+                if access != "write" and _covers(rule, topic):
+                    return True
+            elif access in (action, "readwrite") and topic_matches_sub(rule, topic):
+                return True
+        return False
+
+    def mosquitto_acl(self) -> str:
+        lines = ["# written by StarSun: clients connect with username = client id"]
+        lines += [f"pattern {a} {t}" for a, t in CLIENT_RULES]
+        for name, (role, _) in sorted(self.users.items()):
+            extra = {"hub": HUB_RULES, "draft": DRAFT_RULES}.get(role, [])
+            if extra:
+                lines.append(f"\nuser {name}")
+                lines += [f"topic {a} {t.replace('%u', name)}" for a, t in extra]
+        return "\n".join(lines) + "\n"
+
+
+class AclAuthPlugin(BaseAuthPlugin):
+    """amqtt: username/password from the shared Acl."""
+
+    @dataclass
+    class Config:
+        acl: Any = None
+
+    async def authenticate(self, *, session) -> bool:
+        return self.config.acl.check_password(session.username, session.password)
+
+
+class AclTopicPlugin(BaseTopicPlugin):
+    """amqtt: publish / subscribe / receive checks from the shared Acl."""
+
+    @dataclass
+    class Config:
+        acl: Any = None
+
+    async def topic_filtering(self, *, session=None, topic=None, action=None) -> bool:
+        name = session.username if session else None
+        what = {Action.PUBLISH: "write", Action.SUBSCRIBE: "subscribe", Action.RECEIVE: "read"}[action]
+        return bool(topic) and self.config.acl.allows(name, topic, what)
+
+
+class _BrokerBase:
+    host: str
+    port: int
+    acl: Optional[Acl]
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://{self.host}:{self.port}"
+
+    def add_user(self, name: str, role: str = "client", password: Optional[str] = None) -> str:
+        """Register a user (clients: name = client id); returns its password."""
+        if self.acl is None:
+            raise BrokerError("this broker runs without an ACL (acl=False): anyone may connect")
+        pw = self.acl.add(name, role, password)
+        self._reload(name)
+        return pw
+
+    def password(self, name: str) -> str:
+        return self.acl.users[name][1] if self.acl else ""
+
+    def _reload(self, name: str) -> None:
+        pass                                      # amqtt reads the shared Acl live
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class _TrackedBroker(Broker):
+    """amqtt's Broker, remembering client connections so stop() can cut them:
+    amqtt 0.12.1's shutdown() can hang on a session with QoS 1 traffic."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.writers: set = set()
+
+    async def stream_connected(self, reader, writer, listener_name: str) -> None:
+        self.writers.add(writer)
+        try:
+            await super().stream_connected(reader, writer, listener_name)
+        finally:
+            self.writers.discard(writer)
+
+    async def halt(self, timeout: float = 2.0) -> None:
+        for w in list(self.writers):             # clients see the broker die at once
+            w.transport.abort()
+        try:
+            await asyncio.wait_for(self.shutdown(), timeout)
+        except Exception:
+            pass                                  # stopping anyway; listeners closed below
+        for server in list(getattr(self, "_servers", {}).values()):
+            try:
+                await asyncio.wait_for(server.close_instance(), timeout)
+            except Exception:
+                pass
+        me = asyncio.current_task()
+        rest = [t for t in asyncio.all_tasks() if t is not me]
+        for t in rest:
+            t.cancel()
+        await asyncio.wait(rest, timeout=timeout) if rest else None
+
+
+class EmbeddedBroker(_BrokerBase):
+    """amqtt 0.12.1 (pure Python, MQTT 3.1.1) on its own thread and event loop."""
+
+    def __init__(self, port: Optional[int] = None, host: str = "127.0.0.1", acl: bool = False,
+                 hub_user: str = "hub") -> None:
+        self.host, self.port = host, port or find_free_port(host)
+        self.acl = Acl() if acl else None
+        self.hub_user = hub_user
+        self.hub_password = self.acl.add(hub_user, "hub") if self.acl else ""
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._broker: Optional[_TrackedBroker] = None
+
+    def _config(self) -> dict:
+        plugins: dict[str, Any] = {}
+        if self.acl:
+            plugins["server.broker.AclAuthPlugin"] = {"acl": self.acl}
+            plugins["server.broker.AclTopicPlugin"] = {"acl": self.acl}
+        else:
+            plugins["amqtt.plugins.authentication.AnonymousAuthPlugin"] = {"allow_anonymous": True}
+        return {"listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
+                "plugins": plugins}
+
+    def start(self, timeout: float = 10.0) -> "EmbeddedBroker":
+        if self._thread:
+            return self
+        _check_port_free(self.host, self.port)
+        ready, failure = threading.Event(), []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+
+            async def boot() -> None:
+                self._broker = _TrackedBroker(self._config(), loop=loop)
+                await self._broker.start()
+            try:
+                loop.run_until_complete(boot())
+            except Exception as exc:  # amqtt wraps bind errors etc. in BrokerError
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"amqtt-{self.port}", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout) or failure:
+            self._thread = None
+            raise BrokerError(f"the embedded MQTT broker could not listen on {self.host}:{self.port}: "
+                              f"{failure[0] if failure else 'timed out'}; pick another --port")
+        return self
+
+    def stop(self) -> None:
+        if not self._thread or not self._loop:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._broker.halt(), self._loop).result(10)
+        except Exception:
+            pass                                  # stopping anyway
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._thread = None
+
+
+class MosquittoBroker(_BrokerBase):
+    """A mosquitto process on a loopback port, configured in a temp dir."""
+
+    def __init__(self, port: Optional[int] = None, host: str = "127.0.0.1", acl: bool = False,
+                 hub_user: str = "hub", workdir: Optional[str] = None) -> None:
+        self.exe = shutil.which("mosquitto") or next(
+            (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)), None)
+        if not self.exe:
+            raise BrokerError("mosquitto is not installed: `apt-get install mosquitto` "
+                              "(or `brew install mosquitto`), or use the embedded broker")
+        self.host, self.port = host, port or find_free_port(host)
+        self.acl = Acl() if acl else None
+        self.hub_user = hub_user
+        self.hub_password = self.acl.add(hub_user, "hub") if self.acl else ""
+        self._own_dir = workdir is None
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="ss-mosquitto-"))
+        self.proc: Optional[subprocess.Popen] = None
+
+    def _write_files(self) -> None:
+        conf = [f"listener {self.port} {self.host}", "set_tcp_nodelay true", "max_queued_messages 0",
+                "persistence false", f"log_dest file {self.dir / 'mosquitto.log'}",
+                "log_type error", "log_type warning", "log_type notice", "log_type information"]
+        if os.geteuid() == 0:
+            conf.append("user root")               # else it drops to 'mosquitto' and cannot read dir
+        if self.acl:
+            conf += ["allow_anonymous false", f"password_file {self.dir / 'passwd'}",
+                     f"acl_file {self.dir / 'acl'}"]
+            path = self.dir / "passwd"
+            path.write_text("")
+            path.chmod(0o600)
+            for name in self.acl.users:
+                self._write_password(name)
+            (self.dir / "acl").write_text(self.acl.mosquitto_acl())
+        else:
+            conf.append("allow_anonymous true")
+        (self.dir / "mosquitto.conf").write_text("\n".join(conf) + "\n")
+
+    def _write_password(self, name: str) -> None:
+        tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+        r = subprocess.run([tool, "-b", str(self.dir / "passwd"), name, self.acl.users[name][1]],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise BrokerError(f"mosquitto_passwd failed for {name!r}: {r.stderr.strip() or r.stdout.strip()}")
+
+    def _reload(self, name: str) -> None:
+        if self.proc and self.proc.poll() is None:
+            self._write_password(name)
+            (self.dir / "acl").write_text(self.acl.mosquitto_acl())
+            before = self._log_count("Reloading config.")
+            self.proc.send_signal(signal.SIGHUP)   # mosquitto re-reads password and ACL files
+            end = time.monotonic() + 5              # single-threaded: once logged, it is done
+            while self._log_count("Reloading config.") == before and time.monotonic() < end:
+                time.sleep(0.005)
+
+    def _log_count(self, text: str) -> int:
+        p = self.dir / "mosquitto.log"
+        return p.read_text(errors="replace").count(text) if p.exists() else 0
+
+    def log_tail(self, n: int = 20) -> str:
+        p = self.dir / "mosquitto.log"
+        return "\n".join(p.read_text(errors="replace").splitlines()[-n:]) if p.exists() else ""
+
+    def start(self, timeout: float = 10.0) -> "MosquittoBroker":
+        if self.proc and self.proc.poll() is None:
+            return self
+        _check_port_free(self.host, self.port)
+        self._write_files()
+        self.proc = subprocess.Popen([self.exe, "-c", str(self.dir / "mosquitto.conf")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if not _wait_port(self.host, self.port, timeout, alive=lambda: self.proc.poll() is None):
+            err = self.proc.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
+            self.stop()
+            raise BrokerError(f"mosquitto did not start on {self.host}:{self.port}: "
+                              f"{(err + self.log_tail()).strip() or 'timed out'}")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+        self.proc = None
+
+    def close(self) -> None:
+        """Stop and remove the temp dir."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def start_broker(kind: str = "auto", port: Optional[int] = None, acl: bool = False):
+    """kind: 'mosquitto', 'embedded' or 'auto' (Mosquitto when installed)."""
+    if kind == "auto":
+        kind = "mosquitto" if shutil.which("mosquitto") or os.path.exists("/usr/sbin/mosquitto") else "embedded"
+    if kind not in ("mosquitto", "embedded"):
+        raise BrokerError(f"broker kind must be mosquitto, embedded or auto, got {kind!r}")
+    cls = MosquittoBroker if kind == "mosquitto" else EmbeddedBroker
+    return cls(port=port, acl=acl).start()

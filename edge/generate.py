@@ -18,7 +18,7 @@ import numpy as np
 
 from edge.engines.base import Engine
 from edge.ngram import NgramDrafter
-from edge.sampling import GREEDY, SamplingParams, SparseDist, sample, to_probs, truncate_top_k
+from edge.sampling import GREEDY, SamplingParams, SparseDist, draw, to_probs, truncate_top_k
 from edge.speculative import (AcceptanceTracker, CostTracker, choose_gamma, verify_greedy,
                               verify_stochastic)
 
@@ -93,7 +93,27 @@ class ModelDrafter:
             return x, SparseDist.one_hot(x)
         probs = to_probs(logits, self.params)
         q = truncate_top_k(probs, self.top_k) if self.top_k else probs
-        return sample(q, rng), q
+        return draw(q, rng), q
+
+    def _sync(self, tokens: List[int]) -> np.ndarray:
+        """Make the draft's sequence hold exactly `tokens` (keeping the common
+        prefix, refeeding at least one token); the logits after the last one."""
+        eng = self.engine
+        if self._seq is None:
+            self._seq = eng.new_sequence()
+            self._fed = []
+        keep = 0
+        for a, b in zip(self._fed, tokens):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(tokens) - 1)
+        if eng.length(self._seq) != keep:
+            eng.truncate(self._seq, keep)
+        self._fed = self._fed[:keep]          # stays true even if forward fails
+        logits = eng.forward(self._seq, tokens[keep:])[-1]
+        self._fed = list(tokens)
+        return logits
 
     def draft(self, context: Sequence[int], gamma: int,
               rng: np.random.Generator) -> Tuple[List[int], list]:
@@ -104,18 +124,7 @@ class ModelDrafter:
         gamma = min(gamma, eng.max_len - len(context) + 1)
         if gamma <= 0 or not context:
             return [], []
-        if self._seq is None:
-            self._seq = eng.new_sequence()
-            self._fed = []
-        keep = 0
-        for a, b in zip(self._fed, context):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(context) - 1)     # refeed at least one token to get logits
-        if eng.length(self._seq) != keep:
-            eng.truncate(self._seq, keep)
-        logits = eng.forward(self._seq, context[keep:])[-1]
+        logits = self._sync(context)
         tokens, qs = [], []
         for j in range(gamma):
             x, q = self._pick(logits, rng)
@@ -123,8 +132,14 @@ class ModelDrafter:
             qs.append(q)
             if j + 1 < gamma:
                 logits = eng.forward(self._seq, [x])[-1]
-        self._fed = context + tokens[:-1]
+                self._fed.append(x)
         return tokens, qs
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Feed all but the last prompt token (what draft() would feed anyway)."""
+        prompt = [int(t) for t in prompt]
+        if 1 < len(prompt) <= self.engine.max_len:
+            self._sync(prompt[:-1])
 
     def close(self) -> None:
         """Free the draft's sequence (a later draft() starts a fresh one)."""
@@ -134,36 +149,51 @@ class ModelDrafter:
 
 
 Drafter = Union[ModelDrafter, NgramDrafter]
+CATCH_UP_OK = 4   # a draft call feeding <= this many missed tokens still times as a step
 
 
 class AdaptiveGamma:
     """Chooses gamma per round from measured costs and the running alpha.
 
-    First a plain step (measures the target's single step), then one round at
-    max_gamma (measures alpha, the draft and a long verify), then
-    choose_gamma(). When that says 0, a gamma=1 probe runs after 8, 16, 32 ...
-    plain steps so the estimates can recover — O(log n) probes in all.
+    First plain steps until `warmup` single-step timings exist, then one
+    exploration round at min(max_gamma, 3) (measures alpha, the draft and a
+    longer verify; cheap even where speculation loses), then choose_gamma()
+    with a `margin` so timing noise does not tip a near-tie into speculation.
+    When that says 0, a gamma=1 probe runs after 8, 16, 32 ... plain steps so
+    the estimates can recover — O(log n) probes in all. While speculating, a
+    plain step every `refresh` rounds (every 8 until the single-step window is
+    full) keeps the single-step time — the unit of every cost — measured.
     """
 
-    def __init__(self, max_gamma: int, margin: float = 0.0, probe_start: int = 8,
-                 acceptance: Optional[AcceptanceTracker] = None, costs: Optional[CostTracker] = None):
+    def __init__(self, max_gamma: int, margin: float = 0.05, probe_start: int = 8, warmup: int = 2,
+                 refresh: int = 32, acceptance: Optional[AcceptanceTracker] = None,
+                 costs: Optional[CostTracker] = None):
         self.max_gamma = max_gamma
         self.margin = margin
+        self.warmup = warmup
+        self.refresh = refresh
         self.acceptance = acceptance or AcceptanceTracker()
         self.costs = costs or CostTracker()
         self._probe_start = self._interval = probe_start
         self._zeros = 0
+        self._since_plain = 0
 
     def next_gamma(self) -> int:
-        if not self.costs.has_target(1):
+        if self.costs.samples(1) < self.warmup:
             return 0
         if self.acceptance.rounds == 0 or not self.costs.has_draft:
-            return self.max_gamma
+            return min(self.max_gamma, 3)
         g = choose_gamma(self.acceptance.alpha, self.costs.c, self.costs.verify_cost,
                          self.max_gamma, self.margin)
         if g > 0:
             self._zeros, self._interval = 0, self._probe_start
+            self._since_plain += 1
+            every = self.refresh if self.costs.samples(1) >= self.costs.window else 8
+            if self._since_plain > every:
+                self._since_plain = 0
+                return 0
             return g
+        self._since_plain = 0
         self._zeros += 1
         if self._zeros >= self._interval:
             self._zeros, self._interval = 0, self._interval * 2
@@ -247,7 +277,7 @@ def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
     try:
         while not run.done and run.room() >= 1:
             logits = run.forward([run.context[-1]])[-1]
-            t = int(np.argmax(logits)) if params.greedy else sample(to_probs(logits, params), rng)
+            t = int(np.argmax(logits)) if params.greedy else draw(to_probs(logits, params), rng)
             run.res.gammas.append(0)
             run.commit([t])
     except BaseException:
@@ -280,7 +310,17 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     policy = AdaptiveGamma(gamma) if adaptive else None
     run = _Run(target, prompt, max_new, stop_ids, on_token)
     res = run.res
+    # Context length the drafter last saw. A draft call after many plain
+    # steps also feeds the tokens it missed: not a fair draft-step sample.
+    seen = len(prompt)
     try:
+        if hasattr(drafter, "prefill"):
+            # Prefill the draft too, so the first draft call is not timed as
+            # a (misleadingly slow) draft step by the adaptive policy.
+            t = time.perf_counter()
+            drafter.prefill(prompt)
+            res.timings.append(CallTiming("draft_prefill", len(prompt) - 1, time.perf_counter() - t))
+            res.prefill_s = time.perf_counter() - run.t0
         while not run.done:
             room = run.room()
             if room < 1:
@@ -294,13 +334,23 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
                 t = time.perf_counter()
                 drafts, qs = drafter.draft(run.context, g, rng)
                 dt = time.perf_counter() - t
-                drafts, qs = [int(x) for x in drafts[:g]], list(qs[:g])
+                drafts = [int(x) for x in drafts[:g]]
+                # No q given: verify against one-hot q at each proposal. That is
+                # lossless for ANY way the proposals were made (given the
+                # proposals, it is exact verification of a deterministic draft).
+                qs = list(qs[:g]) if qs is not None else [SparseDist.one_hot(x) for x in drafts]
+                # A drafter may propose ids the target lacks (an n-gram copying
+                # a bad prompt id): drop them rather than fail the generation.
+                bad = [i for i, x in enumerate(drafts) if not 0 <= x < target.vocab_size]
+                if bad:
+                    drafts, qs = drafts[:bad[0]], qs[:bad[0]]
                 res.timings.append(CallTiming("draft", len(drafts), dt))
-                if policy:
+                if policy and len(run.context) - seen <= CATCH_UP_OK:
                     policy.costs.add_draft(len(drafts), dt)
+                seen = len(run.context)
             fed = len(run.context)
             logits = run.forward([run.context[-1]] + drafts)
-            if policy:
+            if policy and res.n_verify_calls > 1:     # the first call pays warm-up costs
                 policy.costs.add_target(len(drafts) + 1, res.timings[-1].seconds)
             if params.greedy:
                 n, nxt = verify_greedy(drafts, logits)

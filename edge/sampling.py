@@ -47,34 +47,34 @@ def _as_logits(logits) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     if x.ndim not in (1, 2) or x.shape[-1] == 0:
         raise ValueError(f"logits must be [vocab] or [rows, vocab] with vocab > 0, got shape {x.shape}")
-    if np.isnan(x).any() or np.isposinf(x).any():
-        raise ValueError("logits contain NaN or +inf; the model produced invalid numbers")
-    if np.isneginf(x).all(axis=-1).any():
+    # One reduction catches NaN, +inf and all -inf rows (max is then not finite).
+    if not np.isfinite(x.max(axis=-1)).all():
+        if np.isnan(x).any() or np.isposinf(x).any():
+            raise ValueError("logits contain NaN or +inf; the model produced invalid numbers")
         raise ValueError("a logits row is -inf everywhere; no token is possible")
     return x
 
 
-def _filter_row(x: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """One row of scaled logits -> probabilities after top-k then top-p."""
-    v = x.shape[0]
-    keep = np.ones(v, dtype=bool)
+def _filter_rows(z: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Scaled logits [rows, V] -> probabilities after top-k then top-p."""
+    rows, v = z.shape
+    r = np.arange(rows)[:, None]
     if 0 < params.top_k < v:
         # Stable sort so ties are broken by token id, identically every time.
-        order = np.argsort(-x, kind="stable")
-        keep[:] = False
-        keep[order[: params.top_k]] = True
-    z = np.where(keep, x, -np.inf)
-    probs = np.exp(z - z.max())
-    probs /= probs.sum()
+        top = np.argsort(-z, axis=-1, kind="stable")[:, : params.top_k]
+        kept = np.full_like(z, -np.inf)
+        kept[r, top] = z[r, top]
+        z = kept
+    probs = np.exp(z - z.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
     if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        cum = np.cumsum(probs[order])
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        sorted_p = probs[r, order]
         # Keep the smallest prefix whose mass reaches top_p (at least one token):
         # a token stays if the mass strictly before it is still below top_p.
-        before = cum - probs[order]
-        drop = order[before >= params.top_p]
-        probs[drop] = 0.0
-        probs /= probs.sum()
+        drop = (np.cumsum(sorted_p, axis=-1) - sorted_p) >= params.top_p
+        probs[np.nonzero(drop)[0], order[drop]] = 0.0
+        probs /= probs.sum(axis=-1, keepdims=True)
     return probs
 
 
@@ -86,12 +86,19 @@ def to_probs(logits, params: SamplingParams) -> np.ndarray:
     """
     x = _as_logits(logits)
     rows = x.reshape(-1, x.shape[-1])
-    out = np.zeros_like(rows)
     if params.greedy:
+        out = np.zeros_like(rows)
         out[np.arange(rows.shape[0]), rows.argmax(axis=-1)] = 1.0
     else:
-        for i, row in enumerate(rows):
-            out[i] = _filter_row(row / params.temperature, params)
+        with np.errstate(over="ignore"):
+            z = rows / params.temperature
+        over = ~np.isfinite(z.max(axis=-1))
+        if over.any():
+            # A temperature so small that logits overflow: the limit is the
+            # uniform law over the row's maxima (greedy up to ties).
+            top = rows[over] == rows[over].max(axis=-1, keepdims=True)
+            z[over] = np.where(top, 0.0, -np.inf)
+        out = _filter_rows(z, params)
     return out.reshape(x.shape)
 
 
@@ -133,7 +140,15 @@ class SparseDist:
 
     @classmethod
     def one_hot(cls, token: int) -> "SparseDist":
-        return cls(np.array([token], dtype=np.int64), np.array([1.0]))
+        return cls._trusted(np.array([int(token)], dtype=np.int64), np.array([1.0]))
+
+    @classmethod
+    def _trusted(cls, indices: np.ndarray, probs: np.ndarray) -> "SparseDist":
+        """Skip validation for distributions built here (hot path)."""
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "indices", indices)
+        object.__setattr__(obj, "probs", probs)
+        return obj
 
 
 Dist = Union[np.ndarray, SparseDist]
@@ -149,6 +164,14 @@ def _sample_dense(probs: np.ndarray, rng: np.random.Generator) -> int:
     if i >= probs.size:
         i = int(np.flatnonzero(probs > 0)[-1])
     return i
+
+
+def draw(probs: Dist, rng: np.random.Generator) -> int:
+    """sample() without input checks, for distributions built by this package
+    (to_probs, truncate_top_k, verification residuals): the hot path."""
+    if isinstance(probs, SparseDist):
+        return int(probs.indices[_sample_dense(probs.probs, rng)])
+    return _sample_dense(probs, rng)
 
 
 def sample(probs: Dist, rng: np.random.Generator) -> int:
@@ -177,9 +200,13 @@ def truncate_top_k(probs, k: int) -> SparseDist:
     if (p < 0).any() or not np.isfinite(p).all() or p.sum() <= 0:
         raise ValueError("truncate_top_k needs finite, non-negative probabilities with positive mass")
     k = min(int(k), p.size)
-    top = np.argpartition(-p, k - 1)[:k] if k < p.size else np.arange(p.size)
+    if p.size > 4096 and k < p.size:
+        # Large vocabularies: partition first, then order only the k survivors.
+        top = np.argpartition(-p, k - 1)[:k]
+        top = top[np.lexsort((top, -p[top]))]
+    else:
+        top = np.argsort(-p, kind="stable")[:k]
     # Deterministic order: by probability descending, then token id.
-    top = top[np.lexsort((top, -p[top]))]
-    top = top[p[top] > 0]
+    top = top[p[top] > 0].astype(np.int64)
     vals = p[top]
-    return SparseDist(top.astype(np.int64), vals / vals.sum())
+    return SparseDist._trusted(top, vals / vals.sum())

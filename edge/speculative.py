@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edge.sampling import Dist, SparseDist, sample
+from edge.sampling import Dist, SparseDist, draw
 
 
 def _check_rows(draft_tokens: Sequence[int], rows: np.ndarray, what: str) -> int:
@@ -72,6 +72,8 @@ def verify_stochastic(draft_tokens: Sequence[int], q_list: Sequence[Dist], p,
     """
     p = np.asarray(p, dtype=np.float64)
     vocab = _check_rows(draft_tokens, p, "target probabilities p")
+    if (p < 0).any() or not np.isfinite(p).all():
+        raise ValueError("target probabilities p must be finite and >= 0 (use edge.sampling.to_probs)")
     if len(q_list) != len(draft_tokens):
         raise ValueError(f"need one draft distribution per drafted token: {len(draft_tokens)} tokens, "
                          f"{len(q_list)} distributions")
@@ -97,9 +99,9 @@ def verify_stochastic(draft_tokens: Sequence[int], q_list: Sequence[Dist], p,
         if r.sum() <= 0:
             # Only reachable through rounding when p and q (almost) coincide;
             # the residual is then meaningless and p itself is the right law.
-            return i, sample(p[i], rng)
-        return i, sample(r, rng)
-    return len(draft_tokens), sample(p[len(draft_tokens)], rng)
+            return i, draw(p[i], rng)
+        return i, draw(r, rng)
+    return len(draft_tokens), draw(p[len(draft_tokens)], rng)
 
 
 # ----------------------------------------------------------------- cost model
@@ -157,18 +159,19 @@ class AcceptanceTracker:
     A round that drafted gamma tokens and accepted n observed n successes and,
     if n < gamma, one failure (tokens after a rejection are never tested) —
     the maximum-likelihood view under the geometric model behind
-    expected_tokens(). Counts decay by `decay` per round (EWMA) so alpha
-    follows the text; `prior` counts as `prior_weight` pseudo-trials.
+    expected_tokens(). The prior enters as `prior_weight` pseudo-trials that
+    decay with the data by `decay` per round (EWMA), so alpha follows the text
+    and the prior fades instead of biasing it forever.
     """
 
-    def __init__(self, prior: float = 0.6, prior_weight: float = 4.0, decay: float = 0.9):
+    def __init__(self, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.9):
         if not 0.0 <= prior <= 1.0:
             raise ValueError(f"prior alpha must be in [0, 1], got {prior!r}")
         if prior_weight <= 0 or not 0.0 < decay <= 1.0:
             raise ValueError("prior_weight must be > 0 and decay in (0, 1]")
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
-        self.successes = 0.0
-        self.trials = 0.0
+        self.successes = prior * prior_weight
+        self.trials = float(prior_weight)
         self.rounds = 0
 
     def update(self, drafted: int, accepted: int) -> None:
@@ -183,8 +186,7 @@ class AcceptanceTracker:
 
     @property
     def alpha(self) -> float:
-        w = self.prior_weight
-        return (self.successes + self.prior * w) / (self.trials + w)
+        return self.successes / self.trials
 
 
 class CostTracker:
@@ -202,18 +204,26 @@ class CostTracker:
         self.prior_slope = prior_slope
         self._target: dict[int, deque] = {}
         self._draft: deque = deque(maxlen=window)
+        self._points = None      # cached (ks, medians): choose_gamma asks many times a round
+        self._draft_median = None
 
     def add_target(self, k: int, seconds: float) -> None:
         if k < 1 or seconds < 0:
             raise ValueError(f"a target call needs k >= 1 tokens and seconds >= 0, got k={k}, {seconds}")
         self._target.setdefault(int(k), deque(maxlen=self.window)).append(float(seconds))
+        self._points = None
 
     def add_draft(self, n_drafted: int, seconds: float) -> None:
         if n_drafted > 0:
             self._draft.append(float(seconds) / n_drafted)
+            self._draft_median = None
 
     def has_target(self, k: int) -> bool:
         return bool(self._target.get(k))
+
+    def samples(self, k: int) -> int:
+        """How many target calls over k tokens are in the window."""
+        return len(self._target.get(k, ()))
 
     @property
     def has_draft(self) -> bool:
@@ -221,12 +231,13 @@ class CostTracker:
 
     def target_seconds(self, k: int) -> Optional[float]:
         """Estimated seconds of one target call over k tokens (None: nothing measured)."""
-        pts = sorted((kk, float(np.median(v))) for kk, v in self._target.items() if v)
-        if not pts:
+        if self._points is None:
+            pts = sorted((kk, float(np.median(v))) for kk, v in self._target.items() if v)
+            self._points = ([p[0] for p in pts], [p[1] for p in pts])
+        ks, ts = self._points
+        if not ks:
             return None
-        ks = [p[0] for p in pts]
-        ts = [p[1] for p in pts]
-        if len(pts) == 1:
+        if len(ks) == 1:
             return ts[0] * (1.0 + self.prior_slope * (k - ks[0]) / (1.0 + self.prior_slope * (ks[0] - 1)))
         if k <= ks[0]:
             slope = max(0.0, (ts[1] - ts[0]) / (ks[1] - ks[0]))
@@ -249,4 +260,6 @@ class CostTracker:
         one = self.target_seconds(1)
         if one is None or not self._draft:
             return math.nan
-        return float(np.median(self._draft)) / one
+        if self._draft_median is None:
+            self._draft_median = float(np.median(self._draft))
+        return self._draft_median / one

@@ -1,0 +1,216 @@
+"""Stochastic speculative sampling is exactly lossless: a goodness-of-fit test.
+
+A tiny-vocabulary target (a context-hashing table model) generates short
+sequences through edge.generate.generate_speculative with a deliberately bad
+draft (its logits are the target's, negated and sharpened). The target's exact
+distribution over whole sequences is enumerated, and a chi-square test compares
+it with the empirical one — for dense q, for sparse top-k q, and for the n-gram
+drafter's one-hot q. A negative control swaps in a wrong verifier and must
+fail the very same test, which shows the test has power.
+"""
+import itertools
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+import edge.generate as gen
+from edge.engines.base import Engine
+from edge.generate import ModelDrafter, generate_speculative
+from edge.ngram import NgramDrafter
+from edge.sampling import SamplingParams, sample, to_probs
+
+ALPHA = 1e-4   # significance: a correct implementation fails for ~1 seed in 10^4
+
+
+class TableEngine(Engine):
+    """logits = table[hash(context) % rows]: any deterministic function of the
+    context is a legitimate autoregressive model for the verification math."""
+    name = "table"
+
+    def __init__(self, vocab=5, rows=4099, seed=0, max_len=64):
+        self.table = np.random.default_rng(seed).normal(0.0, 1.0, (rows, vocab))
+        self.vocab_size, self.max_len, self.fingerprint = vocab, max_len, f"table-{seed}"
+        self._seqs, self._next = {}, 0
+
+    def row(self, ctx):
+        return self.table[hash(tuple(ctx)) % len(self.table)]
+
+    def new_sequence(self):
+        self._next += 1
+        self._seqs[self._next] = []
+        return self._next
+
+    def free(self, seq):
+        self._seqs.pop(seq, None)
+
+    def length(self, seq):
+        return len(self._seqs[seq])
+
+    def forward(self, seq, tokens):
+        self.check_room(seq, len(tokens))
+        ctx = self._seqs[seq]
+        out = []
+        for t in tokens:
+            ctx.append(int(t))
+            out.append(self.row(ctx))
+        return np.array(out).reshape(len(out), self.vocab_size)
+
+    def truncate(self, seq, n):
+        del self._seqs[seq][n:]
+
+    def step(self, seqs, tokens):
+        return np.stack([self.forward(s, [t])[0] for s, t in zip(seqs, tokens)])
+
+
+def bad_draft_of(target: TableEngine) -> TableEngine:
+    """Same contexts, logits negated and sharpened: q puts its mass where p has least."""
+    d = TableEngine(target.vocab_size, len(target.table), seed=0, max_len=target.max_len)
+    d.table = -2.0 * target.table
+    return d
+
+
+def exact_distribution(target, prompt, length, params):
+    """P(sequence) for every sequence of `length` tokens, by enumeration."""
+    out = {}
+    for seq in itertools.product(range(target.vocab_size), repeat=length):
+        prob, ctx = 1.0, list(prompt)
+        for t in seq:
+            prob *= to_probs(target.row(ctx), params)[t]
+            ctx.append(t)
+        out[seq] = prob
+    assert abs(sum(out.values()) - 1.0) < 1e-9
+    return out
+
+
+def chi_square(counts, expected_probs, n):
+    """Pearson's statistic, pooling outcomes with expected count < 5 into one
+    bin (the usual validity condition for the chi-square approximation)."""
+    stat, pooled_obs, pooled_exp, bins = 0.0, 0, 0.0, 0
+    for seq, p in expected_probs.items():
+        e, o = n * p, counts.get(seq, 0)
+        if e < 5:
+            pooled_obs, pooled_exp = pooled_obs + o, pooled_exp + e
+            continue
+        stat += (o - e) ** 2 / e
+        bins += 1
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        bins += 1
+    # Outcomes with zero target probability must never appear.
+    assert all(seq in expected_probs for seq in counts)
+    return stat, bins - 1
+
+
+def critical_value(df, alpha=ALPHA):
+    """Upper alpha-quantile of chi-square(df), Wilson–Hilferty approximation:
+    (X/df)^(1/3) is nearly normal with mean 1 - 2/(9df), variance 2/(9df).
+    Checked against the exact quantile (regularised incomplete gamma): for
+    df in 10..250 the true tail beyond this value is 0.85e-4..0.99e-4, i.e.
+    the approximation is slightly conservative and never lets the false-alarm
+    rate exceed the nominal 1e-4."""
+    z = statistics.NormalDist().inv_cdf(1.0 - alpha)
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + z * math.sqrt(h)) ** 3
+
+
+PROMPT = [1, 3, 0]
+
+
+def empirical(target, drafter, n, length, gamma, params, prompt):
+    counts = {}
+    for i in range(n):
+        p = SamplingParams(params.temperature, params.top_k, params.top_p, seed=10_000 + i)
+        r = generate_speculative(target, drafter, prompt, length, gamma, p)
+        assert r.n_generated == length
+        key = tuple(r.tokens)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def check_fit(target, drafter, n, length, gamma, params, prompt=PROMPT):
+    want = exact_distribution(target, prompt, length, params)
+    counts = empirical(target, drafter, n, length, gamma, params, prompt)
+    stat, df = chi_square(counts, want, n)
+    return stat, df, critical_value(df)
+
+
+N = 20_000
+
+
+def chi2_upper_tail(x, df):
+    """Exact P(X > x) for X ~ chi-square(df): the regularised upper incomplete
+    gamma Q(df/2, x/2) by its continued fraction (Lentz), valid for x > df/2 + 1."""
+    a, x = df / 2.0, x / 2.0
+    b = x + 1.0 - a
+    c, d = 1e300, 1.0 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2.0
+        d = 1.0 / (an * d + b)
+        c = b + an / c
+        h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return math.exp(-x + a * math.log(x) - math.lgamma(a)) * h
+
+
+@pytest.mark.parametrize("df", [10, 40, 100, 250])
+def test_critical_value_is_slightly_conservative(df):
+    tail = chi2_upper_tail(critical_value(df), df)
+    assert 0.8 * ALPHA < tail <= ALPHA, tail
+
+
+def test_dense_q_is_lossless():
+    # gamma 3 over 4 tokens: rejections at every depth, and the bonus token.
+    target = TableEngine(vocab=4, seed=1)
+    drafter = ModelDrafter(bad_draft_of(target), SamplingParams(temperature=1.0))
+    stat, df, crit = check_fit(target, drafter, N, 4, 3, SamplingParams(temperature=1.0))
+    assert df >= 40, df
+    assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): speculative sampling is not lossless"
+
+
+def test_sparse_top_k_q_is_lossless():
+    # The draft samples from its top-2 truncation (of 5 tokens) and sends
+    # exactly that SparseDist; the target itself uses temperature + top-p.
+    target = TableEngine(vocab=5, seed=2)
+    drafter = ModelDrafter(bad_draft_of(target), SamplingParams(temperature=1.3), top_k=2)
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    stat, df, crit = check_fit(target, drafter, N, 3, 2, params)
+    assert df >= 40, df
+    assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): top-k q is not lossless"
+
+
+def test_ngram_one_hot_q_is_lossless():
+    # A repetitive prompt so the n-gram drafter proposes in most rounds.
+    target = TableEngine(vocab=4, seed=3)
+    stat, df, crit = check_fit(target, NgramDrafter(3, 1), N // 2, 4, 3, SamplingParams(temperature=1.0),
+                               prompt=[0, 1, 2, 3, 0, 1, 2, 3, 0, 1])
+    assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): n-gram drafting is not lossless"
+
+
+def _accept_always(draft_tokens, q_list, p, rng):
+    return len(draft_tokens), sample(p[len(draft_tokens)], rng)
+
+
+def _resample_from_p(draft_tokens, q_list, p, rng):
+    """A classic bug: on rejection sample from p instead of norm(max(0, p - q))."""
+    for i, (x, q) in enumerate(zip(draft_tokens, q_list)):
+        qx = float(q[x])
+        if rng.random() * qx >= p[i, x]:
+            return i, sample(p[i], rng)
+    return len(draft_tokens), sample(p[len(draft_tokens)], rng)
+
+
+@pytest.mark.parametrize("wrong", [_accept_always, _resample_from_p])
+def test_negative_control_wrong_verifier_fails(monkeypatch, wrong):
+    # The dense test's setup and threshold with a quarter of the samples: even
+    # the subtle bug then gives chi2 ~ 1000 against a bound of ~170, so the
+    # full-size test has ample power against it.
+    monkeypatch.setattr(gen, "verify_stochastic", wrong)
+    target = TableEngine(vocab=5, seed=1)
+    drafter = ModelDrafter(bad_draft_of(target), SamplingParams(temperature=1.0))
+    stat, df, crit = check_fit(target, drafter, N // 4, 3, 2, SamplingParams(temperature=1.0))
+    assert stat > crit, f"a wrong verifier passed (chi2={stat:.1f} < {crit:.1f}): the test has no power"

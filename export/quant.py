@@ -76,8 +76,6 @@ def _check(w: torch.Tensor) -> None:
             f"int4 groups are {GROUP} input values wide, but this weight has in={w.shape[1]} "
             f"(shape {tuple(w.shape)}); keep this tensor in float or pad the model's dimension"
         )
-    if not torch.isfinite(w).all():
-        raise QuantError("weight contains NaN or inf; it cannot be quantised (check the checkpoint)")
 
 
 def _codes_scales(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,6 +85,8 @@ def _codes_scales(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = w.detach().to(torch.float32).reshape(out, k // GROUP, GROUP)
     imax = blocks.abs().argmax(dim=-1, keepdim=True)  # first index on ties, like numpy
     m = blocks.gather(-1, imax)
+    if not torch.isfinite(m).all():  # argmax picks NaN/inf first, so checking m covers the block
+        raise QuantError("weight contains NaN or inf; it cannot be quantised (check the checkpoint)")
     d = m / -8.0
     inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
     # two separate float32 roundings (multiply, then add), as in the reference

@@ -95,6 +95,8 @@ def test_bad_shapes_raise_clear_errors():
         quantize_q4(torch.randn(64))
     with pytest.raises(QuantError, match="NaN"):
         quantize_q4(torch.full((2, 32), float("nan")))
+    with pytest.raises(QuantError, match="NaN or inf"):
+        quantize_q4(torch.tensor([[1.0] * 31 + [float("-inf")]]))
     with pytest.raises(QuantError, match="fp16"):
         quantize_q4(torch.full((2, 32), 1e6))
 

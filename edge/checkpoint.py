@@ -1,0 +1,386 @@
+"""Load real checkpoints: GGUF files (dequantised) and Hugging Face directories.
+
+    ckpt = load_checkpoint("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    model, ckpt = load_model("smollm2-135m")          # a name from edge.fetch works too
+
+A GGUF is dequantised with the `gguf` package to fp32, its llama.cpp tensor
+names mapped to Hugging Face names (edge.model uses HF names) and, for arch
+llama, the q/k rows un-permuted (llama.cpp's converter permutes them for its
+interleaved RoPE; qwen2 files are written unpermuted, as transformers' own GGUF
+loader also assumes). The result is cached next to the file as an HF directory,
+`.cache/<stem>-<fingerprint16>/` (model.safetensors in fp32 + config.json +
+tokenizer.json + tokenizer_config.json), so the next load skips the
+dequantisation; transformers can load that directory too.
+
+Weight fingerprint (`Checkpoint.fingerprint`): sha256 over the file size and
+16 evenly spaced 1 MiB samples of the file (first and last included) -- cheap
+(~16 MiB read), and it changes with any re-quantisation or header change. It
+does not catch an edit that keeps the size and misses every sample; it names
+weights, it is not an integrity check (fetch.py checks the full sha256).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .model import ModelConfig, Transformer, rope_inv_freq
+from .tokenizer import Tokenizer, TokenizerError, open_gguf
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be loaded; the message says what to do."""
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    state_dict: Dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    fingerprint: str      # of the weights (see module doc)
+    source: Path          # the GGUF file or HF directory asked for
+    kind: str             # "gguf" or "hf"
+    from_cache: bool = False
+    load_seconds: float = 0.0
+
+
+_SAMPLES, _CHUNK = 16, 1 << 20
+_CACHE_VERSION = "2"  # bump when the conversion changes, to invalidate old caches
+
+
+def file_fingerprint(path: Path) -> str:
+    size = path.stat().st_size
+    h = hashlib.sha256(f"starsun-weights-v1:{size}:".encode())
+    with open(path, "rb") as f:
+        for i in range(_SAMPLES):
+            f.seek(max(0, (size - _CHUNK) * i // (_SAMPLES - 1)))
+            h.update(f.read(_CHUNK))
+    return h.hexdigest()
+
+
+# -- GGUF ----------------------------------------------------------------------------
+_GGUF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
+                "output_norm.weight": "model.norm.weight",
+                "output.weight": "lm_head.weight"}
+_GGUF_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+               "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _GGUF_GLOBAL:
+        return _GGUF_GLOBAL[gguf_name]
+    m = _BLOCK_RE.match(gguf_name)
+    if m and m.group(2) in _GGUF_BLOCK:
+        return f"model.layers.{m.group(1)}.{_GGUF_BLOCK[m.group(2)]}.{m.group(3)}"
+    if gguf_name == "rope_freqs.weight":
+        raise CheckpointError("this GGUF stores RoPE frequency factors (Llama 3.1 style), "
+                              "which StarSun does not load yet; use the HF directory instead")
+    raise CheckpointError(f"unexpected tensor {gguf_name!r} in GGUF file; only plain "
+                          "llama / qwen2 decoder checkpoints are supported")
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Inverse of llama.cpp convert_hf_to_gguf.py LlamaModel.permute (rows of q/k)."""
+    # permute views rows as (head, 2, d/2) and swaps; the inverse views them as (head, d/2, 2)
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+             .transpose(1, 2).reshape(w.shape))
+
+
+def _gguf_config(reader) -> ModelConfig:
+    f = reader.fields
+
+    def get(key, default=None):
+        return f[key].contents() if key in f else default
+
+    arch = get("general.architecture")
+    if arch not in ("llama", "qwen2"):
+        raise CheckpointError(f"GGUF architecture {arch!r} is not supported; StarSun runs the "
+                              "llama and qwen2 families (SmolLM2, Llama, Qwen2.5)")
+    names = {t.name: t for t in reader.tensors}
+    emb = names.get("token_embd.weight")
+    if emb is None:
+        raise CheckpointError("GGUF file has no token_embd.weight tensor; it is not a model file")
+    hidden = get(f"{arch}.embedding_length")
+    heads = get(f"{arch}.attention.head_count")
+    head_dim = get(f"{arch}.attention.key_length") or hidden // heads
+    rope_dim = get(f"{arch}.rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        raise CheckpointError(f"partial rotary embeddings (rope dim {rope_dim} != head dim "
+                              f"{head_dim}) are not supported")
+    rope_scaling = None
+    kind = get(f"{arch}.rope.scaling.type")
+    if kind and kind != "none":
+        rope_scaling = {"rope_type": kind, "factor": float(get(f"{arch}.rope.scaling.factor", 1.0))}
+        orig = get(f"{arch}.rope.scaling.original_context_length")
+        if orig:
+            rope_scaling["original_max_position_embeddings"] = int(orig)
+    vocab = get(f"{arch}.vocab_size") or int(emb.shape[1])
+    return ModelConfig(
+        arch=arch, vocab_size=int(vocab), hidden_size=int(hidden),
+        intermediate_size=int(get(f"{arch}.feed_forward_length")),
+        num_layers=int(get(f"{arch}.block_count")), num_heads=int(heads),
+        num_kv_heads=int(get(f"{arch}.attention.head_count_kv", heads)), head_dim=int(head_dim),
+        rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)), rope_scaling=rope_scaling,
+        rms_norm_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position=int(get(f"{arch}.context_length", 2048)),
+        tie_embeddings="output.weight" not in names,
+        qkv_bias="blk.0.attn_q.bias" in names)
+
+
+def _gguf_weights(reader, cfg: ModelConfig) -> Dict[str, torch.Tensor]:
+    import gguf
+    sd = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name)
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise CheckpointError(f"tensor {t.name}: {e}; re-quantise the file to "
+                                  "Q4_0/Q4_1/Q8_0/Q4_K/Q6_K or F16") from e
+        shape = tuple(int(d) for d in reversed(t.shape))   # GGUF lists dims innermost first
+        w = torch.from_numpy(np.array(arr, dtype=np.float32).reshape(shape))
+        if cfg.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
+            w = _unpermute(w, cfg.num_heads)
+        elif cfg.arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
+            w = _unpermute(w, cfg.num_kv_heads)
+        sd[name] = w
+    return sd
+
+
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _open_gguf(path: Path):
+    try:
+        return open_gguf(path)
+    except Exception as e:  # truncated / corrupt: numpy or ValueError from deep inside
+        raise CheckpointError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); "
+                              "it may be truncated or corrupt -- delete it and run `make models`"
+                              ) from e
+
+
+def _cache_dir(path: Path, fingerprint: str) -> Path:
+    root = Path(os.environ.get("STARSUN_CACHE_DIR") or path.parent / ".cache")
+    return root / f"{path.stem}-{fingerprint[:16]}"
+
+
+def _write_cache(d: Path, ckpt: Checkpoint) -> None:
+    """Write the converted checkpoint as an HF dir; atomic (tmp dir + rename)."""
+    from safetensors.torch import save_file
+    tmp = d.with_name(d.name + f".tmp{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        meta = {"format": "pt", "starsun_fingerprint": ckpt.fingerprint,
+                "starsun_cache_version": _CACHE_VERSION, "source": ckpt.source.name}
+        save_file({k: v.float().contiguous() for k, v in ckpt.state_dict.items()},
+                  str(tmp / "model.safetensors"), metadata=meta)
+        hf = ckpt.config.to_hf()
+        hf.update(torch_dtype="float32", bos_token_id=ckpt.tokenizer.bos_id,
+                  eos_token_id=ckpt.tokenizer.eos_id)
+        (tmp / "config.json").write_text(json.dumps(hf, indent=1))
+        ckpt.tokenizer.save(tmp)
+        if d.exists():
+            shutil.rmtree(d)
+        tmp.rename(d)
+    except OSError as e:  # read-only models dir, disk full: loading still works
+        warnings.warn(f"could not write the checkpoint cache {d}: {e}")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_cache(d: Path, fingerprint: str, dtype) -> Optional[Checkpoint]:
+    from safetensors import safe_open
+    st = d / "model.safetensors"
+    if not st.is_file():
+        return None
+    try:
+        with safe_open(str(st), framework="pt") as f:
+            meta = f.metadata() or {}
+        if (meta.get("starsun_fingerprint") != fingerprint
+                or meta.get("starsun_cache_version") != _CACHE_VERSION):
+            return None
+        return _load_hf(d, dtype)
+    except (CheckpointError, OSError, ValueError, RuntimeError) as e:
+        warnings.warn(f"ignoring a broken checkpoint cache {d} ({e}); converting again")
+        return None
+
+
+def _load_gguf(path: Path, dtype, cache: bool) -> Checkpoint:
+    fp = file_fingerprint(path)
+    cdir = _cache_dir(path, fp)
+    if cache:
+        hit = _read_cache(cdir, fp, dtype)
+        if hit is not None:
+            hit.fingerprint, hit.source, hit.kind, hit.from_cache = fp, path, "gguf", True
+            return hit
+    reader = _open_gguf(path)
+    try:
+        cfg = _gguf_config(reader)
+    except (TypeError, ValueError) as e:  # a key missing (None) or inconsistent
+        raise CheckpointError(f"{path}: incomplete or inconsistent GGUF metadata ({e})") from e
+    try:
+        tok = Tokenizer.from_gguf(reader)
+    except TokenizerError as e:
+        raise CheckpointError(f"{path}: {e}") from e
+    try:
+        sd = _gguf_weights(reader, cfg)
+    except (ValueError, IndexError) as e:  # tensor data past the end of a truncated file
+        raise CheckpointError(f"{path}: cannot read tensor data ({e}); the file may be "
+                              "truncated -- delete it and run `make models`") from e
+    ckpt = Checkpoint(cfg, sd, tok, fp, path, "gguf")
+    _check_names(ckpt)
+    if cache:
+        _write_cache(cdir, ckpt)
+    ckpt.state_dict = {k: v.to(dtype) for k, v in sd.items()}
+    return ckpt
+
+
+# -- Hugging Face directory ------------------------------------------------------------------
+def _dir_fingerprint(d: Path, files) -> str:
+    h = hashlib.sha256(b"starsun-hf-v1:" + (d / "config.json").read_bytes())
+    for f in sorted(files):
+        h.update(f.name.encode() + file_fingerprint(f).encode())
+    return h.hexdigest()
+
+
+def _load_hf(d: Path, dtype) -> Checkpoint:
+    from safetensors import safe_open
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{d} has no config.json; a Hugging Face model directory needs "
+                              "config.json + *.safetensors + tokenizer.json")
+    try:
+        cfg = ModelConfig.from_hf(json.loads(cfg_path.read_text()))
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{cfg_path}: unsupported or incomplete config ({e})") from e
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({d / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(d.glob("*.safetensors"))
+    if not files:
+        hint = " (pytorch_model.bin is never unpickled: convert it to safetensors)" \
+            if any(d.glob("*.bin")) else ""
+        raise CheckpointError(f"{d} has no *.safetensors weights{hint}")
+    sd = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for k in st.keys():
+                    sd[k] = st.get_tensor(k).to(dtype)
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{f}: cannot read safetensors ({e}); the file may be "
+                                  "truncated or corrupt") from e
+    sd = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}
+    if cfg.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    try:
+        tok = Tokenizer.from_hf_dir(d)
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from e
+    ckpt = Checkpoint(cfg, sd, tok, _dir_fingerprint(d, files), d, "hf")
+    _check_names(ckpt)
+    return ckpt
+
+
+def _check_names(ckpt: Checkpoint) -> None:
+    try:
+        with torch.device("meta"):
+            want = Transformer(ckpt.config).state_dict()
+    except ValueError as e:  # e.g. a RoPE scaling type edge.model does not implement
+        raise CheckpointError(f"{ckpt.source}: {e}") from e
+    have = ckpt.state_dict
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    bad = [k for k in want if k in have and tuple(have[k].shape) != tuple(want[k].shape)]
+    if missing or extra or bad:
+        raise CheckpointError(
+            f"{ckpt.source}: weights do not match the config: missing {missing[:4]}, "
+            f"unexpected {extra[:4]}, wrong shape {bad[:4]}")
+
+
+# -- entry points ---------------------------------------------------------------------------
+def _resolve(path) -> Path:
+    p = Path(path)
+    if not p.exists():
+        from .fetch import MODELS, model_path
+        if str(path) in MODELS:
+            p = model_path(str(path))
+            if not p.exists():
+                raise CheckpointError(f"model {path!r} is not fetched yet ({p} is missing); "
+                                      "run `make models`")
+        else:
+            raise CheckpointError(f"no checkpoint at {p}; give a GGUF file, a Hugging Face "
+                                  f"directory or a model name ({', '.join(MODELS)}); "
+                                  "run `make models` to fetch the real models")
+    if p.is_file() and p.name == "config.json":
+        p = p.parent
+    return p
+
+
+def load_checkpoint(path, dtype: torch.dtype = torch.float32, cache: bool = True) -> Checkpoint:
+    """Config, weights (HF names, `dtype`), tokenizer and weight fingerprint of a checkpoint."""
+    t0 = time.perf_counter()
+    p = _resolve(path)
+    if p.is_dir():
+        ckpt = _load_hf(p, dtype)
+    elif _is_gguf(p):
+        ckpt = _load_gguf(p, dtype, cache)
+    else:
+        raise CheckpointError(f"{p} is neither a GGUF file (no 'GGUF' magic) nor a Hugging Face "
+                              "directory (config.json + *.safetensors + tokenizer.json)")
+    ckpt.config.extra.update(bos_token_id=ckpt.tokenizer.bos_id,
+                             eos_token_ids=sorted(ckpt.tokenizer.eos_ids),
+                             tokenizer_fingerprint=ckpt.tokenizer.fingerprint(),
+                             weights_fingerprint=ckpt.fingerprint)
+    ckpt.load_seconds = time.perf_counter() - t0
+    return ckpt
+
+
+def load_tokenizer(path) -> Tokenizer:
+    """Only the tokenizer (e.g. to compare fingerprints): from the conversion cache when a
+    GGUF was loaded before (fast), else from the GGUF metadata or the HF directory."""
+    p = _resolve(path)
+    try:
+        if p.is_dir():
+            return Tokenizer.from_hf_dir(p)
+        if not _is_gguf(p):
+            raise CheckpointError(f"{p} is neither a GGUF file nor a Hugging Face directory")
+        cached = _cache_dir(p, file_fingerprint(p))
+        if (cached / "tokenizer.json").is_file():
+            try:
+                return Tokenizer.from_hf_dir(cached)
+            except TokenizerError:
+                pass  # a broken cache: read the GGUF itself
+        return Tokenizer.from_gguf(_open_gguf(p))
+    except TokenizerError as e:
+        raise CheckpointError(f"{p}: {e}") from e
+
+
+def model_from_state_dict(cfg: ModelConfig, state_dict: Dict[str, torch.Tensor]) -> Transformer:
+    """Build a Transformer around existing tensors (no random init, no copy)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    # non-persistent buffers are not in a state_dict: rebuild them off the meta device
+    model.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
+    return model.eval()
+
+
+def load_model(path, dtype: torch.dtype = torch.float32,
+               cache: bool = True) -> Tuple[Transformer, Checkpoint]:
+    ckpt = load_checkpoint(path, dtype, cache)
+    return model_from_state_dict(ckpt.config, ckpt.state_dict), ckpt

@@ -29,7 +29,26 @@ Topics (MQTT 3.1.1: replies go to topics, never v5 properties):
     ss/hub/status                 hub, retained      HubStatus (last will: online=False)
     ss/hub/drafts/{service}       draft svc -> hub   DraftHello, retained (will: online=False)
     ss/d/{service}/ctl            hub -> draft svc   SessionAssign, SessionRelease
-    ss/sun/...                    reserved for SUN routing (prefill / shared decoder)
+
+SUN (prefill workers -> one shared decoder pool; server/sun_router.py routes):
+
+    ss/sun/req/{client}           client -> router   SunRequest (unsigned, like Join; it
+                                                     carries the request's secret)
+    ss/sun/workers/{worker}       worker -> router   SunHello, retained (will: online=False)
+    ss/sun/w/{worker}/ctl         router -> worker   PrefillJob / DecodeAssign (ctl key)
+    ss/sun/w/{decoder}/kv         prefill -> decoder KVChunk, Error (signed, request secret)
+    ss/sun/r/{client}/{rid}       workers -> client  SunTokens, Error (signed, request secret)
+
+SUN keys: every request has its own secret, drawn by the client and sent in
+SunRequest (confidential under the ACL, as Joined's secret is); the router
+passes it on in PrefillJob and DecodeAssign. KV chunks, streamed tokens and
+errors are signed with it (their envelope "s" is the request id), so nobody
+without it can inject a KV cache into a request or forge its tokens. Router
+<-> worker control (SunHello, PrefillJob, DecodeAssign) is signed with the
+deployment's ctl key when one is configured, like DraftHello/SessionAssign.
+KV blobs are larger than MAX_MESSAGE_BYTES for real prompts (SmolLM2-135M:
+~23 KB per token in fp16), so they travel in KVChunks of at most
+SUN_CHUNK_BYTES each; every message stays under the one size limit.
 """
 from __future__ import annotations
 
@@ -72,6 +91,19 @@ E_UNKNOWN_SESSION = "unknown_session"   # evicted or never assigned: rejoin
 E_OVERLOADED = "overloaded"             # session / KV limits reached
 E_BAD_REQUEST = "bad_request"
 E_INTERNAL = "internal"
+E_UNKNOWN_TASK = "unknown_task"         # SUN: no prefill worker serves the task
+E_NO_DECODER = "no_decoder"             # SUN: no decoder fits the task's KV (fingerprint / pool)
+E_REFUSED = "refused"                   # SUN: the decoder refused the KV blob (reason in message)
+E_TIMEOUT = "timeout"                   # SUN: the KV cache never arrived at the decoder
+
+# ---- SUN limits ----
+SUN_CHUNK_BYTES = 2 << 20      # KV bytes per KVChunk (well under MAX_MESSAGE_BYTES)
+MAX_KV_CHUNKS = 4096           # 8 GiB: any receiver applies its own, smaller memory limit
+MAX_NEW_TOKENS = 1 << 16       # tokens one SUN request may ask for
+MAX_STOP = 64                  # stop token ids per request
+MAX_STREAM_TOKENS = 256        # tokens in one SunTokens message
+SUN_ROLES = ("prefill", "decoder")
+FINISH_REASONS = ("stop", "length", "context")
 
 
 class ProtocolError(ValueError):
@@ -123,9 +155,38 @@ def draft_ctl_topic(service: str) -> str:
     return f"ss/d/{check_id(service, 'service id')}/ctl"
 
 
+SUN_REQ_SUB = f"{SUN_PREFIX}/req/+"         # the router subscribes here
+SUN_WORKERS_SUB = f"{SUN_PREFIX}/workers/+"  # the router watches SUN workers here
+
+
+def sun_req_topic(client: str) -> str:
+    return f"{SUN_PREFIX}/req/{check_id(client, 'client id')}"
+
+
+def sun_stream_topic(client: str, rid: str) -> str:
+    return f"{SUN_PREFIX}/r/{check_id(client, 'client id')}/{check_id(rid, 'request id')}"
+
+
+def sun_stream_sub(client: str) -> str:
+    return f"{SUN_PREFIX}/r/{check_id(client, 'client id')}/+"
+
+
+def sun_hello_topic(worker: str) -> str:
+    return f"{SUN_PREFIX}/workers/{check_id(worker, 'worker id')}"
+
+
+def sun_ctl_topic(worker: str) -> str:
+    return f"{SUN_PREFIX}/w/{check_id(worker, 'worker id')}/ctl"
+
+
+def sun_kv_topic(worker: str) -> str:
+    return f"{SUN_PREFIX}/w/{check_id(worker, 'worker id')}/kv"
+
+
 def parse_topic(topic: str) -> tuple[str, dict[str, str]]:
     """(kind, ids) for a StarSD topic: kind in join, joined, up, down, status,
-    draft_hello, draft_ctl; raises ProtocolError for anything else."""
+    draft_hello, draft_ctl, sun_req, sun_stream, sun_hello, sun_ctl, sun_kv;
+    raises ProtocolError for anything else."""
     p = topic.split("/")
     try:
         if p[:3] == ["ss", "hub", "join"] and len(p) == 4:
@@ -140,6 +201,14 @@ def parse_topic(topic: str) -> tuple[str, dict[str, str]]:
             return "draft_hello", {"service": check_id(p[3])}
         if p[:2] == ["ss", "d"] and len(p) == 4 and p[3] == "ctl":
             return "draft_ctl", {"service": check_id(p[2])}
+        if p[:2] == ["ss", "sun"] and len(p) == 4 and p[2] == "req":
+            return "sun_req", {"client": check_id(p[3])}
+        if p[:2] == ["ss", "sun"] and len(p) == 4 and p[2] == "workers":
+            return "sun_hello", {"worker": check_id(p[3])}
+        if p[:3] == ["ss", "sun", "w"] and len(p) == 5 and p[4] in ("ctl", "kv"):
+            return f"sun_{p[4]}", {"worker": check_id(p[3])}
+        if p[:3] == ["ss", "sun", "r"] and len(p) == 5:
+            return "sun_stream", {"client": check_id(p[3]), "rid": check_id(p[4])}
     except ProtocolError:
         pass
     raise ProtocolError(f"not a StarSD topic: {topic!r}", "format")
@@ -257,8 +326,82 @@ class SessionRelease:
     reason: str = ""
 
 
+# ---- SUN messages ----
+
+
+@dataclass
+class SunRequest:
+    client: str
+    rid: str                                # request id, chosen by the client
+    task: str                               # names the specialist (prefill worker) to use
+    prompt: list[int]
+    max_new: int = 64                       # answer tokens, the prefill's first one included
+    sampling: dict = field(default_factory=lambda: sampling())
+    stop: list[int] = field(default_factory=list)
+    secret: bytes = b""                     # the request's key: signs its KV and its tokens
+
+
+@dataclass
+class SunHello:
+    worker: str
+    role: str                               # "prefill" or "decoder"
+    task: str                               # prefill: the task served; decoder: ""
+    fingerprint: str                        # the decoder the KV is made for / this decoder is
+    vocab_size: int
+    online: bool = True
+    load: int = 0                           # decoder: running + awaited sequences; prefill: queued jobs
+    capacity: int = 64                      # decoder: max batch
+    served: int = 0                         # jobs / assignments received so far (in-flight accounting)
+
+
+@dataclass
+class PrefillJob:
+    worker: str
+    rid: str
+    client: str
+    secret: bytes
+    task: str
+    prompt: list[int]
+    sampling: dict = field(default_factory=lambda: sampling())
+    decoder: str = ""                       # where the KV goes
+
+
+@dataclass
+class DecodeAssign:
+    worker: str
+    rid: str
+    client: str
+    secret: bytes
+    task: str
+    max_new: int = 64
+    sampling: dict = field(default_factory=lambda: sampling())
+    stop: list[int] = field(default_factory=list)
+    prefill: str = ""                       # who sends the KV (for error messages)
+
+
+@dataclass
+class KVChunk:
+    rid: str
+    index: int
+    total: int
+    first_token: int
+    data: bytes
+
+
+@dataclass
+class SunTokens:
+    rid: str
+    seq: int                                # per sender; the receiver accepts each once
+    index: int                              # answer position of tokens[0] (0 = the prefill's token)
+    tokens: list[int]
+    done: bool = False
+    finish_reason: str = ""                 # "stop", "length" or "context" when done
+    worker: str = ""                        # who produced them
+
+
 Message = Union[Join, Joined, DraftRequest, DraftResponse, Bye, Error, HubStatus,
-                DraftHello, SessionAssign, SessionRelease]
+                DraftHello, SessionAssign, SessionRelease, SunRequest, SunHello, PrefillJob,
+                DecodeAssign, KVChunk, SunTokens]
 
 # ---- field checkers: take a wire value, return the python value or raise ----
 
@@ -311,6 +454,14 @@ def _tokens(maxlen: int):
         for t in v:
             if type(t) is not int or not 0 <= t < MAX_VOCAB:
                 raise ProtocolError(f"{name} holds {_short(t)}, not a token id in [0, {MAX_VOCAB})")
+        return v
+    return check
+
+
+def _bytes(lo: int, hi: int):
+    def check(name: str, v: Any) -> bytes:
+        if not isinstance(v, bytes) or not lo <= len(v) <= hi:
+            raise ProtocolError(f"{name} must be {lo}-{hi} bytes")
         return v
     return check
 
@@ -451,6 +602,32 @@ _SPECS: dict[type, tuple[str, bool, dict[str, Callable]]] = {
         "gamma": _int(0, MAX_GAMMA), "sampling": _SAMPLING}),
     SessionRelease: ("release", False, {"service": _ID_CHECK, "sid": _SID, "reason": _TEXT}),
 }
+_SPECS.update({
+    SunRequest: ("sun_req", False, {
+        "client": _ID_CHECK, "rid": _ID_CHECK, "task": _ID_CHECK, "prompt": _tokens(MAX_APPEND),
+        "max_new": _int(1, MAX_NEW_TOKENS), "sampling": _SAMPLING, "stop": _tokens(MAX_STOP),
+        "secret": _secret(empty=False)}),
+    SunHello: ("sun_hello", False, {
+        "worker": _ID_CHECK, "role": _str(re.compile("(?:" + "|".join(SUN_ROLES) + r")\Z")),
+        "task": _str(_ID, 64, empty=True), "fingerprint": _FPS, "vocab_size": _int(1, MAX_VOCAB),
+        "online": _bool, "load": _int(0, 1 << 20), "capacity": _int(0, 1 << 20),
+        "served": _int(0, MAX_SEQ)}),
+    PrefillJob: ("sun_prefill", False, {
+        "worker": _ID_CHECK, "rid": _ID_CHECK, "client": _ID_CHECK, "secret": _secret(empty=False),
+        "task": _ID_CHECK, "prompt": _tokens(MAX_APPEND), "sampling": _SAMPLING, "decoder": _ID_CHECK}),
+    DecodeAssign: ("sun_assign", False, {
+        "worker": _ID_CHECK, "rid": _ID_CHECK, "client": _ID_CHECK, "secret": _secret(empty=False),
+        "task": _ID_CHECK, "max_new": _int(1, MAX_NEW_TOKENS), "sampling": _SAMPLING,
+        "stop": _tokens(MAX_STOP), "prefill": _ID_CHECK}),
+    KVChunk: ("sun_kv", True, {
+        "rid": _ID_CHECK, "index": _int(0, MAX_KV_CHUNKS - 1), "total": _int(1, MAX_KV_CHUNKS),
+        "first_token": _int(0, MAX_VOCAB - 1), "data": _bytes(1, SUN_CHUNK_BYTES)}),
+    SunTokens: ("sun_tokens", True, {
+        "rid": _ID_CHECK, "seq": _int(0, MAX_SEQ), "index": _int(0, MAX_NEW_TOKENS),
+        "tokens": _tokens(MAX_STREAM_TOKENS), "done": _bool,
+        "finish_reason": _str(re.compile("(?:" + "|".join(FINISH_REASONS) + r")\Z"), 16, empty=True),
+        "worker": _str(_ID, 64, empty=True)}),
+})
 _BY_TAG = {tag: cls for cls, (tag, _, _) in _SPECS.items()}
 
 
@@ -462,6 +639,12 @@ def _validate(cls: type, body: Any) -> Message:
     msg = cls(**{k: check(f"{tag}.{k}", body[k]) for k, check in checks.items()})
     if cls is DraftResponse and msg.q is not None:
         msg.q = _split_q(msg.q, msg.tokens)
+    if cls is SunHello and (msg.role == "prefill") != bool(msg.task):
+        raise ProtocolError("sun_hello: a prefill worker names its task, a decoder names none")
+    if cls is KVChunk and msg.index >= msg.total:
+        raise ProtocolError(f"sun_kv: chunk {msg.index} of {msg.total} is out of range")
+    if cls is SunTokens and msg.done != bool(msg.finish_reason):
+        raise ProtocolError("sun_tokens: a finish_reason comes with done, and only then")
     if cls is Joined and msg.accepted:
         if not (msg.sid and msg.secret and msg.draft):
             raise ProtocolError("an accepted joined must carry sid, secret and draft")
@@ -476,7 +659,10 @@ def _mac(secret: bytes, version: int, tag: str, sid: str, body: bytes) -> bytes:
 
 
 def _session_of(msg: Message) -> str:
-    return getattr(msg, "sid", "") if _SPECS[type(msg)][1] else ""
+    """The envelope's "s": a session message's sid (StarSD) or rid (SUN request)."""
+    if not _SPECS[type(msg)][1]:
+        return ""
+    return msg.rid if hasattr(msg, "rid") else msg.sid
 
 
 def encode(msg: Message, secret: Optional[bytes] = None) -> bytes:
@@ -485,7 +671,7 @@ def encode(msg: Message, secret: Optional[bytes] = None) -> bytes:
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
     tag, session, checks = _SPECS[type(msg)]
     body = {f.name: getattr(msg, f.name) for f in fields(msg)}
-    for k in ("append", "tokens"):         # numpy ints and tuples are welcome here
+    for k in ("append", "tokens", "prompt", "stop"):   # numpy ints and tuples are welcome here
         if k in body and isinstance(body[k], (list, tuple, np.ndarray)):
             body[k] = [int(t) for t in body[k]]
     if type(msg) is DraftResponse:
@@ -548,8 +734,8 @@ def decode(data: bytes, secret: SecretSource = None) -> Message:
     if key is not None and not hmac.compare_digest(mac, _mac(key, env["v"], tag, sid, raw)):
         raise ProtocolError(f"{tag} for session {sid!r} has a bad HMAC: dropped", "auth")
     msg = _validate(cls, _unpack(raw, tag))
-    if session and msg.sid != sid:
-        raise ProtocolError(f"{tag}: body sid {msg.sid!r} differs from envelope sid {sid!r}")
+    if session and _session_of(msg) != sid:
+        raise ProtocolError(f"{tag}: body id {_session_of(msg)!r} differs from envelope sid {sid!r}")
     return msg
 
 

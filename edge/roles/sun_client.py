@@ -1,0 +1,159 @@
+"""The requesting side of SUN: send a request naming a task, collect its signed token stream.
+
+A request carries a fresh secret drawn here (edge/protocol.py explains the
+keys); the prefill worker's token 0 and the decoder's tokens 1.. arrive on
+ss/sun/r/{client}/{rid}, possibly out of order between the two senders, and
+are handed to `on_token` in answer order. Each sender's seq is accepted once,
+so a replayed message is dropped and counted; a forged one fails its HMAC.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+from edge.link import Link
+from edge.protocol import (GREEDY, Error, ProtocolError, SunRequest, SunTokens, decode, encode, new_secret,
+                           new_sid, parse_topic, sun_req_topic, sun_stream_sub)
+
+
+class SunRequestError(RuntimeError):
+    """The star could not serve a request; `code` is the protocol's error code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+@dataclass
+class SunResult:
+    rid: str
+    task: str
+    tokens: List[int]
+    finish_reason: str
+    workers: List[str]             # who produced them: the prefill worker, then the decoder
+    ttft_s: float
+    total_s: float
+
+
+class SunHandle:
+    """One request in flight; tokens arrive in order through on_token, wait() gives the result."""
+
+    def __init__(self, req: SunRequest, on_token: Optional[Callable[[int, int], None]]):
+        self.req, self.on_token = req, on_token
+        self.rid, self.task = req.rid, req.task
+        self.t0 = time.perf_counter()
+        self.t_first: Optional[float] = None
+        self._tokens: Dict[int, int] = {}
+        self._told = 0
+        self._total: Optional[int] = None
+        self._reason = ""
+        self._seqs: set = set()
+        self._workers: List[str] = []
+        self._error: Optional[SunRequestError] = None
+        self._done = threading.Event()
+
+    def _take(self, msg) -> bool:
+        """False for a replay (a seq seen before)."""
+        if isinstance(msg, Error):
+            self._error = SunRequestError(msg.code, msg.message)
+            self._done.set()
+            return True
+        if msg.seq in self._seqs:
+            return False
+        self._seqs.add(msg.seq)
+        if msg.worker and msg.worker not in self._workers:
+            self._workers.append(msg.worker)
+        for i, t in enumerate(msg.tokens, msg.index):
+            self._tokens.setdefault(i, t)                 # the decoder may echo token 0 when it ends at once
+        if self.t_first is None and 0 in self._tokens:
+            self.t_first = time.perf_counter()
+        if msg.done:
+            self._total, self._reason = msg.index + len(msg.tokens), msg.finish_reason
+        while self._told in self._tokens and (self._total is None or self._told < self._total):
+            if self.on_token:
+                self.on_token(self._told, self._tokens[self._told])
+            self._told += 1
+        if self._total is not None and self._told >= self._total:
+            self._done.set()
+        return True
+
+    def wait(self, timeout: float = 60.0) -> SunResult:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"SUN request {self.rid} (task {self.task!r}) got {self._told} tokens and no "
+                               f"end within {timeout:g} s: is the hub's SUN router running, and a decoder?")
+        if self._error is not None:
+            raise self._error
+        n = self._total or 0
+        now = time.perf_counter()
+        return SunResult(self.rid, self.task, [self._tokens[i] for i in range(n)], self._reason,
+                         list(self._workers), (self.t_first or now) - self.t0, now - self.t0)
+
+
+class SunClient:
+    """Sends SunRequests for `client_id` and collects their signed token streams."""
+
+    def __init__(self, link: Link, client_id: str):
+        self.link, self.client = link, client_id
+        self._handles: Dict[str, SunHandle] = {}
+        self._lock = threading.Lock()
+        self.dropped: Dict[str, int] = {}
+        self._ids = itertools.count(1)
+
+    def start(self) -> "SunClient":
+        self.link.subscribe(sun_stream_sub(self.client), self._on_stream)
+        return self
+
+    def close(self) -> None:
+        self.link.unsubscribe(sun_stream_sub(self.client))
+
+    def submit(self, task: str, prompt: Sequence[int], max_new: int = 64, sampling: Optional[dict] = None,
+               stop: Sequence[int] = (), on_token: Optional[Callable[[int, int], None]] = None) -> SunHandle:
+        req = SunRequest(self.client, f"{new_sid()}{next(self._ids)}", task, [int(t) for t in prompt],
+                         max_new, dict(sampling or GREEDY), [int(s) for s in stop], new_secret())
+        payload = encode(req)                              # raises ProtocolError for a bad request
+        h = SunHandle(req, on_token)
+        with self._lock:
+            self._handles[req.rid] = h
+        self.link.publish(sun_req_topic(self.client), payload, kind="control")
+        return h
+
+    def generate(self, task: str, prompt: Sequence[int], max_new: int = 64, timeout: float = 60.0,
+                 **kw) -> SunResult:
+        h = self.submit(task, prompt, max_new, **kw)
+        try:
+            return h.wait(timeout)
+        finally:
+            self.forget(h.rid)
+
+    def forget(self, rid: str) -> None:
+        with self._lock:
+            self._handles.pop(rid, None)
+
+    def _drop(self, why: str) -> None:
+        self.dropped[why] = self.dropped.get(why, 0) + 1
+
+    def _on_stream(self, topic: str, payload: bytes) -> None:
+        try:
+            _, ids = parse_topic(topic)
+        except ProtocolError:
+            self._drop("topic")
+            return
+        with self._lock:
+            h = self._handles.get(ids["rid"])
+        if h is None:
+            self._drop("unknown_request")
+            return
+        try:
+            msg = decode(payload, h.req.secret)
+        except ProtocolError as e:
+            self._drop(e.code)
+            return
+        if (msg.rid if isinstance(msg, SunTokens) else getattr(msg, "sid", None)) != h.rid \
+                or not isinstance(msg, (SunTokens, Error)):
+            self._drop("invalid")
+            return
+        if not h._take(msg):
+            self._drop("replay")

@@ -1,0 +1,245 @@
+"""SUN routing at the hub: a request goes to its task's prefill worker, its KV to the least-loaded decoder.
+
+The router only moves small control messages; KV caches go from the prefill
+worker straight to the chosen decoder and tokens from the workers straight to
+the client (edge/roles/sun_nodes.py). For each SunRequest it
+
+1. picks the task's prefill worker: deterministic, the first online worker
+   (by id) announcing that task, so a task always lands on the same module;
+2. picks a decoder among the online ones whose fingerprint is the one that
+   prefill module was tuned for (model-agnostic otherwise): the least loaded,
+   load = what the decoder last reported (running + awaited sequences) plus
+   assignments sent since that it had not yet counted (SunHello.served);
+3. sends DecodeAssign to the decoder first, then PrefillJob to the prefill
+   worker, so the reservation normally reaches the decoder before the KV.
+
+`isolated=True` is the conventional baseline on the same code: each task owns
+its own decoder(s) — `pools` names them ({task: [decoder ids]}), otherwise a
+task binds one free decoder the first time it is asked for (sticky until that
+decoder goes offline). A request that cannot be routed is answered at once,
+on its own topic and signed with its own secret, with an Error saying what to
+start (unknown_task, no_decoder, bad_request).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from edge.link import Link
+from edge.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_UNKNOWN_TASK, SUN_REQ_SUB, SUN_WORKERS_SUB,
+                           DecodeAssign, Error, PrefillJob, ProtocolError, SunHello, SunRequest, decode,
+                           encode, parse_topic, sun_ctl_topic, sun_stream_topic)
+
+log = logging.getLogger(__name__)
+
+
+class SunRefusal(Exception):
+    def __init__(self, code: str, reason: str):
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+@dataclass
+class WorkerInfo:
+    id: str
+    role: str
+    task: str
+    fingerprint: str
+    vocab_size: int
+    online: bool = True
+    load: int = 0                 # as last reported
+    capacity: int = 1
+    served: int = 0               # jobs it had taken when it last reported
+    sent: int = 0                 # jobs we sent it (the same count on our side)
+    seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def est_load(self) -> int:
+        return self.load + max(0, self.sent - self.served)
+
+
+def _short(fp: str) -> str:
+    return fp if len(fp) <= 20 else fp[:12] + "…"
+
+
+class SunRouter:
+    """Start with `start()` on the hub's link (its filters do not overlap StarSD's)."""
+
+    def __init__(self, link: Link, *, isolated: bool = False, pools: Optional[Dict[str, List[str]]] = None,
+                 ctl_key: Optional[bytes] = None):
+        if pools and not isolated:
+            raise ValueError("pools (a decoder pool per task) only apply with isolated=True")
+        self.link, self.isolated, self.ctl_key = link, isolated, ctl_key
+        self.pools = {t: list(d) for t, d in (pools or {}).items()}
+        self.workers: Dict[str, WorkerInfo] = {}
+        self.bindings: Dict[str, str] = {}                # isolated, automatic: task -> decoder
+        self.counters: Dict[str, int] = {"requests": 0, "routed": 0, "dropped": 0}
+        self.routed: Dict[str, Dict[str, int]] = {}       # task -> decoder -> requests
+        self._seen: deque = deque(maxlen=65536)           # (client, rid) recently routed: replays dropped
+        self._seen_set: set = set()
+        self._lock = threading.RLock()
+
+    # ---- lifecycle ----
+    def start(self) -> "SunRouter":
+        self.link.subscribe(SUN_WORKERS_SUB, self._on_hello)
+        self.link.subscribe(SUN_REQ_SUB, self._on_request)
+        return self
+
+    def stop(self) -> None:
+        self.link.unsubscribe(SUN_REQ_SUB)
+        self.link.unsubscribe(SUN_WORKERS_SUB)
+
+    # ---- workers ----
+    def _on_hello(self, topic: str, payload: bytes) -> None:
+        if not payload:
+            return                                        # a cleared retained message
+        try:
+            _, ids = parse_topic(topic)
+            h = decode(payload, self.ctl_key)
+        except ProtocolError as e:
+            self._count(f"bad_hello_{e.code}")
+            return
+        if not isinstance(h, SunHello) or h.worker != ids.get("worker"):
+            self._count("bad_hello")
+            return
+        self.update_worker(h)
+
+    def update_worker(self, h: SunHello) -> None:
+        """Take a worker's report (also for workers in the hub's own process)."""
+        with self._lock:
+            w = self.workers.get(h.worker)
+            if w is None or (w.role, w.task, w.fingerprint) != (h.role, h.task, h.fingerprint):
+                w = WorkerInfo(h.worker, h.role, h.task, h.fingerprint, h.vocab_size)
+                self.workers[h.worker] = w
+                self._unbind(h.worker)
+            if h.served < w.served or h.served > w.sent:
+                w.sent = h.served                         # it restarted, or we did
+            w.vocab_size, w.online, w.load, w.capacity = h.vocab_size, h.online, h.load, h.capacity
+            w.served, w.seen = h.served, time.monotonic()
+            if not h.online:
+                self._unbind(h.worker)
+
+    def _unbind(self, decoder: str) -> None:
+        for t in [t for t, d in self.bindings.items() if d == decoder]:
+            del self.bindings[t]
+
+    # ---- routing ----
+    def route(self, task: str) -> Tuple[WorkerInfo, WorkerInfo]:
+        """(prefill, decoder) for a request of `task`, counted as sent; or raise SunRefusal."""
+        with self._lock:
+            prefill = self._prefill_for(task)
+            dec = self._decoder_for(task, prefill.fingerprint)
+            prefill.sent += 1
+            dec.sent += 1
+            return prefill, dec
+
+    def _online(self, role: str) -> List[WorkerInfo]:
+        return sorted((w for w in self.workers.values() if w.online and w.role == role), key=lambda w: w.id)
+
+    def _prefill_for(self, task: str) -> WorkerInfo:
+        pre = self._online("prefill")
+        mine = [w for w in pre if w.task == task]
+        if not mine:
+            have = ", ".join(sorted({w.task for w in pre})) or "none"
+            raise SunRefusal(E_UNKNOWN_TASK, f"no prefill worker serves task {task!r} (tasks here: {have}); "
+                                             f"start one with `edge-agent run --role prefill` and that "
+                                             f"task's specialist")
+        return mine[0]
+
+    def _decoder_for(self, task: str, fp: str) -> WorkerInfo:
+        decs = self._online("decoder")
+        fits = [d for d in decs if d.fingerprint == fp]
+        if not fits:
+            have = ", ".join(sorted({_short(d.fingerprint) for d in decs})) or "none online"
+            raise SunRefusal(E_NO_DECODER, f"task {task!r} was tuned for decoder {_short(fp)}; the decoders "
+                                           f"here are {have}: start `edge-agent run --role decoder` with "
+                                           f"that decoder, or re-tune the specialist for one of them")
+        if self.isolated:
+            fits = self._pool(task, fits)
+        return min(fits, key=lambda d: (d.est_load, -d.capacity, d.id))
+
+    def _pool(self, task: str, fits: List[WorkerInfo]) -> List[WorkerInfo]:
+        if task in self.pools:
+            mine = [d for d in fits if d.id in self.pools[task]]
+            if not mine:
+                raise SunRefusal(E_NO_DECODER, f"isolated pools: none of task {task!r}'s decoders "
+                                               f"({', '.join(self.pools[task])}) is online with its fingerprint")
+            return mine
+        bound = self.bindings.get(task)
+        if bound is not None and any(d.id == bound for d in fits):
+            return [d for d in fits if d.id == bound]
+        taken = set(self.bindings.values()) | {d for ds in self.pools.values() for d in ds}
+        free = [d for d in fits if d.id not in taken]
+        if not free:
+            raise SunRefusal(E_NO_DECODER, f"isolated pools: every decoder is bound to another task "
+                                           f"({', '.join(f'{t}->{d}' for t, d in sorted(self.bindings.items()))}); "
+                                           f"add a decoder for task {task!r} or run the shared pool")
+        pick = min(free, key=lambda d: (d.est_load, d.id))
+        self.bindings[task] = pick.id
+        return [pick]
+
+    def _on_request(self, topic: str, payload: bytes) -> None:
+        self._count("requests")
+        try:
+            _, ids = parse_topic(topic)
+            req = decode(payload)
+        except ProtocolError as e:
+            self._count(f"bad_request_{e.code}")
+            return
+        if not isinstance(req, SunRequest) or req.client != ids.get("client"):
+            self._count("bad_request")                   # a request must come from its own client's topic
+            return
+        with self._lock:
+            if (req.client, req.rid) in self._seen_set:
+                self._count("replay")
+                return
+            if len(self._seen) == self._seen.maxlen:
+                self._seen_set.discard(self._seen[0])
+            self._seen.append((req.client, req.rid))
+            self._seen_set.add((req.client, req.rid))
+        try:
+            self._check(req)
+            prefill, dec = self.route(req.task)
+        except SunRefusal as r:
+            self._count(f"refused_{r.code}")
+            log.info("sun: refused %s/%s: %s", req.client, req.rid, r.reason)
+            self.link.publish(sun_stream_topic(req.client, req.rid),
+                              encode(Error(req.rid, 0, r.code, r.reason[:1024]), req.secret), kind="control")
+            return
+        assign = DecodeAssign(dec.id, req.rid, req.client, req.secret, req.task, req.max_new, req.sampling,
+                              req.stop, prefill.id)
+        self.link.publish(sun_ctl_topic(dec.id), encode(assign, self.ctl_key), kind="control")
+        job = PrefillJob(prefill.id, req.rid, req.client, req.secret, req.task, req.prompt, req.sampling, dec.id)
+        self.link.publish(sun_ctl_topic(prefill.id), encode(job, self.ctl_key), kind="control")
+        with self._lock:
+            self.counters["routed"] += 1
+            per = self.routed.setdefault(req.task, {})
+            per[dec.id] = per.get(dec.id, 0) + 1
+
+    def _check(self, req: SunRequest) -> None:
+        if not req.prompt:
+            raise SunRefusal(E_BAD_REQUEST, "empty prompt: a SUN request needs at least one prompt token")
+        with self._lock:
+            pre = [w for w in self._online("prefill") if w.task == req.task]
+        if pre and max(req.prompt + req.stop) >= pre[0].vocab_size:
+            raise SunRefusal(E_BAD_REQUEST, f"token id {max(req.prompt + req.stop)} is outside the "
+                                            f"vocabulary of task {req.task!r} ({pre[0].vocab_size} tokens)")
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.counters[what] = self.counters.get(what, 0) + 1
+
+    # ---- reporting ----
+    def snapshot(self) -> dict:
+        """Workers, bindings and counters, JSON-ready (for `edge-hub serve` stats and benchmarks)."""
+        with self._lock:
+            return {"isolated": self.isolated, "counters": dict(self.counters),
+                    "routed": {t: dict(d) for t, d in self.routed.items()},
+                    "bindings": dict(self.bindings), "pools": {t: list(d) for t, d in self.pools.items()},
+                    "workers": {w.id: {"role": w.role, "task": w.task, "fingerprint": w.fingerprint,
+                                       "online": w.online, "load": w.load, "est_load": w.est_load,
+                                       "capacity": w.capacity} for w in self.workers.values()}}

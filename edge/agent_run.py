@@ -1,0 +1,160 @@
+"""`edge-agent run`: put this device into a star as a target or as a draft service.
+
+target: verifies locally, drafts come from the hub's star (StarSD); serves an
+        OpenAI-compatible endpoint to local clients (--http-port), or
+        generates once for --prompt and exits.
+draft:  a draft service that registers with the hub and takes sessions.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import threading
+
+import click
+
+_draft_opts = [
+    click.option("--max-sessions", default=64, show_default=True, help="sessions one draft service takes"),
+    click.option("--max-kv-mb", default=1024.0, show_default=True, help="KV memory of all sessions"),
+    click.option("--max-gamma", default=16, show_default=True, help="largest γ a session may ask for"),
+    click.option("--evict-after", default=60.0, show_default=True, help="seconds of silence before eviction"),
+    click.option("--ahead/--no-ahead", default=True, show_default=True,
+                 help="draft ahead for recently served sessions while idle"),
+    click.option("--q-top-k", default=32, show_default=True,
+                 help="entries of q sent per drafted token when sampling"),
+]
+
+
+def draft_options(f):
+    """The draft service's limits (shared with `edge-hub serve`)."""
+    for opt in reversed(_draft_opts):
+        f = opt(f)
+    return f
+
+
+def draft_limits(max_sessions, max_kv_mb, max_gamma, evict_after, ahead, q_top_k):
+    from edge.roles.draft import DraftLimits
+    return DraftLimits(max_sessions=max_sessions, max_kv_mb=max_kv_mb, max_gamma=max_gamma,
+                       evict_after_s=evict_after, ahead=ahead, q_top_k=q_top_k)
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(3600):
+        pass
+
+
+@click.command()
+@click.option("--role", required=True, type=click.Choice(["target", "draft"]))
+@click.option("--hub", "hub_url", required=True, metavar="mqtt://HOST:PORT", help="the hub's MQTT broker")
+@click.option("--model", "-m", required=True, help="model name (see edge.fetch) or path")
+@click.option("--client-id", default=None, help="this device's id (default: the host name)")
+@click.option("--username", default=None, help="broker username (with the hub's ACL: the client id)")
+@click.option("--password", default=None, help="broker password the hub issued")
+@click.option("--gamma", "-g", default=4, show_default=True, help="target: drafted tokens per verification")
+@click.option("--http-host", default="127.0.0.1", show_default=True)
+@click.option("--http-port", default=8000, show_default=True, help="target: OpenAI endpoint port (0: none)")
+@click.option("--prompt", default=None, help="target: generate once for this prompt and exit")
+@click.option("--max-new", "-n", default=128, show_default=True, help="target with --prompt: new tokens")
+@click.option("--temperature", "-t", default=0.0, show_default=True, help="target with --prompt: 0 = greedy")
+@click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
+              show_default=True)
+@click.option("--threads", default=None, type=int, help="torch threads (default: all cores)")
+@click.option("--max-len", default=4096, show_default=True, help="context cap per sequence")
+@click.option("-v", "--verbose", count=True, help="-v info, -vv debug logging")
+@draft_options
+def run(role, hub_url, model, client_id, username, password, gamma, http_host, http_port, prompt, max_new,
+        temperature, dtype, threads, max_len, verbose, **limits):
+    """Join the star at --hub as a target or a draft service (runs until Ctrl-C)."""
+    from edge.cli import load_engine
+    from edge.link import LinkError, MqttLink, parse_url
+    from edge.protocol import ProtocolError, check_id
+
+    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    client_id = client_id or username or socket.gethostname().split(".")[0]
+    try:
+        check_id(client_id, "--client-id")
+        parse_url(hub_url)
+    except (ProtocolError, LinkError) as e:
+        raise click.BadParameter(str(e)) from None
+    if password and not username:
+        username = client_id
+    engine, tok = load_engine(model, dtype, threads, max_len)
+    link = MqttLink(hub_url, username=username, password=password)
+    if role == "draft":
+        _run_draft(engine, tok, link, client_id, draft_limits(**limits))
+    else:
+        _run_target(engine, tok, link, client_id, gamma, model, http_host, http_port, prompt, max_new,
+                    temperature)
+
+
+def _run_draft(engine, tok, link, service_id, limits) -> None:
+    from edge.link import LinkError
+    from edge.protocol import draft_hello_topic
+    from edge.roles.draft import DraftService
+    from edge.roles.draft_node import DraftNode
+
+    node = DraftNode(DraftService(engine, limits, name=service_id), link, service_id, tok.fingerprint())
+    link.set_will(draft_hello_topic(service_id), node.will())
+    try:
+        link.connect(timeout=10)
+    except LinkError as e:
+        raise click.ClickException(str(e)) from None
+    node.start()
+    click.echo(f"draft service {service_id} registered at {link.url}; Ctrl-C to leave", err=True)
+    try:
+        _wait_for_signal()
+    finally:
+        node.stop()
+        link.close()
+        st = node.service.stats.snapshot()
+        click.echo(f"served {st['requests']} requests, busy {st['busy_ratio']:.2f}, "
+                   f"mean batch {st['batch_size_mean']:.1f}", err=True)
+
+
+def _run_target(engine, tok, link, client_id, gamma, model, host, port, prompt, max_new, temperature) -> None:
+    from edge.roles.session import HubClient, JoinRefused
+    from edge.roles.target import StarTarget
+    from edge.sampling import SamplingParams
+
+    star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size), gamma=gamma)
+    try:
+        star.check_join()
+        click.echo(f"target {client_id} joined the star at {link.url}", err=True)
+    except JoinRefused as e:
+        link.close()
+        raise click.ClickException(str(e)) from None
+    except TimeoutError as e:
+        click.echo(f"warning: {e}; decoding alone until the hub answers", err=True)
+    try:
+        if prompt is not None:
+            ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}])
+                             if tok.chat_template else prompt, add_special=not tok.chat_template)
+            stream = tok.decode_stream(skip_special=True)
+            res = star.generate(ids, max_new, SamplingParams(temperature=temperature), tuple(tok.eos_ids),
+                                on_token=lambda t: (sys.stdout.write(stream.put(t)), sys.stdout.flush()))
+            d = star.last_drafter.stats
+            click.echo(f"\n{len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, accepted "
+                       f"{res.n_accepted}/{res.n_drafted}, answered {d['answered']}/{d['rounds']} rounds",
+                       err=True)
+            return
+        if not port:
+            raise click.UsageError("a target needs --http-port (to serve clients) or --prompt")
+        from edge.openai_http import OpenAIServer
+
+        server = OpenAIServer(star.generate, tok, model_name=str(model), host=host, port=port,
+                              context=engine.max_len).start()
+        click.echo(f"OpenAI endpoint on http://{host}:{server.port}/v1 (model {model}); Ctrl-C to stop",
+                   err=True)
+        try:
+            _wait_for_signal()
+        finally:
+            server.stop()
+    finally:
+        star.hub.close()
+        link.close()

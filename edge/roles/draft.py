@@ -1,0 +1,432 @@
+"""The StarSD draft service: one draft engine serving many target sessions.
+
+Q_in holds at most one pending DraftRequest per session (a newer one replaces
+an older). The loop takes EVERYTHING pending and drafts for all of it at once:
+short `append`s are fed and drafts made with one batched `engine.step` per
+position over the ragged per-session KV caches; only long feeds (a prompt)
+get a per-session `forward` first. Each reply goes to its session's sink.
+
+Per session the service keeps the tokens it has fed and a *chain* of drafted
+tokens anchored after them (each with the exact q it was sampled from). A
+request (keep, append, γ) names the target's context T = fed[:keep] + append;
+if T runs along the chain, the drafts that follow it are reused as they are
+(the draft-ahead path); otherwise the KV is cut back to the common prefix and
+the rest fed. After an answer the session always holds T + drafts[:-1], which
+is what the target assumes when it computes its next `keep`.
+
+Draft-ahead (beyond the paper): when Q_in is empty, the loop extends the
+chains of recently served sessions as if the target accepted everything
+(bonus = the draft's own next token), one batched step at a time, checking
+Q_in between steps so real requests always come first.
+
+Lossless either way: a draft token is always sampled from the q sent with
+it, and q may be anything (DESIGN.md).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from edge.engines.base import Engine, EngineError
+from edge.protocol import (E_BAD_KEEP, E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, E_UNKNOWN_SESSION,
+                           DraftRequest, DraftResponse, Error)
+from edge.sampling import SamplingParams, sample, to_probs, truncate_top_k
+from edge.roles.draft_stats import DraftStats
+
+FEED_BY_STEP = 2        # appends up to this long are fed inside the batched steps
+
+
+class DraftRefused(RuntimeError):
+    """The service cannot take a session (limits); `reason` says which and what to do."""
+
+    def __init__(self, reason: str, code: str = E_OVERLOADED):
+        super().__init__(reason)
+        self.reason, self.code = reason, code
+
+
+@dataclass
+class DraftLimits:
+    max_sessions: int = 64
+    max_kv_mb: float = 1024.0        # KV memory of all sessions' live tokens
+    max_gamma: int = 16
+    evict_after_s: float = 60.0      # a session silent this long is evicted
+    q_top_k: int = 32                # entries of q per drafted token when sampling
+    ahead: bool = True               # draft-ahead in idle time
+    ahead_sessions: int = 8          # most recently served sessions considered
+    ahead_recent_s: float = 5.0      # ... served within this many seconds
+
+
+def _kv_bytes_per_token(engine: Engine) -> int:
+    cfg = getattr(engine, "cfg", None)
+    if cfg is None:
+        return 0
+    item = getattr(getattr(engine, "dtype", None), "itemsize", 4)
+    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * item
+
+
+def _params_of(d: dict) -> SamplingParams:
+    return SamplingParams(temperature=d["temperature"], top_k=d["top_k"], top_p=d["top_p"],
+                          seed=d.get("seed"))
+
+
+class _Session:
+    def __init__(self, sid: str, now: float):
+        self.sid = sid
+        self.seq: Optional[int] = None       # engine handle, made in the loop thread
+        self.fed: List[int] = []             # tokens in the KV (mirrors engine.tokens)
+        self.anchor = 0                      # chain[i] proposes position anchor + i
+        self.chain: List[Tuple[int, object]] = []   # (token, SparseDist or None)
+        self.mode: Optional[tuple] = None    # sampling the chain was made with
+        self.rng: Optional[np.random.Generator] = None
+        self.last_seq = -1
+        self.last_seen = now
+        self.last_served = 0.0
+        self.ahead_cap = 0                   # chain end draft-ahead aims for
+        self.closed = False
+
+
+class _Work:
+    """One session's part of a batch: tokens still to feed, chain length wanted."""
+
+    def __init__(self, sess: _Session, req: Optional[DraftRequest], feed: List[int], want: int,
+                 params: SamplingParams, k: int, t_in: float = 0.0):
+        self.sess, self.req, self.feed, self.want = sess, req, feed, want
+        self.params, self.k, self.t_in = params, k, t_in
+
+    def needs_step(self) -> bool:
+        s = self.sess
+        return bool(self.feed) or (s.chain and s.anchor + len(s.chain) < self.want)
+
+
+class DraftService:
+    """Thread-safe front (open/close/submit from any thread); the engine is used only by run_once."""
+
+    def __init__(self, engine: Engine, limits: Optional[DraftLimits] = None,
+                 clock: Callable[[], float] = time.monotonic, name: str = "draft"):
+        self.engine = engine
+        self.limits = limits or DraftLimits()
+        self.clock = clock
+        self.name = name
+        self.vocab_size = engine.vocab_size
+        self.fingerprint = getattr(engine, "fingerprint", "")
+        self._per_token = _kv_bytes_per_token(engine)
+        self._sessions: Dict[str, _Session] = {}
+        self._pending: Dict[str, Tuple[DraftRequest, float]] = {}
+        self._to_free: List[int] = []
+        self._cv = threading.Condition()
+        self._sink: Callable[[str, object], None] = lambda sid, msg: None
+        self._on_evict: Callable[[str, str], None] = lambda sid, why: None
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self.stats = DraftStats(clock)
+
+    # ---- wiring ----
+    def set_sink(self, fn: Callable[[str, object], None]) -> None:
+        """fn(sid, DraftResponse | Error), called from the loop thread."""
+        self._sink = fn
+
+    def set_on_evict(self, fn: Callable[[str, str], None]) -> None:
+        """fn(sid, reason) after a session is dropped for silence."""
+        self._on_evict = fn
+
+    # ---- sessions ----
+    def open(self, sid: str) -> None:
+        with self._cv:
+            if sid in self._sessions:
+                return
+            if len(self._sessions) >= self.limits.max_sessions:
+                self.stats.count("refused_sessions")
+                raise DraftRefused(f"draft service {self.name!r} already serves its limit of "
+                                   f"{self.limits.max_sessions} sessions; add a draft service "
+                                   f"(`edge-agent run --role draft`) or raise --max-sessions")
+            if self._kv_used() >= self._kv_limit():
+                self.stats.count("refused_sessions")
+                raise DraftRefused(f"draft service {self.name!r} has used its KV memory limit of "
+                                   f"{self.limits.max_kv_mb:g} MB; raise --max-kv-mb or add a draft service")
+            self._sessions[sid] = _Session(sid, self.clock())
+            self.stats.count("opened")
+
+    def close(self, sid: str, reason: str = "bye") -> bool:
+        """Drop a session and free its KV (at the loop's next turn). False if unknown."""
+        with self._cv:
+            s = self._sessions.pop(sid, None)
+            self._pending.pop(sid, None)
+            if s is None:
+                return False
+            s.closed = True                        # a batch in flight skips it from now on
+            if s.seq is not None:
+                self._to_free.append(s.seq)        # freed by the loop thread, between batches
+            self.stats.count(f"closed_{reason}")
+            self._cv.notify()
+        return True
+
+    def sessions(self) -> List[str]:
+        with self._cv:
+            return list(self._sessions)
+
+    def kv_tokens(self) -> int:
+        with self._cv:
+            return sum(len(s.fed) for s in self._sessions.values())
+
+    def _kv_used(self) -> int:
+        return self._per_token * self.kv_tokens()
+
+    def _kv_limit(self) -> float:
+        return self.limits.max_kv_mb * 1e6
+
+    # ---- Q_in ----
+    def submit(self, req: DraftRequest) -> None:
+        """Queue a request; replaces an older pending one of the same session."""
+        with self._cv:
+            s = self._sessions.get(req.sid)
+            if s is None:
+                self.stats.count("unknown_session")
+                self._reply(req.sid, Error(req.sid, req.seq, E_UNKNOWN_SESSION,
+                                           "this draft service has no such session (evicted or "
+                                           "restarted): join the hub again"))
+                return
+            old = self._pending.get(req.sid)
+            if req.seq <= s.last_seq or (old and req.seq <= old[0].seq):
+                self.stats.count("stale")
+                return
+            if old:
+                self.stats.count("replaced")
+            s.last_seen = self.clock()
+            self._pending[req.sid] = (req, s.last_seen)
+            self._cv.notify()
+
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._pending)
+
+    def _reply(self, sid: str, msg) -> None:
+        try:
+            self._sink(sid, msg)
+        except Exception:  # a broken sink must not stop the service
+            self.stats.count("sink_errors")
+
+    # ---- the loop ----
+    def start(self) -> "DraftService":
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self.serve_forever, name=f"draft-{self.name}",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._thread = None
+
+    def serve_forever(self) -> None:
+        last_evict = self.clock()
+        while not self._stop.is_set():
+            if self.run_once():
+                continue
+            if self.limits.ahead and self.ahead_once():
+                continue
+            now = self.clock()
+            if now - last_evict > min(1.0, self.limits.evict_after_s / 4):
+                self.evict_silent(now)
+                last_evict = now
+            with self._cv:
+                if not self._pending and not self._to_free and not self._stop.is_set():
+                    t0 = self.clock()
+                    self._cv.wait(timeout=min(0.25, self.limits.evict_after_s / 4))
+                    self.stats.add_idle(self.clock() - t0)
+
+    def evict_silent(self, now: Optional[float] = None) -> List[str]:
+        now = self.clock() if now is None else now
+        with self._cv:
+            old = [sid for sid, s in self._sessions.items()
+                   if now - s.last_seen > self.limits.evict_after_s and sid not in self._pending]
+        for sid in old:
+            if self.close(sid, "timeout"):
+                self._on_evict(sid, "silent for longer than the eviction timeout")
+        return old
+
+    def _free_closed(self) -> None:
+        with self._cv:
+            seqs, self._to_free = self._to_free, []
+        for q in seqs:
+            self.engine.free(q)
+
+    def run_once(self) -> int:
+        """Serve everything pending as one batch; returns the number of requests served."""
+        self._free_closed()
+        with self._cv:
+            taken = [(self._sessions.get(sid), req, t) for sid, (req, t) in self._pending.items()]
+            self._pending.clear()
+        taken = [(s, r, t) for s, r, t in taken if s is not None and not s.closed]
+        if not taken:
+            return 0
+        t0 = self.clock()
+        work: List[_Work] = []
+        for s, req, t_in in taken:
+            try:
+                w = self._prepare(s, req, t_in)
+            except DraftRefused as e:
+                self._reply(s.sid, Error(s.sid, req.seq, e.code, e.reason))
+                continue
+            except EngineError as e:
+                self._reset(s)
+                self._reply(s.sid, Error(s.sid, req.seq, E_INTERNAL, f"draft engine: {e}"))
+                continue
+            if w is not None:
+                work.append(w)
+        steps = self._extend(work, preempt=False)
+        now = self.clock()
+        for w in work:
+            self._answer(w, now)
+        self.stats.add_batch(len(taken), steps, now - t0)
+        return len(taken)
+
+    # ---- one request ----
+    def _prepare(self, s: _Session, req: DraftRequest, t_in: float) -> Optional[_Work]:
+        lim = self.limits
+        s.last_seq = req.seq
+        if req.keep > len(s.fed):
+            self.stats.count("bad_keep")
+            raise DraftRefused(f"keep={req.keep} but this draft holds only {len(s.fed)} tokens of the "
+                               f"session: resend with keep <= {len(s.fed)}", E_BAD_KEEP)
+        T_len = req.keep + len(req.append)
+        if T_len == 0:
+            raise DraftRefused("nothing to draft after: keep=0 and an empty append", E_BAD_REQUEST)
+        if req.gamma > lim.max_gamma:
+            raise DraftRefused(f"gamma={req.gamma} exceeds this draft service's limit of "
+                               f"{lim.max_gamma}", E_BAD_REQUEST)
+        if any(t >= self.vocab_size for t in req.append):
+            raise DraftRefused(f"append holds a token id >= the draft's vocabulary of {self.vocab_size}",
+                               E_BAD_REQUEST)
+        gamma = max(0, min(req.gamma, self.engine.max_len - T_len + 1))
+        params = _params_of(req.sampling)
+        k = self._q_k(params)
+        mode = (params.temperature, params.top_k, params.top_p, k) if not params.greedy else ("greedy",)
+        if gamma == 0:                             # nothing to draft: the state stays as it is
+            return _Work(s, req, [], 0, params, k, t_in)
+        growth = T_len + gamma - len(s.fed)
+        if growth > 0 and self._kv_used() + growth * self._per_token > self._kv_limit():
+            self.stats.count("refused_kv")
+            raise DraftRefused(f"the draft's KV memory limit of {lim.max_kv_mb:g} MB is reached; "
+                               "decode alone or raise --max-kv-mb", E_OVERLOADED)
+        if s.seq is None:
+            s.seq = self.engine.new_sequence()
+        if s.rng is None or s.mode != mode:
+            s.rng = np.random.default_rng(params.seed)
+        s.ahead_cap = T_len + 2 * gamma + 1        # full acceptance + bonus, then gamma more
+        # does T run along fed + chain? then the chain's continuation is valid as it is
+        virtual = s.fed[:s.anchor] + [t for t, _ in s.chain] if s.chain else s.fed
+        along = (s.mode == mode and s.chain and s.anchor <= T_len <= len(virtual)
+                 and virtual[req.keep:T_len] == list(req.append))
+        if along:
+            if s.anchor + len(s.chain) >= T_len + gamma:
+                self.stats.count("ahead_hit")
+            else:
+                self.stats.count("ahead_partial")
+            return _Work(s, req, [], T_len + gamma, params, k, t_in)
+        # cut back to the common prefix (at least one token refed, for its logits)
+        target = s.fed[:req.keep] + list(req.append)
+        c = req.keep
+        while c < min(len(s.fed), T_len) and s.fed[c] == target[c]:
+            c += 1
+        cut = min(c, T_len - 1)
+        if cut < len(s.fed):
+            self.engine.truncate(s.seq, cut)
+            del s.fed[cut:]
+        feed = target[cut:]
+        if len(feed) > FEED_BY_STEP:               # a prompt: one forward call, not many steps
+            self.engine.forward(s.seq, feed[:-1])
+            s.fed.extend(feed[:-1])
+            feed = feed[-1:]
+        s.anchor, s.chain, s.mode = T_len, [], mode
+        return _Work(s, req, feed, T_len + gamma, params, k, t_in)
+
+    def _q_k(self, p: SamplingParams) -> int:
+        k = self.limits.q_top_k
+        return min(k, p.top_k) if p.top_k else k
+
+    def _pick(self, w: _Work, row: np.ndarray) -> Tuple[int, object]:
+        if w.params.greedy:
+            return int(np.argmax(row)), None
+        q = truncate_top_k(to_probs(row, w.params), w.k)
+        return sample(q, w.sess.rng), q
+
+    def _extend(self, work: List[_Work], preempt: bool) -> int:
+        """Batched steps until every item's chain reaches its `want` (or, when
+        preempt, until a real request arrives). Returns the number of steps."""
+        steps = 0
+        while True:
+            group = [w for w in work if w.needs_step() and not w.sess.closed]
+            if not group or (preempt and steps and self.pending()):
+                return steps
+            toks = []
+            for w in group:
+                toks.append(w.feed.pop(0) if w.feed else w.sess.chain[-1][0])
+            try:
+                rows = self.engine.step([w.sess.seq for w in group], toks)
+            except EngineError:
+                for w in group:      # context full: stop drafting, answer what there is
+                    w.want = 0
+                    w.feed = []
+                continue
+            steps += 1
+            for w, t, row in zip(group, toks, rows):
+                w.sess.fed.append(t)
+                if not w.feed:
+                    w.sess.chain.append(self._pick(w, row))
+
+    def _answer(self, w: _Work, now: float) -> None:
+        s, req = w.sess, w.req
+        if s.closed:
+            return
+        T_len = req.keep + len(req.append)
+        start = T_len - s.anchor
+        got = s.chain[start:start + max(0, w.want - T_len)] if s.chain and start >= 0 else []
+        tokens = [t for t, _ in got]
+        q = None if w.params.greedy else [(d.indices, d.probs) for _, d in got]
+        s.last_served = now
+        compute_us = int(max(0.0, now - w.t_in) * 1e6)
+        self.stats.add_request(len(tokens), now - w.t_in)
+        self._reply(s.sid, DraftResponse(s.sid, req.seq, tokens, q, compute_us))
+
+    def _reset(self, s: _Session) -> None:
+        if s.seq is not None:
+            try:
+                self.engine.truncate(s.seq, 0)
+            except EngineError:
+                pass
+        s.fed, s.chain, s.anchor, s.mode = [], [], 0, None
+
+    # ---- draft-ahead ----
+    def ahead_once(self) -> bool:
+        """Extend recently served sessions' chains by batched steps while Q_in stays empty."""
+        now = self.clock()
+        with self._cv:
+            if self._pending:
+                return False
+            cands = sorted((s for s in self._sessions.values()
+                            if s.chain and s.seq is not None and not s.closed
+                            and now - s.last_served < self.limits.ahead_recent_s
+                            and s.anchor + len(s.chain) < min(s.ahead_cap, self.engine.max_len)),
+                           key=lambda s: -s.last_served)[: self.limits.ahead_sessions]
+        if not cands or self._kv_used() + len(cands) * self._per_token > self._kv_limit():
+            return False
+        work = []
+        for s in cands:
+            mode = s.mode
+            params = (SamplingParams() if mode == ("greedy",) else
+                      SamplingParams(temperature=mode[0], top_k=mode[1], top_p=mode[2]))
+            work.append(_Work(s, None, [], min(s.ahead_cap, self.engine.max_len),
+                              params, mode[-1] if len(mode) > 1 else 0))
+        t0 = self.clock()
+        steps = self._extend(work, preempt=True)
+        self.stats.add_ahead(steps * len(work), self.clock() - t0)
+        return steps > 0

@@ -1,0 +1,301 @@
+"""The StarSD target: verify locally, draft remotely, never depend on the draft.
+
+`RemoteDrafter` plugs a hub session into `edge.generate.generate_speculative`
+(the same loop as local speculation): each round it sends a DraftRequest
+{keep, append, γ} and waits for the answer until a deadline adapted to the
+measured round trips. A late, missing or refused answer just means this
+round is a plain target step; a late answer that arrives later is still used
+if its first drafts match what the target decoded meanwhile. When the hub
+goes away the drafter rejoins in the background; meanwhile it returns no
+drafts. The output is the target's alone (greedy: its exact greedy text).
+
+`keep` is a lower bound on what the draft holds of our context: after an
+answer to a request that named context length L with drafts d, the draft
+holds context[:L] + d[:-1], so keep = L + (common prefix of d[:-1] and what
+we committed after L); while a request is unanswered its own keep stays safe
+whichever way it went.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterable, List, Optional, Sequence
+
+import numpy as np
+
+from edge.engines.base import Engine
+from edge.generate import GenResult, generate_speculative
+from edge.protocol import (E_BAD_KEEP, E_UNKNOWN_SESSION, MAX_GAMMA, DraftResponse, Error)
+from edge.roles.session import HubClient, JoinRefused, Session
+from edge.sampling import GREEDY, SamplingParams, SparseDist
+
+log = logging.getLogger(__name__)
+SHORT_FEED = 4          # a request feeding more than this is a prefill, not a round-trip sample
+MAX_MISSES = 3          # unanswered requests in a row before the session is presumed lost
+
+
+class Deadline:
+    """How long to wait for a draft answer: srtt + 4·rttvar (RFC 6298 style), clamped."""
+
+    def __init__(self, initial: float = 0.5, lo: float = 0.002, hi: float = 1.0):
+        self.lo, self.hi = lo, hi
+        self.srtt: Optional[float] = None
+        self.rttvar = 0.0
+        self.value = initial
+
+    def sample(self, rtt: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.value = min(self.hi, max(self.lo, self.srtt + 4 * self.rttvar))
+
+    def timed_out(self) -> None:
+        self.value = min(self.hi, self.value * 1.5)
+
+
+@dataclass
+class _Outstanding:
+    seq: int
+    keep: int
+    length: int            # context length the request named
+    sent: float
+    deadline: float
+    give_up: float
+    fed: int               # len(append): long ones (a prompt) cost the draft a prefill
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class RemoteDrafter:
+    """A Drafter (see edge.generate) whose draft model runs behind the hub."""
+
+    def __init__(self, hub: HubClient, sampling: dict, max_gamma: int = 4,
+                 deadline: Optional[Deadline] = None, rejoin_s: tuple = (0.2, 5.0)):
+        self.hub = hub
+        self.sampling = sampling
+        self.max_gamma = max_gamma
+        self.vocab_size = hub.vocab_size
+        self.name = f"remote:{hub.client}"
+        self.deadline = deadline or Deadline()
+        self.rejoin_s = rejoin_s
+        self.session: Optional[Session] = None
+        self._pending_join = None
+        self._next_join = 0.0
+        self._join_backoff = rejoin_s[0]
+        self.refusal: Optional[str] = None
+        self._out: Optional[_Outstanding] = None
+        self._misses = 0                # requests given up on in a row
+        self._base = (0, 0, ())     # (keep, L, drafts): the draft holds ctx[:keep], or ctx[:L] + drafts[:-1]
+        self.stats = {"rounds": 0, "answered": 0, "late_used": 0, "timeouts": 0, "alone": 0,
+                      "errors": 0, "joins": 0, "rejoins": 0, "refused": 0, "answered_since_join": 0,
+                      "rtt_s": deque(maxlen=4096), "overhead_s": deque(maxlen=4096)}
+
+    # ---- session management ----
+    def connect(self, timeout: float = 5.0) -> Session:
+        """Join now (blocking); raises JoinRefused with the hub's reason, or TimeoutError."""
+        self.session = self.hub.join(min(self.max_gamma, MAX_GAMMA), self.sampling, timeout)
+        self._reset_state()
+        self.stats["joins"] += 1
+        return self.session
+
+    def _reset_state(self) -> None:
+        self._out = None
+        self._base = (0, 0, ())
+        self.stats["answered_since_join"] = 0
+
+    def _ready(self) -> Optional[Session]:
+        s = self.session
+        if s is not None and not s.lost:
+            return s if self.hub.link.is_connected() else None
+        if s is not None:                          # lost: the hub restarted or went away
+            self.session = None
+            s.close()
+        if not self.hub.hub_online:
+            return None
+        now = time.monotonic()
+        pj = self._pending_join
+        if pj is not None and pj.done.is_set():
+            self._pending_join = None
+            try:
+                s = self.hub.finish_join(pj)
+            except JoinRefused as e:                # retried with the backoff: the reason may pass
+                self.refusal = e.reason
+                self.stats["refused"] += 1
+                return None
+            if s is not None:
+                self.session = s
+                self._reset_state()
+                self._join_backoff = self.rejoin_s[0]
+                self.stats["rejoins"] += 1
+                return s
+        if self._pending_join is None and now >= self._next_join:
+            self._pending_join = self.hub.join_async(min(self.max_gamma, MAX_GAMMA), self.sampling)
+            self._next_join = now + self._join_backoff
+            self._join_backoff = min(self.rejoin_s[1], self._join_backoff * 2)
+        elif self._pending_join is not None and now >= self._next_join:
+            self._pending_join = None                # no answer: try again next round
+        return None
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    # ---- one round ----
+    def _keep(self, context: List[int]) -> int:
+        keep, L, drafts = self._base
+        if L:
+            return L + _lcp(drafts[:-1], context[L:])
+        return keep
+
+    def prime(self, context: Sequence[int], gamma: int) -> bool:
+        """Send the first request now, so the draft prefills while the target does.
+
+        Its deadline starts at the first draft() call, not now."""
+        s = self._ready()
+        if s is None or self._out is not None or gamma < 1:
+            return False
+        return self._send(s, list(context), gamma, time.monotonic(), primed=True)
+
+    def _send(self, s: Session, context: List[int], gamma: int, now: float, primed: bool = False) -> bool:
+        keep = min(self._keep(context), len(context))
+        seq = s.next_seq()
+        if not s.request(seq, keep, context[keep:], min(gamma, MAX_GAMMA), self.sampling):
+            return False
+        self._base = (keep, 0, ())
+        d = self.deadline.value
+        self._out = _Outstanding(seq, keep, len(context), now, math.inf if primed else now + d,
+                                 math.inf if primed else now + max(4 * d, 0.05), len(context) - keep)
+        return True
+
+    def draft(self, context: Sequence[int], gamma: int, rng: np.random.Generator):
+        self.stats["rounds"] += 1
+        context = list(context)
+        s = self._ready()
+        if s is None:
+            self.stats["alone"] += 1
+            return [], []
+        now = time.monotonic()
+        out = self._out
+        if out is not None and out.deadline == math.inf:        # primed: its clock starts now
+            d = self.deadline.value
+            out.deadline, out.give_up = now + d, now + max(4 * d, 0.05)
+        if out is not None and now >= out.give_up:
+            self._out = out = None
+            self.stats["timeouts"] += 1
+            self.deadline.timed_out()
+            self._misses += 1
+            if self._misses >= MAX_MISSES:         # a hub that forgot us answers nothing: rejoin
+                self._misses = 0
+                self.session = None
+                s.close()
+                self.stats["alone"] += 1
+                return [], []
+        if out is None:
+            if not self._send(s, context, gamma, now):
+                self.stats["alone"] += 1
+                return [], []
+            out = self._out
+        got = s.wait(out.seq, out.deadline)
+        if got is None:
+            self.stats["alone"] += 1
+            return [], []
+        msg, t_recv = got
+        self._out = None
+        self._misses = 0
+        if out.fed <= SHORT_FEED:                  # a long feed (a prompt) is no round-trip sample
+            self.deadline.sample(t_recv - out.sent)
+            self.stats["rtt_s"].append(t_recv - out.sent)
+        if isinstance(msg, Error):
+            self.stats["errors"] += 1
+            if msg.code == E_BAD_KEEP:
+                self._base = (0, 0, ())
+            elif msg.code == E_UNKNOWN_SESSION:
+                s.mark_lost()
+            log.debug("draft error %s: %s", msg.code, msg.message)
+            return [], []
+        assert isinstance(msg, DraftResponse)
+        self.stats["answered"] += 1
+        if out.fed <= SHORT_FEED:                  # round trip minus the draft's own time
+            self.stats["overhead_s"].append(max(0.0, t_recv - out.sent - msg.compute_us * 1e-6))
+        self.stats["answered_since_join"] += 1
+        if msg.tokens:
+            self._base = (out.keep, out.length, tuple(msg.tokens))
+        skip = len(context) - out.length
+        if skip and msg.tokens[:skip] != context[out.length:]:
+            return [], []                          # late, and the target went another way
+        if skip:
+            self.stats["late_used"] += 1
+        toks = [int(t) for t in msg.tokens[skip:skip + gamma]]
+        if msg.q is None:
+            return toks, [SparseDist.one_hot(t) for t in toks]
+        try:
+            qs = [SparseDist(i.astype(np.int64), p.astype(np.float64)) for i, p in msg.q[skip:skip + gamma]]
+            return toks, qs
+        except ValueError as e:                    # a q we cannot use exactly: no speculation this round
+            self.stats["errors"] += 1
+            log.debug("unusable q from the draft: %s", e)
+            return [], []
+
+
+def _wire_sampling(p: SamplingParams) -> dict:
+    return {"temperature": float(p.temperature), "top_k": int(p.top_k), "top_p": float(p.top_p),
+            "seed": p.seed}
+
+
+class StarTarget:
+    """A target device: its engine, its link to the hub, and generation.
+
+    One generation at a time per StarTarget (the HTTP endpoint serialises
+    requests); each generation has its own hub session.
+    """
+
+    def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, join_timeout: float = 3.0):
+        if gamma < 1:
+            raise ValueError(f"gamma must be >= 1 for a StarSD target, got {gamma}")
+        self.engine, self.hub, self.gamma = engine, hub, gamma
+        self.join_timeout = join_timeout
+        self.lock = threading.Lock()
+        self.last_drafter: Optional[RemoteDrafter] = None
+        hub.start()
+
+    def check_join(self, params: SamplingParams = GREEDY) -> None:
+        """Join once and leave: raises JoinRefused (with the hub's reason) or TimeoutError."""
+        d = RemoteDrafter(self.hub, _wire_sampling(params), self.gamma)
+        try:
+            d.connect(self.join_timeout)
+        finally:
+            d.close()
+
+    def generate(self, prompt_ids: Sequence[int], max_new: int, params: SamplingParams = GREEDY,
+                 stop_ids: Iterable[int] = (), on_token: Optional[Callable[[int], None]] = None,
+                 deadline: Optional[Deadline] = None) -> GenResult:
+        with self.lock:
+            drafter = RemoteDrafter(self.hub, _wire_sampling(params), self.gamma, deadline)
+            self.last_drafter = drafter
+            try:
+                drafter.connect(self.join_timeout)
+                drafter.prime(prompt_ids, min(self.gamma, max(0, max_new - 1)))
+            except JoinRefused as e:
+                log.warning("%s; decoding without a draft", e)
+                drafter.refusal = e.reason
+            except TimeoutError as e:
+                log.warning("%s; decoding without a draft until the hub answers", e)
+            try:
+                return generate_speculative(self.engine, drafter, prompt_ids, max_new, self.gamma,
+                                            params=params, stop_ids=stop_ids, on_token=on_token)
+            finally:
+                drafter.close()

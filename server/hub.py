@@ -1,0 +1,209 @@
+"""The hub daemon: broker (embedded or external), registry, its own draft service.
+
+Topics and messages are edge/protocol.py's. The hub answers joins on
+ss/hub/join/{client}, keeps a retained HubStatus on ss/hub/status stamped
+with its start time (its *epoch*: targets that see a new epoch, or the last
+will's online=False, know their sessions are gone and rejoin), watches draft
+services' DraftHello on ss/hub/drafts/+ and assigns sessions to its own
+service directly or to remote ones with SessionAssign.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+from edge.link import Link, MqttLink
+from edge.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, HubStatus, Join, Joined,
+                           ProtocolError, SessionAssign, SessionRelease, decode, down_topic,
+                           draft_ctl_topic, encode, joined_topic, parse_topic, up_topic)
+from edge.roles.draft import DraftLimits, DraftRefused, DraftService
+from edge.roles.draft_node import DraftNode
+from server.registry import Refusal, Registry
+
+log = logging.getLogger(__name__)
+
+
+class Hub:
+    """Start with `start()`; `stop()` leaves cleanly, `kill()` dies like a killed process."""
+
+    def __init__(self, *, broker_url: Optional[str] = None, broker: str = "embedded",
+                 port: Optional[int] = None, acl: bool = False, link: Optional[Link] = None,
+                 draft_engine=None, tokenizer_fp: str = "", limits: Optional[DraftLimits] = None,
+                 hub_id: str = "hub", username: Optional[str] = None, password: Optional[str] = None,
+                 status_every: float = 2.0, ctl_key: Optional[bytes] = None):
+        if draft_engine is not None and not tokenizer_fp:
+            raise ValueError("the hub's draft service needs the tokenizer fingerprint of its model")
+        self.hub_id = hub_id
+        self.broker_url, self.broker_kind, self.port, self.acl = broker_url, broker, port, acl
+        self.username, self.password = username, password
+        self.draft_engine, self.tokenizer_fp, self.limits = draft_engine, tokenizer_fp, limits
+        self.status_every, self.ctl_key = status_every, ctl_key
+        self.link = link
+        self.broker = None                    # the broker we run, if any
+        self.node: Optional[DraftNode] = None
+        self.registry = Registry()
+        self.epoch = 0.0
+        self.counters = {"joins": 0, "refused": 0, "bad_join": 0}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._live = False
+
+    @property
+    def url(self) -> str:
+        return self.broker.url if self.broker is not None else (self.broker_url or "memory://")
+
+    @property
+    def service(self) -> Optional[DraftService]:
+        return self.node.service if self.node else None
+
+    # ---- lifecycle ----
+    def start(self) -> "Hub":
+        self.epoch = time.time()
+        if self.link is None:
+            if self.broker_url is None:
+                from server.broker import start_broker
+                self.broker = start_broker(self.broker_kind, port=self.port, acl=self.acl)
+                if self.acl:
+                    self.username, self.password = self.broker.hub_user, self.broker.hub_password
+            self.link = MqttLink(self.url, client_id=f"{self.hub_id}-{int(self.epoch * 1000) % 10**9}",
+                                 username=self.username, password=self.password)
+        self.link.set_will(STATUS_TOPIC, encode(HubStatus(self.hub_id, False, self.epoch)), retain=True)
+        # announce ourselves only once the draft service is registered, or early
+        # joins would be refused for want of a draft service
+        self.link.on_connection(lambda up: up and self._live and self.publish_status())
+        self.link.subscribe(JOIN_SUB, self._on_join)
+        self.link.subscribe(DRAFTS_SUB, self._on_hello)
+        self.link.connect()
+        if self.draft_engine is not None:
+            svc = DraftService(self.draft_engine, self.limits, name=f"{self.hub_id}-draft")
+            self.node = DraftNode(svc, self.link, f"{self.hub_id}-draft", self.tokenizer_fp,
+                                  ctl_key=self.ctl_key, on_closed=self._closed)
+            self.registry.update_service(self.node.status(), local=self.node)
+            self.node.start()
+        self._live = True
+        self.publish_status()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._status_loop, name=f"{self.hub_id}-status", daemon=True)
+        self._thread.start()
+        log.info("hub %s up on %s (epoch %.3f)", self.hub_id, self.url, self.epoch)
+        return self
+
+    def stop(self) -> None:
+        """Leave cleanly: mark offline (retained), close sessions, stop our broker."""
+        self._stop.set()
+        self._live = False
+        if self.node is not None:
+            self.node.stop()
+        if self.link is not None:
+            self.link.publish(STATUS_TOPIC, encode(HubStatus(self.hub_id, False, self.epoch)), kind="status")
+            self.link.close()
+        self._stop_broker()
+
+    def kill(self) -> None:
+        """Die abruptly (fault tests): no goodbye, the broker publishes our will."""
+        self._stop.set()
+        self._live = False
+        if self.node is not None:
+            self.node._stop.set()
+            self.node.service.stop()
+        crash = getattr(self.link, "crash", None)
+        (crash or self.link.close)()
+        self._stop_broker()
+
+    def _stop_broker(self) -> None:
+        if self.broker is not None:
+            close = getattr(self.broker, "close", None) or self.broker.stop
+            close()
+
+    def __enter__(self) -> "Hub":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- status ----
+    def status(self) -> HubStatus:
+        return HubStatus(self.hub_id, True, self.epoch, self.registry.count(),
+                         self.registry.online_services()[:256])
+
+    def publish_status(self) -> None:
+        self.link.publish(STATUS_TOPIC, encode(self.status()), kind="status")
+
+    def _status_loop(self) -> None:
+        while not self._stop.wait(self.status_every):
+            try:
+                if self.node is not None:
+                    self.registry.update_service(self.node.status(), local=self.node)
+                self.publish_status()
+            except Exception:
+                log.exception("hub %s: status update failed", self.hub_id)
+
+    def snapshot(self) -> dict:
+        """Registry, counters and the own draft service's measurements (JSON-ready)."""
+        out = {"hub": self.hub_id, "epoch": self.epoch, "url": self.url, "counters": dict(self.counters),
+               "registry": self.registry.snapshot()}
+        if self.node is not None:
+            out["draft"] = self.node.service.stats.snapshot()
+            out["dropped"] = self.node.dropped
+        return out
+
+    # ---- joins ----
+    def _reply(self, client: str, joined: Joined) -> None:
+        self.link.publish(joined_topic(client), encode(joined), kind="control")
+
+    def _on_join(self, topic: str, payload: bytes) -> None:
+        try:
+            _, ids = parse_topic(topic)
+            join = decode(payload)
+        except ProtocolError as e:
+            self.counters["bad_join"] += 1
+            log.info("hub: dropped a join on %s: %s", topic, e)
+            return
+        if not isinstance(join, Join) or join.client != ids["client"]:
+            self.counters["bad_join"] += 1     # a join must come from its own client's topic
+            return
+        client = join.client
+        try:
+            svc, sid, secret = self.registry.admit(join)
+            if svc.local is not None:
+                try:
+                    svc.local.assign(client, sid, secret)
+                except DraftRefused as e:
+                    self.registry.release(sid)
+                    raise Refusal(e.reason) from None
+                self.registry.update_service(svc.local.status(), local=svc.local)
+            else:
+                assign = SessionAssign(svc.name, client, sid, secret, join.gamma, join.sampling)
+                self.link.publish(draft_ctl_topic(svc.name), encode(assign, self.ctl_key), kind="control")
+        except Refusal as r:
+            self.counters["refused"] += 1
+            log.info("hub: refused %s: %s", client, r.reason)
+            self._reply(client, Joined(client, False, r.reason[:1024], nonce=join.nonce))
+            return
+        self.counters["joins"] += 1
+        self._reply(client, Joined(client, True, "", sid, secret, svc.name, up_topic(client, sid),
+                                   down_topic(client, sid), join.nonce))
+
+    def _on_hello(self, topic: str, payload: bytes) -> None:
+        if not payload:
+            return
+        try:
+            _, ids = parse_topic(topic)
+            hello = decode(payload, self.ctl_key)
+        except ProtocolError:
+            return
+        if self.node is not None and ids["service"] == self.node.id:
+            return                                  # our own; the registry already knows it
+        if isinstance(hello, SessionRelease) and hello.service == ids["service"]:
+            info = self.registry.sessions.get(hello.sid)
+            if info is not None and info.service == hello.service:
+                self.registry.release(hello.sid)    # a device's service ended a session
+            return
+        if not isinstance(hello, DraftHello) or hello.service != ids["service"]:
+            return
+        self.registry.update_service(hello)
+
+    def _closed(self, sid: str, reason: str) -> None:
+        self.registry.release(sid)

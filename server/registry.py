@@ -1,0 +1,142 @@
+"""The hub's registry: which draft services exist, who may join, who serves whom.
+
+A join is admitted only if some online draft service speaks the target's
+tokenizer (same fingerprint AND vocabulary size) and has room; otherwise it
+is refused with a reason the user can act on. Admitted sessions get a fresh
+session id and secret and go to the least-loaded fitting service.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+from edge.protocol import DraftHello, Join, new_secret, new_sid
+
+
+class Refusal(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class ServiceInfo:
+    name: str
+    model_fp: str
+    vocab_size: int
+    max_sessions: int
+    max_gamma: int
+    sessions: int = 0            # as the service last reported it
+    busy: float = 0.0
+    online: bool = True
+    local: object = None         # the hub's own DraftNode, None for a remote service
+    recent: int = 0              # assigned since the last report
+    seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def load(self) -> int:
+        return self.sessions + self.recent
+
+
+@dataclass
+class SessionInfo:
+    sid: str
+    client: str
+    service: str
+    created: float = field(default_factory=time.time)
+
+
+def _short(fp: str) -> str:
+    return fp if len(fp) <= 20 else fp[:16] + "…"
+
+
+class Registry:
+    def __init__(self, max_sessions_per_client: int = 64):
+        self.max_per_client = max_sessions_per_client
+        self.services: Dict[str, ServiceInfo] = {}
+        self.sessions: Dict[str, SessionInfo] = {}
+        self._lock = threading.Lock()
+        self.refusals = 0
+
+    # ---- services ----
+    def update_service(self, hello: DraftHello, local: object = None) -> None:
+        with self._lock:
+            s = self.services.get(hello.service)
+            if s is None or s.model_fp != hello.model_fp or s.vocab_size != hello.vocab_size:
+                s = ServiceInfo(hello.service, hello.model_fp, hello.vocab_size, hello.max_sessions,
+                                hello.max_gamma, local=local or (s.local if s else None))
+                self.services[hello.service] = s
+            s.max_sessions, s.max_gamma = hello.max_sessions, hello.max_gamma
+            s.sessions, s.busy, s.online = hello.sessions, hello.busy, hello.online
+            s.recent, s.seen = 0, time.monotonic()
+            if not hello.online:
+                for sid in [k for k, v in self.sessions.items() if v.service == s.name]:
+                    del self.sessions[sid]
+
+    def online_services(self) -> list:
+        with self._lock:
+            return sorted(n for n, s in self.services.items() if s.online)
+
+    # ---- sessions ----
+    def admit(self, join: Join) -> tuple:
+        """(ServiceInfo, sid, secret) or raise Refusal with the reason."""
+        with self._lock:
+            try:
+                return self._admit(join)
+            except Refusal:
+                self.refusals += 1
+                raise
+
+    def _admit(self, join: Join) -> tuple:
+        if join.role != "target":
+            raise Refusal(f"role {join.role!r} is not served by this hub yet: it serves StarSD targets")
+        online = [s for s in self.services.values() if s.online]
+        if not online:
+            raise Refusal("no draft service is online at this hub; start one with "
+                          "`edge-hub serve --draft-model PATH` or `edge-agent run --role draft`")
+        same_tok = [s for s in online if s.model_fp == join.model_fp]
+        if not same_tok:
+            have = ", ".join(sorted({_short(s.model_fp) for s in online}))
+            raise Refusal(f"tokenizer fingerprint mismatch: your model's tokenizer is "
+                          f"{_short(join.model_fp)}, the draft services here use {have}; speculation "
+                          f"needs the draft and the target to share one tokenizer (use a target of the "
+                          f"draft's model family)")
+        fits = [s for s in same_tok if s.vocab_size == join.vocab_size]
+        if not fits:
+            raise Refusal(f"vocabulary size mismatch: your model has {join.vocab_size} tokens, the draft "
+                          f"services with your tokenizer have {sorted({s.vocab_size for s in same_tok})}")
+        fits = [s for s in fits if join.gamma <= s.max_gamma]
+        if not fits:
+            raise Refusal(f"gamma={join.gamma} is more than the draft services allow "
+                          f"({max(s.max_gamma for s in same_tok)}); use a smaller --gamma")
+        mine = sum(1 for v in self.sessions.values() if v.client == join.client)
+        if mine >= self.max_per_client:
+            raise Refusal(f"client {join.client!r} already holds {mine} sessions (the limit per client); "
+                          "close some (they end with bye) or wait for their eviction")
+        room = [s for s in fits if s.load < s.max_sessions]
+        if not room:
+            raise Refusal(f"every fitting draft service is full ({sum(s.load for s in fits)} sessions); "
+                          "try again later or add a draft service (`edge-agent run --role draft`)")
+        svc = min(room, key=lambda s: (s.load / max(1, s.max_sessions), s.busy, s.name))
+        sid, secret = new_sid(), new_secret()
+        svc.recent += 1
+        self.sessions[sid] = SessionInfo(sid, join.client, svc.name)
+        return svc, sid, secret
+
+    def release(self, sid: str) -> Optional[SessionInfo]:
+        """Forget a session (bye, eviction); the service's count follows its next report."""
+        with self._lock:
+            return self.sessions.pop(sid, None)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.sessions)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"sessions": len(self.sessions), "refusals": self.refusals,
+                    "services": {n: {"model_fp": s.model_fp, "vocab": s.vocab_size, "online": s.online,
+                                     "sessions": s.sessions, "busy": s.busy, "local": s.local is not None}
+                                 for n, s in self.services.items()}}

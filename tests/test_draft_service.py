@@ -1,0 +1,228 @@
+"""The draft service alone (no broker): batching, per-session KV, limits, eviction, draft-ahead."""
+import numpy as np
+import pytest
+import torch
+
+from edge.generate import ModelDrafter, generate_plain
+from edge.link import MemoryBus, MemoryLink
+from edge.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, DraftRequest, DraftResponse,
+                           Error, sampling)
+from edge.roles.draft import DraftLimits, DraftRefused, DraftService
+from edge.roles.session import HubClient, JoinRefused
+from edge.roles.target import StarTarget
+from edge.sampling import SamplingParams, to_probs, truncate_top_k
+from edge.engines.torch_engine import TorchEngine
+from edge.model import Transformer, tiny_config
+from server.hub import Hub
+
+torch.set_num_threads(1)
+
+
+def make_engine(seed=0):
+    """A tiny float64 model: outputs are exact, so greedy texts compare token for token."""
+    torch.manual_seed(seed)
+    model = Transformer(tiny_config("llama")).double()
+    for p in model.parameters():
+        p.data.normal_(0, 0.2)
+    return TorchEngine(model, fingerprint=f"tiny-{seed}")
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def service(limits=None, seed=0, clock=None):
+    svc = DraftService(make_engine(seed=seed), limits or DraftLimits(ahead=False),
+                       **({"clock": clock} if clock else {}))
+    out = {}
+    svc.set_sink(lambda sid, m: out.setdefault(sid, []).append(m))
+    return svc, out
+
+
+def contexts(n, seed=3):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, size=int(rng.integers(3, 12))).tolist() for _ in range(n)]
+
+
+def reference(ctx, gamma, seed=0):
+    return ModelDrafter(make_engine(seed=seed)).draft(ctx, gamma, np.random.default_rng(0))[0]
+
+
+def test_one_batch_serves_all_pending_with_one_step_per_position():
+    svc, out = service()
+    ctxs = contexts(6)
+    for i, c in enumerate(ctxs):
+        svc.open(f"s{i}")
+        svc.submit(DraftRequest(f"s{i}", 1, 0, c, 4))
+    assert svc.run_once() == 6
+    for i, c in enumerate(ctxs):
+        (r,) = out[f"s{i}"]
+        assert isinstance(r, DraftResponse) and r.seq == 1 and r.q is None
+        assert r.tokens == reference(c, 4)
+    s_of_d = svc.stats.snapshot()["s_of_d"]
+    assert s_of_d["6"]["batches"] == 1 and s_of_d["6"]["steps"] == 4   # γ batched steps, not 6·γ
+
+
+def test_keep_and_append_follow_each_session_like_a_fresh_draft():
+    """Random acceptance patterns: after every round the drafts equal a fresh
+    drafter's on the target's context, with draft-ahead running in between."""
+    svc, out = service(DraftLimits(ahead=True))
+    rng = np.random.default_rng(5)
+    ctxs = contexts(4, seed=8)
+    held = {}                       # what the target knows the draft holds (keep bound)
+    for i in range(4):
+        svc.open(f"s{i}")
+        held[f"s{i}"] = 0
+    seq = 1
+    for rnd in range(6):
+        for i, c in enumerate(ctxs):
+            sid = f"s{i}"
+            svc.submit(DraftRequest(sid, seq, held[sid], c[held[sid]:], 3))
+        svc.run_once()
+        for _ in range(rnd % 3):
+            svc.ahead_once()
+        for i, c in enumerate(ctxs):
+            sid = f"s{i}"
+            r = out[sid][-1]
+            assert r.seq == seq and r.tokens == reference(c, 3), (rnd, sid)
+            L = len(c)
+            n = int(rng.integers(0, 4))               # accept n drafts, then a correction / bonus
+            nxt = int(rng.integers(0, 256)) if n < 3 else int(rng.integers(0, 256))
+            c.extend(r.tokens[:n] + [nxt])
+            held[sid] = L + min(n, 2)                 # the draft fed drafts[:-1]
+            if rnd == 3 and i == 0:
+                held[sid] = 2                         # a target may always keep less
+        seq += 1
+    assert svc.stats.snapshot()["batch_size_max"] == 4
+
+
+def test_refusals_are_clear_errors():
+    svc, out = service(DraftLimits(ahead=False, max_gamma=4))
+    svc.open("a")
+    svc.submit(DraftRequest("a", 1, 0, [1, 2, 3], 2))
+    svc.run_once()
+    svc.submit(DraftRequest("a", 2, 9, [4], 2))           # the draft holds 4 tokens, not 9
+    svc.submit(DraftRequest("nobody", 1, 0, [1], 2))
+    svc.run_once()
+    err = out["a"][-1]
+    assert isinstance(err, Error) and err.code == E_BAD_KEEP and "keep <= 4" in err.message
+    assert out["nobody"][-1].code == E_UNKNOWN_SESSION
+    svc.submit(DraftRequest("a", 3, 0, [1], 9))
+    svc.run_once()
+    assert "limit of 4" in out["a"][-1].message
+    svc.submit(DraftRequest("a", 3, 0, [1], 2))            # stale seq: ignored
+    assert svc.pending() == 0 and svc.stats.counters["stale"] == 1
+
+
+def test_newer_request_replaces_the_pending_one():
+    svc, out = service()
+    svc.open("a")
+    svc.submit(DraftRequest("a", 1, 0, [1, 2], 2))
+    svc.submit(DraftRequest("a", 2, 0, [1, 2, 3], 2))
+    assert svc.pending() == 1
+    svc.run_once()
+    assert [r.seq for r in out["a"]] == [2] and svc.stats.counters["replaced"] == 1
+
+
+def test_session_and_kv_limits():
+    svc, out = service(DraftLimits(ahead=False, max_sessions=2, max_kv_mb=0.05))
+    svc.open("a")
+    svc.open("b")
+    with pytest.raises(DraftRefused, match="limit of 2 sessions"):
+        svc.open("c")
+    per_token = 2 * 2 * 2 * 16 * 8                             # layers·kv·heads·dim·float64
+    svc.submit(DraftRequest("a", 1, 0, list(range(40)), 4))
+    svc.run_once()
+    assert isinstance(out["a"][-1], DraftResponse)
+    svc.submit(DraftRequest("b", 1, 0, list(range(50000 // per_token + 1)), 4))
+    svc.run_once()
+    assert out["b"][-1].code == E_OVERLOADED and "KV memory limit" in out["b"][-1].message
+
+
+def test_bye_and_silence_free_the_kv():
+    clock = FakeClock()
+    svc, out = service(DraftLimits(ahead=False, evict_after_s=10), clock=clock)
+    evicted = []
+    svc.set_on_evict(lambda sid, why: evicted.append(sid))
+    for sid in ("a", "b"):
+        svc.open(sid)
+        svc.submit(DraftRequest(sid, 1, 0, [1, 2, 3], 2))
+    svc.run_once()
+    assert svc.engine.active_sequences == 2
+    svc.close("a", "bye")
+    svc.run_once()                                             # frees closed sessions' KV
+    assert svc.engine.active_sequences == 1
+    clock.t = 11
+    assert svc.evict_silent() == ["b"] and evicted == ["b"]
+    svc.run_once()
+    assert svc.engine.active_sequences == 0 and svc.sessions() == []
+
+
+def test_sampling_sends_the_exact_sparse_q_it_sampled_from():
+    svc, out = service(DraftLimits(ahead=False, q_top_k=8))
+    ctx = [5, 6, 7, 8]
+    svc.open("a")
+    svc.submit(DraftRequest("a", 1, 0, ctx, 3, sampling(temperature=0.8, seed=1)))
+    svc.run_once()
+    r = out["a"][-1]
+    ref = make_engine(seed=0)
+    s = ref.new_sequence()
+    logits = ref.forward(s, ctx + r.tokens[:-1])[len(ctx) - 1:]
+    params = SamplingParams(temperature=0.8)
+    for tok, (idx, pr), row in zip(r.tokens, r.q, logits):
+        want = truncate_top_k(to_probs(row, params), 8)
+        np.testing.assert_array_equal(idx, want.indices)
+        np.testing.assert_allclose(pr, want.probs, rtol=0, atol=1e-12)
+        assert tok in idx.tolist()
+
+
+def test_draft_ahead_answers_a_matching_request_at_once():
+    svc, out = service(DraftLimits(ahead=True))
+    ctx = [9, 8, 7, 6, 5]
+    svc.open("a")
+    svc.submit(DraftRequest("a", 1, 0, ctx, 3))
+    svc.run_once()
+    d = out["a"][-1].tokens
+    while svc.ahead_once():
+        pass
+    bonus = reference(ctx + d, 1)[0]                           # the draft's own guess of the bonus
+    svc.submit(DraftRequest("a", 2, len(ctx) + 2, [d[2], bonus], 3))
+    svc.run_once()
+    st = svc.stats.snapshot()
+    assert st["counters"]["ahead_hit"] == 1 and st["s_of_d"]["1"]["steps"] == 3   # no new steps
+    assert out["a"][-1].tokens == reference(ctx + d + [bonus], 3)
+
+
+def test_star_on_a_memory_bus_is_lossless_and_refuses_a_foreign_tokenizer():
+    bus = MemoryBus()
+    hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=make_engine(seed=1), tokenizer_fp="tok-a").start()
+    try:
+        target = make_engine(seed=0)
+        star = StarTarget(target, HubClient(MemoryLink(bus, "t1"), "t1", "tok-a", 256), gamma=3)
+        got = star.generate([1, 2, 3, 4], 30)
+        assert got.tokens == generate_plain(target, [1, 2, 3, 4], 30).tokens
+        assert star.last_drafter.stats["answered"] > 0
+        foreign = StarTarget(target, HubClient(MemoryLink(bus, "t2"), "t2", "tok-b", 256), gamma=3)
+        with pytest.raises(JoinRefused, match="tokenizer fingerprint mismatch"):
+            foreign.check_join()
+        assert hub.counters["refused"] == 1
+    finally:
+        hub.stop()
+
+
+def test_sampling_through_the_star_uses_the_wire_q():
+    """Stochastic verification against the q that crossed the wire (draft = target: q ≈ p)."""
+    bus = MemoryBus()
+    hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=make_engine(seed=0), tokenizer_fp="tok",
+              limits=DraftLimits(q_top_k=256)).start()
+    try:
+        star = StarTarget(make_engine(seed=0), HubClient(MemoryLink(bus, "t1"), "t1", "tok", 256), gamma=3)
+        out = star.generate([1, 2, 3], 40, SamplingParams(temperature=0.9, seed=3))
+        assert len(out.tokens) == 40 and star.last_drafter.stats["errors"] == 0
+        assert out.n_drafted > 0 and out.acceptance_rate > 0.5      # identical models accept almost all
+    finally:
+        hub.stop()

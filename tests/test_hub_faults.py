@@ -1,0 +1,132 @@
+"""Faults: the hub dies mid-generation and comes back; a target vanishes."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from edge.engines.torch_engine import TorchEngine
+from edge.generate import generate_plain
+from edge.link import MqttLink
+from edge.model import Transformer, tiny_config
+from edge.roles.draft import DraftLimits
+from edge.roles.session import HubClient
+from edge.roles.target import StarTarget
+from server.broker import find_free_port
+from server.hub import Hub
+
+torch.set_num_threads(1)
+TOK = "tok-tiny"
+
+
+def tiny_model(seed=0, noise=0.0, base=None):
+    torch.manual_seed(seed)
+    model = Transformer(tiny_config("llama")).double()
+    for i, p in enumerate(model.parameters()):
+        p.data.normal_(0, 0.2)
+        if base is not None:
+            p.data = list(base.parameters())[i].data + noise * p.data
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model(0)
+    return target, tiny_model(1, noise=0.05, base=target)
+
+
+def wait_until(cond, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+@pytest.mark.parametrize("kind", ["mosquitto", "embedded"])
+def test_hub_killed_mid_generation_targets_finish_and_rejoin(kind, models, request):
+    target_model, draft_model = models
+    if kind == "mosquitto":      # an external broker: the hub's last will says it is gone
+        url = request.getfixturevalue("mosquitto").url
+        where = {"broker_url": url}
+    else:                        # the hub's own embedded broker dies with it
+        port = find_free_port()
+        url, where = f"mqtt://127.0.0.1:{port}", {"broker": "embedded", "port": port}
+
+    def new_hub():
+        return Hub(**where, draft_engine=TorchEngine(draft_model, "draft"), tokenizer_fp=TOK).start()
+
+    hub = new_hub()
+    n, max_new = 3, 150
+    stars = [StarTarget(TorchEngine(target_model, "target"),
+                        HubClient(MqttLink(url, reconnect_delay=(0.05, 0.2)).connect(5), f"f{i}", TOK, 256),
+                        gamma=3)
+             for i in range(n)]
+    prompts = [[3 + i, 14, 15, 9] for i in range(n)]
+    want = [generate_plain(s.engine, p, max_new).tokens for s, p in zip(stars, prompts)]
+    progress, got, errors = [0] * n, [None] * n, []
+    killed = threading.Event()
+
+    def run(i):
+        def tick(_):
+            # a slow device, so the outage lands mid-generation and the hub is back
+            # before the end; once it speculates again it may run at full speed
+            progress[i] += 1
+            st = stars[i].last_drafter.stats
+            if not killed.is_set():
+                time.sleep(0.004)
+            elif st["rejoins"] == 0 or st["answered_since_join"] == 0:
+                time.sleep(0.02)
+        try:
+            got[i] = stars[i].generate(prompts[i], max_new, on_token=tick)
+        except Exception as e:
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    hub2 = None
+    try:
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: min(progress) >= 15, 20)
+        killed.set()
+        hub.kill()
+        time.sleep(0.3)
+        hub2 = new_hub()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        for i in range(n):
+            assert got[i].tokens == want[i], f"target {i}: the outage changed the output"
+            st = stars[i].last_drafter.stats
+            assert st["rejoins"] >= 1, st
+            assert st["answered_since_join"] > 0, "no speculation after the hub came back"
+        assert hub2.snapshot()["draft"]["requests"] > 0
+    finally:
+        for s in stars:
+            s.hub.link.close()
+        (hub2 or hub).stop()
+
+
+def test_vanished_target_is_evicted_and_its_kv_freed(mosquitto, models):
+    target_model, draft_model = models
+    hub = Hub(broker_url=mosquitto.url, draft_engine=TorchEngine(draft_model, "draft"), tokenizer_fp=TOK,
+              limits=DraftLimits(evict_after_s=0.5)).start()
+    link = MqttLink(mosquitto.url).connect(5)
+    star = StarTarget(TorchEngine(target_model, "target"), HubClient(link, "ghost", TOK, 256), gamma=3)
+    svc = hub.service
+    try:
+        def tick(_):
+            if svc.sessions() and svc.engine.active_sequences and link.is_connected():
+                link.crash()                       # the device drops off the network mid-generation
+        out = star.generate([1, 2, 3], 40, on_token=tick)
+        assert out.tokens == generate_plain(star.engine, [1, 2, 3], 40).tokens
+        assert not link.is_connected()
+        # evicted within the timeout (0.5 s) plus the loop's check period, with slack for CI
+        assert wait_until(lambda: not svc.sessions() and svc.engine.active_sequences == 0, 3)
+        assert hub.registry.count() == 0
+        assert svc.stats.counters.get("closed_timeout") == 1
+    finally:
+        link.close()
+        hub.stop()

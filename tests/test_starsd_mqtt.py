@@ -1,0 +1,207 @@
+"""StarSD over real brokers (Mosquitto and the embedded amqtt): many targets, one draft."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from edge.engines.torch_engine import TorchEngine
+from edge.generate import generate_plain
+from edge.link import MqttLink
+from edge.model import Transformer, tiny_config
+from edge.protocol import DraftRequest, DraftResponse, encode, up_topic
+from edge.roles.draft import DraftLimits
+from edge.roles.session import HubClient, JoinRefused
+from edge.roles.target import StarTarget
+from server.hub import Hub
+
+torch.set_num_threads(1)
+TOK = "tok-tiny"
+
+
+def tiny_model(seed=0, noise=0.0, base=None):
+    """Float64 so outputs are exact; `noise` perturbs `base` (a draft close to its target)."""
+    torch.manual_seed(seed)
+    model = Transformer(tiny_config("llama")).double()
+    for i, p in enumerate(model.parameters()):
+        p.data.normal_(0, 0.2)
+        if base is not None:
+            p.data = list(base.parameters())[i].data + noise * p.data
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model(0)
+    return target, tiny_model(1, noise=0.05, base=target)
+
+
+@pytest.fixture(params=["mosquitto", "embedded"])
+def broker(request):
+    return request.getfixturevalue("mosquitto" if request.param == "mosquitto" else "embedded_broker")
+
+
+def star_target(url, client, model, gamma=3, fp=TOK, **link_kw):
+    # connect and subscribe one client at a time: amqtt 0.12.1 can drop a client whose
+    # connect overlaps another client's SUBSCRIBE ("dictionary changed size during iteration")
+    link = MqttLink(url, **link_kw).connect(5)
+    return StarTarget(TorchEngine(model, fingerprint="target"), HubClient(link, client, fp, 256), gamma=gamma)
+
+
+def prompt(i):
+    return [(7 * i + j * 13) % 256 for j in range(3 + i % 5)]
+
+
+def test_eight_targets_share_one_draft_and_stay_lossless(broker, models):
+    target_model, draft_model = models
+    hub = Hub(broker_url=broker.url, draft_engine=TorchEngine(draft_model, "draft"), tokenizer_fp=TOK,
+              limits=DraftLimits(ahead=True)).start()
+    stars = [star_target(broker.url, f"t{i}", target_model) for i in range(8)]
+    want = [generate_plain(s.engine, prompt(i), 24).tokens for i, s in enumerate(stars)]
+    got, errors = [None] * 8, []
+
+    def run(i):
+        try:
+            got[i] = stars[i].generate(prompt(i), 24)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        for i in range(8):
+            assert got[i].tokens == want[i], f"target {i} differs from its own plain greedy output"
+        answered = sum(s.last_drafter.stats["answered"] for s in stars)
+        accepted = sum(g.n_accepted for g in got)
+        snap = hub.snapshot()["draft"]
+        assert answered > 8 and accepted > 0
+        assert snap["batch_size_max"] > 1, snap["s_of_d"]
+    finally:
+        for s in stars:
+            s.hub.link.close()
+        hub.stop()
+
+
+def test_foreign_tokenizer_is_refused_with_a_reason(broker, models):
+    hub = Hub(broker_url=broker.url, draft_engine=TorchEngine(models[1], "draft"), tokenizer_fp=TOK).start()
+    star = star_target(broker.url, "stranger", models[0], fp="some-other-tokenizer")
+    try:
+        with pytest.raises(JoinRefused, match="tokenizer fingerprint mismatch.*share one tokenizer"):
+            star.check_join()
+        out = star.generate([1, 2, 3], 8)                    # still decodes, alone
+        assert out.tokens == generate_plain(star.engine, [1, 2, 3], 8).tokens
+        assert "fingerprint" in star.last_drafter.refusal
+    finally:
+        star.hub.link.close()
+        hub.stop()
+
+
+def test_forged_and_replayed_messages_are_dropped_and_counted(broker, models, inbox):
+    hub = Hub(broker_url=broker.url, draft_engine=TorchEngine(models[1], "draft"), tokenizer_fp=TOK,
+              limits=DraftLimits(ahead=False)).start()
+    spy = MqttLink(broker.url).connect(5)                    # no ACL here: anyone can listen
+    ups, downs = inbox(), inbox()
+    spy.subscribe("ss/s/victim/+/up", ups)
+    spy.subscribe("ss/s/victim/+/down", downs)
+    star = star_target(broker.url, "victim", models[0])
+    try:
+        out = star.generate([4, 5, 6], 12)
+        assert out.tokens == generate_plain(star.engine, [4, 5, 6], 12).tokens
+        assert ups.wait_for(2) and downs.wait_for(1)
+        node = hub.node
+        # the session ended with bye: open a fresh one to attack
+        session = star.hub.join(3, star.last_drafter.sampling, 5)
+        up = up_topic("victim", session.sid)
+        forged = encode(DraftRequest(session.sid, 1, 0, [1, 2], 2), b"x" * 32)    # wrong key
+        spy.publish(up, forged, "draft")
+        assert session.request(1, 0, [1, 2, 3], 2, star.last_drafter.sampling)
+        assert session.wait(1, time.monotonic() + 5) is not None
+        replay = [p for t, p in ups.items if t == up][-1]
+        spy.publish(up, replay, "draft")                      # a genuine request, sent again
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not {"auth", "replay"} <= set(node.dropped):
+            time.sleep(0.02)
+        assert node.dropped.get("auth") == 1 and node.dropped.get("replay") == 1, node.dropped
+        # ... and on the target's side: a stale answer replayed to its down topic
+        answer = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not answer:
+            answer = [p for t, p in downs.items if t.split("/")[3] == session.sid]
+            time.sleep(0.02)
+        assert answer
+        spy.publish(f"ss/s/victim/{session.sid}/down", answer[-1], "draft")
+        spy.publish(f"ss/s/victim/{session.sid}/down", encode(DraftResponse(session.sid, 99, [1]), b"y" * 32),
+                    "draft")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not {"auth", "replay"} <= set(star.hub.keys.dropped):
+            time.sleep(0.02)
+        assert star.hub.keys.dropped.get("replay") == 1 and star.hub.keys.dropped.get("auth") == 1
+        session.close()
+    finally:
+        spy.close()
+        star.hub.link.close()
+        hub.stop()
+
+
+def test_star_through_the_mosquitto_acl(mosquitto_acl, models):
+    """Hub and targets with their own credentials: the ACL'd broker lets the star work."""
+    b = mosquitto_acl
+    hub = Hub(broker_url=b.url, username=b.hub_user, password=b.hub_password,
+              draft_engine=TorchEngine(models[1], "draft"), tokenizer_fp=TOK).start()
+    stars = []
+    try:
+        for name in ("alice", "bob"):
+            b.add_user(name)
+            stars.append(star_target(b.url, name, models[0], username=name, password=b.password(name)))
+        for i, s in enumerate(stars):
+            out = s.generate(prompt(i), 16)
+            assert out.tokens == generate_plain(s.engine, prompt(i), 16).tokens
+            assert s.last_drafter.stats["answered"] > 0
+    finally:
+        for s in stars:
+            s.hub.link.close()
+        hub.stop()
+
+
+def test_a_draft_service_on_a_device_takes_the_hubs_sessions(mosquitto, models):
+    """`edge-agent run --role draft`: the hub has no draft model and assigns to the device."""
+    from edge.protocol import draft_hello_topic
+    from edge.roles.draft import DraftService
+    from edge.roles.draft_node import DraftNode
+
+    hub = Hub(broker_url=mosquitto.url).start()
+    link = MqttLink(mosquitto.url)
+    svc = DraftService(TorchEngine(models[1], "draft"), DraftLimits(ahead=False))
+    node = DraftNode(svc, link, "jetson-1", TOK)
+    link.set_will(draft_hello_topic("jetson-1"), node.will())
+    link.connect(5)
+    node.start()
+    star = star_target(mosquitto.url, "dev", models[0])
+    try:
+        assert _wait(lambda: hub.registry.online_services() == ["jetson-1"])
+        out = star.generate(prompt(2), 20)
+        assert out.tokens == generate_plain(star.engine, prompt(2), 20).tokens
+        assert star.last_drafter.session is None and star.last_drafter.stats["answered"] > 0
+        assert node.service.stats.requests > 0 and hub.counters["joins"] == 1
+        assert _wait(lambda: hub.registry.count() == 0)     # the device reported the bye
+        link.crash()                                       # the device dies: its will says so
+        assert _wait(lambda: hub.registry.online_services() == [])
+        with pytest.raises(JoinRefused, match="no draft service is online"):
+            star.check_join()
+    finally:
+        node.stop(announce=False)
+        link.close()
+        star.hub.link.close()
+        hub.stop()
+
+
+def _wait(cond, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not cond():
+        time.sleep(0.02)
+    return cond()

@@ -1,9 +1,12 @@
-"""`edge-agent run`: put this device into a star as a target or as a draft service.
+"""`edge-agent run`: put this device into a star as a target, a draft service or a SUN worker.
 
-target: verifies locally, drafts come from the hub's star (StarSD); serves an
-        OpenAI-compatible endpoint to local clients (--http-port), or
-        generates once for --prompt and exits.
-draft:  a draft service that registers with the hub and takes sessions.
+target:  verifies locally, drafts come from the hub's star (StarSD); serves an
+         OpenAI-compatible endpoint to local clients (--http-port), or
+         generates once for --prompt and exits.
+draft:   a draft service that registers with the hub and takes sessions.
+prefill: SUN: one task specialist's prefill module (--module DIR, --task);
+         the hub routes that task's requests here, the KV goes to a decoder.
+decoder: SUN: a shared decoder (--module DIR) batching requests of every task.
 """
 from __future__ import annotations
 
@@ -49,9 +52,15 @@ def _wait_for_signal() -> None:
 
 
 @click.command()
-@click.option("--role", required=True, type=click.Choice(["target", "draft"]))
+@click.option("--role", required=True, type=click.Choice(["target", "draft", "prefill", "decoder"]))
 @click.option("--hub", "hub_url", required=True, metavar="mqtt://HOST:PORT", help="the hub's MQTT broker")
-@click.option("--model", "-m", required=True, help="model name (see edge.fetch) or path")
+@click.option("--model", "-m", default=None, help="target/draft: model name (see edge.fetch) or path")
+@click.option("--module", "module_dir", default=None, metavar="DIR",
+              help="prefill/decoder: the specialist or shared-decoder directory (edge-export tune)")
+@click.option("--task", default=None, help="prefill: the task it serves (default: the manifest's)")
+@click.option("--max-batch", default=64, show_default=True, help="decoder: sequences per engine step")
+@click.option("--stop-id", "stop_ids", multiple=True, type=int,
+              help="decoder: extra end-of-sequence token ids (repeatable)")
 @click.option("--client-id", default=None, help="this device's id (default: the host name)")
 @click.option("--username", default=None, help="broker username (with the hub's ACL: the client id)")
 @click.option("--password", default=None, help="broker password the hub issued")
@@ -67,9 +76,9 @@ def _wait_for_signal() -> None:
 @click.option("--max-len", default=4096, show_default=True, help="context cap per sequence")
 @click.option("-v", "--verbose", count=True, help="-v info, -vv debug logging")
 @draft_options
-def run(role, hub_url, model, client_id, username, password, gamma, http_host, http_port, prompt, max_new,
-        temperature, dtype, threads, max_len, verbose, **limits):
-    """Join the star at --hub as a target or a draft service (runs until Ctrl-C)."""
+def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, username, password, gamma,
+        http_host, http_port, prompt, max_new, temperature, dtype, threads, max_len, verbose, **limits):
+    """Join the star at --hub as a target, a draft service or a SUN worker (runs until Ctrl-C)."""
     from edge.cli import load_engine
     from edge.link import LinkError, MqttLink, parse_url
     from edge.protocol import ProtocolError, check_id
@@ -84,6 +93,15 @@ def run(role, hub_url, model, client_id, username, password, gamma, http_host, h
         raise click.BadParameter(str(e)) from None
     if password and not username:
         username = client_id
+    if role in ("prefill", "decoder"):           # SUN: the module dir carries its own model
+        if not module_dir:
+            raise click.UsageError(f"--role {role} needs --module DIR "
+                                   "(a SUN specialist or shared-decoder directory)")
+        _run_sun(role, MqttLink(hub_url, username=username, password=password), module_dir, client_id,
+                 task, threads, max_batch, stop_ids)
+        return
+    if not model:
+        raise click.UsageError(f"--role {role} needs --model")
     engine, tok = load_engine(model, dtype, threads, max_len)
     link = MqttLink(hub_url, username=username, password=password)
     if role == "draft":
@@ -115,6 +133,28 @@ def _run_draft(engine, tok, link, service_id, limits) -> None:
         st = node.service.stats.snapshot()
         click.echo(f"served {st['requests']} requests, busy {st['busy_ratio']:.2f}, "
                    f"mean batch {st['batch_size_mean']:.1f}", err=True)
+
+
+def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_ids) -> None:
+    from edge.link import LinkError
+    from edge.roles.sun_nodes import open_node
+    from edge.sun import SunError
+
+    try:
+        node = open_node(role, link, directory, worker_id, task=task, threads=threads, max_batch=max_batch,
+                         stop_ids=stop_ids)
+    except (SunError, OSError) as e:
+        raise click.ClickException(f"--module {directory}: {e}") from None
+    except LinkError as e:
+        raise click.ClickException(str(e)) from None
+    what = f"prefill worker for task {node.worker.task!r}" if role == "prefill" else "shared decoder"
+    click.echo(f"{what} {worker_id} up at {link.url}; Ctrl-C to leave", err=True)
+    try:
+        _wait_for_signal()
+    finally:
+        node.stop()
+        link.close()
+        click.echo(f"{worker_id}: {node.stats}", err=True)
 
 
 def _run_target(engine, tok, link, client_id, gamma, model, host, port, prompt, max_new, temperature) -> None:

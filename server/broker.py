@@ -9,10 +9,16 @@ the hub may do anything; a client (username = its client id) may only
     read  ss/s/{me}/+/down          draft responses for its own sessions
     read  ss/hub/status             hub presence
 
+    write ss/sun/req/{me}           its SUN requests
+    read  ss/sun/r/{me}/+           the token streams of its own SUN requests
+
 and a remote draft service additionally reads and writes every session
 (`ss/s/#`, it serves them), announces itself on ss/hub/drafts/{me} and reads
-its assignments on ss/d/{me}/#. Mosquitto gets these as an ACL file (patterns
-with %u) plus a password file; amqtt gets them as in-process plugins.
+its assignments on ss/d/{me}/#. A SUN worker (role `sun`: prefill worker or
+shared decoder) announces itself on ss/sun/workers/{me}, reads its jobs and
+incoming KV on ss/sun/w/{me}/#, sends KV to any decoder (ss/sun/w/+/kv) and
+tokens to any client (ss/sun/r/#). Mosquitto gets these as an ACL file
+(patterns with %u) plus a password file; amqtt gets them as in-process plugins.
 """
 from __future__ import annotations
 
@@ -36,11 +42,15 @@ from amqtt.contexts import Action
 from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 from paho.mqtt.client import topic_matches_sub
 
-ROLES = ("hub", "client", "draft")
+ROLES = ("hub", "client", "draft", "sun")
 CLIENT_RULES = [("write", "ss/hub/join/%u"), ("read", "ss/c/%u/joined"),
-                ("write", "ss/s/%u/+/up"), ("read", "ss/s/%u/+/down"), ("read", "ss/hub/status")]
+                ("write", "ss/s/%u/+/up"), ("read", "ss/s/%u/+/down"), ("read", "ss/hub/status"),
+                ("write", "ss/sun/req/%u"), ("read", "ss/sun/r/%u/+")]
 DRAFT_RULES = [("readwrite", "ss/s/#"), ("write", "ss/hub/drafts/%u"), ("read", "ss/d/%u/#")]
+SUN_RULES = [("write", "ss/sun/workers/%u"), ("read", "ss/sun/w/%u/#"), ("write", "ss/sun/w/+/kv"),
+             ("write", "ss/sun/r/#")]
 HUB_RULES = [("readwrite", "#")]
+EXTRA_RULES = {"hub": HUB_RULES, "draft": DRAFT_RULES, "sun": SUN_RULES}   # beyond CLIENT_RULES
 
 
 class BrokerError(RuntimeError):
@@ -101,8 +111,10 @@ class Acl:
 
     def rules(self, name: str) -> list[tuple[str, str]]:
         role = self.users.get(name, ("", ""))[0]
-        table = {"hub": HUB_RULES, "draft": DRAFT_RULES + CLIENT_RULES, "client": CLIENT_RULES}
-        return [(a, t.replace("%u", name)) for a, t in table.get(role, [])]
+        if role not in ROLES:
+            return []
+        table = HUB_RULES if role == "hub" else EXTRA_RULES.get(role, []) + CLIENT_RULES
+        return [(a, t.replace("%u", name)) for a, t in table]
 
     def check_password(self, name: Optional[str], password: Optional[str]) -> bool:
         if not name or name not in self.users:
@@ -123,7 +135,7 @@ class Acl:
         lines = ["# written by StarSun: clients connect with username = client id"]
         lines += [f"pattern {a} {t}" for a, t in CLIENT_RULES]
         for name, (role, _) in sorted(self.users.items()):
-            extra = {"hub": HUB_RULES, "draft": DRAFT_RULES}.get(role, [])
+            extra = EXTRA_RULES.get(role, [])
             if extra:
                 lines.append(f"\nuser {name}")
                 lines += [f"topic {a} {t.replace('%u', name)}" for a, t in extra]
@@ -185,13 +197,43 @@ class _BrokerBase:
         self.stop()
 
 
+class _SnapshotDict(dict):
+    """A dict whose iteration walks a copy. amqtt 0.12.1 iterates its subscription
+    table with awaits inside the loop (a new client's connect replays retained
+    messages per filter; a broadcast checks each subscriber's ACL), so another
+    client's SUBSCRIBE in between raised "dictionary changed size during
+    iteration" and left the connecting client half-connected (no SUBACKs)."""
+
+    def __iter__(self):
+        return iter(list(super().keys()))
+
+    def items(self):
+        return list(super().items())
+
+    def keys(self):
+        return list(super().keys())
+
+    def values(self):
+        return list(super().values())
+
+
 class _TrackedBroker(Broker):
-    """amqtt's Broker, remembering client connections so stop() can cut them:
-    amqtt 0.12.1's shutdown() can hang on a session with QoS 1 traffic."""
+    """amqtt's Broker, remembering client connections so stop() can cut them
+    (amqtt 0.12.1's shutdown() can hang on a session with QoS 1 traffic), with
+    its subscription table iterated over copies (_SnapshotDict)."""
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.writers: set = set()
+        self._subscriptions = _SnapshotDict(self._subscriptions)
+
+    async def _publish_retained_messages_for_subscription(self, subscription, session) -> None:
+        # amqtt calls this on every connect for EVERY client's filters, which would
+        # hand a newcomer retained messages it never subscribed to (past the ACL);
+        # only the session's own subscriptions get their retained messages
+        subs = self._subscriptions.get(subscription[0], ())
+        if any(s.client_id == session.client_id for s, _ in subs):
+            await super()._publish_retained_messages_for_subscription(subscription, session)
 
     async def stream_connected(self, reader, writer, listener_name: str) -> None:
         self.writers.add(writer)

@@ -29,7 +29,8 @@ def main(verbose):
 @click.option("--acl", is_flag=True,
               help="broker started here: passwords + ACL (clients connect with username = client id)")
 @click.option("--user", "users", multiple=True, metavar="NAME[:ROLE[:PASSWORD]]",
-              help="with --acl: register a client (role client) or a draft service (role draft)")
+              help="with --acl: register a client (role client), a draft service (role draft) "
+                   "or a SUN worker (role sun)")
 @click.option("--username", default=None, help="hub's username on an external --broker")
 @click.option("--password", default=None, help="hub's password on an external --broker")
 @click.option("--draft-model", default=None, help="model name or path of the hub's own draft service")
@@ -39,9 +40,20 @@ def main(verbose):
 @click.option("--threads", default=None, type=int, help="torch threads (default: all cores)")
 @click.option("--max-len", default=4096, show_default=True, help="context cap per session")
 @click.option("--stats-every", default=5.0, show_default=True, help="seconds between stats lines (0: off)")
+@click.option("--sun-isolated", is_flag=True,
+              help="SUN: one decoder pool per task (the conventional baseline) instead of one shared pool")
+@click.option("--sun-pool", "sun_pools", multiple=True, metavar="TASK=DEC1,DEC2",
+              help="with --sun-isolated: the decoders that serve TASK "
+                   "(repeatable; default: each task binds one free decoder)")
+@click.option("--sun-decoder", default=None, metavar="DIR",
+              help="SUN: also run this shared decoder (export.tune.save_decoder dir) inside the hub")
+@click.option("--sun-max-batch", default=64, show_default=True, help="--sun-decoder: sequences per step")
+@click.option("--stop-id", "stop_ids", multiple=True, type=int,
+              help="--sun-decoder: extra end-of-sequence token ids (repeatable)")
 @draft_options
 def serve(broker_url, mosquitto, port, acl, users, username, password, draft_model, hub_id, dtype,
-          threads, max_len, stats_every, **limits):
+          threads, max_len, stats_every, sun_isolated, sun_pools, sun_decoder, sun_max_batch, stop_ids,
+          **limits):
     """Run the hub until Ctrl-C."""
     from server.broker import BrokerError
     from server.hub import Hub
@@ -51,6 +63,18 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
                                "they do not apply with --broker")
     if users and not acl:
         raise click.UsageError("--user needs --acl (without an ACL anyone may connect)")
+    pools = _parse_pools(sun_pools)
+    if pools and not sun_isolated:
+        raise click.UsageError("--sun-pool gives a task its own decoders: it needs --sun-isolated")
+    decoder = None
+    if sun_decoder:
+        from edge.roles.decoder import SharedDecoder
+        from edge.sun import SunError
+        try:
+            decoder = SharedDecoder.from_dir(sun_decoder, threads=threads, max_batch=sun_max_batch,
+                                             stop_ids=stop_ids, name=f"{hub_id}-decoder")
+        except (SunError, OSError) as e:
+            raise click.ClickException(f"--sun-decoder {sun_decoder}: {e}") from None
     engine = tok_fp = None
     if draft_model:
         from edge.cli import load_engine
@@ -61,7 +85,8 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
                    "(`edge-agent run --role draft`)", err=True)
     hub = Hub(broker_url=broker_url, broker="mosquitto" if mosquitto else "embedded", port=port, acl=acl,
               draft_engine=engine, tokenizer_fp=tok_fp or "", limits=draft_limits(**limits), hub_id=hub_id,
-              username=username, password=password)
+              username=username, password=password, sun_isolated=sun_isolated, sun_pools=pools,
+              sun_decoder=decoder)
     try:
         hub.start()
     except BrokerError as e:
@@ -72,8 +97,8 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
         name, role, pw = (spec.split(":") + ["", ""])[:3]
         pw = hub.broker.add_user(name, role or "client", pw or None)
         click.echo(f"user {name} ({role or 'client'}): password {pw}", err=True)
-    click.echo(f"hub {hub_id} serving on {hub.url}" + (f" with draft {draft_model}" if draft_model else ""),
-               err=True)
+    click.echo(f"hub {hub_id} serving on {hub.url}" + (f" with draft {draft_model}" if draft_model else "")
+               + (f" and SUN decoder {hub.sun_node.id}" if hub.sun_node else ""), err=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -85,6 +110,18 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
         hub.stop()
 
 
+def _parse_pools(specs) -> dict:
+    """('maths=dec-a,dec-b', ...) -> {'maths': ['dec-a', 'dec-b']}."""
+    pools: dict = {}
+    for spec in specs:
+        task, _, decs = spec.partition("=")
+        names = [d.strip() for d in decs.split(",") if d.strip()]
+        if not task.strip() or not names:
+            raise click.BadParameter(f"{spec!r}: write TASK=DECODER[,DECODER...]", param_hint="--sun-pool")
+        pools.setdefault(task.strip(), []).extend(names)
+    return pools
+
+
 def _stats_line(hub) -> str:
     s = hub.snapshot()
     c = s["counters"]
@@ -94,6 +131,10 @@ def _stats_line(hub) -> str:
     if d:
         line += (f" requests={d['requests']} busy={d['busy_ratio']:.2f} batch={d['batch_size_mean']:.1f}"
                  f" t_idle={1e3 * d['t_idle_mean_s']:.1f}ms dropped={sum(s['dropped'].values())}")
+    sun = s.get("sun")
+    if sun and (sun["workers"] or sun["counters"]["requests"]):
+        online = sum(w["online"] for w in sun["workers"].values())
+        line += f" sun_workers={online} sun_routed={sun['counters']['routed']}"
     return line
 
 

@@ -1,4 +1,4 @@
-"""The hub daemon: broker (embedded or external), registry, its own draft service.
+"""The hub daemon: broker (embedded or external), registry, its own draft service, SUN routing.
 
 Topics and messages are edge/protocol.py's. The hub answers joins on
 ss/hub/join/{client}, keeps a retained HubStatus on ss/hub/status stamped
@@ -6,6 +6,11 @@ with its start time (its *epoch*: targets that see a new epoch, or the last
 will's online=False, know their sessions are gone and rejoin), watches draft
 services' DraftHello on ss/hub/drafts/+ and assigns sessions to its own
 service directly or to remote ones with SessionAssign.
+
+It also routes SUN requests (server/sun_router.py: task -> its prefill
+worker, KV -> the least-loaded shared decoder, or per-task pools when
+isolated) and may host a shared decoder itself (`sun_decoder`), which then
+announces itself like any device's decoder, on the hub's own link.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from edge.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, HubSt
 from edge.roles.draft import DraftLimits, DraftRefused, DraftService
 from edge.roles.draft_node import DraftNode
 from server.registry import Refusal, Registry
+from server.sun_router import SunRouter
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +38,17 @@ class Hub:
                  port: Optional[int] = None, acl: bool = False, link: Optional[Link] = None,
                  draft_engine=None, tokenizer_fp: str = "", limits: Optional[DraftLimits] = None,
                  hub_id: str = "hub", username: Optional[str] = None, password: Optional[str] = None,
-                 status_every: float = 2.0, ctl_key: Optional[bytes] = None):
+                 status_every: float = 2.0, ctl_key: Optional[bytes] = None, sun: bool = True,
+                 sun_isolated: bool = False, sun_pools: Optional[dict] = None, sun_decoder=None):
+        """sun: route SUN requests; sun_isolated / sun_pools: one decoder pool per task
+        ({task: [decoder ids]}); sun_decoder: a SharedDecoder the hub serves as
+        f"{hub_id}-decoder"."""
         if draft_engine is not None and not tokenizer_fp:
             raise ValueError("the hub's draft service needs the tokenizer fingerprint of its model")
+        if sun_pools and not sun_isolated:
+            raise ValueError("SUN decoder pools per task (sun_pools) need sun_isolated=True")
+        if sun_decoder is not None and not sun:
+            raise ValueError("a hub-hosted SUN decoder needs SUN routing (sun=True)")
         self.hub_id = hub_id
         self.broker_url, self.broker_kind, self.port, self.acl = broker_url, broker, port, acl
         self.username, self.password = username, password
@@ -43,6 +57,10 @@ class Hub:
         self.link = link
         self.broker = None                    # the broker we run, if any
         self.node: Optional[DraftNode] = None
+        self.sun, self.sun_isolated, self.sun_pools = sun, sun_isolated, sun_pools
+        self.sun_decoder = sun_decoder
+        self.router: Optional[SunRouter] = None
+        self.sun_node = None                  # DecoderNode of sun_decoder
         self.registry = Registry()
         self.epoch = 0.0
         self.counters = {"joins": 0, "refused": 0, "bad_join": 0}
@@ -76,6 +94,13 @@ class Hub:
         self.link.subscribe(JOIN_SUB, self._on_join)
         self.link.subscribe(DRAFTS_SUB, self._on_hello)
         self.link.connect()
+        if self.sun:
+            self.router = SunRouter(self.link, isolated=self.sun_isolated, pools=self.sun_pools,
+                                    ctl_key=self.ctl_key).start()
+            if self.sun_decoder is not None:
+                from edge.roles.sun_nodes import DecoderNode
+                self.sun_node = DecoderNode(self.sun_decoder, self.link, f"{self.hub_id}-decoder",
+                                            ctl_key=self.ctl_key).start()
         if self.draft_engine is not None:
             svc = DraftService(self.draft_engine, self.limits, name=f"{self.hub_id}-draft")
             self.node = DraftNode(svc, self.link, f"{self.hub_id}-draft", self.tokenizer_fp,
@@ -96,6 +121,10 @@ class Hub:
         self._live = False
         if self.node is not None:
             self.node.stop()
+        if self.sun_node is not None:
+            self.sun_node.stop()              # announces itself offline (retained)
+        if self.router is not None:
+            self.router.stop()
         if self.link is not None:
             self.link.publish(STATUS_TOPIC, encode(HubStatus(self.hub_id, False, self.epoch)), kind="status")
             self.link.close()
@@ -108,6 +137,8 @@ class Hub:
         if self.node is not None:
             self.node._stop.set()
             self.node.service.stop()
+        if self.sun_node is not None:
+            self.sun_node.stop(announce=False)
         crash = getattr(self.link, "crash", None)
         (crash or self.link.close)()
         self._stop_broker()
@@ -147,6 +178,11 @@ class Hub:
         if self.node is not None:
             out["draft"] = self.node.service.stats.snapshot()
             out["dropped"] = self.node.dropped
+        if self.router is not None:
+            out["sun"] = self.router.snapshot()
+            if self.sun_node is not None:
+                out["sun"]["decoder"] = {"id": self.sun_node.id, **self.sun_node.stats,
+                                         "dropped": dict(self.sun_node.dropped)}
         return out
 
     # ---- joins ----

@@ -2,6 +2,7 @@
 and the same table in the embedded broker)."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -137,6 +138,16 @@ def test_acl_table_and_file():
     text = acl.mosquitto_acl()
     assert "pattern write ss/s/%u/+/up" in text and "user hub\ntopic readwrite #" in text
     assert "user svc\ntopic readwrite ss/s/#" in text and "user bob" not in text
+    acl.add("dec-1", "sun")
+    may = acl.allows
+    assert may("bob", "ss/sun/req/bob", "write") and not may("bob", "ss/sun/req/alice", "write")
+    assert may("bob", "ss/sun/r/bob/+", "subscribe") and not may("bob", "ss/sun/r/+/+", "subscribe")
+    assert may("dec-1", "ss/sun/w/dec-1/#", "subscribe") and may("dec-1", "ss/sun/w/dec-2/kv", "write")
+    assert not may("dec-1", "ss/sun/w/dec-2/ctl", "write") and not may("dec-1", "ss/sun/w/+/kv", "read")
+    assert may("dec-1", "ss/sun/r/bob/r1", "write") and not may("dec-1", "ss/sun/r/bob/r1", "read")
+    assert not may("dec-1", "ss/s/bob/s1/up", "read")          # a SUN worker is no draft service
+    text = acl.mosquitto_acl()
+    assert "pattern read ss/sun/r/%u/+" in text and "user dec-1\ntopic write ss/sun/workers/dec-1" in text
 
 
 def test_broker_errors_are_clear(monkeypatch, mosquitto):
@@ -148,3 +159,81 @@ def test_broker_errors_are_clear(monkeypatch, mosquitto):
     monkeypatch.setattr(B.os, "access", lambda path, mode: False)
     with pytest.raises(B.BrokerError, match="apt-get install mosquitto"):
         B.MosquittoBroker()
+
+
+def test_clients_cannot_read_other_clients_sun_results(star, inbox):
+    broker, connect = star
+    hub, alice, bob = connect(broker.hub_user), connect("alice"), connect("bob")
+    dec, pre = connect("dec-1", "sun"), connect("prefill-1", "sun")
+    bob_r, spy_exact, spy_wild, spy_all = inbox(), inbox(), inbox(), inbox()
+    reqs, hellos, dec_in, other_ctl = inbox(), inbox(), inbox(), inbox()
+    assert bob.subscribe(P.sun_stream_sub("bob"), bob_r)
+    _subscribe(alice, P.sun_stream_sub("bob"), spy_exact)
+    _subscribe(connect("alice-2"), "ss/sun/r/+/+", spy_wild)
+    _subscribe(connect("alice-3"), "ss/sun/#", spy_all)
+    assert hub.subscribe(P.SUN_REQ_SUB, reqs) and hub.subscribe(P.SUN_WORKERS_SUB, hellos)
+    assert dec.subscribe("ss/sun/w/dec-1/#", dec_in)
+    _subscribe(pre, P.sun_ctl_topic("dec-1"), other_ctl)           # a worker reads only its own jobs
+    time.sleep(0.1)
+    # the legitimate paths of one request: request, job, KV, tokens, hellos
+    alice.publish(P.sun_req_topic("alice"), b"req", "control")
+    hub.publish(P.sun_ctl_topic("dec-1"), b"assign", "control")
+    pre.publish(P.sun_kv_topic("dec-1"), b"kv", "control")
+    pre.publish(P.sun_stream_topic("bob", "r1"), b"token 0", "control")
+    dec.publish(P.sun_stream_topic("bob", "r1"), b"token 1", "control")
+    pre.publish(P.sun_hello_topic("prefill-1"), b"hello", "control")
+    assert reqs.wait_for(1) and bob_r.wait_for(2) and dec_in.wait_for(2) and hellos.wait_for(1)
+    # forgeries, each on a fresh connection (Mosquitto drops a 3.1.1 client that publishes past its ACL)
+    connect("alice").publish(P.sun_req_topic("bob"), b"as bob", "control")
+    connect("alice").publish(P.sun_stream_topic("bob", "r1"), b"forged token", "control")
+    connect("prefill-1", "sun").publish(P.sun_hello_topic("dec-1"), b"impostor", "control")
+    connect("prefill-1", "sun").publish(P.sun_ctl_topic("dec-1"), b"forged job", "control")
+    time.sleep(QUIET)
+    assert spy_exact.items == [] and spy_wild.items == [] and spy_all.items == [] and other_ctl.items == []
+    assert reqs.payloads() == [b"req"] and hellos.payloads() == [b"hello"]
+    assert sorted(bob_r.payloads()) == [b"token 0", b"token 1"]
+    assert sorted(dec_in.payloads()) == [b"assign", b"kv"]
+    hub.publish(P.sun_hello_topic("prefill-1"), b"", "status")      # clear the retained hello
+
+
+def test_connects_overlapping_subscribes_all_complete(inbox):
+    """amqtt 0.12.1 iterated its subscription table across awaits while a client
+    connected: another client's SUBSCRIBE then raised "dictionary changed size
+    during iteration" and left the newcomer half-connected (no SUBACKs, 5 s
+    stalls). Retained messages make the connect path await inside that loop."""
+    broker = EmbeddedBroker().start()
+    links, failures = [], []
+    try:
+        pub = MqttLink(broker.url).connect(5)
+        links.append(pub)
+        pub.publish("race/status", b"retained", "status")
+        got = inbox()
+        assert pub.subscribe("race/status", got) and got.wait_for(1)
+
+        def client(i: int) -> None:
+            link = MqttLink(broker.url, client_id=f"race-{i}")
+            links.append(link)
+            try:
+                link.connect(5)
+                ok = [link.subscribe(f"race/{i}/{k}", lambda t, p: None) for k in range(3)]
+                ok.append(link.subscribe("race/status", lambda t, p: None))
+                if not all(ok):
+                    failures.append((i, "a SUBSCRIBE was not acknowledged"))
+            except Exception as e:  # noqa: BLE001 - reported below
+                failures.append((i, repr(e)))
+        for rnd in range(3):
+            threads = [threading.Thread(target=client, args=(rnd * 10 + i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+        assert failures == []
+        # a newcomer gets no retained messages for other clients' subscriptions (amqtt replayed them)
+        quiet = MqttLink(broker.url).connect(5)
+        links.append(quiet)
+        time.sleep(QUIET)
+        assert quiet.stats["received"] == 0
+    finally:
+        for link in links:
+            link.close()
+        broker.stop()

@@ -303,3 +303,82 @@ def test_kv_that_overtakes_its_assignment_is_held_and_a_missing_kv_times_out(mem
         node.stop()
         for ln in (node.link, client.link, bus):
             ln.close()
+
+
+# ---- the brokers' ACL with SUN roles, and the hub's wiring ------------------------------------
+
+class AclStar(Star):
+    """A Star whose links log in: the router as the hub, workers with role sun, the client as itself."""
+
+    def __init__(self, broker, models, **kw):
+        self.broker = broker
+        super().__init__(broker.url, models, **kw)
+
+    def link(self, name):
+        role = "hub" if name == "router" else "client" if name == "client" else "sun"
+        user = self.broker.hub_user if role == "hub" else name
+        if user not in self.broker.acl.users:
+            self.broker.add_user(user, role)
+        ln = MqttLink(self.url, username=user, password=self.broker.password(user))
+        self.links.append(ln)
+        return ln
+
+
+@pytest.fixture(params=["mosquitto", "embedded"])
+def acl_broker(request):
+    if request.param == "mosquitto":
+        yield request.getfixturevalue("mosquitto_acl")
+        return
+    from server.broker import EmbeddedBroker
+    broker = EmbeddedBroker(acl=True).start()
+    yield broker
+    broker.stop()
+
+
+def test_sun_runs_through_the_brokers_acl(acl_broker, models):
+    star = AclStar(acl_broker, models, tasks=("maths", "code"))
+    try:
+        ps = prompts(2, seed=19)
+        handles = [star.client.submit(t, p, max_new=8) for t, p in zip(("maths", "code"), ps)]
+        for h, t, p in zip(handles, ("maths", "code"), ps):
+            r = h.wait(20)
+            assert r.tokens == star.expect(t, p, 8) and r.workers == [f"prefill-{t}", "dec-a"]
+        assert star.client.dropped == {}
+    finally:
+        star.close()
+
+
+def test_hub_routes_sun_and_hosts_a_decoder(memory_bus, models):
+    from edge.link import MemoryLink
+    from server.hub import Hub
+    base, fp, specs = models
+    hub = Hub(link=MemoryLink(memory_bus), hub_id="hub", ctl_key=KEY,
+              sun_decoder=SharedDecoder(TorchEngine(base, fingerprint=fp), name="hub-decoder")).start()
+    worker = PrefillWorker(TorchEngine(specs["tools"], fingerprint=fp), "tools", kv_dtype="float64")
+    plink = MemoryLink(memory_bus)
+    pnode = PrefillNode(worker, plink, "prefill-tools", KEY)
+    plink.set_will(sun_hello_topic("prefill-tools"), pnode.will())
+    plink.connect()
+    pnode.start()
+    client = SunClient(MemoryLink(memory_bus).connect(), "client").start()
+    try:
+        assert _wait(lambda: {"hub-decoder", "prefill-tools"} <= set(hub.snapshot()["sun"]["workers"]))
+        p = prompts(1, seed=23)[0]
+        r = client.generate("tools", p, max_new=9, timeout=20)
+        assert r.tokens == split_generate(specs["tools"], base, [p], max_new=9)[0]
+        assert r.workers == ["prefill-tools", "hub-decoder"]
+        sun = hub.snapshot()["sun"]
+        assert sun["routed"] == {"tools": {"hub-decoder": 1}} and sun["decoder"]["admitted"] == 1
+        with pytest.raises(ValueError, match="sun_isolated"):
+            Hub(link=MemoryLink(memory_bus), sun_pools={"tools": ["hub-decoder"]})
+    finally:
+        hub.stop()
+        pnode.stop()
+        for ln in (plink, client.link):
+            ln.close()
+    spy = MemoryLink(memory_bus).connect()           # the hub's decoder said goodbye (retained)
+    seen = []
+    spy.subscribe(sun_hello_topic("hub-decoder"), lambda t, b: seen.append(b))
+    from edge.protocol import decode
+    assert _wait(lambda: seen) and decode(seen[-1], KEY).online is False
+    spy.close()

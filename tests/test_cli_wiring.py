@@ -1,0 +1,237 @@
+"""The console scripts wired together: `edge-hub serve` and `edge-agent run` as real processes.
+
+One hub (Mosquitto with the ACL, its own draft service and a shared SUN
+decoder) and three agents (a StarSD target, a SUN prefill worker, a SUN
+decoder) run on tiny saved models; each answer must equal the in-process
+reference: the target's text its own plain greedy text, a SUN request's tokens
+what the same directories give in-process (PrefillWorker -> SharedDecoder).
+Float64 everywhere keeps greedy comparisons exact. The processes start in the
+fixture, so their start-up overlaps the in-process references.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from edge.link import MqttLink
+from edge.model import Transformer, tiny_config
+from edge.roles.sun_client import SunClient, SunRequestError
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / ".venv" / "bin"
+PW = "pw-for-tests"
+PROMPT = "the the he"
+MAX_NEW = 24
+
+
+def _tokenizer_dir(d: Path) -> None:
+    """A byte-level BPE (256 bytes, 3 merges, 3 specials) as edge.tokenizer saves it."""
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HF
+
+    from edge.tokenizer import Tokenizer
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"] + specials
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
+    hf = HF(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    Tokenizer(hf, bos_id=tokens.index("<|im_start|>"), eos_id=tokens.index("<|im_end|>")).save(d)
+
+
+def _hf_model(d: Path) -> Path:
+    """A tiny random llama as a Hugging Face dir (config.json, model.safetensors, tokenizer)."""
+    from safetensors.torch import save_file
+    torch.manual_seed(5)
+    m = Transformer(tiny_config(vocab_size=262)).eval()
+    for p in m.parameters():
+        p.data.normal_(0, 0.2)
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(m.cfg.to_hf()))
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(d / "model.safetensors"))
+    _tokenizer_dir(d)
+    return d
+
+
+def _sun_dirs(root: Path) -> tuple[Path, Path]:
+    """(shared decoder dir, 'maths' specialist dir) as export.tune writes them."""
+    from edge.sun import save_module, weights_fingerprint
+    from export.tune import save_decoder
+    torch.manual_seed(0)
+    base = Transformer(tiny_config()).double().eval()
+    for p in base.parameters():
+        p.data.normal_(0, 0.2)
+    spec = copy.deepcopy(base)                     # a stand-in for a tuned prefill module
+    g = torch.Generator().manual_seed(10)
+    for p in spec.parameters():
+        p.data.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05)
+    fp = weights_fingerprint(base)
+    save_decoder(root / "decoder", base, "fp32", fp)
+    save_module(root / "maths", spec, {"kind": "sun-prefill", "decoder_fingerprint": fp, "task": "maths"})
+    return root / "decoder", root / "maths"
+
+
+class Procs:
+    """Console-script processes with their output in files (a full pipe would block them)."""
+
+    def __init__(self, root: Path):
+        self.root, self.procs = root, {}
+        self.env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONIOENCODING="utf-8")
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        out, err = open(self.root / f"{name}.out", "wb"), open(self.root / f"{name}.err", "wb")
+        p = subprocess.Popen([str(a) for a in args], cwd=ROOT, env=self.env, stdout=out, stderr=err)
+        out.close()
+        err.close()
+        self.procs[name] = p
+        return p
+
+    def err(self, name: str) -> str:
+        return (self.root / f"{name}.err").read_text(errors="replace")
+
+    def out(self, name: str) -> str:
+        return (self.root / f"{name}.out").read_bytes().decode("utf-8")
+
+    def wait_for(self, name: str, text: str, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while text not in self.err(name):
+            p = self.procs[name]
+            assert p.poll() is None, f"{name} exited {p.returncode}:\n{self.err(name)}"
+            assert time.monotonic() < end, f"{name} did not say {text!r}:\n{self.err(name)}"
+            time.sleep(0.05)
+
+    def stop(self, name: str, timeout: float = 20.0) -> int:
+        p = self.procs[name]
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                return p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                return -9
+        return p.returncode
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture(scope="module")
+def star(tmp_path_factory):
+    """A hub process (Mosquitto + ACL, draft service, SUN decoder) and its agents."""
+    from server.broker import find_free_port
+    root = tmp_path_factory.mktemp("cli")
+    model = _hf_model(root / "tiny-hf")
+    dec_dir, maths_dir = _sun_dirs(root)
+    port = find_free_port()
+    url = f"mqtt://127.0.0.1:{port}"
+    ps = Procs(root)
+    common = ["--threads", "1", "--dtype", "float64"]
+    users = [f"{n}:{r}:{PW}" for n, r in (("dev1", "client"), ("prefill-maths", "sun"),
+                                           ("dec-agent", "sun"), ("app", "client"), ("monitor", "hub"))]
+    try:
+        ps.start("hub", BIN / "edge-hub", "serve", "--mosquitto", "--acl", "--port", port,
+                 "--draft-model", model, "--sun-decoder", dec_dir, "--stats-every", "0", *common,
+                 *[x for u in users for x in ("--user", u)])
+        ps.wait_for("hub", "serving on")
+        agent = [BIN / "edge-agent", "run", "--hub", url]
+        ps.start("target", *agent, "--role", "target", "--model", model, "--username", "dev1",
+                 "--password", PW, "--prompt", PROMPT, "-n", MAX_NEW, "-g", "3", *common)
+        ps.start("prefill", *agent, "--role", "prefill", "--module", maths_dir, "--task", "maths",
+                 "--username", "prefill-maths", "--password", PW, "--threads", "1")
+        ps.start("decoder", *agent, "--role", "decoder", "--module", dec_dir,
+                 "--username", "dec-agent", "--password", PW, "--max-batch", "8", "--threads", "1")
+        yield ps, url, model, dec_dir, maths_dir
+    finally:
+        ps.close()
+
+
+def test_starsd_target_process_through_the_hub_process(star):
+    from edge.cli import load_engine
+    from edge.generate import generate_plain
+    ps, url, model, _, _ = star
+    engine, tok = load_engine(str(model), "float64", 1, 4096)
+    ids = tok.encode(PROMPT, add_special=True)
+    ref = generate_plain(engine, ids, MAX_NEW, stop_ids=tuple(tok.eos_ids)).tokens
+    assert len(ref) >= 8, "the reference should be long enough to need several draft rounds"
+    stream = tok.decode_stream(skip_special=True)
+    text = "".join(stream.put(t) for t in ref)
+    assert ps.procs["target"].wait(60) == 0, ps.err("target")
+    assert ps.out("target") == text
+    err = ps.err("target")
+    assert "joined the star" in err and f"{len(ref)} tokens" in err, err
+    answered = int(err.split("answered ")[1].split("/")[0])
+    assert answered > 0, f"the hub's draft service never answered:\n{err}"
+
+
+def _sun_reference(maths_dir, dec_dir, prompt, max_new):
+    from edge.roles.decoder import SharedDecoder
+    from edge.roles.prefill import PrefillWorker
+    out = PrefillWorker.from_dir(maths_dir, threads=1).prefill(prompt)
+    dec = SharedDecoder.from_dir(dec_dir, threads=1)
+    rid = dec.admit(out.blob, max_new=max_new, first_token=out.first_token)
+    while rid not in dec.results:
+        dec.step()
+    return dec.results[rid].tokens
+
+
+def test_sun_request_through_agent_prefill_and_both_decoders(star):
+    ps, url, _, dec_dir, maths_dir = star
+    prompts = [[5, 17, 99, 3, 42, 7], [200, 11, 64, 8]]
+    refs = [_sun_reference(maths_dir, dec_dir, p, n) for p, n in zip(prompts, (150, 12))]
+    ps.wait_for("prefill", "up at")
+    ps.wait_for("decoder", "up at")
+    # both decoders known to the hub's router: their retained hellos, as an operator's monitor sees them
+    from edge.protocol import SUN_WORKERS_SUB, decode
+    hellos = {}
+    mon = MqttLink(url, username="monitor", password=PW).connect(10)
+    mon.subscribe(SUN_WORKERS_SUB, lambda t, p: p and hellos.__setitem__(t.rsplit("/", 1)[1], decode(p)))
+    client = SunClient(MqttLink(url, username="app", password=PW).connect(10), "app").start()
+    try:
+        end = time.monotonic() + 30
+        workers = ("hub-decoder", "dec-agent", "prefill-maths")
+        while not all(hellos.get(w) and hellos[w].online for w in workers):
+            assert time.monotonic() < end, f"workers seen: {hellos}\n{ps.err('hub')}"
+            time.sleep(0.05)
+        time.sleep(0.2)                            # the router reads the same hellos
+        # a long request holds one decoder, so the next one goes to the other (least loaded)
+        handles = [client.submit("maths", p, max_new=n) for p, n in zip(prompts, (150, 12))]
+        results = [h.wait(30) for h in handles]
+        for r, ref in zip(results, refs):
+            assert r.tokens == ref and r.workers[0] == "prefill-maths"
+        assert {r.workers[1] for r in results} == {"hub-decoder", "dec-agent"}
+        with pytest.raises(SunRequestError, match="no prefill worker serves task 'poetry'"):
+            client.generate("poetry", prompts[0], max_new=4, timeout=20)
+    finally:
+        client.close()
+        client.link.close()
+        mon.close()
+    for name in ("prefill", "decoder", "hub"):     # each leaves cleanly on SIGTERM
+        assert ps.stop(name) == 0, ps.err(name)
+
+
+def test_cli_usage_errors():
+    from click.testing import CliRunner
+
+    from edge.agent_run import run
+    from server.cli import main
+    r = CliRunner().invoke(main, ["serve", "--sun-pool", "maths=dec-a"])
+    assert r.exit_code == 2 and "--sun-isolated" in r.output
+    r = CliRunner().invoke(main, ["serve", "--sun-isolated", "--sun-pool", "maths"])
+    assert r.exit_code == 2 and "TASK=DECODER" in r.output
+    r = CliRunner().invoke(run, ["--role", "decoder", "--hub", "mqtt://127.0.0.1:1"])
+    assert r.exit_code == 2 and "--module" in r.output
+    r = CliRunner().invoke(run, ["--role", "target", "--hub", "mqtt://127.0.0.1:1"])
+    assert r.exit_code == 2 and "--model" in r.output

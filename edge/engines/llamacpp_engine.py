@@ -1,0 +1,235 @@
+"""The llama.cpp engine: a GGUF run by llama-cpp-python's low-level API behind the Engine interface.
+
+One llama context holds several sequences (llama.cpp seq ids), so `step`
+decodes one token for many of them in a single `llama_decode`. Logits are
+requested only for the positions asked for (every fed token in `forward`,
+as verification needs; `forward_last` for a prefill whose logits are thrown
+away but the last). Rollback is `llama_memory_seq_rm(mem, seq, n, -1)`.
+KV caches stay inside llama.cpp: no export_kv/import_kv on this backend.
+
+llama.cpp's quantised kernels do not reproduce torch's fp32 logits bit for
+bit, and its one-token and multi-token calls differ slightly too (DATA.md):
+compare across backends by closeness and agreement, not equality.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from edge.engines.base import Engine, EngineError
+
+_BACKEND_READY = False
+
+
+def _lib():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise EngineError("the llamacpp backend needs llama-cpp-python: "
+                          "pip install 'llama-cpp-python==0.3.36' (or `pip install .[llama]`)") from None
+    return llama_cpp
+
+
+def _init_backend(llama_cpp, verbose: bool) -> None:
+    global _BACKEND_READY
+    if not _BACKEND_READY:
+        llama_cpp.llama_backend_init()
+        _BACKEND_READY = True
+    from llama_cpp._logger import set_verbose  # its log callback prints only at this level or above
+    set_verbose(verbose)
+
+
+class LlamaCppEngine(Engine):
+    name = "llamacpp"
+
+    def __init__(self, path: str | os.PathLike, max_len: int = 1024, n_seq_max: int = 8,
+                 threads: Optional[int] = None, fingerprint: Optional[str] = None, n_batch: int = 512,
+                 n_gpu_layers: int = 0, verbose: bool = False):
+        """max_len: context per sequence; n_seq_max: sequences one context can hold at once."""
+        lc = _lib()
+        _init_backend(lc, verbose)
+        self._lc = lc
+        path = str(path)
+        if not os.path.isfile(path):
+            raise EngineError(f"no GGUF file at {path}")
+        mp = lc.llama_model_default_params()
+        mp.n_gpu_layers = int(n_gpu_layers)
+        self._model = lc.llama_model_load_from_file(path.encode(), mp)
+        if not self._model:
+            raise EngineError(f"llama.cpp could not load {path} (not a GGUF it supports, or truncated)")
+        self._ctx = None
+        self._batch = None
+        cp = lc.llama_context_default_params()
+        cp.n_seq_max = int(n_seq_max)
+        cp.n_ctx = int(max_len) * int(n_seq_max)
+        cp.n_batch = cp.n_ubatch = int(n_batch)
+        cp.kv_unified = False  # each sequence gets its own max_len slots
+        cp.no_perf = True
+        if threads:
+            cp.n_threads = cp.n_threads_batch = int(threads)
+        self._ctx = lc.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            raise EngineError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {path}")
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._n_batch = int(n_batch)
+        self._batch = lc.llama_batch_init(self._n_batch, 0, 1)
+        vocab = lc.llama_model_get_vocab(self._model)
+        self.vocab_size = int(lc.llama_vocab_n_tokens(vocab))
+        self.max_len = int(lc.llama_n_ctx_seq(self._ctx)) if hasattr(lc, "llama_n_ctx_seq") else int(max_len)
+        self.n_seq_max = int(n_seq_max)
+        if fingerprint is None:
+            from edge.checkpoint import file_fingerprint
+            from pathlib import Path
+            fingerprint = file_fingerprint(Path(path))
+        self.fingerprint = fingerprint
+        self.path = path
+        self._free_slots = list(range(self.n_seq_max))
+        self._slot: Dict[int, int] = {}
+        self._tokens: Dict[int, List[int]] = {}
+        self._ids = itertools.count(1)
+
+    def close(self) -> None:
+        lc = getattr(self, "_lc", None)
+        if lc is None:
+            return
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- sequences ---------------------------------------------------------------
+    def _get(self, seq: int) -> int:
+        try:
+            return self._slot[seq]
+        except KeyError:
+            raise EngineError(f"unknown sequence {seq}") from None
+
+    def new_sequence(self) -> int:
+        if not self._free_slots:
+            raise EngineError(f"all {self.n_seq_max} llama.cpp sequence slots are in use; free a "
+                              "sequence or load the engine with a larger n_seq_max")
+        sid = next(self._ids)
+        self._slot[sid] = self._free_slots.pop(0)
+        self._tokens[sid] = []
+        return sid
+
+    def free(self, seq: int) -> None:
+        slot = self._slot.pop(seq, None)
+        if slot is None:
+            return
+        self._lc.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        self._tokens.pop(seq, None)
+        self._free_slots.append(slot)
+
+    def length(self, seq: int) -> int:
+        self._get(seq)
+        return len(self._tokens[seq])
+
+    def tokens(self, seq: int) -> list:
+        self._get(seq)
+        return list(self._tokens[seq])
+
+    def truncate(self, seq: int, n: int) -> None:
+        slot = self._get(seq)
+        have = len(self._tokens[seq])
+        if not 0 <= n <= have:
+            raise EngineError(f"cannot truncate to {n}: the sequence holds {have} tokens")
+        if n < have and not self._lc.llama_memory_seq_rm(self._mem, slot, n, -1):
+            raise EngineError(f"llama.cpp refused to remove positions {n}.. of sequence {seq}")
+        del self._tokens[seq][n:]
+
+    @property
+    def active_sequences(self) -> int:
+        return len(self._slot)
+
+    # -- compute -----------------------------------------------------------------
+    def _check_ids(self, tokens):
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    def _decode(self, entries, want) -> np.ndarray:
+        """entries: (token, pos, slot) in order; want: indices whose logits come back."""
+        b, lc = self._batch, self._lc
+        b.n_tokens = len(entries)
+        for i, (tok, pos, slot) in enumerate(entries):
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = slot
+            b.logits[i] = 0
+        for i in want:
+            b.logits[i] = 1
+        rc = lc.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed (code {rc}: "
+                              f"{'no KV slot: context full' if rc == 1 else 'invalid batch or fatal error'})")
+        out = np.empty((len(want), self.vocab_size), dtype=np.float32)
+        for r, i in enumerate(want):
+            ptr = lc.llama_get_logits_ith(self._ctx, i)
+            out[r] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))
+        return out
+
+    def _feed(self, seq: int, tokens: Sequence[int], last_only: bool) -> np.ndarray:
+        slot = self._get(seq)
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        self._check_ids(tokens)
+        self.check_room(seq, len(tokens))
+        start = len(self._tokens[seq])
+        parts = []
+        for c0 in range(0, len(tokens), self._n_batch):
+            chunk = tokens[c0: c0 + self._n_batch]
+            entries = [(t, start + c0 + i, slot) for i, t in enumerate(chunk)]
+            final = c0 + len(chunk) == len(tokens)
+            want = [len(chunk) - 1] if last_only else list(range(len(chunk)))
+            try:
+                logits = self._decode(entries, want if (final or not last_only) else [])
+            except EngineError:
+                self._lc.llama_memory_seq_rm(self._mem, slot, start, -1)  # leave the sequence as it was
+                raise
+            parts.append(logits)
+        self._tokens[seq].extend(tokens)
+        return np.concatenate(parts)
+
+    def forward(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        return self._feed(seq, tokens, last_only=False)
+
+    def forward_last(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        """Like forward, but only the last token's logits ([1, vocab]): a prefill computes one row."""
+        return self._feed(seq, tokens, last_only=True)
+
+    def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        if len(seqs) != len(tokens):
+            raise EngineError(f"step got {len(seqs)} sequences but {len(tokens)} tokens")
+        if len(set(seqs)) != len(seqs):
+            raise EngineError("step got the same sequence twice")
+        if not seqs:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        if len(seqs) > self._n_batch:
+            raise EngineError(f"step over {len(seqs)} sequences exceeds the batch size {self._n_batch}")
+        tokens = [int(t) for t in tokens]
+        self._check_ids(tokens)
+        slots = [self._get(s) for s in seqs]
+        for s in seqs:
+            self.check_room(s, 1)
+        entries = [(t, len(self._tokens[s]), slot) for s, t, slot in zip(seqs, tokens, slots)]
+        out = self._decode(entries, list(range(len(seqs))))
+        for s, t in zip(seqs, tokens):
+            self._tokens[s].append(t)
+        return out

@@ -29,24 +29,23 @@ def resolve_model(spec: str) -> Path:
     return p
 
 
-def load_engine(spec: str, dtype: str, threads: int | None, max_len: int):
-    """(engine, tokenizer) for a model spec, with errors a user can act on."""
-    import torch
-
-    from edge.checkpoint import CheckpointError, load_model
-    from edge.engines.torch_engine import TorchEngine
+def load_engine(spec: str, dtype: str, threads: int | None, max_len: int, backend: str = "torch"):
+    """(engine, tokenizer) for a model spec on a backend, with errors a user can act on."""
+    from edge.checkpoint import CheckpointError, load_tokenizer
+    from edge.engines.base import EngineError
+    from edge.engines.loader import bundle_tokenizer, load_engine as load_any
 
     path = resolve_model(spec)
     t0 = time.perf_counter()
     try:
-        model, ckpt = load_model(path, dtype=getattr(torch, dtype))
-    except CheckpointError as e:
+        engine = load_any(path, backend=backend, dtype=dtype, threads=threads, max_len=max_len)
+        is_bundle = path.is_dir() and (path / "manifest.json").exists()
+        tok = bundle_tokenizer(path) if is_bundle else load_tokenizer(path)
+    except (CheckpointError, EngineError) as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"loaded {path.name} ({ckpt.config.arch}, {ckpt.config.num_layers} layers, "
-               f"vocab {ckpt.config.vocab_size}) in {time.perf_counter() - t0:.1f}s", err=True)
-    engine = TorchEngine(model, fingerprint=ckpt.fingerprint, threads=threads,
-                         max_len=min(max_len, ckpt.config.max_position))
-    return engine, ckpt.tokenizer
+    click.echo(f"loaded {path.name} on {engine.name} (vocab {engine.vocab_size}) "
+               f"in {time.perf_counter() - t0:.1f}s", err=True)
+    return engine, tok
 
 
 def streamer(tokenizer):
@@ -60,7 +59,8 @@ def streamer(tokenizer):
 
 
 def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature, top_k, top_p,
-                   seed, chat, compare, adaptive, dtype, threads, max_len, draft_top_k=64):
+                   seed, chat, compare, adaptive, dtype, threads, max_len, backend="torch",
+                   draft_backend=None, draft_top_k=64):
     from edge.generate import ModelDrafter, generate_plain, generate_speculative
     from edge.ngram import NgramDrafter
     from edge.sampling import SamplingParams
@@ -68,12 +68,12 @@ def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature,
     if gamma < 1 and not adaptive:
         raise click.ClickException(f"--gamma must be at least 1 (got {gamma}); "
                                    "use --adaptive to let the cost model pick γ, 0 included")
-    target, tok = load_engine(target_spec, dtype, threads, max_len)
+    target, tok = load_engine(target_spec, dtype, threads, max_len, backend)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if draft_spec == "ngram":
         drafter, draft_name = NgramDrafter(), "n-gram prompt lookup"
     else:
-        draft, dtok = load_engine(draft_spec, dtype, threads, max_len)
+        draft, dtok = load_engine(draft_spec, dtype, threads, max_len, draft_backend or backend)
         if dtok.fingerprint() != tok.fingerprint():
             raise click.ClickException(
                 "draft and target use different tokenizers (fingerprints "
@@ -139,6 +139,11 @@ _model_opts = [
                  show_default=True),
     click.option("--threads", default=None, type=int, help="torch threads (default: all cores)"),
     click.option("--max-len", default=4096, show_default=True, help="context cap per sequence"),
+    click.option("--backend", "-b", default="torch", show_default=True,
+                 type=click.Choice(["torch", "onnx", "llamacpp", "auto"]),
+                 help="engine for the target (and the draft unless --draft-backend)"),
+    click.option("--draft-backend", default=None, type=click.Choice(["torch", "onnx", "llamacpp", "auto"]),
+                 help="engine for the draft (default: --backend)"),
 ]
 
 

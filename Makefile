@@ -42,7 +42,7 @@ test-models: install
 
 demo: install
 	$(BIN)/python -m edge.fetch $(DEMO_MODELS)
-	$(BIN)/edge-agent demo
+	$(BIN)/edge-hub demo
 
 test: install llama test-models
 	$(BIN)/python -m pytest -q

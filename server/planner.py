@@ -96,10 +96,10 @@ def simulate(inp: SystemInputs, n: int, gamma: int, iterations: int = 400) -> Pr
     per_target = 1e3 * tokens * iterations / horizon
     busy_ratio = min(1.0, busy / horizon)
     mean_b = float(np.mean(batches))
-    s_d = inp.draft_service_ms(int(round(mean_b)), gamma) / mean_b
+    s_d = busy / (iterations * n)   # draft time per request, at the batch sizes the load produced
     return Prediction(n=n, gamma=gamma, system_tps=per_target * n, per_target_tps=per_target,
                       standalone_tps=1e3 / inp.target_step_ms, busy_ratio=busy_ratio,
-                      mean_batch=mean_b, s_d_ms=s_d, t_idle_ms=max(0.0, per_iter - n * s_d),
+                      mean_batch=mean_b, s_d_ms=s_d, t_idle_ms=max(0.0, (horizon - busy) / iterations),
                       iteration_ms=per_iter)
 
 

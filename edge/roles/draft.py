@@ -393,6 +393,7 @@ class DraftService:
         tokens = [t for t, _ in got]
         q = None if w.params.greedy else [(d.indices, d.probs) for _, d in got]
         s.last_served = now
+        s.last_seen = max(s.last_seen, now)  # silence counts from our answer: a slow batch must not evict
         compute_us = int(max(0.0, now - w.t_in) * 1e6)
         self.stats.add_request(len(tokens), now - w.t_in)
         self._reply(s.sid, DraftResponse(s.sid, req.seq, tokens, q, compute_us))

@@ -1,0 +1,352 @@
+"""StarSD scaling: ONE real draft service feeding N targets over a real MQTT broker.
+
+The draft is real: Qwen2.5-Coder-0.5B-Instruct Q4_K_M in the llama.cpp engine
+(batched `step` = one llama_decode over all sessions; --draft-backend torch
+for the torch engine), inside the real hub (server/hub.py) and draft service
+(edge/roles/draft.py). The N targets are EMULATED remote devices
+(benchmarks/emulated_target.py) in their own process, running the real target
+code over the real broker: each one's step time and verify cost vs k come from
+a device profile (default jetson-orin-nano-8gb running Qwen2.5-Coder-1.5B
+Q4_K_M), its network delay from --net-rtt-ms, its acceptance from a measured
+alpha. Baselines in the same run: target-only and N co-located pairs (each
+device with its own draft, emulated on the same profile: N x the draft memory).
+Optionally a real-target point (the 1.5B on llama.cpp on this machine).
+
+Per N: system and per-target tokens/s, draft busy ratio, T_idle, per-token
+latency (round time / tokens of the round) p50/p99/variance, overhead = draft
+round trip - DraftResponse.compute_us - emulated network. The planner
+(server/planner.py) is fed with the draft service's MEASURED time per batch
+size and predicts the same curves; the plot overlays both and marks N_full.
+
+    python benchmarks/starsd_scaling.py --quick      # ~3-5 min on a quiet 2-core machine
+    python benchmarks/starsd_scaling.py              # ~12-20 min
+Writes benchmarks/results/starsd_scaling.{json,png,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.emulated_target import DeviceTiming  # noqa: E402
+from benchmarks.starsd_worker import TargetProcess  # noqa: E402
+from edge.fetch import model_path  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DATA_ALPHA = 0.68          # DATA.md: 0.5B vs 1.5B greedy agreement on MT-bench, 0.64-0.72
+DRAFT, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def ints(s: str) -> list:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def args_of(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short windows, alpha from DATA.md, no real targets")
+    ap.add_argument("--ns", type=ints, default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--seconds", type=float, help="measurement window per point (default 45, quick 12)")
+    ap.add_argument("--warmup", type=float, help="seconds after every target got its first draft (8, quick 4)")
+    ap.add_argument("--profile", default="jetson-orin-nano-8gb", help="device profile of the emulated targets")
+    ap.add_argument("--net-rtt-ms", type=float, default=2.0, help="emulated device<->hub round trip")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="multiply every emulated device time")
+    ap.add_argument("--verify-cost", default="", help="override the profile's verify cost: '2=1.05,5=1.2'")
+    ap.add_argument("--alpha", default=None, help="a number, 'measure' (real 1.5B greedy) or 'data' (DATA.md)")
+    ap.add_argument("--alpha-prompts", type=int, default=4)
+    ap.add_argument("--alpha-tokens", type=int, default=32)
+    ap.add_argument("--draft-backend", choices=["llamacpp", "torch"], default="llamacpp")
+    ap.add_argument("--draft-threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--broker", choices=["mosquitto", "embedded"], default="mosquitto", help="for the sweep")
+    ap.add_argument("--overhead-brokers", default="mosquitto,embedded")
+    ap.add_argument("--real-targets", type=ints, default=None, help="N for real 1.5B targets (default 2, quick none)")
+    ap.add_argument("--deadline", choices=["wait", "adaptive"], default="wait",
+                    help="wait: targets always wait for the draft (the planner's closed loop); "
+                         "adaptive: the real deadline (late drafts -> decode alone)")
+    ap.add_argument("--ahead", action="store_true", help="let the draft service draft ahead when idle")
+    ap.add_argument("--prompt-tokens", type=int, default=128, help="longest prompt (chat template included)")
+    ap.add_argument("--reps", type=int, help="repeats per batch size of the draft service micro-benchmark")
+    ap.add_argument("--out", default=str(RESULTS / "starsd_scaling"))
+    a = ap.parse_args(argv)
+    q = a.quick
+    a.seconds = a.seconds or (12.0 if q else 45.0)
+    a.warmup = a.warmup if a.warmup is not None else (4.0 if q else 8.0)
+    a.alpha = a.alpha or ("data" if q else "measure")
+    a.real_targets = a.real_targets if a.real_targets is not None else ([] if q else [2])
+    a.reps = a.reps or (2 if q else 5)
+    a.verify = {int(k): float(v) for k, v in (kv.split("=") for kv in a.verify_cost.split(",") if kv)}
+    return a
+
+
+# ---- the real draft ----
+def load_draft(backend: str, threads: int, slots: int, max_len: int):
+    from edge.tokenizer import Tokenizer
+    tok = Tokenizer.from_gguf(model_path(DRAFT))
+    if backend == "llamacpp":
+        from edge.engines.llamacpp_engine import LlamaCppEngine
+        eng = LlamaCppEngine(model_path(DRAFT), max_len=max_len, n_seq_max=slots, threads=threads)
+    else:
+        import torch
+        from edge.checkpoint import load_model
+        from edge.engines.torch_engine import TorchEngine
+        model, ck = load_model(model_path(DRAFT), dtype=torch.float32)
+        eng = TorchEngine(model, ck.fingerprint, max_len=max_len, threads=threads)
+    return eng, tok
+
+
+def set_threads(engine, n: int) -> None:
+    """Threads of the draft engine. llama.cpp's threads spin at every barrier: with more threads
+    than free cores (real targets on the same machine) each call collapses."""
+    lc, ctx = getattr(engine, "_lc", None), getattr(engine, "_ctx", None)
+    if lc is not None and ctx:
+        lc.llama_set_n_threads(ctx, n, n)
+    elif engine.name == "torch":
+        import torch
+        torch.set_num_threads(n)
+
+
+def mtbench_prompts(tok, max_tokens: int) -> list:
+    from benchmarks.datasets import mtbench_first_turns
+    out = []
+    for text in mtbench_first_turns(80):
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
+        if len(ids) <= max_tokens:
+            out.append(ids)
+    if not out:
+        raise SystemExit(f"no MT-bench prompt fits in --prompt-tokens {max_tokens}")
+    return out
+
+
+def measure_alpha(draft, tok, prompts, n_prompts: int, n_tokens: int, threads: int) -> dict:
+    """Position-by-position greedy agreement of the draft with the real 1.5B target's own greedy text."""
+    from edge.engines.llamacpp_engine import LlamaCppEngine
+    from edge.generate import generate_plain
+    target = LlamaCppEngine(model_path(TARGET), max_len=1024, n_seq_max=1, threads=threads)
+    hits = total = 0
+    t0 = time.perf_counter()
+    for p in prompts[:n_prompts]:
+        out = generate_plain(target, p, n_tokens, stop_ids=tuple(tok.eos_ids)).tokens
+        if not out:
+            continue
+        seq = draft.new_sequence()
+        pred = draft.forward(seq, p + out[:-1])[len(p) - 1:].argmax(axis=-1)
+        draft.free(seq)
+        hits += int((pred == np.asarray(out)).sum())
+        total += len(out)
+    target.close()
+    return {"alpha": hits / max(1, total), "positions": total, "prompts": n_prompts, "seconds": time.perf_counter() - t0,
+            "source": f"measured: {TARGET} greedy, {DRAFT} argmax agreement"}
+
+
+def measure_service(engine, bs, gamma: int, prompts, reps: int) -> dict:
+    """D(b): seconds of one DraftService batch serving b requests (each: one token in, gamma drafts out)."""
+    from edge.protocol import DraftRequest
+    from edge.roles.draft import DraftLimits, DraftService
+    svc = DraftService(engine, DraftLimits(max_sessions=max(bs) + 1, ahead=False, max_gamma=gamma))
+    replies: dict = {}
+    svc.set_sink(lambda sid, msg: replies.__setitem__(sid, msg))
+    sids = [f"b{i}" for i in range(max(bs))]
+    ctx, seq = {}, {s: 1 for s in sids}
+    for i, s in enumerate(sids):
+        svc.open(s)
+        ctx[s] = list(prompts[i % len(prompts)])
+        svc.submit(DraftRequest(s, 1, 0, ctx[s], gamma))
+    svc.run_once()                                   # prefills
+    out = {}
+    for b in bs:
+        times = []
+        for r in range(reps + 1):                    # the first round warms up
+            for s in sids[:b]:
+                first = replies[s].tokens[0] if replies[s].tokens else 0
+                keep = len(ctx[s])
+                ctx[s].append((first + 1) % engine.vocab_size)   # the target rejected the first draft
+                seq[s] += 1
+                svc.submit(DraftRequest(s, seq[s], keep, [ctx[s][-1]], gamma))
+            t = time.perf_counter()
+            svc.run_once()
+            times.append(time.perf_counter() - t)
+        out[b] = statistics.median(times[1:])
+        log(f"draft service: batch {b}: {1e3 * out[b]:.0f} ms for {gamma} drafts each")
+    for s in sids:
+        svc.close(s)
+    svc.run_once()                                   # frees the sequences
+    return out
+
+
+# ---- one point ----
+def run_point(spec: dict, hub=None, workdir: Path = Path(".")) -> dict:
+    snap: dict = {}
+    svc = hub.service if hub is not None else None
+
+    def start():
+        if svc is not None:
+            svc.stats.reset()
+
+    def stop():
+        if svc is not None:
+            snap.update(svc.stats.snapshot())
+    res = TargetProcess(spec, workdir).run(start, stop, log)
+    if svc is not None:                               # the next point starts with a quiet draft
+        end = time.monotonic() + 90
+        while time.monotonic() < end and (svc.sessions() or svc.pending()):
+            time.sleep(0.1)
+    return summarize(res, snap, spec)
+
+
+def summarize(res: dict, draft: dict, spec: dict) -> dict:
+    w = res["window_s"]
+    ts = res["targets"]
+    tps = [t["tokens"] / w for t in ts]
+    tpot = np.array([x for t in ts for x in t["tpot_s"]]) * 1e3
+    net = DeviceTiming.from_dict(spec["timing"]).net_rtt_ms if spec.get("timing") and not spec.get("real") else 0.0
+    ans = [a for t in ts for a in t.get("answers", []) if a[2] <= 4]
+    over = np.array([1e3 * (rtt - comp) - net for rtt, comp, _ in ans])
+    drafted, accepted = sum(t["drafted"] for t in ts), sum(t["accepted"] for t in ts)
+    out = {"n": res["n"], "mode": res["mode"], "window_s": w, "system_tps": sum(tps), "per_target_tps": tps,
+           "per_target_tps_mean": float(np.mean(tps)), "tokens": sum(t["tokens"] for t in ts),
+           "acceptance": accepted / drafted if drafted else None,
+           "tokens_per_round": sum(t["tokens"] for t in ts) / max(1, sum(t["rounds"] for t in ts)),
+           "plain_rounds": sum(t["plain_rounds"] for t in ts), "rounds": sum(t["rounds"] for t in ts),
+           "errors": [t["error"] for t in ts if t["error"]]}
+    if tpot.size:
+        out.update(tpot_p50_ms=float(np.percentile(tpot, 50)), tpot_p99_ms=float(np.percentile(tpot, 99)),
+                   tpot_mean_ms=float(tpot.mean()), tpot_var_ms2=float(tpot.var()))
+    if over.size:
+        out.update(overhead_median_ms=float(np.median(over)), overhead_p90_ms=float(np.percentile(over, 90)),
+                   overhead_samples=int(over.size))
+    if draft:
+        req = max(1, draft["requests"])
+        out["draft"] = {k: draft[k] for k in ("requests", "busy_s", "idle_s", "ahead_s", "busy_ratio",
+                                              "batch_size_mean", "batch_size_max", "s_of_d", "t_idle_mean_s")}
+        out["busy_ratio"] = draft["busy_ratio"]
+        out["mean_batch"] = draft["batch_size_mean"]
+        out["s_d_ms"] = 1e3 * draft["busy_s"] / req
+        out["t_idle_ms"] = 1e3 * draft["idle_s"] * res["n"] / req      # T_γ = N·S(d) + T_idle
+        out["iteration_ms"] = 1e3 * w * res["n"] / req
+        out["draft_batches"] = sum(v["batches"] for v in draft["s_of_d"].values())
+    return out
+
+
+def base_spec(a, mode: str, n: int, prompts, timing, alpha, vocab, fp, url=None, real=None) -> dict:
+    return {"mode": mode, "n": n, "gamma": a.gamma, "url": url, "tokenizer_fp": fp, "vocab_size": vocab,
+            "prompts": prompts, "timing": timing.to_dict(), "alpha": alpha, "seed": n,
+            "warmup_s": a.warmup, "seconds": a.seconds, "max_len": 1400, "deadline": a.deadline,
+            "real": real, "stop_ids": [], "ready_timeout_s": 900}
+
+
+def stretch(spec: dict, d_ms: float, r_ms: float, a) -> dict:
+    """Windows long enough for a few draft iterations even when the draft is slow."""
+    it = (d_ms + r_ms) / 1e3
+    spec["seconds"] = min(max(a.seconds, 4 * it), 5 * a.seconds)
+    spec["warmup_s"] = min(max(a.warmup, 1.5 * it), 5 * a.warmup)
+    return spec
+
+
+def main(argv=None) -> None:
+    from edge.roles.draft import DraftLimits
+    from server.broker import EmbeddedBroker, MosquittoBroker
+    from server.hub import Hub
+    from benchmarks.starsd_report import planner_predictions, write_outputs
+
+    a = args_of(argv)
+    t_begin = time.time()
+    load0 = os.getloadavg()
+    timing = DeviceTiming.from_profile(a.profile, a.net_rtt_ms, a.time_scale, a.verify)
+    log(f"emulated device {a.profile}: target step {timing.target_step_ms:.1f} ms, verify cost "
+        f"k={a.gamma + 1}: {timing.verify_cost(a.gamma + 1):.2f}, device draft step {timing.draft_step_ms:.1f} ms")
+    draft, tok = load_draft(a.draft_backend, a.draft_threads, slots=2 * max(a.ns) + 4, max_len=1536)
+    fp, vocab = tok.fingerprint(), draft.vocab_size
+    prompts = mtbench_prompts(tok, a.prompt_tokens)
+    log(f"draft {DRAFT} on {a.draft_backend} ({a.draft_threads} threads); {len(prompts)} MT-bench prompts")
+    if a.alpha == "measure":
+        alpha_info = measure_alpha(draft, tok, prompts, a.alpha_prompts, a.alpha_tokens, a.draft_threads)
+    elif a.alpha == "data":
+        alpha_info = {"alpha": DATA_ALPHA, "source": "DATA.md: measured 0.5B/1.5B greedy agreement 0.64-0.72"}
+    else:
+        alpha_info = {"alpha": float(a.alpha), "source": "given on the command line"}
+    alpha = alpha_info["alpha"]
+    log(f"alpha = {alpha:.3f} ({alpha_info['source']})")
+    d_of_b = measure_service(draft, a.ns, a.gamma, prompts, a.reps)
+    r_ms = timing.call_ms(a.gamma + 1) + timing.net_rtt_ms
+    out = {"config": {k: v for k, v in vars(a).items() if k != "verify"}, "alpha": alpha_info,
+           "timing": {"profile": a.profile, "target_step_ms": timing.target_step_ms,
+                      "draft_step_on_device_ms": timing.draft_step_ms, "net_rtt_ms": timing.net_rtt_ms,
+                      "verify_cost": {k: timing.verify_cost(k) for k in range(1, a.gamma + 2)},
+                      "source": timing.source},
+           "service_ms": {str(b): 1e3 * d for b, d in d_of_b.items()}, "points": [], "baselines": {},
+           "overhead": {}, "real": []}
+    work = Path(tempfile.mkdtemp(prefix="starsd-"))
+    # a long eviction timeout: the service measures silence from a session's last request, so a batch
+    # slower than the timeout (a loaded machine, 32 prefills) would evict the sessions it just answered
+    lim = DraftLimits(max_sessions=2 * max(a.ns) + 4, max_gamma=max(8, a.gamma), ahead=a.ahead, evict_after_s=900)
+
+    log("baselines: target-only and one co-located pair (emulated; N devices = N x one)")
+    for mode in ("alone", "colocated"):
+        spec = base_spec(a, mode, 1, prompts, timing, alpha, vocab, fp)
+        spec["warmup_s"], spec["seconds"] = 1.0, max(8.0, a.seconds / 2)
+        out["baselines"][mode] = run_point(spec, None, work)
+        log(f"  {mode}: {out['baselines'][mode]['system_tps']:.1f} tok/s")
+
+    brokers = [a.broker] + [b for b in a.overhead_brokers.split(",") if b and b != a.broker]
+    for bname in brokers:
+        broker = (MosquittoBroker() if bname == "mosquitto" else EmbeddedBroker()).start()
+        hub = Hub(broker_url=broker.url, draft_engine=draft, tokenizer_fp=fp, limits=lim, hub_id="bench").start()
+        try:
+            if bname == a.broker:
+                for n in a.ns:
+                    spec = stretch(base_spec(a, "star", n, prompts, timing, alpha, vocab, fp, broker.url),
+                                   1e3 * d_of_b.get(n, max(d_of_b.values())), r_ms, a)
+                    log(f"StarSD N={n} on {bname}: window {spec['seconds']:.0f} s")
+                    p = run_point(spec, hub, work)
+                    p["broker"] = bname
+                    out["points"].append(p)
+                    log(f"  system {p['system_tps']:.1f} tok/s, per target {p['per_target_tps_mean']:.2f}, "
+                        f"busy {p.get('busy_ratio', 0):.0%}, batch {p.get('mean_batch', 0):.1f}, "
+                        f"overhead {p.get('overhead_median_ms', float('nan')):.2f} ms"
+                        + (f", ERRORS {p['errors'][:2]}" if p["errors"] else ""))
+                if a.real_targets:
+                    set_threads(draft, 1)        # draft + real targets share the cores: 1 thread each
+                for n in a.real_targets:
+                    real = {"model": str(model_path(TARGET)), "max_len": 2048, "threads": 1}
+                    for mode in ("star", "alone"):
+                        spec = base_spec(a, mode, n, prompts, timing, alpha, vocab, fp, broker.url, real)
+                        spec["stop_ids"] = sorted(tok.eos_ids)
+                        log(f"real {TARGET} targets, N={n}, {mode}")
+                        p = run_point(spec, hub if mode == "star" else None, work)
+                        out["real"].append(p)
+                        log(f"  system {p['system_tps']:.2f} tok/s, acceptance {p['acceptance']}")
+                set_threads(draft, a.draft_threads)
+            ospec = base_spec(a, "star", 1, prompts, timing, alpha, vocab, fp, broker.url)
+            ospec["timing"]["net_rtt_ms"] = 0.0
+            ospec["seconds"] = max(8.0, a.seconds / 2)
+            log(f"protocol overhead on {bname} (N=1, no emulated network)")
+            p = run_point(ospec, hub, work)
+            out["overhead"][bname] = {k: p.get(k) for k in ("overhead_median_ms", "overhead_p90_ms",
+                                                            "overhead_samples", "system_tps")}
+            log(f"  median {p.get('overhead_median_ms', float('nan')):.2f} ms over {p.get('overhead_samples')} answers")
+        finally:
+            hub.stop()
+            hub.service.run_once()                    # free what the stopped loop left
+            (broker.close if hasattr(broker, "close") else broker.stop)()
+
+    out["planner"] = planner_predictions(out, a, timing, alpha)
+    out["machine"] = {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg(),
+                      "wall_s": time.time() - t_begin, "date": time.strftime("%Y-%m-%d %H:%M")}
+    paths = write_outputs(out, Path(a.out))
+    log("wrote " + ", ".join(str(p) for p in paths))
+
+
+if __name__ == "__main__":
+    main()

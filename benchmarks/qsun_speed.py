@@ -1,0 +1,93 @@
+"""QSUN speed: the shared decoder's step time with int4 (Q4_0) weights vs full precision, same runtime.
+
+The decoder is exported twice with export/gguf.py - F16 (and F32) and Q4_0 on
+export/quant.py's grid, the exact weights QSUN tunes against - and llama.cpp
+decodes with each: one token per call after a prompt (decode is a sequence of
+such steps). Medians over repeats, measured side by side in one run.
+
+  python benchmarks/qsun_speed.py                 # SmolLM2-135M, ~2 min
+Writes benchmarks/results/qsun_speed.{json,md,png}. Goal (issue): >= 1.45x.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def step_times(path: Path, threads: int, prompt_len: int, steps: int, repeats: int):
+    from llama_cpp import Llama
+    llm = Llama(model_path=str(path), n_ctx=prompt_len + steps + 8, n_threads=threads, n_batch=prompt_len,
+                logits_all=False, verbose=False)
+    prompt = [1 + (i * 7) % 1000 for i in range(prompt_len)]
+    per_run = []
+    for _ in range(repeats):
+        llm.reset()
+        llm.eval(prompt)
+        ts = []
+        tok = 1
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            llm.eval([tok])
+            ts.append(time.perf_counter() - t0)
+            tok = (tok * 31 + 7) % 1000 + 1
+        per_run.append(statistics.median(ts))
+    del llm
+    return statistics.median(per_run)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args(argv)
+    from edge.fetch import model_path
+    from export.gguf import export_gguf
+    src = model_path(args.model)
+    if not src.exists():
+        sys.exit(f"{src} is missing: run `make models` first")
+    res = {"machine": platform.platform(), "args": vars(args), "step_s": {}}
+    with tempfile.TemporaryDirectory() as d:
+        files = {ft: export_gguf(src, Path(d) / f"dec-{ft}.gguf", ftype=ft) for ft in ("F32", "F16", "Q4_0")}
+        for rep in range(2):  # interleave formats so a load spike hits both
+            for ft, f in files.items():
+                t = step_times(f, args.threads, args.prompt_len, args.steps, args.repeats)
+                res["step_s"].setdefault(ft, []).append(t)
+    step = {ft: statistics.median(v) for ft, v in res["step_s"].items()}
+    res["median_step_s"] = step
+    res["speedup_q4_vs_f16"] = step["F16"] / step["Q4_0"]
+    res["speedup_q4_vs_f32"] = step["F32"] / step["Q4_0"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "qsun_speed.json").write_text(json.dumps(res, indent=1))
+    md = (f"# QSUN decoder step time, llama.cpp, {args.model}, {args.threads} threads\n\n"
+          "| weights | step (ms) | tok/s | Q4_0 speedup |\n|---|---:|---:|---:|\n" +
+          "".join(f"| {ft} | {1e3 * s:.1f} | {1 / s:.1f} | {s / step['Q4_0']:.2f}x |\n" for ft, s in step.items()) +
+          f"\nMachine: {res['machine']}; context {args.prompt_len} tokens, medians of {args.repeats} x "
+          f"{args.steps} steps, two interleaved rounds.\n")
+    (out / "qsun_speed.md").write_text(md)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.bar(list(step), [1 / s for s in step.values()])
+    ax.set_ylabel("decode tok/s (batch 1)")
+    fig.tight_layout()
+    fig.savefig(out / "qsun_speed.png", dpi=100)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

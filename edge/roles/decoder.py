@@ -1,0 +1,245 @@
+"""SUN shared decoder: continues KV blobs from ANY specialist tuned for it, batched together.
+
+`admit` validates a blob (it must name this decoder's fingerprint, be complete
+and match the model's shapes) and queues the sequence; a refused blob raises
+`AdmissionError` with the reason and leaves every admitted sequence untouched.
+`step` advances up to `max_batch` running sequences by one token with ONE
+batched engine call, whatever task each came from (continuous batching: new
+admissions join at the next step, finished ones leave at once). Tokens stream
+through per-request callbacks and the events `step` returns.
+
+The first answer token comes from the prefill worker (it is fed here as the
+first decode input); `DecodeResult.tokens` holds the whole answer, first token
+included; events are emitted only for the tokens this decoder generates.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Deque, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from edge.engines.base import Engine, EngineError
+from edge.kv import KVError, SequenceKV
+from edge.roles.prefill import pick_token
+from edge.sampling import GREEDY, SamplingParams
+
+
+class AdmissionError(ValueError):
+    """A KV blob this decoder will not serve (other decoder, truncated, wrong shapes, bad request)."""
+
+
+@dataclass
+class TokenEvent:
+    request_id: str
+    token: int
+    index: int                  # position in the answer (0 = the prefill's first token)
+    done: bool
+    finish_reason: Optional[str] = None   # "stop", "length" or "context" when done
+
+
+@dataclass
+class DecodeResult:
+    request_id: str
+    task: str
+    tokens: List[int]
+    finish_reason: str
+    admitted_at: float
+    first_step_at: Optional[float]
+    finished_at: float
+
+
+@dataclass(eq=False)
+class _Running:
+    rid: str
+    task: str
+    seq: int
+    next_input: int
+    tokens: List[int]
+    max_new: int
+    params: SamplingParams
+    stops: frozenset
+    rng: Optional[np.random.Generator]
+    on_token: Optional[Callable[[TokenEvent], None]]
+    admitted_at: float
+    first_step_at: Optional[float] = None
+
+
+class SharedDecoder:
+    def __init__(self, engine: Engine, max_batch: int = 64, stop_ids: Sequence[int] = (),
+                 name: str = "decoder", clock: Callable[[], float] = time.perf_counter):
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self.engine = engine
+        self.max_batch = max_batch
+        self.stop_ids = frozenset(int(s) for s in stop_ids)
+        self.name = name
+        self.clock = clock
+        self._run: Dict[str, _Running] = {}
+        self._order: Deque[str] = deque()      # round-robin when more than max_batch are running
+        self.results: Dict[str, DecodeResult] = {}
+        self.refused = 0
+        self.steps = 0
+        self.tokens_out = 0
+        self._ids = itertools.count(1)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.engine.fingerprint
+
+    @property
+    def load(self) -> int:
+        """Running sequences (what least-loaded routing compares)."""
+        return len(self._run)
+
+    @classmethod
+    def from_dir(cls, directory, threads: Optional[int] = None, **kw) -> "SharedDecoder":
+        """Load a decoder saved by export.tune.save_decoder; its weights must match its fingerprint."""
+        from edge.engines.torch_engine import TorchEngine
+        from edge.sun import check_fingerprint, load_module
+        model, man = load_module(directory)
+        fp = check_fingerprint(model, man)
+        return cls(TorchEngine(model, fingerprint=fp, threads=threads), **kw)
+
+    # -- admission -----------------------------------------------------------------------------
+    def admit(self, blob: bytes, request_id: Optional[str] = None, max_new: int = 64,
+              params: SamplingParams = GREEDY, first_token: Optional[int] = None,
+              stop_ids: Optional[Sequence[int]] = None, task: Optional[str] = None,
+              on_token: Optional[Callable[[TokenEvent], None]] = None) -> str:
+        """Queue a prefilled sequence; returns its request id. Raises AdmissionError when refused."""
+        try:
+            head = SequenceKV.read_header(bytes(blob))
+        except (KVError, TypeError) as e:
+            self.refused += 1
+            raise AdmissionError(f"{self.name}: KV blob refused: {e}") from None
+        meta = head.get("meta") or {}
+        rid = request_id or meta.get("request_id") or f"{self.name}#{next(self._ids)}"
+        if rid in self._run:
+            self.refused += 1
+            raise AdmissionError(f"{self.name}: request {rid!r} is already running")
+        first = first_token if first_token is not None else meta.get("first_token")
+        if first is None or not 0 <= int(first) < self.engine.vocab_size:
+            self.refused += 1
+            raise AdmissionError(f"{self.name}: request {rid!r} has no valid first token "
+                                 "(pass first_token or use a blob from a PrefillWorker)")
+        if max_new < 1:
+            self.refused += 1
+            raise AdmissionError(f"{self.name}: max_new must be >= 1, got {max_new}")
+        try:
+            seq = self.engine.import_kv(blob)
+        except EngineError as e:
+            self.refused += 1
+            raise AdmissionError(f"{self.name}: request {rid!r}: {e}") from None
+        stops = frozenset(int(s) for s in stop_ids) if stop_ids is not None else self.stop_ids
+        rng = None if params.greedy else np.random.default_rng(params.seed)
+        r = _Running(rid, task or meta.get("task", ""), seq, int(first), [int(first)], max_new, params,
+                     stops, rng, on_token, self.clock())
+        if int(first) in stops or max_new == 1:
+            self._finish(r, "stop" if int(first) in stops else "length")
+            return rid
+        self._run[rid] = r
+        self._order.append(rid)
+        return rid
+
+    # -- decoding ------------------------------------------------------------------------------
+    def step(self) -> List[TokenEvent]:
+        """One batched decode step over up to max_batch running sequences (all tasks mixed)."""
+        if not self._run:
+            return []
+        batch = [self._run[self._order[i]] for i in range(min(self.max_batch, len(self._order)))]
+        self._order.rotate(-len(batch))
+        # a sequence whose context is full finishes instead of failing the whole batch
+        room = [r for r in batch if self.engine.length(r.seq) + 1 <= self.engine.max_len]
+        fits = {r.rid for r in room}
+        events = [self._finish(r, "context") for r in batch if r.rid not in fits]
+        if not room:
+            return events
+        logits = self.engine.step([r.seq for r in room], [r.next_input for r in room])
+        now = self.clock()
+        self.steps += 1
+        for r, row in zip(room, logits):
+            tok = pick_token(row, r.params, r.rng)
+            r.tokens.append(tok)
+            r.next_input = tok
+            if r.first_step_at is None:
+                r.first_step_at = now
+            self.tokens_out += 1
+            reason = "stop" if tok in r.stops else ("length" if len(r.tokens) >= r.max_new else None)
+            ev = TokenEvent(r.rid, tok, len(r.tokens) - 1, reason is not None, reason)
+            if reason is not None:
+                self._finish(r, reason, emit=False)
+            if r.on_token:
+                r.on_token(ev)
+            events.append(ev)
+        return events
+
+    def run(self, max_steps: Optional[int] = None) -> Dict[str, DecodeResult]:
+        """Step until nothing is running (or max_steps); returns all results so far."""
+        n = 0
+        while self._run and (max_steps is None or n < max_steps):
+            self.step()
+            n += 1
+        return self.results
+
+    def _finish(self, r: _Running, reason: str, emit: bool = True) -> Optional[TokenEvent]:
+        self._run.pop(r.rid, None)
+        try:
+            self._order.remove(r.rid)
+        except ValueError:
+            pass
+        self.engine.free(r.seq)
+        self.results[r.rid] = DecodeResult(r.rid, r.task, r.tokens, reason, r.admitted_at,
+                                           r.first_step_at, self.clock())
+        if not emit:
+            return None
+        ev = TokenEvent(r.rid, r.tokens[-1], len(r.tokens) - 1, True, reason)
+        if r.on_token:
+            r.on_token(ev)
+        return ev
+
+    def pop_result(self, request_id: str) -> DecodeResult:
+        try:
+            return self.results.pop(request_id)
+        except KeyError:
+            raise KeyError(f"{self.name}: no finished request {request_id!r}") from None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`python -m edge.roles.decoder DECODER_DIR --blob F [--blob F ...]`: decode blobs, print JSON lines.
+
+    A one-shot shared decoder for scripts and cross-process checks; the MQTT
+    service runs the same SharedDecoder behind the hub's routing.
+    """
+    import argparse
+    import json
+    import sys
+    ap = argparse.ArgumentParser(prog="python -m edge.roles.decoder", description=main.__doc__)
+    ap.add_argument("decoder_dir")
+    ap.add_argument("--blob", action="append", required=True, help="a KV blob file from a prefill worker")
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--stop", type=int, action="append", default=[], help="stop token id (repeatable)")
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args(argv)
+    dec = SharedDecoder.from_dir(a.decoder_dir, threads=a.threads, stop_ids=a.stop)
+    rids, rc = [], 0
+    for path in a.blob:
+        try:
+            with open(path, "rb") as f:
+                rids.append(dec.admit(f.read(), request_id=path, max_new=a.max_new))
+        except (OSError, AdmissionError) as e:
+            print(json.dumps({"request_id": path, "error": str(e)}), flush=True)
+            rc = 2
+    dec.run()
+    for rid in rids:
+        r = dec.pop_result(rid)
+        print(json.dumps({"request_id": rid, "task": r.task, "tokens": r.tokens,
+                          "finish_reason": r.finish_reason}), flush=True)
+    sys.stdout.flush()
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

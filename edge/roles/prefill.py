@@ -1,0 +1,86 @@
+"""SUN prefill worker: one task specialist's prefill module -> KV blob + first token.
+
+The worker runs its prompt through the specialist's (tuned) prefill module,
+picks the first answer token from the last position's logits, and exports the
+KV cache as a blob that names the shared decoder the specialist was tuned for
+(the manifest's `decoder_fingerprint`). Any decoder with that fingerprint can
+continue the sequence; every other decoder refuses the blob.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from edge.engines.base import Engine
+from edge.sampling import GREEDY, SamplingParams, sample, to_probs
+
+
+@dataclass
+class PrefillOutput:
+    request_id: str
+    task: str
+    blob: bytes               # KV of the prompt, made for decoder `decoder_fingerprint`
+    first_token: int
+    prompt_len: int
+    decoder_fingerprint: str
+    prefill_s: float
+
+
+def pick_token(logits: np.ndarray, params: SamplingParams, rng: Optional[np.random.Generator]) -> int:
+    """Greedy argmax, or a draw from the filtered distribution."""
+    if params.greedy:
+        return int(np.argmax(logits))
+    return sample(to_probs(logits, params), rng if rng is not None else np.random.default_rng(params.seed))
+
+
+class PrefillWorker:
+    """Serves one task. The engine's fingerprint must be the target decoder's fingerprint."""
+
+    def __init__(self, engine: Engine, task: str, kv_dtype: str = "float16", name: str = ""):
+        if not engine.fingerprint:
+            raise ValueError("a prefill engine needs the fingerprint of the decoder it was tuned for "
+                             "(the specialist manifest's decoder_fingerprint)")
+        self.engine = engine
+        self.task = task
+        self.kv_dtype = kv_dtype
+        self.name = name or f"prefill/{task}"
+        self._ids = itertools.count(1)
+
+    @property
+    def decoder_fingerprint(self) -> str:
+        return self.engine.fingerprint
+
+    @classmethod
+    def from_dir(cls, directory, task: Optional[str] = None, threads: Optional[int] = None,
+                 kv_dtype: str = "float16") -> "PrefillWorker":
+        """Load a specialist written by `edge-export tune` (SUN, QSUN or full-FT)."""
+        from edge.engines.torch_engine import TorchEngine
+        from edge.sun import SunError, load_module
+        model, man = load_module(directory)
+        fp = man.get("decoder_fingerprint")
+        if not fp:
+            raise SunError(f"{directory}: the manifest names no decoder_fingerprint; re-run the tuning")
+        engine = TorchEngine(model, fingerprint=fp, threads=threads)
+        return cls(engine, task or man.get("task", "task"), kv_dtype=kv_dtype)
+
+    def prefill(self, prompt: Sequence[int], request_id: Optional[str] = None,
+                params: SamplingParams = GREEDY, rng: Optional[np.random.Generator] = None) -> PrefillOutput:
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("empty prompt: a prefill needs at least one token")
+        rid = request_id or f"{self.name}#{next(self._ids)}"
+        t0 = time.perf_counter()
+        seq = self.engine.new_sequence()
+        try:
+            logits = self.engine.forward(seq, prompt)
+            first = pick_token(logits[-1], params, rng)
+            blob = self.engine.export_kv(seq, dtype=self.kv_dtype,
+                                         meta={"task": self.task, "request_id": rid, "first_token": first})
+        finally:
+            self.engine.free(seq)
+        return PrefillOutput(rid, self.task, blob, first, len(prompt), self.decoder_fingerprint,
+                             time.perf_counter() - t0)

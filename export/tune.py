@@ -1,0 +1,268 @@
+"""Prefill-only tuning (SUN), its QSUN variant, and the full fine-tuning baseline.
+
+SUN: the trainable prefill module (a copy of the base) runs the prompt -> KV +
+first-token logits; the FROZEN decoder runs the answer with teacher forcing,
+attending to that KV. Loss = cross-entropy on the first answer token (prefill
+logits) and on every later answer token (decoder logits), averaged per token.
+Gradients reach the prefill weights only through the KV and the first logits.
+
+* `mode="full"`: the decoder IS the trainable module (ordinary fine-tuning on
+  the answer tokens) - the one-model-per-task baseline, same loss, same data.
+* `decoder="int4"` (QSUN): the frozen decoder's projections are replaced by
+  their int4 values from export/quant.py (bit-identical to the exporters).
+
+Runs are seeded and resumable: the batch of step s is drawn from
+rng(seed, s), so a resumed run sees exactly the batches an uninterrupted one
+would; model + AdamW state are checkpointed as safetensors (never pickle).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from edge.model import Transformer
+from edge.sun import (exact_match, pad_right, prefill_batch, save_module, split_generate,
+                      weights_fingerprint)
+from export.quant import fake_quant_state_dict
+from export.tasks import Example
+
+MODES = ("sun", "full")
+CKPT_DIR = "checkpoint"
+
+
+class TuneError(ValueError):
+    """A tuning request that cannot run as asked (bad option, mismatched resume)."""
+
+
+@dataclass
+class TuneConfig:
+    mode: str = "sun"             # "sun" (prefill-only) or "full" (the baseline)
+    decoder: str = "fp32"         # frozen decoder precision for SUN: "fp32" or "int4" (QSUN)
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr_frac: float = 0.1      # cosine decays to lr * this
+    warmup: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 0           # 0: evaluate only at the end
+    ckpt_every: int = 0           # 0: no intermediate checkpoints
+    max_new: int = 16             # generation budget for evaluation
+    stop_ids: Tuple[int, ...] = (2,)
+    threads: int = 0              # 0: leave torch's default
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise TuneError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.decoder not in ("fp32", "int4"):
+            raise TuneError(f"decoder must be 'fp32' or 'int4', got {self.decoder!r}")
+        if self.mode == "full" and self.decoder != "fp32":
+            raise TuneError("--full trains the whole model; an int4 decoder only applies to SUN tuning")
+        self.stop_ids = tuple(int(s) for s in self.stop_ids)
+
+
+@dataclass
+class TuneResult:
+    prefill: Transformer          # the tuned module (the whole model for mode="full")
+    decoder: Transformer          # the decoder it was tuned for (frozen; == prefill for "full")
+    decoder_fingerprint: str
+    history: List[dict] = field(default_factory=list)
+
+
+# -- the frozen decoder ------------------------------------------------------------------------
+
+def build_decoder(base: Transformer, precision: str = "fp32") -> Tuple[Transformer, str]:
+    """A frozen copy of the base, int4 fake-quantised for QSUN, and its fingerprint."""
+    dec = copy.deepcopy(base).float().eval()
+    if precision == "int4":
+        dec.load_state_dict(fake_quant_state_dict(dec.state_dict()))
+    elif precision != "fp32":
+        raise TuneError(f"decoder precision must be 'fp32' or 'int4', got {precision!r}")
+    for p in dec.parameters():
+        p.requires_grad_(False)
+    return dec, weights_fingerprint(dec, precision)
+
+
+def save_decoder(directory, decoder: Transformer, precision: str, fingerprint: str, **meta) -> Path:
+    """A shared-decoder directory the edge roles load (weights as the decoder computes with them)."""
+    return save_module(directory, decoder, {"kind": "sun-decoder", "precision": precision,
+                                            "fingerprint": fingerprint, **meta})
+
+
+# -- the loss ---------------------------------------------------------------------------------
+
+def split_loss(prefill: Transformer, decoder: Transformer, batch: Sequence[Example]) -> torch.Tensor:
+    """Mean CE over all answer tokens: the first from the prefill, the rest from the decoder."""
+    dev = next(prefill.parameters()).device
+    toks, plens = pad_right([e.prompt for e in batch], device=dev)
+    ans, alens = pad_right([e.answer for e in batch], device=dev)
+    first_logits, kv, plens = prefill_batch(prefill, toks, plens)
+    total = F.cross_entropy(first_logits.float(), ans[:, 0], reduction="sum")
+    if ans.shape[1] > 1:
+        logits, _ = decoder(ans[:, :-1], past=kv, past_lengths=plens)
+        tgt = ans[:, 1:].clone()
+        tgt[torch.arange(tgt.shape[1], device=dev)[None, :] >= (alens - 1)[:, None]] = -100
+        total = total + F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                        ignore_index=-100, reduction="sum")
+    return total / alens.sum()
+
+
+def evaluate(prefill: Transformer, decoder: Transformer, examples: Sequence[Example], max_new: int,
+             stop_ids: Sequence[int]) -> float:
+    """Exact-match accuracy of greedy split generation."""
+    was = prefill.training
+    prefill.eval()
+    preds = split_generate(prefill, decoder, [e.prompt for e in examples], max_new, stop_ids)
+    prefill.train(was)
+    return exact_match(preds, [e.answer for e in examples])
+
+
+# -- checkpoints (safetensors + json, never pickle) --------------------------------------------
+
+def _lr_at(cfg: TuneConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def _save_ckpt(d: Path, step: int, model: Transformer, opt: torch.optim.Optimizer, cfg: TuneConfig,
+               history: list, dec_fp: str) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    for n, p in zip(names, params):
+        for k, v in opt.state.get(p, {}).items():
+            tensors[f"opt.{n}.{k}"] = v.detach().reshape(-1).contiguous() if k == "step" else v.detach().contiguous()
+    tmp = d / "state.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    tmp.replace(d / "state.safetensors")  # atomic: a crash never leaves half a checkpoint
+    (d / "state.json").write_text(json.dumps({"step": step, "config": asdict(cfg), "history": history,
+                                              "decoder_fingerprint": dec_fp}))
+
+
+def _load_ckpt(d: Path, model: Transformer, opt: torch.optim.Optimizer, cfg: TuneConfig, dec_fp: str):
+    meta = json.loads((d / "state.json").read_text())
+    saved = TuneConfig(**{**meta["config"], "stop_ids": tuple(meta["config"]["stop_ids"])})
+    for key in ("mode", "decoder", "seed", "batch_size", "lr", "steps"):
+        if getattr(saved, key) != getattr(cfg, key):
+            raise TuneError(f"cannot resume {d}: it was started with {key}={getattr(saved, key)!r}, "
+                            f"now {key}={getattr(cfg, key)!r}; use another --out or the same options")
+    if meta["decoder_fingerprint"] != dec_fp:
+        raise TuneError(f"cannot resume {d}: it was tuned against another decoder "
+                        f"({meta['decoder_fingerprint'][:12]} vs {dec_fp[:12]})")
+    tensors = load_file(str(d / "state.safetensors"))
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    for n, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        st = {k.split(".")[-1]: v for k, v in tensors.items()
+              if k.startswith(f"opt.{n}.") and k.count(".") == n.count(".") + 2}
+        if st:
+            st["step"] = st["step"].reshape(())
+            opt.state[p] = st
+    return meta["step"], meta["history"]
+
+
+# -- the loop ---------------------------------------------------------------------------------
+
+def tune(base: Transformer, train: Sequence[Example], cfg: TuneConfig,
+         eval_set: Sequence[Example] = (), out_dir=None, init: Optional[Transformer] = None,
+         decoder: Optional[Tuple[Transformer, str]] = None, progress: bool = True,
+         log: Optional[Callable[[dict], None]] = None, manifest_extra: Optional[dict] = None) -> TuneResult:
+    """Train one specialist; optionally checkpoint/resume in out_dir and save it there.
+
+    init: the starting prefill weights (default: the base); decoder: a prebuilt
+    (frozen decoder, fingerprint) to share between runs (default: built from base).
+    """
+    if not train:
+        raise TuneError("no training examples")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    model = copy.deepcopy(init if init is not None else base).float().to(cfg.device).train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    if cfg.mode == "full":
+        dec, dec_fp = model, ""
+    else:
+        dec, dec_fp = decoder if decoder is not None else build_decoder(base, cfg.decoder)
+        dec = dec.to(cfg.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            betas=(0.9, 0.98))
+    step, history = 0, []
+    ck = Path(out_dir) / CKPT_DIR if out_dir else None
+    if ck is not None and (ck / "state.json").is_file():
+        step, history = _load_ckpt(ck, model, opt, cfg, dec_fp)
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, initial=step, desc=f"{cfg.mode}/{cfg.decoder}", leave=False)
+    t0 = time.perf_counter()
+    while step < cfg.steps:
+        rng = np.random.default_rng([cfg.seed, step])
+        batch = [train[i] for i in rng.integers(0, len(train), size=cfg.batch_size)]
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(cfg, step)
+        loss = split_loss(model, dec, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        rec = {"step": step, "loss": float(loss.detach())}
+        if eval_set and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+            rec["eval_acc"] = evaluate(model, dec, eval_set, cfg.max_new, cfg.stop_ids)
+        history.append(rec)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix({k: round(v, 3) for k, v in rec.items() if k != "step"})
+        if log and "eval_acc" in rec:
+            log(rec)
+        if ck is not None and cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.steps:
+            _save_ckpt(ck, step, model, opt, cfg, history, dec_fp)
+    if bar is not None:
+        bar.close()
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    final = {"step": step, "train_s": round(time.perf_counter() - t0, 2)}
+    if eval_set:
+        final["eval_acc"] = evaluate(model, dec, eval_set, cfg.max_new, cfg.stop_ids)
+    history.append(final)
+    if cfg.mode == "full":
+        dec_fp = weights_fingerprint(model, "fp32")  # a full-FT model is its own decoder
+    if out_dir:
+        save_specialist(out_dir, model, cfg, dec_fp, history, manifest_extra or {})
+    return TuneResult(model, dec, dec_fp, history)
+
+
+def save_specialist(out_dir, model: Transformer, cfg: TuneConfig, dec_fp: str, history: list,
+                    extra: dict) -> Path:
+    kind = "full-ft" if cfg.mode == "full" else ("qsun-prefill" if cfg.decoder == "int4" else "sun-prefill")
+    man = {"kind": kind, "decoder_fingerprint": dec_fp, "decoder_precision": cfg.decoder,
+           "tune": asdict(cfg), "history_tail": history[-5:], **extra}
+    if cfg.mode == "full":
+        man["fingerprint"] = dec_fp
+        man["precision"] = "fp32"
+    return save_module(out_dir, model, man)
+
+
+if __name__ == "__main__":  # `python -m export.tune ...` is `edge-export tune ...`
+    from export.tune_cli import tune as _tune_cmd
+    _tune_cmd()

@@ -22,7 +22,8 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,export,bench]"
+	$(BIN)/pip install -q -e ".[test,export,bench,tasks]"
+	$(BIN)/pip install -q --no-deps "bfcl-eval==2026.3.23"  # its deps pin an old numpy and pull torch
 	touch $@
 
 install: $(BIN)/.installed
@@ -45,7 +46,7 @@ demo: install
 	$(BIN)/edge-hub demo
 
 test: install llama test-models
-	$(BIN)/python -m pytest -q
+	STARSUN_STRICT=1 $(BIN)/python -m pytest -q
 
 bench: install llama models
 	$(BIN)/python benchmarks/local_spec.py

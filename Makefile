@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 # llama.cpp from source: skip the multimodal parts (build time); GGML_NATIVE=OFF for wheels you ship.
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
-TEST_MODELS ?= smollm2-135m qwen2.5-coder-0.5b
+TEST_MODELS ?= smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 DEMO_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 .PHONY: install llama models test-models demo test bench export flash-jetson clean help

@@ -34,7 +34,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from .model import ModelConfig, Transformer, rope_inv_freq
+from .model import ModelConfig, Transformer
 from .tokenizer import Tokenizer, TokenizerError, open_gguf
 
 
@@ -372,12 +372,7 @@ def load_tokenizer(path) -> Tokenizer:
 
 def model_from_state_dict(cfg: ModelConfig, state_dict: Dict[str, torch.Tensor]) -> Transformer:
     """Build a Transformer around existing tensors (no random init, no copy)."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model.load_state_dict(state_dict, strict=True, assign=True)
-    # non-persistent buffers are not in a state_dict: rebuild them off the meta device
-    model.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
-    return model.eval()
+    return Transformer.from_state_dict(cfg, state_dict)
 
 
 def load_model(path, dtype: torch.dtype = torch.float32,

@@ -154,3 +154,40 @@ def scatter_new(seqs: Sequence[SequenceKV], present, P: int) -> None:
     new = torch.stack([torch.stack((k[:, :, P:], v[:, :, P:])) for k, v in present])  # [L, 2, B, h, T, d]
     for b, s in enumerate(seqs):
         s.append(new[:, :, b])
+
+
+class BatchCache:
+    """The KV of one model call over T new tokens for each of B sequences, written in place.
+
+    The cache object `Transformer.forward_cached` expects: each layer's new k/v go
+    straight into every sequence's own preallocated tensor, and attention reads
+    views of it -- no padded copy of a ragged batch, no copy of the past per layer.
+    Lengths move only on `commit()`, so a call that fails leaves every sequence as
+    it was (what it wrote past the length is dead space).
+    """
+
+    def __init__(self, seqs: Sequence[SequenceKV], T: int):
+        for s in seqs:
+            s.reserve(T)               # may reallocate: take views only after this
+        self.seqs, self.T = list(seqs), T
+        self.starts = [s.length for s in self.seqs]
+        start = torch.tensor(self.starts, dtype=torch.long)
+        self.positions = start[:, None] + torch.arange(T)[None, :]     # [B, T]
+        # new query t sees keys 0 .. start+t (one query sees everything: no mask)
+        self.masks = [None if T == 1 else torch.arange(st + T)[None, :] <= (st + torch.arange(T))[:, None]
+                      for st in self.starts]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store k, v [B, n_kv, T, hd]; per sequence (K, V, mask) over all its entries."""
+        out = []
+        for b, (s, st) in enumerate(zip(self.seqs, self.starts)):
+            d = s.data[layer]                      # [2, n_kv, cap, hd]
+            end = st + self.T
+            d[0, :, st:end] = k[b]
+            d[1, :, st:end] = v[b]
+            out.append((d[0, :, :end][None], d[1, :, :end][None], self.masks[b]))
+        return out
+
+    def commit(self) -> None:
+        for s in self.seqs:
+            s.length += self.T

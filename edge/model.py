@@ -9,6 +9,13 @@ same contract the ONNX graphs export and prefill-only tuning differentiates.
 Ragged batches: `past` holds B sequences right-padded to P entries; row b is
 valid for its first past_lengths[b] entries. New tokens of row b take positions
 past_lengths[b] .. past_lengths[b]+T-1 and are appended after the padding.
+
+Engines use `forward_cached` instead: the same math, but the KV lives in a cache
+object that writes new entries in place and hands back views (no copy of the
+past per layer and step), attention runs per sequence over its own length (no
+padded copy of a ragged batch), GQA reads K/V without repeating them, and the
+linear layers pick the faster BLAS path for few rows (`fast_linear`).
+`forward` stays the functional reference (ONNX export, tuning).
 """
 from __future__ import annotations
 
@@ -137,6 +144,35 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(var + self.eps) * self.weight
 
 
+# Small-M trap (MKL, fp32, measured here on 1 thread, SmolLM2's 30 layers): F.linear over
+# 2..5 rows costs 1.5-2.5x one row (144 ms vs 93 for 2 rows; its gemm repacks the weight
+# per call) and one row runs MKL's gemv at ~6 GB/s. mm(W, x^T) with >= 2 columns takes
+# MKL's skinny path at about one weight read: 2 rows 67 ms, 4 rows 96; lm_head 49k x 576:
+# 15 ms (one row, padded to two) vs 22. From 6 rows on F.linear is as fast or faster.
+# Only at one thread: with 2 threads on the loaded 2-core box the skinny path stalled
+# far worse than F.linear (4.6 s vs 0.5 s per step), and an idle multi-core box is unmeasured.
+SKINNY_MAX_ROWS = 5 if torch.backends.mkl.is_available() else 0
+
+
+def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
+    """F.linear(x, weight, bias), with the kernel chosen by the number of rows (above)."""
+    rows = x.numel() // x.shape[-1]
+    if (rows > SKINNY_MAX_ROWS or x.dtype not in (torch.float32, torch.float64)
+            or torch.get_num_threads() != 1):
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(rows, x.shape[-1])
+    if rows == 1:
+        x2 = torch.cat((x2, x2))  # rows are independent: the duplicate only picks the kernel
+    y = torch.mm(weight, x2.t())[:, :rows].t().contiguous()
+    if bias is not None:
+        y += bias
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def _lin(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return fast_linear(x, m.weight, m.bias)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # HF's rotate_half convention: pairs are (i, i + d/2)
     half = x.shape[-1] // 2
@@ -171,6 +207,20 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim)
         return self.o_proj(y), (k, v)
 
+    def forward_cached(self, x, cos, sin, cache, layer: int):
+        """Fast path: new K/V written into `cache`, attention per sequence over views."""
+        B, T, _ = x.shape
+        c = self.cfg
+        q = _lin(self.q_proj, x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)
+        k = _lin(self.k_proj, x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = _lin(self.v_proj, x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # enable_gqa: query head h reads kv head h // rep in the kernel, K/V are not repeated
+        ys = [F.scaled_dot_product_attention(q[b:b + 1], kb, vb, attn_mask=mask, enable_gqa=True)
+              for b, (kb, vb, mask) in enumerate(cache.update(layer, k, v))]
+        y = ys[0] if B == 1 else torch.cat(ys)                     # [B, H, T, hd]
+        return _lin(self.o_proj, y.transpose(1, 2).reshape(B, T, -1))
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -181,6 +231,9 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward_cached(self, x):
+        return _lin(self.down_proj, F.silu(_lin(self.gate_proj, x)) * _lin(self.up_proj, x))
 
 
 class Block(nn.Module):
@@ -195,6 +248,10 @@ class Block(nn.Module):
         a, present = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
         x = x + a
         return x + self.mlp(self.post_attention_layernorm(x)), present
+
+    def forward_cached(self, x, cos, sin, cache, layer: int):
+        x = x + self.self_attn.forward_cached(self.input_layernorm(x), cos, sin, cache, layer)
+        return x + self.mlp.forward_cached(self.post_attention_layernorm(x))
 
 
 class Decoder(nn.Module):
@@ -213,6 +270,16 @@ class Transformer(nn.Module):
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
+
+    @classmethod
+    def from_state_dict(cls, cfg: ModelConfig, state_dict) -> "Transformer":
+        """Build around existing tensors (no random init, no copy); strict names and shapes."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.load_state_dict(state_dict, strict=True, assign=True)
+        # non-persistent buffers are not in a state_dict: rebuild them off the meta device
+        model.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
+        return model.eval()
 
     def output_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.cfg.tie_embeddings else self.lm_head.weight
@@ -252,6 +319,29 @@ class Transformer(nn.Module):
         if return_hidden:
             return logits, present, h
         return logits, present
+
+    def forward_cached(self, tokens: torch.Tensor, cache, last_only: bool = False) -> torch.Tensor:
+        """tokens [B, T] -> logits [B, T or 1, V]; the KV lives in `cache` (engines' fast path).
+
+        `cache` (edge.kv.BatchCache) gives `positions` [B, T] of the new tokens and
+        `update(layer, k, v)`, which stores k, v [B, n_kv, T, hd] and returns per
+        sequence (K, V, mask): views [1, n_kv, L_b, hd] incl. the new entries and a
+        bool mask [T, L_b] (None when T == 1). Same math as `forward`; only the last
+        position's logits with `last_only` (a prefill needs no more).
+        """
+        x = self.model.embed_tokens(tokens)
+        cos, sin = _rope(self.inv_freq, cache.positions, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer.forward_cached(x, cos, sin, cache, i)
+        if last_only:
+            x = x[:, -1:]
+        return fast_linear(self.model.norm(x), self.output_weight())
+
+
+def _rope(inv_freq: torch.Tensor, positions: torch.Tensor, dtype):
+    ang = positions[..., None].to(torch.float32) * inv_freq.to(positions.device)  # [B, T, hd/2]
+    ang = torch.cat((ang, ang), dim=-1)[:, None]                                    # [B, 1, T, hd]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
 def tiny_config(arch: str = "llama", **kw) -> ModelConfig:

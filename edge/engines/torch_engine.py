@@ -1,31 +1,68 @@
-"""The PyTorch engine: edge/model.py + per-sequence KV caches behind the Engine interface."""
+"""The PyTorch engine: edge/model.py + per-sequence KV caches behind the Engine interface.
+
+By default it runs `Transformer.forward_cached` over `edge.kv.BatchCache`: new
+K/V are written in place into each sequence's preallocated cache and attention
+reads views of it, so a step costs the weights read plus each sequence's own
+KV, not a copy of every past. `fast=False` keeps the functional reference path
+(`Transformer.forward` + padded gather), for comparisons (benchmarks/
+torch_engine_costs.py) and tests.
+
+Threads: every call runs at the engine's own thread count and restores the
+process setting afterwards. The default is one thread on small machines (<= 4
+cores): these boxes are shared by several roles, and an OpenMP team whose
+other thread is descheduled stalls at every barrier -- measured here under
+load, a 2-thread SmolLM2 step took 5x (batch 1) to 50x (2..9 rows) longer
+than a 1-thread one.
+"""
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
 
 from edge.engines.base import Engine, EngineError
-from edge.kv import KVError, SequenceKV, gather, scatter_new
+from edge.kv import BatchCache, KVError, SequenceKV, gather, scatter_new
 from edge.model import Transformer
+
+
+def default_threads() -> int:
+    """Threads an engine uses when not told: 1 on machines with <= 4 cores, else torch's default."""
+    return 1 if (os.cpu_count() or 1) <= 4 else torch.get_num_threads()
+
+
+def _at_own_threads(fn):
+    """Run an engine call at self.threads and put the process setting back afterwards."""
+    @functools.wraps(fn)
+    def wrapper(self, *a, **kw):
+        old = torch.get_num_threads()
+        if old != self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            return fn(self, *a, **kw)
+        finally:
+            if old != self.threads:
+                torch.set_num_threads(old)
+    return wrapper
 
 
 class TorchEngine(Engine):
     name = "torch"
 
     def __init__(self, model: Transformer, fingerprint: str = "", max_len: Optional[int] = None,
-                 threads: Optional[int] = None):
+                 threads: Optional[int] = None, fast: bool = True):
         self.model = model.eval()
+        self.fast = fast
         cfg = model.cfg
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
         self.max_len = int(max_len or cfg.max_position)
         self.fingerprint = fingerprint
         self.dtype = next(model.parameters()).dtype
-        if threads:
-            torch.set_num_threads(threads)
+        self.threads = int(threads) if threads else default_threads()
         self._seqs: Dict[int, SequenceKV] = {}
         self._tokens: Dict[int, list] = {}
         self._ids = itertools.count(1)
@@ -75,8 +112,16 @@ class TorchEngine(Engine):
         # float64 models keep float64 so exactness tests are not blurred by a cast
         return logits.numpy() if logits.dtype == torch.float64 else logits.float().numpy()
 
-    @torch.inference_mode()
     def forward(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        return self._feed(seq, tokens, last_only=False)
+
+    def forward_last(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        """Like forward, but only the last token's logits ([1, vocab]): a prefill computes one row."""
+        return self._feed(seq, tokens, last_only=True)
+
+    @_at_own_threads
+    @torch.inference_mode()
+    def _feed(self, seq: int, tokens: Sequence[int], last_only: bool) -> np.ndarray:
         kv = self._get(seq)
         tokens = [int(t) for t in tokens]
         if not tokens:
@@ -84,12 +129,22 @@ class TorchEngine(Engine):
         self._check_ids(tokens)
         self.check_room(seq, len(tokens))
         t = torch.tensor([tokens], dtype=torch.long)
-        past = kv.past() if kv.length else None
-        logits, present = self.model(t, past=past)
-        scatter_new([kv], present, kv.length)
+        if self.fast:
+            logits = self._cached([kv], t, last_only)
+        else:
+            past = kv.past() if kv.length else None
+            logits, present = self.model(t, past=past, logits_last_only=last_only)
+            scatter_new([kv], present, kv.length)
         self._tokens[seq].extend(tokens)
         return self._out(logits[0])
 
+    def _cached(self, kvs, t: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        cache = BatchCache(kvs, t.shape[1])
+        logits = self.model.forward_cached(t, cache, last_only=last_only)
+        cache.commit()
+        return logits
+
+    @_at_own_threads
     @torch.inference_mode()
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         if len(seqs) != len(tokens):
@@ -103,11 +158,14 @@ class TorchEngine(Engine):
         self._check_ids(tokens)
         for s in seqs:
             self.check_room(s, 1)
-        past, lengths = gather(kvs)
-        P = past[0][0].shape[2]
         t = torch.tensor(tokens, dtype=torch.long)[:, None]
-        logits, present = self.model(t, past=past if P else None, past_lengths=lengths)
-        scatter_new(kvs, present, P)
+        if self.fast:
+            logits = self._cached(kvs, t)
+        else:
+            past, lengths = gather(kvs)
+            P = past[0][0].shape[2]
+            logits, present = self.model(t, past=past if P else None, past_lengths=lengths)
+            scatter_new(kvs, present, P)
         for s, tok in zip(seqs, tokens):
             self._tokens[s].append(tok)
         return self._out(logits[:, 0])

@@ -144,25 +144,37 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(var + self.eps) * self.weight
 
 
-# Small-M trap (MKL, fp32, measured here on 1 thread, SmolLM2's 30 layers): F.linear over
-# 2..5 rows costs 1.5-2.5x one row (144 ms vs 93 for 2 rows; its gemm repacks the weight
-# per call) and one row runs MKL's gemv at ~6 GB/s. mm(W, x^T) with >= 2 columns takes
-# MKL's skinny path at about one weight read: 2 rows 67 ms, 4 rows 96; lm_head 49k x 576:
-# 15 ms (one row, padded to two) vs 22. From 6 rows on F.linear is as fast or faster.
+# Small-M trap (MKL, fp32, one thread, measured here): F.linear over 2..5 rows costs
+# 1.5-3x one row (its gemm repacks the weight per call), and one row runs MKL's gemv at
+# 10-13 GB/s. mm(W, x^T) with >= 2 columns takes MKL's skinny path instead, ~17-19 GB/s
+# at 1..5 rows -- when the weight is not much longer along K than along N. Time ratio
+# F.linear / skinny, one weight read each (cold), by rows:
+#   (N, K)        1     2     3     4     5     6
+#   1536 x 576    1.74  2.69  1.88  1.82  1.34  1.17   wide: q/k/v/o, gate/up, lm_head
+#   4864 x 896    1.38  3.19  3.16  2.15  1.69  1.02
+#   151936 x 896  1.37  3.00  3.27  2.78  2.10  1.24
+#   576 x 1536    1.25  1.77  1.00  0.95  0.70  0.56   down_proj, K < 2048
+#   896 x 4864    0.52  0.99  1.23  0.71  0.70  0.64   down_proj, K > 2048: keep F.linear
+# A single row is padded to two (rows are independent; the copy only picks the kernel).
 # Only at one thread: with 2 threads on the loaded 2-core box the skinny path stalled
-# far worse than F.linear (4.6 s vs 0.5 s per step), and an idle multi-core box is unmeasured.
-SKINNY_MAX_ROWS = 5 if torch.backends.mkl.is_available() else 0
+# far worse than F.linear (4.6 s vs 0.5 s per step); other machines are unmeasured.
+SKINNY = torch.backends.mkl.is_available()
+SKINNY_MAX_ROWS = 5
+
+
+def _skinny(rows: int, n: int, k: int) -> bool:
+    return rows <= SKINNY_MAX_ROWS and (k <= n or (rows <= 2 and k <= 2048))
 
 
 def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
-    """F.linear(x, weight, bias), with the kernel chosen by the number of rows (above)."""
+    """F.linear(x, weight, bias), with the kernel chosen by the shapes (above)."""
     rows = x.numel() // x.shape[-1]
-    if (rows > SKINNY_MAX_ROWS or x.dtype not in (torch.float32, torch.float64)
-            or torch.get_num_threads() != 1):
+    if not (SKINNY and _skinny(rows, *weight.shape) and x.dtype in (torch.float32, torch.float64)
+            and torch.get_num_threads() == 1):
         return F.linear(x, weight, bias)
     x2 = x.reshape(rows, x.shape[-1])
     if rows == 1:
-        x2 = torch.cat((x2, x2))  # rows are independent: the duplicate only picks the kernel
+        x2 = torch.cat((x2, x2))
     y = torch.mm(weight, x2.t())[:, :rows].t().contiguous()
     if bias is not None:
         y += bias

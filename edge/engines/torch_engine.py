@@ -7,18 +7,23 @@ KV, not a copy of every past. `fast=False` keeps the functional reference path
 (`Transformer.forward` + padded gather), for comparisons (benchmarks/
 torch_engine_costs.py) and tests.
 
-Threads: every call runs at the engine's own thread count and restores the
-process setting afterwards. The default is one thread on small machines (<= 4
-cores): these boxes are shared by several roles, and an OpenMP team whose
-other thread is descheduled stalls at every barrier -- measured here under
-load, a 2-thread SmolLM2 step took 5x (batch 1) to 50x (2..9 rows) longer
-than a 1-thread one.
+Threads: every call sets its own thread count and restores the process
+setting afterwards. Calls over <= 5 rows (a decode step, a verify call, a small
+batch) are memory-bound and run at one thread, where the skinny kernel of
+`edge.model.fast_linear` applies; larger calls (prefill, big batches) run at
+`threads`. Its default is one thread on small machines (<= 4 cores): they are
+shared by several roles, and an OpenMP team whose other thread is descheduled
+stalls at every barrier. Measured on the 2-core box (benchmarks/results/
+torch_engine_costs.md): under load (load average ~8) two threads made a
+SmolLM2 step 5x (batch 1) to 50x (2..16 rows) slower than one thread; idle,
+two threads made 16-row steps and prefills ~1.4x faster. Pass threads=2 on a
+machine the engine has to itself.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import os
+from contextlib import contextmanager
 from typing import Dict, Optional, Sequence
 
 import numpy as np
@@ -26,27 +31,12 @@ import torch
 
 from edge.engines.base import Engine, EngineError
 from edge.kv import BatchCache, KVError, SequenceKV, gather, scatter_new
-from edge.model import Transformer
+from edge.model import SKINNY_MAX_ROWS, Transformer
 
 
 def default_threads() -> int:
     """Threads an engine uses when not told: 1 on machines with <= 4 cores, else torch's default."""
     return 1 if (os.cpu_count() or 1) <= 4 else torch.get_num_threads()
-
-
-def _at_own_threads(fn):
-    """Run an engine call at self.threads and put the process setting back afterwards."""
-    @functools.wraps(fn)
-    def wrapper(self, *a, **kw):
-        old = torch.get_num_threads()
-        if old != self.threads:
-            torch.set_num_threads(self.threads)
-        try:
-            return fn(self, *a, **kw)
-        finally:
-            if old != self.threads:
-                torch.set_num_threads(old)
-    return wrapper
 
 
 class TorchEngine(Engine):
@@ -119,7 +109,19 @@ class TorchEngine(Engine):
         """Like forward, but only the last token's logits ([1, vocab]): a prefill computes one row."""
         return self._feed(seq, tokens, last_only=True)
 
-    @_at_own_threads
+    @contextmanager
+    def _threads(self, rows: int):
+        """Run a call over `rows` at its thread count (module doc); restore the process setting."""
+        n = 1 if (self.fast and rows <= SKINNY_MAX_ROWS) else self.threads
+        old = torch.get_num_threads()
+        if old != n:
+            torch.set_num_threads(n)
+        try:
+            yield
+        finally:
+            if old != n:
+                torch.set_num_threads(old)
+
     @torch.inference_mode()
     def _feed(self, seq: int, tokens: Sequence[int], last_only: bool) -> np.ndarray:
         kv = self._get(seq)
@@ -129,12 +131,13 @@ class TorchEngine(Engine):
         self._check_ids(tokens)
         self.check_room(seq, len(tokens))
         t = torch.tensor([tokens], dtype=torch.long)
-        if self.fast:
-            logits = self._cached([kv], t, last_only)
-        else:
-            past = kv.past() if kv.length else None
-            logits, present = self.model(t, past=past, logits_last_only=last_only)
-            scatter_new([kv], present, kv.length)
+        with self._threads(len(tokens)):
+            if self.fast:
+                logits = self._cached([kv], t, last_only)
+            else:
+                past = kv.past() if kv.length else None
+                logits, present = self.model(t, past=past, logits_last_only=last_only)
+                scatter_new([kv], present, kv.length)
         self._tokens[seq].extend(tokens)
         return self._out(logits[0])
 
@@ -144,7 +147,6 @@ class TorchEngine(Engine):
         cache.commit()
         return logits
 
-    @_at_own_threads
     @torch.inference_mode()
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         if len(seqs) != len(tokens):
@@ -159,13 +161,14 @@ class TorchEngine(Engine):
         for s in seqs:
             self.check_room(s, 1)
         t = torch.tensor(tokens, dtype=torch.long)[:, None]
-        if self.fast:
-            logits = self._cached(kvs, t)
-        else:
-            past, lengths = gather(kvs)
-            P = past[0][0].shape[2]
-            logits, present = self.model(t, past=past if P else None, past_lengths=lengths)
-            scatter_new(kvs, present, P)
+        with self._threads(len(tokens)):
+            if self.fast:
+                logits = self._cached(kvs, t)
+            else:
+                past, lengths = gather(kvs)
+                P = past[0][0].shape[2]
+                logits, present = self.model(t, past=past if P else None, past_lengths=lengths)
+                scatter_new(kvs, present, P)
         for s, tok in zip(seqs, tokens):
             self._tokens[s].append(tok)
         return self._out(logits[:, 0])

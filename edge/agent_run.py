@@ -72,7 +72,7 @@ def _wait_for_signal() -> None:
 @click.option("--temperature", "-t", default=0.0, show_default=True, help="target with --prompt: 0 = greedy")
 @click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
               show_default=True)
-@click.option("--threads", default=None, type=int, help="torch threads (default: all cores)")
+@click.option("--threads", default=None, type=int, help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always use 1)")
 @click.option("--max-len", default=4096, show_default=True, help="context cap per sequence")
 @click.option("-v", "--verbose", count=True, help="-v info, -vv debug logging")
 @draft_options

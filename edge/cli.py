@@ -137,7 +137,7 @@ _model_opts = [
     click.option("--adaptive", is_flag=True, help="choose γ (0 included) from measured costs and acceptance"),
     click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
                  show_default=True),
-    click.option("--threads", default=None, type=int, help="torch threads (default: all cores)"),
+    click.option("--threads", default=None, type=int, help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always use 1)"),
     click.option("--max-len", default=4096, show_default=True, help="context cap per sequence"),
     click.option("--backend", "-b", default="torch", show_default=True,
                  type=click.Choice(["torch", "onnx", "llamacpp", "auto"]),

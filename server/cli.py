@@ -37,7 +37,7 @@ def main(verbose):
 @click.option("--hub-id", default="hub", show_default=True)
 @click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
               show_default=True)
-@click.option("--threads", default=None, type=int, help="torch threads (default: all cores)")
+@click.option("--threads", default=None, type=int, help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always use 1)")
 @click.option("--max-len", default=4096, show_default=True, help="context cap per session")
 @click.option("--stats-every", default=5.0, show_default=True, help="seconds between stats lines (0: off)")
 @click.option("--sun-isolated", is_flag=True,

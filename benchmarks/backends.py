@@ -3,7 +3,8 @@
 For each model and each (backend, precision) -- torch fp32; onnxruntime fp32,
 int4 (MatMulNBits on the QSUN grid, exact float math), int4 with int8
 activations (accuracy_level 4), int8 (ORT dynamic quantisation); llama.cpp
-F16 / Q8_0 / Q4_0 written by export/gguf.py and the original GGUF -- it
+F16 / Q8_0 / Q4_0 written by export/gguf.py, Q4_K_M from llama.cpp's own
+quantiser and the original GGUF -- it
 measures, in a fresh subprocess each (so peak memory is that config's own):
 
 * decode tokens/s at batch 1 and total tokens/s at batch 1, 4, 16 (medians of
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ["torch:fp32", "onnx:fp32", "onnx:int8", "onnx:int4", "onnx:int4-acc4", "llamacpp:f16",
-           "llamacpp:q8_0", "llamacpp:q4_0", "llamacpp:orig"]
+           "llamacpp:q8_0", "llamacpp:q4_0", "llamacpp:q4_k_m", "llamacpp:orig"]
 BATCHES = (1, 4, 16)
 KS = (1, 2, 4, 8)
 

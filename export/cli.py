@@ -58,10 +58,14 @@ def onnx_cmd(src, out_dir, graphs, int4, int4_lm_head, accuracy_level, external_
         _fail(e)
 
 
-@main.command("gguf", help="Write a checkpoint as a GGUF file llama.cpp runs (F32, F16, Q8_0, Q4_0).")
+@main.command("gguf", help="Write a checkpoint as a GGUF file llama.cpp runs (F32, F16, Q8_0, Q4_0; "
+              "K-quants through llama.cpp's own quantiser).")
 @click.argument("src")
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--type", "ftype", default="Q4_0", show_default=True, type=click.Choice(["F32", "F16", "Q8_0", "Q4_0"]))
+@click.option("--type", "ftype", default="Q4_0", show_default=True,
+              type=click.Choice(["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_S",
+                                 "Q5_K_M", "Q6_K"]),
+              help="Q4_0 = the QSUN int4 grid; *_K = llama.cpp's K-quant mixes (needs llama-cpp-python)")
 @click.option("--float-type", default="F16", show_default=True, type=click.Choice(["F32", "F16", "Q8_0"]),
               help="embeddings / lm_head in Q4_0 files")
 def gguf_cmd(src, out, ftype, float_type):

@@ -31,6 +31,9 @@ FTYPES = {
     "Q8_0": LlamaFileType.MOSTLY_Q8_0,
     "Q4_0": LlamaFileType.MOSTLY_Q4_0,
 }
+# K-quants come from llama.cpp's own quantiser (its mixes, its fallbacks for
+# rows not divisible by 256), run on an F16 file we write first
+KQUANTS = ("Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K")
 
 # HF parameter name (after "model.layers.{i}.") -> llama.cpp tensor kind
 _BLOCK = {
@@ -315,9 +318,40 @@ def export_gguf(src: str | Path, out: str | Path, ftype: str = "Q4_0", float_typ
     """
     from edge.checkpoint import load_checkpoint
 
+    if ftype not in FTYPES and ftype not in KQUANTS:
+        raise GGUFExportError(f"unknown GGUF file type {ftype!r}; choose one of {', '.join((*FTYPES, *KQUANTS))}")
     ckpt = load_checkpoint(src)
     tokenizer: Any = ckpt.tokenizer
     if ckpt.kind == "gguf":
         tokenizer = vocab_from_gguf(ckpt.source)
     name = f"{Path(ckpt.source).stem}-{ftype}"
+    if ftype in KQUANTS:
+        out = Path(out)
+        f16 = out.with_name(out.name + ".f16.tmp")
+        try:
+            write_gguf(f16, ckpt.config, ckpt.state_dict, tokenizer, ftype="F16", name=name)
+            return quantize_with_llamacpp(f16, out, ftype)
+        finally:
+            f16.unlink(missing_ok=True)
     return write_gguf(out, ckpt.config, ckpt.state_dict, tokenizer, ftype=ftype, float_type=float_type, name=name)
+
+
+def quantize_with_llamacpp(src: str | Path, out: str | Path, ftype: str, threads: int = 0) -> Path:
+    """Requantise a F16/F32 GGUF to a K-quant with llama.cpp's `llama_model_quantize`."""
+    import ctypes
+    if ftype not in KQUANTS:
+        raise GGUFExportError(f"{ftype!r} is not a K-quant; choose one of {', '.join(KQUANTS)}")
+    try:
+        import llama_cpp
+    except ImportError:
+        raise GGUFExportError("K-quants use llama.cpp's own quantiser: install llama-cpp-python "
+                              "(pip install '.[llama]') or pick F32/F16/Q8_0/Q4_0") from None
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = threads
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
+    if rc != 0 or not out.is_file():
+        raise GGUFExportError(f"llama.cpp's quantiser failed on {src} -> {ftype} (return code {rc})")
+    return out

@@ -218,22 +218,15 @@ def smollm2():
     return load_model(path)
 
 
-def test_smollm2_gguf_runs_in_llamacpp(tmp_path, smollm2):
-    """Teacher-forced top-1 agreement of llama.cpp on our GGUF with torch on the same weights.
-
-    F32 (F32 KV cache): logits equal to ~1e-4, agreement >= 99%.
-    Q8_0: llama.cpp rounds activations to 8 bits in quantised matmuls, which flips near-ties:
-    measured 95-96% raw agreement over 100 positions -- the same as llama.cpp on the SOURCE
-    Q4_1 file, whose weights torch uses exactly (93-98%) -- and every flip had a torch top-1
-    margin < 0.35 logit. So: >= 95% where torch's margin is >= 0.5 logit (measured 100%, ~80%
-    of positions), and >= 90% raw.
-    """
+@pytest.fixture(scope="module")
+def smollm2_forced(smollm2):
+    """(prompt, ids, seq, torch logits over seq): seq = the source file's own greedy continuation
+    in llama.cpp, so the teacher-forced positions are the model's own decoding (not near-ties of
+    odd text)."""
     model, ck = smollm2
     prompt = ck.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Explain in three sentences why the sky is blue."}])
     ids = ck.tokenizer.encode(prompt)
-    # the answer: the source file's own greedy continuation in llama.cpp, so the teacher-forced
-    # positions are the model's own decoding (not near-ties of odd text)
     llm = _llama(ck.source, n_ctx=256)
     seq = list(ids)
     llm.eval(seq)
@@ -243,8 +236,27 @@ def test_smollm2_gguf_runs_in_llamacpp(tmp_path, smollm2):
     del llm
     with torch.no_grad():
         ref = model(torch.tensor([seq]))[0][0].numpy()
+    return prompt, ids, seq, ref
+
+
+def _sure(ref, margin=0.5):
     top2 = np.sort(ref, -1)[:, -2:]
-    sure = (top2[:, 1] - top2[:, 0]) >= 0.5
+    return (top2[:, 1] - top2[:, 0]) >= margin
+
+
+def test_smollm2_gguf_runs_in_llamacpp(tmp_path, smollm2, smollm2_forced):
+    """Teacher-forced top-1 agreement of llama.cpp on our GGUF with torch on the same weights.
+
+    F32 (F32 KV cache): logits equal to ~1e-4, agreement >= 99%.
+    Q8_0: llama.cpp rounds activations to 8 bits in quantised matmuls, which flips near-ties:
+    measured 95-96% raw agreement over 100 positions -- the same as llama.cpp on the SOURCE
+    Q4_1 file, whose weights torch uses exactly (93-98%) -- and every flip had a torch top-1
+    margin < 0.35 logit. So: >= 95% where torch's margin is >= 0.5 logit (measured 100%, ~80%
+    of positions), and >= 90% raw.
+    """
+    _, ck = smollm2
+    prompt, ids, seq, ref = smollm2_forced
+    sure = _sure(ref)
     agree = {}
     for ftype in ("F32", "Q8_0"):
         # the vocabulary goes through edge.tokenizer (pre-tokeniser "smollm" found by structure)
@@ -256,3 +268,26 @@ def test_smollm2_gguf_runs_in_llamacpp(tmp_path, smollm2):
         del llm
     assert agree["F32"][0] >= 0.99, agree
     assert agree["Q8_0"][0] >= 0.90 and agree["Q8_0"][1] >= 0.95, agree
+
+
+def test_smollm2_k_quant_through_llamacpps_quantiser(tmp_path, smollm2, smollm2_forced):
+    """Q4_K_M made by llama.cpp's own quantiser from our F16 file: K-quant blocks where rows allow
+    (SmolLM2's 576-wide rows are not a multiple of 256, so llama.cpp falls back there), and the
+    model still decodes like torch: measured 89% raw / 98% agreement where torch's margin >= 0.5
+    logit (a requantised 4-bit model); asserted 80% / 90%."""
+    from export.gguf import export_gguf
+
+    _, ck = smollm2
+    _, _, seq, ref = smollm2_forced
+    path = export_gguf(ck.source, tmp_path / "q4km.gguf", "Q4_K_M")
+    assert not list(tmp_path.glob("*.tmp")), "the F16 intermediate must be removed"
+    r = GGUFReader(str(path))
+    assert int(r.fields["general.file_type"].parts[-1][0]) == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    kinds = {t.tensor_type for t in r.tensors}
+    assert QT.Q4_K in kinds or QT.Q6_K in kinds, kinds
+    llm = _llama(path)
+    same = _llama_logits(llm, seq).argmax(-1) == ref.argmax(-1)
+    del llm
+    assert same.mean() >= 0.80 and same[_sure(ref)].mean() >= 0.90, (same.mean(), same[_sure(ref)].mean())
+    with pytest.raises(GGUFExportError, match="unknown GGUF file type"):
+        export_gguf(ck.source, tmp_path / "x.gguf", "Q4_K_X")

@@ -70,6 +70,10 @@ def _wait_for_signal() -> None:
 @click.option("--prompt", default=None, help="target: generate once for this prompt and exit")
 @click.option("--max-new", "-n", default=128, show_default=True, help="target with --prompt: new tokens")
 @click.option("--temperature", "-t", default=0.0, show_default=True, help="target with --prompt: 0 = greedy")
+@click.option("--backend", "-b", default="torch", show_default=True,
+              type=click.Choice(["torch", "onnx", "llamacpp", "auto"]),
+              help="engine: torch (checkpoints), onnx / llamacpp (a bundle or .onnx / .gguf file); "
+                   "prefill/decoder: torch (the tuned directory) or onnx (its bundle)")
 @click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
               show_default=True)
 @click.option("--threads", default=None, type=int, help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always use 1)")
@@ -77,7 +81,7 @@ def _wait_for_signal() -> None:
 @click.option("-v", "--verbose", count=True, help="-v info, -vv debug logging")
 @draft_options
 def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, username, password, gamma,
-        http_host, http_port, prompt, max_new, temperature, dtype, threads, max_len, verbose, **limits):
+        http_host, http_port, prompt, max_new, temperature, backend, dtype, threads, max_len, verbose, **limits):
     """Join the star at --hub as a target, a draft service or a SUN worker (runs until Ctrl-C)."""
     from edge.cli import load_engine
     from edge.link import LinkError, MqttLink, parse_url
@@ -98,11 +102,11 @@ def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, 
             raise click.UsageError(f"--role {role} needs --module DIR "
                                    "(a SUN specialist or shared-decoder directory)")
         _run_sun(role, MqttLink(hub_url, username=username, password=password), module_dir, client_id,
-                 task, threads, max_batch, stop_ids)
+                 task, threads, max_batch, stop_ids, backend)
         return
     if not model:
         raise click.UsageError(f"--role {role} needs --model")
-    engine, tok = load_engine(model, dtype, threads, max_len)
+    engine, tok = load_engine(model, dtype, threads, max_len, backend, role=role)
     link = MqttLink(hub_url, username=username, password=password)
     if role == "draft":
         _run_draft(engine, tok, link, client_id, draft_limits(**limits))
@@ -135,15 +139,16 @@ def _run_draft(engine, tok, link, service_id, limits) -> None:
                    f"mean batch {st['batch_size_mean']:.1f}", err=True)
 
 
-def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_ids) -> None:
+def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_ids, backend) -> None:
+    from edge.engines.base import EngineError
     from edge.link import LinkError
     from edge.roles.sun_nodes import open_node
     from edge.sun import SunError
 
     try:
         node = open_node(role, link, directory, worker_id, task=task, threads=threads, max_batch=max_batch,
-                         stop_ids=stop_ids)
-    except (SunError, OSError) as e:
+                         stop_ids=stop_ids, backend="torch" if backend == "auto" else backend)
+    except (SunError, OSError, EngineError) as e:
         raise click.ClickException(f"--module {directory}: {e}") from None
     except LinkError as e:
         raise click.ClickException(str(e)) from None

@@ -29,8 +29,10 @@ def resolve_model(spec: str) -> Path:
     return p
 
 
-def load_engine(spec: str, dtype: str, threads: int | None, max_len: int, backend: str = "torch"):
-    """(engine, tokenizer) for a model spec on a backend, with errors a user can act on."""
+def load_engine(spec: str, dtype: str, threads: int | None, max_len: int, backend: str = "torch",
+                role: str | None = None):
+    """(engine, tokenizer) for a model spec on a backend (role picks a bundle's artifact), with
+    errors a user can act on."""
     from edge.checkpoint import CheckpointError, load_tokenizer
     from edge.engines.base import EngineError
     from edge.engines.loader import bundle_tokenizer, load_engine as load_any
@@ -38,7 +40,7 @@ def load_engine(spec: str, dtype: str, threads: int | None, max_len: int, backen
     path = resolve_model(spec)
     t0 = time.perf_counter()
     try:
-        engine = load_any(path, backend=backend, dtype=dtype, threads=threads, max_len=max_len)
+        engine = load_any(path, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len)
         is_bundle = path.is_dir() and (path / "manifest.json").exists()
         tok = bundle_tokenizer(path) if is_bundle else load_tokenizer(path)
     except (CheckpointError, EngineError) as e:

@@ -110,7 +110,8 @@ def _load_source(src):
             fp = man.get("fingerprint") or man.get("decoder_fingerprint")
             from edge.sun import weights_fingerprint
             ident = {"fingerprint": weights_fingerprint(model, "fp32"), "kv_fingerprint": man["decoder_fingerprint"],
-                     "decoder_fingerprint": man["decoder_fingerprint"], "sun": kind or "sun-prefill"}
+                     "decoder_fingerprint": man["decoder_fingerprint"], "sun": kind or "sun-prefill",
+                     "task": man.get("task")}
             if kind == "full-ft":
                 ident["kv_fingerprint"] = fp
         return model, ident, None
@@ -119,6 +120,11 @@ def _load_source(src):
     ident = {"fingerprint": ckpt.fingerprint, "kv_fingerprint": ckpt.fingerprint,
              "gguf_source": str(ckpt.source) if ckpt.kind == "gguf" else None}
     return model, ident, ckpt.tokenizer
+
+
+def _sun_extra(ident: dict) -> dict:
+    """What a SUN role needs to know about the module an artifact came from."""
+    return {k: ident[k] for k in ("sun", "task") if ident.get(k)}
 
 
 def build_bundle(src, out_dir, onnx_graphs: Sequence[str] = ("model",), int4: bool = False,
@@ -152,7 +158,8 @@ def build_bundle(src, out_dir, onnx_graphs: Sequence[str] = ("model",), int4: bo
                                fingerprint=ident["kv_fingerprint"], accuracy_level=accuracy_level)
             add_artifact(d, name, "onnx", artifact_files(path), model.cfg, g, QUANT_INT4 if q else "fp32",
                          ident["fingerprint"], ident["kv_fingerprint"], GRAPH_ROLES[g], tok_fp,
-                         ident.get("decoder_fingerprint"), {"int4_lm_head": bool(q and int4_lm_head)})
+                         ident.get("decoder_fingerprint"), {"int4_lm_head": bool(q and int4_lm_head),
+                                                            **_sun_extra(ident)})
             log(f"onnx {name}: {time.perf_counter() - t0:.1f} s")
     for ft in gguf_types:
         from export.gguf import vocab_from_gguf, write_gguf
@@ -164,7 +171,8 @@ def build_bundle(src, out_dir, onnx_graphs: Sequence[str] = ("model",), int4: bo
         t0 = time.perf_counter()
         path = write_gguf(d / f"{name}.gguf", model.cfg, model.state_dict(), gtok, ftype=ft)
         add_artifact(d, name, "gguf", [path], model.cfg, "gguf", ft, ident["fingerprint"],
-                     ident["kv_fingerprint"], GRAPH_ROLES["gguf"], tok_fp, ident.get("decoder_fingerprint"))
+                     ident["kv_fingerprint"], GRAPH_ROLES["gguf"], tok_fp, ident.get("decoder_fingerprint"),
+                     _sun_extra(ident))
         log(f"gguf {name}: {time.perf_counter() - t0:.1f} s")
     return validate_bundle(d)
 

@@ -96,10 +96,18 @@ class SharedDecoder:
         return len(self._run)
 
     @classmethod
-    def from_dir(cls, directory, threads: Optional[int] = None, **kw) -> "SharedDecoder":
-        """Load a decoder saved by export.tune.save_decoder; its weights must match its fingerprint."""
+    def from_dir(cls, directory, threads: Optional[int] = None, backend: str = "torch", **kw) -> "SharedDecoder":
+        """Load a decoder saved by export.tune.save_decoder (its weights must match its fingerprint),
+        or its decoder artifact from a bundle on backend onnx/llamacpp."""
+        from edge.sun import SunError, check_fingerprint, load_module
+        if backend != "torch":
+            from edge.roles.prefill import _bundle_engine
+            engine = _bundle_engine(directory, backend, "decoder", threads)
+            if engine.artifact.get("sun") != "sun-decoder":
+                raise SunError(f"{directory}: artifact {engine.artifact['name']!r} is not a SUN shared decoder; "
+                               "bundle the decoder's directory (edge-export tune writes it)")
+            return cls(engine, **kw)
         from edge.engines.torch_engine import TorchEngine
-        from edge.sun import check_fingerprint, load_module
         model, man = load_module(directory)
         fp = check_fingerprint(model, man)
         return cls(TorchEngine(model, fingerprint=fp, threads=threads), **kw)

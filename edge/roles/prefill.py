@@ -56,10 +56,18 @@ class PrefillWorker:
 
     @classmethod
     def from_dir(cls, directory, task: Optional[str] = None, threads: Optional[int] = None,
-                 kv_dtype: str = "float16") -> "PrefillWorker":
-        """Load a specialist written by `edge-export tune` (SUN, QSUN or full-FT)."""
-        from edge.engines.torch_engine import TorchEngine
+                 kv_dtype: str = "float16", backend: str = "torch") -> "PrefillWorker":
+        """Load a specialist written by `edge-export tune` (SUN, QSUN or full-FT), or its prefill
+        artifact from a bundle (`edge-export bundle DIR OUT --onnx prefill`) on backend onnx/llamacpp."""
         from edge.sun import SunError, load_module
+        if backend != "torch":
+            engine = _bundle_engine(directory, backend, "prefill", threads)
+            fp = engine.artifact.get("decoder_fingerprint")
+            if not fp:
+                raise SunError(f"{directory}: artifact {engine.artifact['name']!r} is not a SUN prefill module "
+                               "(no decoder fingerprint); bundle the specialist's directory")
+            return cls(engine, task or engine.artifact.get("task") or "task", kv_dtype=kv_dtype)
+        from edge.engines.torch_engine import TorchEngine
         model, man = load_module(directory)
         fp = man.get("decoder_fingerprint")
         if not fp:
@@ -84,3 +92,15 @@ class PrefillWorker:
             self.engine.free(seq)
         return PrefillOutput(rid, self.task, blob, first, len(prompt), self.decoder_fingerprint,
                              time.perf_counter() - t0)
+
+
+def _bundle_engine(directory, backend: str, role: str, threads: Optional[int]):
+    """An onnx/llama.cpp engine for a SUN role from a bundle; errors say how to make one."""
+    from pathlib import Path
+
+    from edge.engines.loader import load_engine
+    from edge.sun import SunError
+    if not (Path(directory) / "manifest.json").is_file():
+        raise SunError(f"{directory}: backend {backend!r} runs exported artifacts; make a bundle with "
+                       f"`edge-export bundle {directory} OUT --onnx {role}` and pass OUT")
+    return load_engine(directory, backend=backend, role=role, threads=threads)

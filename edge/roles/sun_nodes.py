@@ -399,15 +399,15 @@ class DecoderNode(_Node):
 
 def open_node(role: str, link: Link, directory, worker_id: str, task: Optional[str] = None,
               threads: Optional[int] = None, max_batch: int = 64, stop_ids: Sequence[int] = (),
-              ctl_key: Optional[bytes] = None):
+              ctl_key: Optional[bytes] = None, backend: str = "torch"):
     """Load a specialist (role prefill) or the shared decoder (role decoder) from its directory,
     set the node's will on `link`, connect and start it. `edge-agent run --role prefill|decoder`."""
     if role == "prefill":
-        node = PrefillNode(PrefillWorker.from_dir(directory, task=task, threads=threads), link, worker_id,
-                           ctl_key=ctl_key)
+        node = PrefillNode(PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend), link,
+                           worker_id, ctl_key=ctl_key)
     elif role == "decoder":
         dec = SharedDecoder.from_dir(directory, threads=threads, max_batch=max_batch, stop_ids=stop_ids,
-                                     name=worker_id)
+                                     name=worker_id, backend=backend)
         node = DecoderNode(dec, link, worker_id, ctl_key=ctl_key)
     else:
         raise ValueError(f"role must be 'prefill' or 'decoder', got {role!r}")

@@ -1,0 +1,123 @@
+"""`edge-agent run --backend`: every role as a real process on an exported artifact.
+
+One tiny llama is bundled (`export.bundle`) as an ONNX model graph and an F32
+GGUF; a SUN decoder and one specialist are bundled as ONNX decoder / prefill
+graphs. Over Mosquitto and an in-process hub:
+
+* a draft service on llama.cpp drafts for a target on onnxruntime; the
+  target's text must equal its own plain greedy text (lossless: every token is
+  the argmax of the target's own logits, whatever the draft backend), and the
+  draft service must have answered;
+* a SUN request goes through an ONNX prefill worker and an ONNX shared decoder
+  and must give the tokens the same two artifacts give in-process.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from edge.link import MqttLink
+from server.hub import Hub
+from test_cli_wiring import BIN, PROMPT, Procs, _hf_model, _sun_dirs
+
+MAX_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory, mosquitto):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install .[llama])")
+    from export.bundle import build_bundle
+    root = tmp_path_factory.mktemp("cli-backends")
+    model = _hf_model(root / "tiny-hf")
+    dec_dir, maths_dir = _sun_dirs(root)
+    bundle, sun = root / "bundle", root / "sun-bundle"
+    quiet = lambda *_: None  # noqa: E731
+    build_bundle(model, bundle, onnx_graphs=("model",), gguf_types=("F32",), log=quiet)
+    build_bundle(dec_dir, sun, onnx_graphs=("decoder",), log=quiet)
+    build_bundle(maths_dir, sun, onnx_graphs=("prefill",), log=quiet)
+    hub = Hub(broker_url=mosquitto.url).start()
+    ps = Procs(root)
+    agent = [BIN / "edge-agent", "run", "--hub", mosquitto.url, "--threads", "1"]
+    try:
+        ps.start("draft", *agent, "--role", "draft", "--backend", "llamacpp", "--model", bundle,
+                 "--client-id", "draft-llamacpp", "--no-ahead")
+        ps.start("prefill", *agent, "--role", "prefill", "--backend", "onnx", "--module", sun,
+                 "--client-id", "prefill-onnx")
+        ps.start("decoder", *agent, "--role", "decoder", "--backend", "onnx", "--module", sun,
+                 "--client-id", "decoder-onnx", "--max-batch", "4")
+        ps.wait_for("draft", "registered at")
+        ps.start("target", *agent, "--role", "target", "--backend", "onnx", "--model", bundle,
+                 "--client-id", "target-onnx", "--prompt", PROMPT, "-n", MAX_NEW, "-g", "3")
+        yield ps, mosquitto.url, bundle, sun
+    finally:
+        ps.close()
+        hub.stop()
+
+
+def test_onnx_target_with_a_llamacpp_draft_service(agents):
+    from edge.cli import load_engine
+    from edge.generate import generate_plain
+    ps, _, bundle, _ = agents
+    engine, tok = load_engine(str(bundle), "float32", 1, 4096, backend="onnx", role="target")
+    assert engine.name.startswith("onnx")
+    ids = tok.encode(PROMPT, add_special=True)
+    ref = generate_plain(engine, ids, MAX_NEW, stop_ids=tuple(tok.eos_ids)).tokens
+    assert len(ref) >= 8, "the reference should be long enough to need several draft rounds"
+    stream = tok.decode_stream(skip_special=True)
+    text = "".join(stream.put(t) for t in ref)
+    assert ps.procs["target"].wait(90) == 0, ps.err("target") + ps.err("draft")
+    assert ps.out("target") == text
+    err = ps.err("target")
+    assert "on onnx" in err and "joined the star" in err, err
+    answered = int(err.split("answered ")[1].split("/")[0])
+    assert answered > 0, f"the llama.cpp draft service never answered:\n{err}\n{ps.err('draft')}"
+    assert "on llamacpp" in ps.err("draft"), ps.err("draft")
+
+
+def test_sun_request_through_onnx_prefill_and_decoder_processes(agents):
+    from edge.roles.decoder import SharedDecoder
+    from edge.roles.prefill import PrefillWorker
+    from edge.roles.sun_client import SunClient
+    ps, url, _, sun = agents
+    prompt = [5, 17, 99, 3, 42, 7]
+    worker = PrefillWorker.from_dir(sun, threads=1, backend="onnx")
+    assert worker.task == "maths"                 # from the bundle's artifact, as the agent finds it
+    out = worker.prefill(prompt)
+    dec = SharedDecoder.from_dir(sun, threads=1, backend="onnx")
+    rid = dec.admit(out.blob, max_new=16, first_token=out.first_token)
+    while rid not in dec.results:
+        dec.step()
+    ref = dec.results[rid].tokens
+    ps.wait_for("prefill", "up at")
+    ps.wait_for("decoder", "up at")
+    client = SunClient(MqttLink(url).connect(10), "app-backends").start()
+    try:
+        end = time.monotonic() + 30
+        while True:                                # the router learns the workers from their hellos
+            try:
+                r = client.generate("maths", prompt, max_new=16, timeout=30)
+                break
+            except Exception:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.2)
+        assert r.tokens == ref
+        assert r.workers == ("prefill-onnx", "decoder-onnx") or list(r.workers) == ["prefill-onnx",
+                                                                                      "decoder-onnx"]
+    finally:
+        client.close()
+        client.link.close()
+    for name in ("prefill", "decoder", "draft"):
+        assert ps.stop(name) == 0, ps.err(name)
+
+
+def test_backend_errors_name_the_fix(tmp_path):
+    from click.testing import CliRunner
+
+    from edge.agent_run import run
+    module = tmp_path / "not-a-bundle"
+    module.mkdir()
+    r = CliRunner().invoke(run, ["--role", "decoder", "--hub", "mqtt://127.0.0.1:1", "--backend", "onnx",
+                                 "--module", str(module)])
+    assert r.exit_code != 0 and "edge-export bundle" in r.output, r.output

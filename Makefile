@@ -12,7 +12,7 @@ DEMO_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 .PHONY: install llama models test-models demo test bench export flash-jetson clean help
 
 help:
-	@echo "make demo    - fetch real models and run the main job (speculative generation)"
+	@echo "make demo    - fetch real models, run the StarSD star, then the SUN shared-decoder demo"
 	@echo "make test    - run the whole test suite (installs what it needs)"
 	@echo "make models  - fetch every model in DATA.md (sha256 checked)"
 	@echo "make bench   - run the benchmarks (long; writes benchmarks/results/)"
@@ -41,9 +41,10 @@ models: install
 test-models: install
 	$(BIN)/python -m edge.fetch $(TEST_MODELS)
 
-demo: install
+demo: install llama
 	$(BIN)/python -m edge.fetch $(DEMO_MODELS)
 	$(BIN)/edge-hub demo
+	$(BIN)/edge-hub demo-sun
 
 test: install llama test-models
 	STARSUN_STRICT=1 $(BIN)/python -m pytest -q

@@ -167,6 +167,15 @@ def synthetic_suite(n_train: int = 20000, n_eval: int = 200, seed: int = 0,
     return out
 
 
+# The synthetic suite's training budget (tests/test_sun_tuning.py explains the margins it
+# gives; ~150 s of one core): full FT 300 steps, SUN 600, QSUN 100 more from SUN.
+SYNTHETIC_TABLE = TableConfig(
+    full=TuneConfig(mode="full", steps=300, lr=3e-3, batch_size=64, warmup=20, seed=0),
+    sun=TuneConfig(mode="sun", steps=600, lr=3e-3, batch_size=64, warmup=20, seed=0),
+    qsun=TuneConfig(mode="sun", decoder="int4", steps=100, lr=1e-3, batch_size=64, warmup=0, seed=0),
+)
+
+
 def synthetic_base(steps: int = 500, seed: int = 0, layers: int = 2, hidden: int = 64, lr: float = 3e-3,
                    batch_size: int = 64, progress: bool = False) -> Transformer:
     """A tiny llama trained from scratch on the generic skill (copying); the suite's base."""

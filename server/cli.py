@@ -223,6 +223,8 @@ def plan(measurements, draft_step, draft_feed_ms, profile, target_step_ms, verif
 from server.star_demo import star as _star_demo  # noqa: E402  (the demo imports this module's deps)
 
 main.add_command(_star_demo, "demo")
+from server.sun_demo import sun_demo as _sun_demo  # noqa: E402
+main.add_command(_sun_demo, "demo-sun")
 
 
 if __name__ == "__main__":

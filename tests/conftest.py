@@ -152,6 +152,25 @@ def exports(tmp_path_factory):
     return ExportCache(tmp_path_factory.mktemp("exports"))
 
 
+@pytest.fixture(scope="session")
+def sun_table(tmp_path_factory):
+    """The synthetic SUN accuracy table (export.sun_eval.SYNTHETIC_TABLE), trained once per session:
+    (results, its directory with the specialists, the base)."""
+    import torch
+    from export.sun_eval import SYNTHETIC_TABLE, accuracy_table, markdown_table, synthetic_base, synthetic_suite
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)            # faster than 2 for a model this small
+    try:
+        base = synthetic_base(steps=800, seed=0)
+        tasks = synthetic_suite(n_train=20000, n_eval=200, seed=0)
+        out = tmp_path_factory.mktemp("sun_table")
+        res = accuracy_table(base, tasks, SYNTHETIC_TABLE, out_dir=out, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    print("\n" + markdown_table(res) + "\n" + markdown_table(res, metric="ce"))
+    return res, out, base
+
+
 # ---- `make test` must not pass by skipping --------------------------------------------
 # Tests skip (with a reason) when a model or an optional package is absent, so a
 # developer can run a subset anywhere. Under `make test` (STARSUN_STRICT=1) and in CI

@@ -13,7 +13,7 @@ from edge.roles.decoder import SharedDecoder
 from edge.roles.prefill import PrefillWorker
 from edge.sun import load_module, split_generate, weights_fingerprint
 from export.quant import is_quantised_linear
-from export.sun_eval import (ROWS, TableConfig, accuracy_table, markdown_table, row_mean, synthetic_base,
+from export.sun_eval import (ROWS, SYNTHETIC_TABLE, TableConfig, accuracy_table, markdown_table, row_mean, synthetic_base,
                              synthetic_suite)
 from export.tasks import SYNTHETIC, VOCAB, Example, split
 from export.tune import TuneConfig, TuneError, build_decoder, save_decoder, split_loss, tune
@@ -134,26 +134,12 @@ def test_saved_specialist_serves_through_the_roles(tmp_path):
 # answer cross-entropy there drops below the SUN prefill's (the int4_rtn row),
 # and its accuracy must not fall (tolerance 0.02 = 4 of 200 prompts per task).
 # Cost: ~150 s of one core (threads=1 is faster than 2 for a model this small).
-CI_TABLE = TableConfig(
-    full=TuneConfig(mode="full", steps=300, lr=3e-3, batch_size=64, warmup=20, seed=0),
-    sun=TuneConfig(mode="sun", steps=600, lr=3e-3, batch_size=64, warmup=20, seed=0),
-    qsun=TuneConfig(mode="sun", decoder="int4", steps=100, lr=1e-3, batch_size=64, warmup=0, seed=0),
-)
+CI_TABLE = SYNTHETIC_TABLE                          # export/sun_eval.py; the SUN demo uses it too
 
 
 @pytest.fixture(scope="module")
-def table(tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        base = synthetic_base(steps=800, seed=0)
-        tasks = synthetic_suite(n_train=20000, n_eval=200, seed=0)
-        out = tmp_path_factory.mktemp("sun_table")
-        res = accuracy_table(base, tasks, CI_TABLE, out_dir=out, progress=False)
-    finally:
-        torch.set_num_threads(threads)
-    print("\n" + markdown_table(res) + "\n" + markdown_table(res, metric="ce"))
-    return res, out, base
+def table(sun_table):
+    return sun_table
 
 
 def test_synthetic_accuracy_table(table):

@@ -84,6 +84,8 @@ class SharedDecoder:
         self.refused = 0
         self.steps = 0
         self.tokens_out = 0
+        self.rows_out = 0                      # sequences stepped, summed over steps (mean batch)
+        self.mixed_steps = 0                   # steps whose batch held more than one task
         self._ids = itertools.count(1)
 
     @property
@@ -168,6 +170,8 @@ class SharedDecoder:
         logits = self.engine.step([r.seq for r in room], [r.next_input for r in room])
         now = self.clock()
         self.steps += 1
+        self.rows_out += len(room)
+        self.mixed_steps += len({r.task for r in room}) > 1
         for r, row in zip(room, logits):
             tok = pick_token(row, r.params, r.rng)
             r.tokens.append(tok)
@@ -207,6 +211,13 @@ class SharedDecoder:
         if r.on_token:
             r.on_token(ev)
         return ev
+
+    def stats_snapshot(self) -> dict:
+        """Counters for dashboards: steps, mean batch, share of steps that mixed tasks."""
+        steps = self.steps
+        return {"steps": steps, "tokens_out": self.tokens_out, "running": len(self._run),
+                "refused": self.refused, "batch_mean": self.rows_out / steps if steps else 0.0,
+                "mixed_frac": self.mixed_steps / steps if steps else 0.0}
 
     def pop_result(self, request_id: str) -> DecodeResult:
         try:

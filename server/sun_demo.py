@@ -1,0 +1,234 @@
+"""The SUN part of `make demo`: task specialists share one frozen int4 decoder over MQTT.
+
+How the specialists are made (and why it is quick): a tiny llama (2 layers,
+d=64) is trained from scratch on copying strings, then three specialists --
+rotate, reverse, sort -- are tuned from it on the synthetic suite
+(export/tasks.py): full fine-tuning (the baseline), SUN (prefill module only,
+frozen decoder) and QSUN (SUN re-tuned against the int4 decoder). That is the
+accuracy table `make test` checks, ~3 minutes of one core on the first run,
+cached in --work afterwards (nothing trains silently: every run is a progress
+bar). Real-model specialists come from `edge-export tune` and
+benchmarks/sun_accuracy.py.
+
+Then the serving: a hub (embedded broker, SUN router), one prefill worker per
+task (the QSUN modules) and ONE shared int4 decoder, each on its own MQTT
+connection as on separate devices. A client sends held-out prompts with
+Zipf-skewed task popularity and Poisson arrivals; the decoder batches the
+three tasks together. The live table shows per task requests, exact match,
+TTFT and latency, and the decoder's batch size and how many of its steps mixed
+tasks. At the end every served answer is compared with the same specialist
+and decoder run in-process (`split_generate`): they must be identical.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import click
+import numpy as np
+
+from server.hub import Hub
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_specialists(work: Path, log=print) -> dict:
+    """Train (or load, when cached) the synthetic base, the table and the int4 decoder directory."""
+    import torch
+
+    from edge.sun import load_module, save_module
+    from export.sun_eval import (ROWS, SYNTHETIC_TABLE, accuracy_table, markdown_table, synthetic_base,
+                                 synthetic_suite)
+    from export.tune import build_decoder, save_decoder
+    work.mkdir(parents=True, exist_ok=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                     # faster than 2 for a model this small
+    try:
+        if (work / "base" / "manifest.json").is_file():
+            base = load_module(work / "base", dtype=torch.float32)[0]
+        else:
+            log("training the tiny base model from scratch (copying strings; ~20 s, once)")
+            base = synthetic_base(steps=800, seed=0, progress=True)
+            save_module(work / "base", base, {"kind": "synthetic-base"})
+        tasks = synthetic_suite(n_train=20000, n_eval=200, seed=0)
+        if not (work / "results.json").is_file():
+            log("tuning the specialists: full FT, SUN and QSUN for rotate / reverse / sort "
+                "(~3 min of one core, once; cached in " + str(work) + ")")
+        res = accuracy_table(base, tasks, SYNTHETIC_TABLE, out_dir=work, progress=True, log=lambda s: None)
+        if not (work / "decoder-int4" / "manifest.json").is_file():
+            dec, fp = build_decoder(base, "int4")
+            save_decoder(work / "decoder-int4", dec, "int4", fp)
+    finally:
+        torch.set_num_threads(threads)
+    log("\nthe accuracy table (exact match on 200 held-out prompts per task):\n")
+    log(markdown_table(res, ROWS))
+    return {"tasks": tasks, "table": res, "decoder": work / "decoder-int4",
+            "specialists": {t.name: work / "specialists" / t.name / "qsun" for t in tasks}}
+
+
+class _Stats:
+    """What the live table shows, per task."""
+
+    def __init__(self, tasks):
+        self.lock = threading.Lock()
+        self.sent = {t: 0 for t in tasks}
+        self.done: Dict[str, list] = {t: [] for t in tasks}   # (correct, ttft_s, total_s)
+        self.errors: List[str] = []
+
+
+def _table(st: _Stats, dec, t: float, n: int) -> List[str]:
+    rows = [f"SUN demo: {len(st.sent)} specialists, one shared int4 decoder   t={t:5.1f}s",
+            f"{'task':<9}{'sent':>6}{'done':>6}{'exact':>8}{'TTFT p50':>10}{'latency p50':>13}"]
+    with st.lock:
+        for task, sent in st.sent.items():
+            d = st.done[task]
+            acc = f"{np.mean([c for c, _, _ in d]):.2f}" if d else "-"
+            ttft = f"{np.median([x for _, x, _ in d]) * 1e3:.0f} ms" if d else "-"
+            lat = f"{np.median([x for _, _, x in d]) * 1e3:.0f} ms" if d else "-"
+            rows.append(f"{task:<9}{sent:>6}{len(d):>6}{acc:>8}{ttft:>10}{lat:>13}")
+        done = sum(len(d) for d in st.done.values())
+    s = dec.stats_snapshot()
+    rows.append(f"{'decoder':<9}{s['steps']} steps, batch {s['batch_mean']:.1f} mean, {s['mixed_frac']:.0%} of "
+                f"steps mixed tasks, {s['tokens_out']} tokens   [{done}/{n} requests]")
+    return rows
+
+
+def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: float = 1.2, seed: int = 0,
+                 max_batch: int = 32, live: bool = True, out=None) -> dict:
+    """Serve n_requests over MQTT through the hub; returns a report (and checks every answer)."""
+    from edge.link import MqttLink
+    from edge.roles.decoder import SharedDecoder
+    from edge.roles.prefill import PrefillWorker
+    from edge.roles.sun_client import SunClient
+    from edge.roles.decoder_node import DecoderNode
+    from edge.roles.sun_nodes import PrefillNode
+    from edge.protocol import sun_hello_topic
+    from edge.sun import load_module, split_generate
+
+    out = out or sys.stderr
+    made = make_specialists(Path(work), log=lambda s: out.write(s + "\n"))
+    tasks = {t.name: t for t in made["tasks"]}
+    names = list(tasks)
+    key = os.urandom(32)
+    hub = Hub(broker="embedded", hub_id="sun-demo-hub", ctl_key=key).start()
+    links, nodes = [], []
+    st = _Stats(names)
+    try:
+        def attach(node_cls, worker, wid):
+            link = MqttLink(hub.url, client_id=f"{wid}-{os.getpid()}")
+            node = node_cls(worker, link, wid, ctl_key=key)
+            link.set_will(sun_hello_topic(wid), node.will())
+            link.connect(10)             # one at a time: amqtt may drop a client connecting mid-SUBSCRIBE
+            links.append(link)
+            nodes.append(node.start())
+            return node
+        for name in names:
+            attach(PrefillNode, PrefillWorker.from_dir(made["specialists"][name], task=name, threads=1,
+                                                       kv_dtype="float32"), f"prefill-{name}")
+        decoder = SharedDecoder.from_dir(made["decoder"], threads=1, max_batch=max_batch, name="decoder-int4")
+        attach(DecoderNode, decoder, "decoder-int4")
+        client = SunClient(MqttLink(hub.url, client_id=f"sun-demo-client-{os.getpid()}").connect(10),
+                           "demo-client").start()
+        links.append(client.link)
+        _wait_routes(hub, names)
+        rng = np.random.default_rng(seed)
+        pop = 1.0 / np.arange(1, len(names) + 1) ** zipf
+        picks = rng.choice(len(names), size=n_requests, p=pop / pop.sum())
+        served = []
+
+        def one(task, ex):
+            try:
+                r = client.submit(task, ex.prompt, max_new=tasks[task].max_new,
+                                  stop=list(tasks[task].stop_ids)).wait(120)
+                with st.lock:
+                    st.done[task].append((r.tokens == list(ex.answer), r.ttft_s, r.total_s))
+                served.append((task, ex, r))
+            except Exception as e:       # shown at the end; the other requests go on
+                with st.lock:
+                    st.errors.append(f"{task}: {type(e).__name__}: {e}")
+        threads, t0 = [], time.monotonic()
+        tty = live and hasattr(out, "isatty") and out.isatty()
+        shown, last = 0, 0.0
+        next_at = 0.0
+        for i, k in enumerate(picks):    # Poisson arrivals
+            next_at += rng.exponential(1.0 / rate)
+            while time.monotonic() - t0 < next_at:
+                time.sleep(0.005)
+            task = names[k]
+            ex = tasks[task].eval[i % len(tasks[task].eval)]
+            with st.lock:
+                st.sent[task] += 1
+            th = threading.Thread(target=one, args=(task, ex), daemon=True)
+            th.start()
+            threads.append(th)
+        while any(th.is_alive() for th in threads):
+            time.sleep(0.25)
+            now = time.monotonic() - t0
+            if live and (tty or now - last >= 5.0):
+                rows = _table(st, decoder, now, n_requests)
+                if tty and shown:
+                    out.write(f"\x1b[{shown}F\x1b[J")
+                out.write("\n".join(rows) + "\n")
+                out.flush()
+                shown, last = len(rows), now
+        wall = time.monotonic() - t0
+        if tty and shown:
+            out.write(f"\x1b[{shown}F\x1b[J")
+        out.write("\n".join(_table(st, decoder, wall, n_requests)) + "\n")
+        snap = decoder.stats_snapshot()
+    finally:
+        for node in nodes:
+            node.stop()
+        for ln in links:
+            ln.close()
+        hub.stop()
+    # the check: each served answer equals the same two modules run in-process
+    dec_model = load_module(made["decoder"])[0]
+    same = 0
+    for name in names:
+        mine = [(ex, r) for t, ex, r in served if t == name]
+        if not mine:
+            continue
+        spec = load_module(made["specialists"][name])[0]
+        want = split_generate(spec, dec_model, [ex.prompt for ex, _ in mine], tasks[name].max_new,
+                              tasks[name].stop_ids)
+        same += sum(r.tokens == w for (_, r), w in zip(mine, want))
+    report = {"served": len(served), "identical_to_in_process": same, "errors": st.errors, "wall_s": wall,
+              "decoder": snap, "accuracy": {t: float(np.mean([c for c, _, _ in d])) if d else None
+                                            for t, d in st.done.items()}}
+    out.write(f"\ncheck: {same}/{len(served)} served answers identical to the in-process split run"
+              f"{'' if same == len(served) == n_requests else '  <-- MISMATCH'}\n")
+    for e in st.errors:
+        out.write(f"error: {e}\n")
+    out.write(f"one int4 decoder served {len(names)} tasks: {snap['mixed_frac']:.0%} of its batched steps held "
+              f"more than one task (isolated pools would need {len(names)} decoders)\n")
+    return report
+
+
+def _wait_routes(hub: Hub, names, timeout: float = 20.0) -> None:
+    """Until the hub's router has heard every worker's hello."""
+    want = {f"prefill-{n}" for n in names} | {"decoder-int4"}
+    end = time.monotonic() + timeout
+    while not want <= set(hub.snapshot()["sun"]["workers"]):
+        if time.monotonic() > end:
+            raise click.ClickException(f"the SUN workers did not reach the hub's router: {hub.snapshot()['sun']}")
+        time.sleep(0.05)
+
+
+@click.command("demo-sun")
+@click.option("--requests", "n_requests", default=60, show_default=True, help="requests to serve")
+@click.option("--rate", default=20.0, show_default=True, help="mean arrivals per second (Poisson)")
+@click.option("--zipf", default=1.2, show_default=True, help="task popularity skew (Zipf exponent)")
+@click.option("--max-batch", default=32, show_default=True, help="decoder: sequences per step")
+@click.option("--work", default=str(ROOT / "runs" / "demo-sun"), show_default=True,
+              type=click.Path(file_okay=False), help="where the specialists are made and cached")
+@click.option("--seed", default=0, show_default=True)
+def sun_demo(n_requests, rate, zipf, max_batch, work, seed):
+    """SUN: three task specialists share one int4 decoder over MQTT (trains tiny specialists once)."""
+    report = run_sun_demo(Path(work), n_requests, rate, zipf, seed, max_batch)
+    if report["identical_to_in_process"] != n_requests or report["errors"]:
+        raise click.ClickException("the SUN demo served answers that differ from the in-process run (see above)")

@@ -1,31 +1,13 @@
 """MQTT brokers for the hub and the tests: embedded amqtt, or a Mosquitto process.
 
-Both isolate sessions with the same access table (`Acl`) when `acl=True`:
-the hub may do anything; a client (username = its client id) may only
-
-    write ss/hub/join/{me}          its join request
-    read  ss/c/{me}/joined          the hub's answer (it carries the session secret)
-    write ss/s/{me}/+/up            draft requests and bye of its own sessions
-    read  ss/s/{me}/+/down          draft responses for its own sessions
-    read  ss/hub/status             hub presence
-
-    write ss/sun/req/{me}           its SUN requests
-    read  ss/sun/r/{me}/+           the token streams of its own SUN requests
-
-and a remote draft service additionally reads and writes every session
-(`ss/s/#`, it serves them), announces itself on ss/hub/drafts/{me} and reads
-its assignments on ss/d/{me}/#. A SUN worker (role `sun`: prefill worker or
-shared decoder) announces itself on ss/sun/workers/{me}, reads its jobs and
-incoming KV on ss/sun/w/{me}/#, sends KV to any decoder (ss/sun/w/+/kv) and
-tokens to any client (ss/sun/r/#). Mosquitto gets these as an ACL file
-(patterns with %u) plus a password file; amqtt gets them as in-process plugins.
+Both isolate sessions with the same access table (server/acl.py) when
+`acl=True`: Mosquitto gets it as an ACL file (patterns with %u) plus a
+password file; amqtt gets it as in-process plugins.
 """
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -33,24 +15,15 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from amqtt.broker import Broker
 from amqtt.contexts import Action
 from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
-from paho.mqtt.client import topic_matches_sub
 
-ROLES = ("hub", "client", "draft", "sun")
-CLIENT_RULES = [("write", "ss/hub/join/%u"), ("read", "ss/c/%u/joined"),
-                ("write", "ss/s/%u/+/up"), ("read", "ss/s/%u/+/down"), ("read", "ss/hub/status"),
-                ("write", "ss/sun/req/%u"), ("read", "ss/sun/r/%u/+")]
-DRAFT_RULES = [("readwrite", "ss/s/#"), ("write", "ss/hub/drafts/%u"), ("read", "ss/d/%u/#")]
-SUN_RULES = [("write", "ss/sun/workers/%u"), ("read", "ss/sun/w/%u/#"), ("write", "ss/sun/w/+/kv"),
-             ("write", "ss/sun/r/#")]
-HUB_RULES = [("readwrite", "#")]
-EXTRA_RULES = {"hub": HUB_RULES, "draft": DRAFT_RULES, "sun": SUN_RULES}   # beyond CLIENT_RULES
+from server.acl import Acl, AclError
 
 
 class BrokerError(RuntimeError):
@@ -82,64 +55,6 @@ def _wait_port(host: str, port: int, timeout: float, alive=lambda: True) -> bool
         except OSError:
             time.sleep(0.01)
     return False
-
-
-def _covers(rule: str, sub: str) -> bool:
-    """Every topic matching filter `sub` also matches filter `rule`."""
-    r, s = rule.split("/"), sub.split("/")
-    for i, level in enumerate(r):
-        if level == "#":
-            return True
-        if i >= len(s) or s[i] == "#" or (s[i] == "+" and level != "+") or (level not in ("+", s[i])):
-            return False
-    return len(r) == len(s)
-
-
-@dataclass
-class Acl:
-    """Users, passwords and roles; answers 'may user do action on topic'."""
-    users: dict[str, tuple[str, str]] = field(default_factory=dict)   # name -> (role, password)
-
-    def add(self, name: str, role: str = "client", password: Optional[str] = None) -> str:
-        if role not in ROLES:
-            raise BrokerError(f"role must be one of {ROLES}, got {role!r}")
-        if not name or any(c in name for c in "/+#:% \n"):
-            raise BrokerError(f"user name {name!r} may not contain / + # : % or spaces")
-        password = password or secrets.token_urlsafe(18)
-        self.users[name] = (role, password)
-        return password
-
-    def rules(self, name: str) -> list[tuple[str, str]]:
-        role = self.users.get(name, ("", ""))[0]
-        if role not in ROLES:
-            return []
-        table = HUB_RULES if role == "hub" else EXTRA_RULES.get(role, []) + CLIENT_RULES
-        return [(a, t.replace("%u", name)) for a, t in table]
-
-    def check_password(self, name: Optional[str], password: Optional[str]) -> bool:
-        if not name or name not in self.users:
-            return False
-        return hmac.compare_digest(self.users[name][1].encode(), (password or "").encode())
-
-    def allows(self, name: Optional[str], topic: str, action: str) -> bool:
-        """action: 'write' (publish), 'read' (receive) or 'subscribe'."""
-        for access, rule in self.rules(name or ""):
-            if action == "subscribe":
-                if access != "write" and _covers(rule, topic):
-                    return True
-            elif access in (action, "readwrite") and topic_matches_sub(rule, topic):
-                return True
-        return False
-
-    def mosquitto_acl(self) -> str:
-        lines = ["# written by StarSun: clients connect with username = client id"]
-        lines += [f"pattern {a} {t}" for a, t in CLIENT_RULES]
-        for name, (role, _) in sorted(self.users.items()):
-            extra = EXTRA_RULES.get(role, [])
-            if extra:
-                lines.append(f"\nuser {name}")
-                lines += [f"topic {a} {t.replace('%u', name)}" for a, t in extra]
-        return "\n".join(lines) + "\n"
 
 
 class AclAuthPlugin(BaseAuthPlugin):
@@ -179,7 +94,10 @@ class _BrokerBase:
         """Register a user (clients: name = client id); returns its password."""
         if self.acl is None:
             raise BrokerError("this broker runs without an ACL (acl=False): anyone may connect")
-        pw = self.acl.add(name, role, password)
+        try:
+            pw = self.acl.add(name, role, password)
+        except AclError as e:
+            raise BrokerError(str(e)) from None
         self._reload(name)
         return pw
 

@@ -98,7 +98,7 @@ class Hub:
             self.router = SunRouter(self.link, isolated=self.sun_isolated, pools=self.sun_pools,
                                     ctl_key=self.ctl_key).start()
             if self.sun_decoder is not None:
-                from edge.roles.sun_nodes import DecoderNode
+                from edge.roles.decoder_node import DecoderNode
                 self.sun_node = DecoderNode(self.sun_decoder, self.link, f"{self.hub_id}-decoder",
                                             ctl_key=self.ctl_key).start()
         if self.draft_engine is not None:

@@ -9,7 +9,8 @@ import pytest
 
 from edge import protocol as P
 from edge.link import LinkError, MqttLink
-from server.broker import Acl, EmbeddedBroker
+from server.acl import Acl
+from server.broker import EmbeddedBroker
 
 QUIET = 0.4     # how long "nothing arrives" is watched; deliveries here take ~1 ms
 

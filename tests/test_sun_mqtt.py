@@ -26,7 +26,8 @@ from edge.protocol import SunHello, SunTokens, encode, sun_hello_topic, sun_stre
 from edge.roles.decoder import SharedDecoder
 from edge.roles.prefill import PrefillWorker
 from edge.roles.sun_client import SunClient, SunRequestError
-from edge.roles.sun_nodes import DecoderNode, PrefillNode
+from edge.roles.decoder_node import DecoderNode
+from edge.roles.sun_nodes import PrefillNode
 from edge.sun import split_generate, weights_fingerprint
 from server.sun_router import SunRouter
 

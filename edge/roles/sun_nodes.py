@@ -1,4 +1,5 @@
-"""SUN roles on the MQTT star: a prefill worker and a shared decoder (the client: sun_client.py).
+"""SUN roles on the MQTT star: the node base, the prefill worker node, `open_node` (the shared
+decoder node is edge/roles/decoder_node.py; the client is sun_client.py).
 
 Flow of one request (topics in edge/protocol.py; the router is server/sun_router.py):
 
@@ -24,14 +25,13 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from edge.link import Link
-from edge.protocol import (E_INTERNAL, E_OVERLOADED, E_REFUSED, E_TIMEOUT, SUN_CHUNK_BYTES, DecodeAssign,
+from edge.protocol import (E_INTERNAL, SUN_CHUNK_BYTES, DecodeAssign,
                            Error, KVChunk, PrefillJob, ProtocolError, SunHello, SunTokens, decode, encode,
                            sun_ctl_topic, sun_hello_topic, sun_kv_topic, sun_stream_topic)
-from edge.roles.decoder import AdmissionError, SharedDecoder
+from edge.roles.decoder import SharedDecoder
 from edge.roles.prefill import PrefillWorker
 from edge.sampling import SamplingParams
 
@@ -196,207 +196,6 @@ class PrefillNode(_Node):
         self._send(sun_kv_topic(job.decoder), err, job.secret)   # frees the decoder's reservation
 
 
-@dataclass
-class _Pending:
-    assign: DecodeAssign
-    since: float
-    chunks: Dict[int, bytes] = field(default_factory=dict)
-    total: int = 0
-    first: int = -1
-    nbytes: int = 0
-
-
-@dataclass
-class _Live:
-    client: str
-    secret: bytes
-    task: str
-    seq: int = 0
-
-
-class DecoderNode(_Node):
-    """A SharedDecoder on the star: takes assignments, reassembles KV, batches every task together.
-
-    `batches` records the task of every sequence in each recent engine step (the
-    evidence that one step mixed tasks); `tasks_served` every task it decoded.
-    """
-    role = "decoder"
-
-    def __init__(self, decoder: SharedDecoder, link: Link, worker_id: str, ctl_key: Optional[bytes] = None,
-                 hello_every: float = 2.0, kv_timeout: float = 30.0, max_pending_mb: float = 1024.0):
-        super().__init__(link, worker_id, ctl_key, hello_every)
-        self.decoder, self.kv_timeout = decoder, kv_timeout
-        self.max_pending = int(max_pending_mb * (1 << 20))
-        self._pending: Dict[str, _Pending] = {}
-        self._early: Dict[str, List[tuple]] = {}          # KV that overtook its assignment
-        self._live: Dict[str, _Live] = {}
-        self.batches: deque = deque(maxlen=4096)
-        self.tasks_served: set = set()
-        self.stats = {"admitted": 0, "refused": 0, "timeouts": 0, "overloaded": 0, "finished": 0}
-
-    @property
-    def load(self) -> int:
-        """Running sequences plus those whose KV is on its way."""
-        return self.decoder.load + len(self._pending)
-
-    def _hello(self, online: bool = True) -> SunHello:
-        d = self.decoder
-        return SunHello(self.id, "decoder", "", d.fingerprint, d.engine.vocab_size, online, self.load,
-                        d.max_batch, self.served)
-
-    def _subscribe_more(self) -> None:
-        self.link.subscribe(sun_kv_topic(self.id), lambda t, p: self._q.put(("kv", p)))
-
-    def _run(self) -> None:
-        last_sweep = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                item = self._q.get(timeout=0.05) if not self.decoder.load else self._q.get_nowait()
-            except queue.Empty:
-                item = ()
-            while item is not None:
-                if item:
-                    self._handle(*item)
-                try:
-                    item = self._q.get_nowait()
-                except queue.Empty:
-                    break
-            if item is None:
-                return
-            if self.decoder.load:
-                try:
-                    self._step()
-                except Exception:
-                    log.exception("decoder %s: step failed", self.id)
-                    time.sleep(0.1)
-            now = time.monotonic()
-            if now - last_sweep > 0.25:
-                last_sweep = now
-                self._expire(now)
-            self.hello(force=False)
-
-    def _handle(self, kind: str, msg) -> None:
-        if kind == "ctl":
-            if isinstance(msg, DecodeAssign) and msg.worker == self.id:
-                self._assign(msg)
-            else:
-                self.drop("not_mine")
-        else:
-            self._kv(msg)
-
-    def _assign(self, a: DecodeAssign) -> None:
-        if not self._fresh(a.rid):
-            return
-        self.served += 1
-        self._pending[a.rid] = _Pending(a, time.monotonic())
-        for payload, _ in self._early.pop(a.rid, []):
-            self._kv(payload)
-
-    def _kv(self, payload: bytes) -> None:
-        asked: List[str] = []
-
-        def key(rid: str) -> Optional[bytes]:
-            asked.append(rid)
-            p = self._pending.get(rid)
-            return p.assign.secret if p else None
-        try:
-            msg = decode(payload, key)
-        except ProtocolError as e:
-            rid = asked[0] if asked else None
-            if e.code == "auth" and rid and rid not in self._pending and rid not in self._seen_set:
-                self._hold_early(rid, payload)            # its assignment has not arrived yet
-            else:
-                self.drop(e.code)
-            return
-        p = self._pending[asked[0]]
-        if isinstance(msg, Error):                        # the prefill failed and told the client
-            del self._pending[asked[0]]
-            return
-        if not isinstance(msg, KVChunk):
-            self.drop("invalid")
-            return
-        if p.total and (msg.total, msg.first_token) != (p.total, p.first) or msg.index in p.chunks:
-            self.drop("inconsistent")
-            return
-        p.total, p.first = msg.total, msg.first_token
-        if self._pending_bytes() + len(msg.data) > self.max_pending:
-            self.stats["overloaded"] += 1
-            self._fail(p, E_OVERLOADED, f"decoder {self.id} has no room for more KV in transit "
-                                        f"({self.max_pending >> 20} MiB); retry or add a decoder")
-            return
-        p.chunks[msg.index] = msg.data
-        p.nbytes += len(msg.data)
-        if len(p.chunks) == p.total:
-            del self._pending[msg.rid]
-            self._admit(p)
-
-    def _hold_early(self, rid: str, payload: bytes) -> None:
-        held = sum(len(x) for v in self._early.values() for x, _ in v)
-        if held + len(payload) > min(self.max_pending, 64 << 20) or len(self._early) > 1024:
-            self.drop("early_overflow")
-            return
-        self._early.setdefault(rid, []).append((payload, time.monotonic()))
-
-    def _pending_bytes(self) -> int:
-        return sum(p.nbytes for p in self._pending.values())
-
-    def _admit(self, p: _Pending) -> None:
-        a = p.assign
-        blob = b"".join(p.chunks[i] for i in range(p.total))
-        try:
-            rid = self.decoder.admit(blob, request_id=a.rid, max_new=a.max_new, params=_params(a.sampling),
-                                     first_token=p.first, stop_ids=self.decoder.stop_ids | set(a.stop),
-                                     task=a.task)
-        except AdmissionError as e:
-            self.stats["refused"] += 1
-            self._fail(p, E_REFUSED, str(e))
-            return
-        except Exception as e:  # a bad blob must never stop the decoder
-            log.exception("decoder %s: admitting %s failed", self.id, a.rid)
-            self._fail(p, E_INTERNAL, f"decoder {self.id} could not admit the request: {e}")
-            return
-        self.stats["admitted"] += 1
-        self.tasks_served.add(a.task)
-        self._live[rid] = _Live(a.client, a.secret, a.task)
-        res = self.decoder.results.get(rid)
-        if res is not None:                               # done at once: stop token first, or max_new 1
-            self._emit(rid, len(res.tokens) - 1, res.tokens[-1], res.finish_reason)
-
-    def _step(self) -> None:
-        events = self.decoder.step()
-        self.batches.append(tuple(self._live[e.request_id].task for e in events if e.request_id in self._live))
-        for e in events:
-            self._emit(e.request_id, e.index, e.token, e.finish_reason if e.done else None)
-
-    def _emit(self, rid: str, index: int, token: int, reason: Optional[str]) -> None:
-        live = self._live.get(rid)
-        if live is None:
-            return
-        live.seq += 1
-        msg = SunTokens(rid, live.seq, index, [token], reason is not None, reason or "", self.id)
-        self._send(sun_stream_topic(live.client, rid), msg, live.secret)
-        if reason is not None:
-            del self._live[rid]
-            self.decoder.results.pop(rid, None)
-            self.stats["finished"] += 1
-
-    def _expire(self, now: float) -> None:
-        for rid, p in list(self._pending.items()):
-            if now - p.since > self.kv_timeout:
-                self.stats["timeouts"] += 1
-                self._fail(p, E_TIMEOUT, f"the KV cache from prefill worker {p.assign.prefill!r} did not "
-                                         f"reach decoder {self.id} within {self.kv_timeout:g} s")
-        for rid, items in list(self._early.items()):
-            items[:] = [x for x in items if now - x[1] <= self.kv_timeout]
-            if not items:
-                del self._early[rid]
-
-    def _fail(self, p: _Pending, code: str, message: str) -> None:
-        a = p.assign
-        self._pending.pop(a.rid, None)
-        self._send(sun_stream_topic(a.client, a.rid), Error(a.rid, 0, code, message[:1024]), a.secret)
-
-
 def open_node(role: str, link: Link, directory, worker_id: str, task: Optional[str] = None,
               threads: Optional[int] = None, max_batch: int = 64, stop_ids: Sequence[int] = (),
               ctl_key: Optional[bytes] = None, backend: str = "torch"):
@@ -406,6 +205,7 @@ def open_node(role: str, link: Link, directory, worker_id: str, task: Optional[s
         node = PrefillNode(PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend), link,
                            worker_id, ctl_key=ctl_key)
     elif role == "decoder":
+        from edge.roles.decoder_node import DecoderNode
         dec = SharedDecoder.from_dir(directory, threads=threads, max_batch=max_batch, stop_ids=stop_ids,
                                      name=worker_id, backend=backend)
         node = DecoderNode(dec, link, worker_id, ctl_key=ctl_key)

@@ -111,7 +111,7 @@ class ModelDrafter:
         if eng.length(self._seq) != keep:
             eng.truncate(self._seq, keep)
         self._fed = self._fed[:keep]          # stays true even if forward fails
-        logits = eng.forward(self._seq, tokens[keep:])[-1]
+        logits = eng.forward_last(self._seq, tokens[keep:])[-1]
         self._fed = list(tokens)
         return logits
 
@@ -232,7 +232,8 @@ class _Run:
 
     def forward(self, tokens: List[int], kind: str = "verify") -> np.ndarray:
         t = time.perf_counter()
-        out = self.target.forward(self.seq, tokens)
+        # a prefill's logits are thrown away (the last prompt token is fed by the first step)
+        out = (self.target.forward_last if kind == "prefill" else self.target.forward)(self.seq, tokens)
         self.res.timings.append(CallTiming(kind, len(tokens), time.perf_counter() - t))
         if kind == "verify":
             self.res.n_verify_calls += 1

@@ -65,6 +65,9 @@ class _Counted(Engine):
     def step(self, seqs, tokens) -> np.ndarray:
         return self.inner.step(seqs, tokens)
 
+    def forward_last(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        return self.inner.forward_last(seq, tokens)      # prefills: not a verify round
+
     def forward(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
         fresh = self.inner.length(seq) == 0
         out = self.inner.forward(seq, tokens)

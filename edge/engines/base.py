@@ -41,6 +41,11 @@ class Engine(ABC):
         Used for prefill and for verifying gamma drafted tokens in one call.
         """
 
+    def forward_last(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        """Like forward, but only the last token's logits ([1, vocab]). Prefills use it: engines
+        that can skip the other rows' lm_head (vocab x hidden each) override it."""
+        return self.forward(seq, tokens)[-1:]
+
     @abstractmethod
     def truncate(self, seq: int, n: int) -> None:
         """Keep the first n tokens (rollback after a rejection)."""

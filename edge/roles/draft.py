@@ -343,7 +343,7 @@ class DraftService:
             del s.fed[cut:]
         feed = target[cut:]
         if len(feed) > FEED_BY_STEP:               # a prompt: one forward call, not many steps
-            self.engine.forward(s.seq, feed[:-1])
+            self.engine.forward_last(s.seq, feed[:-1])       # KV only: one logits row, thrown away
             s.fed.extend(feed[:-1])
             feed = feed[-1:]
         s.anchor, s.chain, s.mode = T_len, [], mode

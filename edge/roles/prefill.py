@@ -84,7 +84,7 @@ class PrefillWorker:
         t0 = time.perf_counter()
         seq = self.engine.new_sequence()
         try:
-            logits = self.engine.forward(seq, prompt)
+            logits = self.engine.forward_last(seq, prompt)
             first = pick_token(logits[-1], params, rng)
             blob = self.engine.export_kv(seq, dtype=self.kv_dtype,
                                          meta={"task": self.task, "request_id": rid, "first_token": first})

@@ -95,6 +95,7 @@ E_UNKNOWN_TASK = "unknown_task"         # SUN: no prefill worker serves the task
 E_NO_DECODER = "no_decoder"             # SUN: no decoder fits the task's KV (fingerprint / pool)
 E_REFUSED = "refused"                   # SUN: the decoder refused the KV blob (reason in message)
 E_TIMEOUT = "timeout"                   # SUN: the KV cache never arrived at the decoder
+E_WORKER_LOST = "worker_lost"           # SUN: the request's decoder went offline mid-request: resend
 
 # ---- SUN limits ----
 SUN_CHUNK_BYTES = 2 << 20      # KV bytes per KVChunk (well under MAX_MESSAGE_BYTES)

@@ -18,7 +18,9 @@ its own decoder(s) — `pools` names them ({task: [decoder ids]}), otherwise a
 task binds one free decoder the first time it is asked for (sticky until that
 decoder goes offline). A request that cannot be routed is answered at once,
 on its own topic and signed with its own secret, with an Error saying what to
-start (unknown_task, no_decoder, bad_request).
+start (unknown_task, no_decoder, bad_request). When a decoder goes offline (its
+will) the requests it may still hold are answered with worker_lost at once, so
+their clients can resend instead of waiting out a timeout.
 """
 from __future__ import annotations
 
@@ -30,11 +32,12 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from edge.link import Link
-from edge.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_UNKNOWN_TASK, SUN_REQ_SUB, SUN_WORKERS_SUB,
-                           DecodeAssign, Error, PrefillJob, ProtocolError, SunHello, SunRequest, decode,
-                           encode, parse_topic, sun_ctl_topic, sun_stream_topic)
+from edge.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_UNKNOWN_TASK, E_WORKER_LOST, SUN_REQ_SUB,
+                           SUN_WORKERS_SUB, DecodeAssign, Error, PrefillJob, ProtocolError, SunHello, SunRequest,
+                           decode, encode, parse_topic, sun_ctl_topic, sun_stream_topic)
 
 log = logging.getLogger(__name__)
+INFLIGHT_MAX = 4096             # requests remembered per decoder for worker_lost
 
 
 class SunRefusal(Exception):
@@ -81,6 +84,9 @@ class SunRouter:
         self.routed: Dict[str, Dict[str, int]] = {}       # task -> decoder -> requests
         self._seen: deque = deque(maxlen=65536)           # (client, rid) recently routed: replays dropped
         self._seen_set: set = set()
+        # decoder -> {(client, rid): secret}: what it may still be decoding. Cleared when its hello
+        # says it took all we sent and runs nothing; failed (worker_lost) when it goes offline.
+        self.inflight: Dict[str, Dict[Tuple[str, str], bytes]] = {}
         self._lock = threading.RLock()
 
     # ---- lifecycle ----
@@ -110,6 +116,7 @@ class SunRouter:
 
     def update_worker(self, h: SunHello) -> None:
         """Take a worker's report (also for workers in the hub's own process)."""
+        lost: Dict[Tuple[str, str], bytes] = {}
         with self._lock:
             w = self.workers.get(h.worker)
             if w is None or (w.role, w.task, w.fingerprint) != (h.role, h.task, h.fingerprint):
@@ -122,6 +129,13 @@ class SunRouter:
             w.served, w.seen = h.served, time.monotonic()
             if not h.online:
                 self._unbind(h.worker)
+                lost = self.inflight.pop(h.worker, {})
+            elif h.load == 0 and h.served >= w.sent:
+                self.inflight.pop(h.worker, None)         # it took everything we sent and runs nothing
+        for (client, rid), secret in lost.items():        # their tokens will never come: say so now
+            self._count("worker_lost")
+            msg = Error(rid, 0, E_WORKER_LOST, f"decoder {h.worker} went offline mid-request; send it again")
+            self.link.publish(sun_stream_topic(client, rid), encode(msg, secret), kind="control")
 
     def _unbind(self, decoder: str) -> None:
         for t in [t for t, d in self.bindings.items() if d == decoder]:
@@ -216,6 +230,10 @@ class SunRouter:
         job = PrefillJob(prefill.id, req.rid, req.client, req.secret, req.task, req.prompt, req.sampling, dec.id)
         self.link.publish(sun_ctl_topic(prefill.id), encode(job, self.ctl_key), kind="control")
         with self._lock:
+            held = self.inflight.setdefault(dec.id, {})
+            held[(req.client, req.rid)] = req.secret
+            if len(held) > INFLIGHT_MAX:                  # a decoder that never reports idle: bound it
+                del held[next(iter(held))]
             self.counters["routed"] += 1
             per = self.routed.setdefault(req.task, {})
             per[dec.id] = per.get(dec.id, 0) + 1

@@ -241,6 +241,37 @@ def test_least_loaded_decoder_gets_the_work(mosquitto, models):
         star.close()
 
 
+def test_decoder_lost_mid_request_fails_its_requests_at_once(mosquitto, models):
+    """A decoder dies holding requests: their clients hear worker_lost from the router (not a
+    timeout), requests it had finished get nothing, and the next request goes to a live decoder."""
+    star = Star(mosquitto.url, models, tasks=("maths",))
+    stuck = star.link("prefill-stuck")               # announces a task, never answers: KV stays awaited
+    try:
+        p = prompts(1, seed=5)[0]
+        assert star.client.generate("maths", p, max_new=6, timeout=20).tokens == star.expect("maths", p, 6)
+        assert _wait(lambda: "dec-a" not in star.router.inflight)     # its idle hello cleared it
+        stuck.connect(5)
+        stuck.publish(sun_hello_topic("prefill-stuck"),
+                      encode(SunHello("prefill-stuck", "prefill", "stuck", star.fp, 256), KEY), kind="status")
+        assert _wait(lambda: "prefill-stuck" in star.router.workers)
+        handles = [star.client.submit("stuck", q, max_new=8) for q in prompts(3, seed=6)]
+        a = star.decoders["dec-a"]
+        assert _wait(lambda: a.load == 3 and len(star.router.inflight.get("dec-a", {})) == 3)
+        t0 = time.monotonic()
+        a.link.crash()                                # killed: the broker publishes its will
+        for h in handles:
+            with pytest.raises(SunRequestError, match="dec-a went offline") as e:
+                h.wait(10)
+            assert e.value.code == "worker_lost"
+        assert time.monotonic() - t0 < 5
+        assert star.client.dropped == {}, star.client.dropped     # no stray error for the finished one
+        star.add_decoder("dec-b")
+        r = star.client.generate("maths", p, max_new=6, timeout=20)
+        assert r.tokens == star.expect("maths", p, 6) and r.workers == ["prefill-maths", "dec-b"]
+    finally:
+        star.close()
+
+
 def test_kv_from_this_process_is_decoded_by_a_decoder_process(mosquitto, models, tmp_path):
     from export.tune import save_decoder
     base, fp, _ = models

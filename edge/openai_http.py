@@ -5,7 +5,9 @@ with "stream": true), GET /v1/models and /health. Standard library only
 (ThreadingHTTPServer); generation itself is a callable with the signature of
 StarTarget.generate, so the same server fronts a StarSD target or a local
 engine. One generation runs at a time (the target serialises them); a client
-that disconnects mid-stream stops its generation.
+that disconnects mid-stream stops its generation. With `models` it fronts
+several models -- the hub's SUN tasks: "model" names the task, generations run
+concurrently (the shared decoder batches them) and generate gets model=.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import nullcontext
 from typing import Callable, List, Optional
 
 from edge.sampling import SamplingParams
@@ -77,9 +80,11 @@ class OpenAIServer:
     """Serve `generate(prompt_ids, max_new, params, stop_ids, on_token) -> GenResult`."""
 
     def __init__(self, generate: Callable, tokenizer, model_name: str, host: str = "127.0.0.1",
-                 port: int = 8000, max_tokens_cap: int = 4096, context: Optional[int] = None):
+                 port: int = 8000, max_tokens_cap: int = 4096, context: Optional[int] = None,
+                 models: Optional[Callable[[], List[str]]] = None):
         self.generate, self.tok, self.model_name = generate, tokenizer, model_name
         self.max_tokens_cap, self.context = max_tokens_cap, context
+        self.models = models                  # None: one model, one generation at a time
         self.lock = threading.Lock()
         server = self
 
@@ -109,6 +114,13 @@ class OpenAIServer:
     def parse(self, body: dict, chat: bool) -> tuple:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
+        model = self.model_name
+        if self.models is not None:
+            have = sorted(self.models())
+            model = body.get("model")
+            if model not in have:
+                raise BadRequest(f"unknown model {model!r}: this endpoint serves {', '.join(have) or 'nothing yet'}"
+                                 " (GET /v1/models)")
         if body.get("n", 1) != 1:
             raise BadRequest("only n=1 is supported")
         if chat:
@@ -146,9 +158,9 @@ class OpenAIServer:
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
             raise BadRequest("'stop' must be a string or a list of at most 4 strings")
-        return ids, max_new, params, stop
+        return ids, max_new, params, stop, model
 
-    def run(self, ids, max_new, params, stop, emit: Callable[[str], None]) -> tuple:
+    def run(self, ids, max_new, params, stop, emit: Callable[[str], None], model: Optional[str] = None) -> tuple:
         """Generate, calling emit(text) as text becomes final; -> (text, n_tokens, finish_reason)."""
         stream = self.tok.decode_stream(skip_special=True)
         cut = StopText(stop)
@@ -162,9 +174,11 @@ class OpenAIServer:
             if cut.hit:
                 raise _Stop()
         finish = "length"
-        with self.lock:
+        kw = {} if self.models is None else {"model": model}
+        with self.lock if self.models is None else nullcontext():
             try:
-                res = self.generate(ids, max_new, params, stop_ids=tuple(self.tok.eos_ids), on_token=on_token)
+                res = self.generate(ids, max_new, params, stop_ids=tuple(self.tok.eos_ids), on_token=on_token,
+                                    **kw)
                 finish = "stop" if res.finish_reason == "stop" else "length"
             except _Stop:
                 finish = "stop"
@@ -194,8 +208,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.rstrip("/") == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": self.owner.model_name, "object": "model",
-                                                          "created": 0, "owned_by": "starsun"}]})
+            names = sorted(self.owner.models()) if self.owner.models else [self.owner.model_name]
+            self._json(200, {"object": "list", "data": [{"id": n, "object": "model", "created": 0,
+                                                          "owned_by": "starsun"} for n in names]})
         elif self.path.rstrip("/") in ("/health", ""):
             self._json(200, {"status": "ok"})
         else:
@@ -212,17 +227,17 @@ class _Handler(BaseHTTPRequestHandler):
             if size > MAX_BODY:
                 raise BadRequest(f"request body over {MAX_BODY} bytes")
             body = json.loads(self.rfile.read(size) or b"{}")
-            ids, max_new, params, stop = self.owner.parse(body, chat)
+            ids, max_new, params, stop, model = self.owner.parse(body, chat)
         except (BadRequest, ValueError) as e:
             self._error(400, str(e))
             return
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        head = {"id": rid, "created": int(time.time()), "model": self.owner.model_name}
+        head = {"id": rid, "created": int(time.time()), "model": model}
         if body.get("stream"):
-            self._stream(head, chat, ids, max_new, params, stop)
+            self._stream(head, chat, ids, max_new, params, stop, model)
             return
         try:
-            text, n, finish = self.owner.run(ids, max_new, params, stop, lambda s: None)
+            text, n, finish = self.owner.run(ids, max_new, params, stop, lambda s: None, model)
         except Exception as e:  # an engine error: tell the client, keep serving
             log.exception("generation failed")
             self._error(500, f"generation failed: {e}", "server_error")
@@ -235,7 +250,7 @@ class _Handler(BaseHTTPRequestHandler):
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
             self._json(200, {**head, "object": "text_completion", "choices": [choice], "usage": usage})
 
-    def _stream(self, head, chat, ids, max_new, params, stop) -> None:
+    def _stream(self, head, chat, ids, max_new, params, stop, model=None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -259,7 +274,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if chat:
                 send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-            _, _, finish = self.owner.run(ids, max_new, params, stop, lambda s: send(delta(s)))
+            _, _, finish = self.owner.run(ids, max_new, params, stop, lambda s: send(delta(s)), model)
             send(delta("", finish))
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()

@@ -50,10 +50,15 @@ def main(verbose):
 @click.option("--sun-max-batch", default=64, show_default=True, help="--sun-decoder: sequences per step")
 @click.option("--stop-id", "stop_ids", multiple=True, type=int,
               help="--sun-decoder: extra end-of-sequence token ids (repeatable)")
+@click.option("--sun-http-port", default=0, show_default=True,
+              help="serve the SUN tasks on an OpenAI-compatible endpoint here (model = task; 0: off)")
+@click.option("--sun-http-host", default="127.0.0.1", show_default=True)
+@click.option("--sun-tokenizer", default=None, metavar="MODEL",
+              help="with --sun-http-port: the SUN base model (name or path) whose tokenizer the tasks share")
 @draft_options
 def serve(broker_url, mosquitto, port, acl, users, username, password, draft_model, hub_id, dtype,
           threads, max_len, stats_every, sun_isolated, sun_pools, sun_decoder, sun_max_batch, stop_ids,
-          **limits):
+          sun_http_port, sun_http_host, sun_tokenizer, **limits):
     """Run the hub until Ctrl-C."""
     from server.broker import BrokerError
     from server.hub import Hub
@@ -66,6 +71,16 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
     pools = _parse_pools(sun_pools)
     if pools and not sun_isolated:
         raise click.UsageError("--sun-pool gives a task its own decoders: it needs --sun-isolated")
+    sun_tok = None
+    if sun_http_port:
+        if not sun_tokenizer:
+            raise click.UsageError("--sun-http-port needs --sun-tokenizer (the SUN base model, e.g. smollm2-135m)")
+        from edge.checkpoint import CheckpointError, load_tokenizer
+        from edge.cli import resolve_model
+        try:
+            sun_tok = load_tokenizer(resolve_model(sun_tokenizer))
+        except CheckpointError as e:
+            raise click.ClickException(f"--sun-tokenizer {sun_tokenizer}: {e}") from None
     decoder = None
     if sun_decoder:
         from edge.roles.decoder import SharedDecoder
@@ -99,6 +114,15 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
         click.echo(f"user {name} ({role or 'client'}): password {pw}", err=True)
     click.echo(f"hub {hub_id} serving on {hub.url}" + (f" with draft {draft_model}" if draft_model else "")
                + (f" and SUN decoder {hub.sun_node.id}" if hub.sun_node else ""), err=True)
+    http = None
+    if sun_http_port:
+        from server.sun_http import start_sun_http
+        try:
+            http = start_sun_http(hub, sun_tok, host=sun_http_host, port=sun_http_port)
+        except OSError as e:
+            hub.stop()
+            raise click.ClickException(f"--sun-http-port {sun_http_port}: {e}") from None
+        click.echo(f"SUN tasks on http://{sun_http_host}:{http.port}/v1 (model = task)", err=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -107,6 +131,8 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
             if stats_every:
                 click.echo(_stats_line(hub), err=True)
     finally:
+        if http is not None:
+            http.stop()
         hub.stop()
 
 

@@ -151,6 +151,11 @@ class SunRouter:
             dec.sent += 1
             return prefill, dec
 
+    def tasks(self) -> List[str]:
+        """The tasks some online prefill worker serves (what a front end can offer)."""
+        with self._lock:
+            return sorted({w.task for w in self._online("prefill")})
+
     def _online(self, role: str) -> List[WorkerInfo]:
         return sorted((w for w in self.workers.values() if w.online and w.role == role), key=lambda w: w.id)
 

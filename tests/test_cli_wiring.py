@@ -231,6 +231,8 @@ def test_cli_usage_errors():
     assert r.exit_code == 2 and "--sun-isolated" in r.output
     r = CliRunner().invoke(main, ["serve", "--sun-isolated", "--sun-pool", "maths"])
     assert r.exit_code == 2 and "TASK=DECODER" in r.output
+    r = CliRunner().invoke(main, ["serve", "--sun-http-port", "8080"])
+    assert r.exit_code == 2 and "--sun-tokenizer" in r.output
     r = CliRunner().invoke(run, ["--role", "decoder", "--hub", "mqtt://127.0.0.1:1"])
     assert r.exit_code == 2 and "--module" in r.output
     r = CliRunner().invoke(run, ["--role", "target", "--hub", "mqtt://127.0.0.1:1"])

@@ -9,6 +9,7 @@ so a replayed message is dropped and counted; a forged one fails its HMAC.
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -16,7 +17,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from edge.link import Link
 from edge.protocol import (GREEDY, Error, ProtocolError, SunRequest, SunTokens, decode, encode, new_secret,
-                           new_sid, parse_topic, sun_req_topic, sun_stream_sub)
+                           new_sid, parse_topic, sampling, sun_req_topic, sun_stream_sub)
+from edge.sampling import SamplingParams
 
 
 class SunRequestError(RuntimeError):
@@ -125,6 +127,31 @@ class SunClient:
         h = self.submit(task, prompt, max_new, **kw)
         try:
             return h.wait(timeout)
+        finally:
+            self.forget(h.rid)
+
+    def stream(self, task: str, prompt: Sequence[int], max_new: int, params: SamplingParams = SamplingParams(),
+               stop_ids: Sequence[int] = (), on_token: Optional[Callable[[int], None]] = None,
+               timeout: float = 120.0) -> SunResult:
+        """Generate with `on_token` called in THIS thread (it may raise to stop early: the request
+        then runs out on the decoder and its tokens are dropped). The signature of
+        StarTarget.generate with the task first, so edge/openai_http.py can front the SUN star."""
+        tokens: queue.Queue = queue.Queue()
+        sp = sampling(params.temperature, params.top_k, params.top_p, params.seed)
+        h = self.submit(task, prompt, max_new, sampling=sp, stop=stop_ids, on_token=lambda i, t: tokens.put(t))
+        end = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    t = tokens.get(timeout=0.05)
+                except queue.Empty:
+                    if h._done.is_set() and tokens.empty():
+                        return h.wait(0)                   # raises the request's error, if any
+                    if time.monotonic() > end:
+                        return h.wait(0)                   # raises the timeout with what arrived
+                    continue
+                if on_token is not None:
+                    on_token(t)
         finally:
             self.forget(h.rid)
 

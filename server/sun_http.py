@@ -1,0 +1,37 @@
+"""An OpenAI-compatible endpoint for the hub's SUN star: "model" names the task.
+
+`edge-hub serve --sun-http-port 8080 --sun-tokenizer smollm2-135m` runs it on
+the hub. Requests become SunRequests on the hub's own link (a SunClient with
+the hub's id): the router sends each to its task's prefill worker and a shared
+decoder; tokens stream back and are decoded here with the base model's
+tokenizer (every specialist shares it: they are tuned from one base). GET
+/v1/models lists the tasks some prefill worker serves right now. Requests run
+concurrently; the shared decoder batches them.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from edge.openai_http import OpenAIServer
+from edge.roles.sun_client import SunClient
+
+
+def start_sun_http(hub, tokenizer, host: str = "127.0.0.1", port: int = 8080,
+                   timeout: float = 300.0, context: Optional[int] = None) -> OpenAIServer:
+    """Serve the hub's SUN tasks over HTTP; stop the returned server (and its client) with .stop()."""
+    if hub.router is None:
+        raise ValueError("the hub runs without SUN routing (sun=False): nothing to serve")
+    client = SunClient(hub.link, hub.hub_id).start()
+
+    def generate(ids, max_new, params, stop_ids=(), on_token=None, model=None):
+        return client.stream(model, ids, max_new, params, stop_ids, on_token, timeout=timeout)
+
+    server = OpenAIServer(generate, tokenizer, model_name="sun", host=host, port=port, context=context,
+                          models=hub.router.tasks)
+    stop = server.stop
+
+    def stop_both() -> None:
+        stop()
+        client.close()
+    server.stop = stop_both
+    return server.start()

@@ -1,0 +1,99 @@
+"""The hub's OpenAI-compatible SUN endpoint (server/sun_http.py): "model" names the task.
+
+A hub on an in-memory bus hosts the shared decoder; two prefill workers serve
+"maths" and "code". Each HTTP answer must be the text of what the same
+specialist and decoder give in-process (split_generate, greedy, float64).
+"""
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from edge.engines.torch_engine import TorchEngine
+from edge.link import MemoryBus, MemoryLink
+from edge.protocol import sun_hello_topic
+from edge.roles.decoder import SharedDecoder
+from edge.roles.prefill import PrefillWorker
+from edge.roles.sun_nodes import PrefillNode
+from edge.sun import split_generate, weights_fingerprint
+from server.hub import Hub
+from server.sun_http import start_sun_http
+from test_openai_http import byte_tokenizer, post
+from test_sun_mqtt import KEY, _wait, random_model, specialist
+
+torch.set_num_threads(1)
+TASKS = ("maths", "code")
+
+
+@pytest.fixture(scope="module")
+def sun_endpoint():
+    base = random_model()
+    fp = weights_fingerprint(base)
+    specs = {t: specialist(base, 20 + i) for i, t in enumerate(TASKS)}
+    bus, tok = MemoryBus(), byte_tokenizer()
+    hub = Hub(link=MemoryLink(bus), hub_id="hub", ctl_key=KEY,
+              sun_decoder=SharedDecoder(TorchEngine(base, fingerprint=fp), name="hub-decoder")).start()
+    nodes = []
+    for t in TASKS:
+        link = MemoryLink(bus)
+        node = PrefillNode(PrefillWorker(TorchEngine(specs[t], fingerprint=fp), t, kv_dtype="float64"), link,
+                           f"prefill-{t}", KEY)
+        link.set_will(sun_hello_topic(f"prefill-{t}"), node.will())
+        link.connect()
+        nodes.append(node.start())
+    assert _wait(lambda: hub.router.tasks() == sorted(TASKS))
+    server = start_sun_http(hub, tok, port=0)
+    yield server, tok, base, specs
+    server.stop()
+    for n in nodes:
+        n.stop()
+        n.link.close()
+    hub.stop()
+
+
+def expect(tok, base, spec, prompt, max_new):
+    ids = tok.encode(prompt, add_special=True)
+    stream = tok.decode_stream(skip_special=True)     # as the endpoint decodes (bytes held until whole)
+    return "".join(stream.put(t) for t in split_generate(spec, base, [ids], max_new, tuple(tok.eos_ids))[0])
+
+
+def test_models_are_the_tasks_and_answers_are_the_specialists(sun_endpoint):
+    server, tok, base, specs = sun_endpoint
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/models", timeout=10) as r:
+        assert [m["id"] for m in json.loads(r.read())["data"]] == sorted(TASKS)
+    out = {}
+
+    def ask(task):                      # both tasks at once: the shared decoder batches them
+        out[task] = post(server, "/v1/completions", {"model": task, "prompt": "hello", "max_tokens": 10,
+                                                     "temperature": 0})
+    threads = [threading.Thread(target=ask, args=(t,)) for t in TASKS]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in TASKS:
+        assert out[t]["model"] == t
+        assert out[t]["choices"][0]["text"] == expect(tok, base, specs[t], "hello", 10)
+        assert out[t]["usage"]["completion_tokens"] == 10
+    assert out["maths"]["choices"][0]["text"] != out["code"]["choices"][0]["text"]
+
+
+def test_streamed_answer_equals_the_whole_one(sun_endpoint):
+    server, tok, base, specs = sun_endpoint
+    body = {"model": "code", "prompt": "abc", "max_tokens": 8, "temperature": 0}
+    events = post(server, "/v1/completions", {**body, "stream": True}, raw=True).split("\n\n")
+    chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == expect(tok, base, specs["code"], "abc", 8)
+    assert events[-2] == "data: [DONE]"
+
+
+def test_unknown_task_is_a_clear_400(sun_endpoint):
+    server, *_ = sun_endpoint
+    with pytest.raises(urllib.error.HTTPError) as e:
+        post(server, "/v1/completions", {"model": "poetry", "prompt": "x", "max_tokens": 2})
+    assert e.value.code == 400
+    msg = json.loads(e.value.read())["error"]["message"]
+    assert "poetry" in msg and "code, maths" in msg

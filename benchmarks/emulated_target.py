@@ -171,45 +171,6 @@ class EmulatedEngine(Engine, _Counters):
         return np.concatenate([self.forward(s, [t]) for s, t in zip(seqs, tokens)])
 
 
-class CountingEngine(Engine, _Counters):
-    """A real engine, counting rounds and greedy acceptance like EmulatedEngine does."""
-
-    def __init__(self, inner: Engine):
-        _Counters.__init__(self)
-        self.inner = inner
-        self.vocab_size, self.max_len = inner.vocab_size, inner.max_len
-        self.fingerprint, self.name = inner.fingerprint, inner.name
-
-    def new_sequence(self) -> int:
-        return self.inner.new_sequence()
-
-    def free(self, seq: int) -> None:
-        self.inner.free(seq)
-
-    def length(self, seq: int) -> int:
-        return self.inner.length(seq)
-
-    def truncate(self, seq: int, n: int) -> None:
-        self.inner.truncate(seq, n)
-
-    def step(self, seqs, tokens) -> np.ndarray:
-        return self.inner.step(seqs, tokens)
-
-    def forward(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
-        fresh = self.inner.length(seq) == 0
-        out = self.inner.forward(seq, tokens)
-        if not fresh:
-            best = out.argmax(axis=-1)
-            n = 0
-            while n < len(tokens) - 1 and int(best[n]) == int(tokens[n + 1]):
-                n += 1
-            self.calls += 1
-            self.drafted += len(tokens) - 1
-            self.accepted += n
-            self.plain += len(tokens) == 1
-        return out
-
-
 class EmulatedDrafter:
     """A draft model on the device (co-located pair): gamma device draft steps per round."""
 

@@ -30,8 +30,9 @@ from typing import Callable, List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.emulated_target import (CountingEngine, DelayLink, DeviceTiming, EmulatedDrafter,  # noqa: E402
+from benchmarks.emulated_target import (DelayLink, DeviceTiming, EmulatedDrafter,  # noqa: E402
                                         EmulatedEngine, MeasuringHubClient, _Delayer)
+from edge.engines.counting import CountingEngine  # noqa: E402
 
 
 class _Stop(Exception):

@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-import numpy as np
-
 import click
 
 from edge.engines.base import Engine
+from edge.engines.counting import CountingEngine
 from edge.sampling import GREEDY
 from server.hub import Hub
 
@@ -41,50 +40,11 @@ DEMO_PROMPTS = [
 ]
 
 
-class _Counted(Engine):
-    """Counts rounds and greedy acceptance of the target's verify calls (for the live table)."""
-
-    def __init__(self, inner: Engine):
-        self.inner = inner
-        self.vocab_size, self.max_len = inner.vocab_size, inner.max_len
-        self.fingerprint, self.name = inner.fingerprint, inner.name
-        self.rounds = self.drafted = self.accepted = 0
-
-    def new_sequence(self) -> int:
-        return self.inner.new_sequence()
-
-    def free(self, seq: int) -> None:
-        self.inner.free(seq)
-
-    def length(self, seq: int) -> int:
-        return self.inner.length(seq)
-
-    def truncate(self, seq: int, n: int) -> None:
-        self.inner.truncate(seq, n)
-
-    def step(self, seqs, tokens) -> np.ndarray:
-        return self.inner.step(seqs, tokens)
-
-    def forward_last(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
-        return self.inner.forward_last(seq, tokens)      # prefills: not a verify round
-
-    def forward(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
-        fresh = self.inner.length(seq) == 0
-        out = self.inner.forward(seq, tokens)
-        if not fresh:
-            best = out.argmax(axis=-1)
-            n = 0
-            while n < len(tokens) - 1 and int(best[n]) == int(tokens[n + 1]):
-                n += 1
-            self.rounds += 1
-            self.drafted += len(tokens) - 1
-            self.accepted += n
-        return out
 
 
 class _Target:
     def __init__(self, name: str, engine: Engine, prompt: List[int], label: str):
-        self.name, self.engine, self.prompt, self.label = name, _Counted(engine), prompt, label
+        self.name, self.engine, self.prompt, self.label = name, CountingEngine(engine), prompt, label
         self.tokens: List[int] = []
         self.t_first: Optional[float] = None
         self.t_last: Optional[float] = None

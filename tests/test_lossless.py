@@ -12,56 +12,23 @@ import itertools
 import math
 import statistics
 
-import numpy as np
 import pytest
 
 import edge.generate as gen
-from edge.engines.base import Engine
 from edge.generate import ModelDrafter, generate_speculative
 from edge.ngram import NgramDrafter
 from edge.sampling import SamplingParams, sample, to_probs
 
+from table_engine import TableEngine as _Table
+
 ALPHA = 1e-4   # significance: a correct implementation fails for ~1 seed in 10^4
 
 
-class TableEngine(Engine):
-    """logits = table[hash(context) % rows]: any deterministic function of the
-    context is a legitimate autoregressive model for the verification math."""
-    name = "table"
+class TableEngine(_Table):
+    """tests/table_engine.py's model, small: every sequence can be enumerated."""
 
     def __init__(self, vocab=5, rows=4099, seed=0, max_len=64):
-        self.table = np.random.default_rng(seed).normal(0.0, 1.0, (rows, vocab))
-        self.vocab_size, self.max_len, self.fingerprint = vocab, max_len, f"table-{seed}"
-        self._seqs, self._next = {}, 0
-
-    def row(self, ctx):
-        return self.table[hash(tuple(ctx)) % len(self.table)]
-
-    def new_sequence(self):
-        self._next += 1
-        self._seqs[self._next] = []
-        return self._next
-
-    def free(self, seq):
-        self._seqs.pop(seq, None)
-
-    def length(self, seq):
-        return len(self._seqs[seq])
-
-    def forward(self, seq, tokens):
-        self.check_room(seq, len(tokens))
-        ctx = self._seqs[seq]
-        out = []
-        for t in tokens:
-            ctx.append(int(t))
-            out.append(self.row(ctx))
-        return np.array(out).reshape(len(out), self.vocab_size)
-
-    def truncate(self, seq, n):
-        del self._seqs[seq][n:]
-
-    def step(self, seqs, tokens):
-        return np.stack([self.forward(s, [t])[0] for s, t in zip(seqs, tokens)])
+        super().__init__(vocab, rows, seed, window=None, max_len=max_len)
 
 
 def bad_draft_of(target: TableEngine) -> TableEngine:

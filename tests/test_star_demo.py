@@ -7,21 +7,11 @@ import torch
 from click.testing import CliRunner
 
 from edge.engines.torch_engine import TorchEngine
-from edge.model import Transformer, tiny_config
 from server.star_demo import run_star_demo, star
 
+from tiny_models import tiny_model
+
 torch.set_num_threads(1)
-
-
-def tiny_model(seed=0, noise=0.0, base=None):
-    """Float64 so greedy outputs are exact; `noise` perturbs `base` (a draft close to its target)."""
-    torch.manual_seed(seed)
-    model = Transformer(tiny_config("llama")).double()
-    for i, p in enumerate(model.parameters()):
-        p.data.normal_(0, 0.2)
-        if base is not None:
-            p.data = list(base.parameters())[i].data + noise * p.data
-    return model.eval()
 
 
 def test_star_demo_runs_three_targets_and_checks_them(tmp_path):

@@ -10,26 +10,16 @@ import torch
 from edge.engines.torch_engine import TorchEngine
 from edge.generate import generate_plain
 from edge.link import MqttLink
-from edge.model import Transformer, tiny_config
 from edge.protocol import DraftRequest, DraftResponse, encode, up_topic
 from edge.roles.draft import DraftLimits
 from edge.roles.session import HubClient, JoinRefused
 from edge.roles.target import StarTarget
 from server.hub import Hub
 
+from tiny_models import tiny_model
+
 torch.set_num_threads(1)
 TOK = "tok-tiny"
-
-
-def tiny_model(seed=0, noise=0.0, base=None):
-    """Float64 so outputs are exact; `noise` perturbs `base` (a draft close to its target)."""
-    torch.manual_seed(seed)
-    model = Transformer(tiny_config("llama")).double()
-    for i, p in enumerate(model.parameters()):
-        p.data.normal_(0, 0.2)
-        if base is not None:
-            p.data = list(base.parameters())[i].data + noise * p.data
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

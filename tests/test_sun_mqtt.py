@@ -7,7 +7,6 @@ chunks here (chunk_bytes) so reassembly is exercised on every request.
 """
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
@@ -21,7 +20,6 @@ import torch
 
 from edge.engines.torch_engine import TorchEngine
 from edge.link import MqttLink
-from edge.model import Transformer, tiny_config
 from edge.protocol import SunHello, SunTokens, encode, sun_hello_topic, sun_stream_sub, sun_stream_topic
 from edge.roles.decoder import SharedDecoder
 from edge.roles.prefill import PrefillWorker
@@ -31,27 +29,12 @@ from edge.roles.sun_nodes import PrefillNode
 from edge.sun import split_generate, weights_fingerprint
 from server.sun_router import SunRouter
 
+from tiny_models import random_model, specialist
+
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ("maths", "code", "tools")
 KEY = b"k" * 32                                   # the deployment's ctl key
-
-
-def random_model(seed=0):
-    torch.manual_seed(seed)
-    m = Transformer(tiny_config()).double().eval()
-    for p in m.parameters():
-        p.data.normal_(0, 0.2)
-    return m
-
-
-def specialist(base, seed):
-    """A stand-in for a tuned prefill module: the base with perturbed weights."""
-    m = copy.deepcopy(base)
-    g = torch.Generator().manual_seed(seed)
-    for p in m.parameters():
-        p.data.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05)
-    return m
 
 
 def prompts(n, seed=1):

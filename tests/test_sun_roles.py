@@ -2,7 +2,6 @@
 
 Tiny random float64 models keep greedy comparisons exact (no near-tie flips).
 """
-import copy
 import json
 import os
 import subprocess
@@ -14,31 +13,15 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.model import Transformer, tiny_config
 from edge.roles.decoder import AdmissionError, SharedDecoder
 from edge.roles.prefill import PrefillWorker
 from edge.sun import load_module, split_generate, weights_fingerprint
 from export.quant import dequantize_q4, is_quantised_linear, quantize_q4
 from export.tune import build_decoder, save_decoder
 
+from tiny_models import random_model, specialist
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def random_model(seed=0, **kw):
-    torch.manual_seed(seed)
-    m = Transformer(tiny_config(**kw)).double().eval()
-    for p in m.parameters():
-        p.data.normal_(0, 0.2)
-    return m
-
-
-def specialist(base, seed):
-    """A stand-in for a tuned prefill module: the base with perturbed weights."""
-    m = copy.deepcopy(base)
-    g = torch.Generator().manual_seed(seed)
-    for p in m.parameters():
-        p.data.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05)
-    return m
 
 
 def prompts(n, seed=1):

@@ -60,6 +60,14 @@ class Engine(ABC):
     def import_kv(self, blob: bytes) -> int:
         raise EngineError(f"the {self.name} engine cannot import KV caches")
 
+    @staticmethod
+    def _known(table: dict, seq: int):
+        """table[seq], or a clear error for a sequence this engine does not hold."""
+        try:
+            return table[seq]
+        except KeyError:
+            raise EngineError(f"unknown sequence {seq}") from None
+
     def check_room(self, seq: int, n: int) -> None:
         """Raise a clear error when n more tokens would overflow the context."""
         have = self.length(seq)

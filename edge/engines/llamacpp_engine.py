@@ -113,10 +113,7 @@ class LlamaCppEngine(Engine):
 
     # -- sequences ---------------------------------------------------------------
     def _get(self, seq: int) -> int:
-        try:
-            return self._slot[seq]
-        except KeyError:
-            raise EngineError(f"unknown sequence {seq}") from None
+        return self._known(self._slot, seq)
 
     def new_sequence(self) -> int:
         if not self._free_slots:

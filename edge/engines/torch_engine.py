@@ -59,10 +59,7 @@ class TorchEngine(Engine):
 
     # -- sequences ---------------------------------------------------------------
     def _get(self, seq: int) -> SequenceKV:
-        try:
-            return self._seqs[seq]
-        except KeyError:
-            raise EngineError(f"unknown sequence {seq}") from None
+        return self._known(self._seqs, seq)
 
     def new_sequence(self) -> int:
         sid = next(self._ids)

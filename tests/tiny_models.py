@@ -1,0 +1,35 @@
+"""Tiny random llamas for the role and star tests (float64: greedy outputs compare exactly)."""
+import copy
+
+import torch
+
+from edge.model import Transformer, tiny_config
+
+
+def tiny_model(seed=0, noise=0.0, base=None):
+    """A random tiny llama; with `base`, base + noise * random (a draft close to its target)."""
+    torch.manual_seed(seed)
+    model = Transformer(tiny_config("llama")).double()
+    for i, p in enumerate(model.parameters()):
+        p.data.normal_(0, 0.2)
+        if base is not None:
+            p.data = list(base.parameters())[i].data + noise * p.data
+    return model.eval()
+
+
+def random_model(seed=0, **kw):
+    """A random tiny model of tiny_config(**kw) (a SUN base)."""
+    torch.manual_seed(seed)
+    m = Transformer(tiny_config(**kw)).double().eval()
+    for p in m.parameters():
+        p.data.normal_(0, 0.2)
+    return m
+
+
+def specialist(base, seed):
+    """A stand-in for a tuned prefill module: the base with perturbed weights."""
+    m = copy.deepcopy(base)
+    g = torch.Generator().manual_seed(seed)
+    for p in m.parameters():
+        p.data.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05)
+    return m

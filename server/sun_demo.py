@@ -220,8 +220,8 @@ def _wait_routes(hub: Hub, names, timeout: float = 20.0) -> None:
 
 
 @click.command("demo-sun")
-@click.option("--requests", "n_requests", default=60, show_default=True, help="requests to serve")
-@click.option("--rate", default=20.0, show_default=True, help="mean arrivals per second (Poisson)")
+@click.option("--requests", "n_requests", default=120, show_default=True, help="requests to serve")
+@click.option("--rate", default=150.0, show_default=True, help="mean arrivals per second (Poisson)")
 @click.option("--zipf", default=1.2, show_default=True, help="task popularity skew (Zipf exponent)")
 @click.option("--max-batch", default=32, show_default=True, help="decoder: sequences per step")
 @click.option("--work", default=str(ROOT / "runs" / "demo-sun"), show_default=True,

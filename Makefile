@@ -15,7 +15,7 @@ help:
 	@echo "make demo    - fetch real models, run the StarSD star, then the SUN shared-decoder demo"
 	@echo "make test    - run the whole test suite (installs what it needs)"
 	@echo "make models  - fetch every model in DATA.md (sha256 checked)"
-	@echo "make bench   - run the benchmarks (long; writes benchmarks/results/)"
+	@echo "make bench   - run the benchmarks (hours on 2 cores; writes benchmarks/results/)"
 	@echo "make flash-jetson DEVICE=user@host - provision a Jetson-class device"
 
 $(BIN)/.installed: pyproject.toml
@@ -49,7 +49,14 @@ demo: install llama
 test: install llama test-models
 	STARSUN_STRICT=1 $(BIN)/python -m pytest -q
 
+# every benchmark but sun_accuracy.py (hours; run it in the background, it resumes)
 bench: install llama models
+	$(BIN)/python benchmarks/protocol_overhead.py
+	$(BIN)/python benchmarks/backends.py --rounds 2
+	$(BIN)/python benchmarks/torch_engine_costs.py
+	$(BIN)/python benchmarks/qsun_speed.py
+	$(BIN)/python benchmarks/sun_serving.py
+	$(BIN)/python benchmarks/starsd_scaling.py
 	$(BIN)/python benchmarks/local_spec.py
 
 # make flash-jetson DEVICE=user@host [PROFILE=jetson-orin-nano-8gb] [ROLE=target] [HUB=mqtt://pc:1883] [DRY=1]

@@ -79,15 +79,15 @@ _GGUF_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layer
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
+ROPE_FREQS = "rope_freqs.weight"
+
+
 def _hf_name(gguf_name: str) -> str:
     if gguf_name in _GGUF_GLOBAL:
         return _GGUF_GLOBAL[gguf_name]
     m = _BLOCK_RE.match(gguf_name)
     if m and m.group(2) in _GGUF_BLOCK:
         return f"model.layers.{m.group(1)}.{_GGUF_BLOCK[m.group(2)]}.{m.group(3)}"
-    if gguf_name == "rope_freqs.weight":
-        raise CheckpointError("this GGUF stores RoPE frequency factors (Llama 3.1 style), "
-                              "which StarSun does not load yet; use the HF directory instead")
     raise CheckpointError(f"unexpected tensor {gguf_name!r} in GGUF file; only plain "
                           "llama / qwen2 decoder checkpoints are supported")
 
@@ -121,6 +121,13 @@ def _gguf_config(reader) -> ModelConfig:
         raise CheckpointError(f"partial rotary embeddings (rope dim {rope_dim} != head dim "
                               f"{head_dim}) are not supported")
     rope_scaling = None
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if freqs is not None:                # Llama 3.1-style: per-frequency factors, not metadata
+        factors = np.array(freqs.data, dtype=np.float64).reshape(-1)
+        if factors.size != head_dim // 2:
+            raise CheckpointError(f"{ROPE_FREQS} has {factors.size} factors; head dim {head_dim} needs "
+                                  f"{head_dim // 2}")
+        rope_scaling = {"rope_type": "freq_factors", "factors": [float(x) for x in factors]}
     kind = get(f"{arch}.rope.scaling.type")
     if kind and kind != "none":
         rope_scaling = {"rope_type": kind, "factor": float(get(f"{arch}.rope.scaling.factor", 1.0))}
@@ -144,6 +151,8 @@ def _gguf_weights(reader, cfg: ModelConfig) -> Dict[str, torch.Tensor]:
     import gguf
     sd = {}
     for t in reader.tensors:
+        if t.name == ROPE_FREQS:
+            continue                     # read into the config (rope_scaling "freq_factors")
         name = _hf_name(t.name)
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)

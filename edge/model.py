@@ -128,6 +128,10 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
         inv = torch.where(is_mid, mid, scaled)
     elif kind == "linear":
         inv = inv / sc["factor"]
+    elif kind == "freq_factors":
+        # llama.cpp's rope_freqs tensor (a GGUF of a Llama 3.1-style model): each frequency
+        # divided by its factor -- any per-frequency scaling, llama3's included
+        inv = inv / torch.tensor(sc["factors"], dtype=torch.float64)
     elif kind not in ("default", None):
         raise ValueError(f"unsupported rope scaling {kind!r}")
     return inv

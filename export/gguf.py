@@ -224,11 +224,14 @@ def _rope_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig):
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(sc["factor"]))
         return None
+    if kind == "freq_factors":          # read from a GGUF (edge/checkpoint.py): write it back as it was
+        return np.array(sc["factors"], dtype=np.float32)
     if kind == "llama3":
         # llama.cpp divides each frequency by rope_freqs[i]: the default / scaled ratio
         plain = ModelConfig(**{**cfg.__dict__, "rope_scaling": None})
         return (rope_inv_freq(plain) / rope_inv_freq(cfg)).float().numpy()
-    raise GGUFExportError(f"rope scaling {kind!r} is not supported by the GGUF exporter (linear, llama3 only)")
+    raise GGUFExportError(f"rope scaling {kind!r} is not supported by the GGUF exporter "
+                          "(linear, llama3, freq_factors only)")
 
 
 def write_gguf(

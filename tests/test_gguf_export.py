@@ -196,6 +196,29 @@ def test_llamacpp_rope_and_head_dim_variants(tmp_path, tokenizer, variant):
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max() + 1e-5
 
 
+def test_llama3_rope_round_trips_through_our_gguf_loader(tmp_path, tokenizer):
+    """A Llama 3.1-style GGUF carries its RoPE scaling as the rope_freqs tensor: our loader reads
+    it (rope_scaling "freq_factors"), computes what the source model computes, and writes the
+    same file again -- which llama.cpp still runs like the source."""
+    from edge.checkpoint import load_model
+    cfg = tiny_config("llama", vocab_size=320, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16})
+    torch.manual_seed(3)
+    m = Transformer(cfg).eval()
+    ids = list(np.random.RandomState(1).randint(0, 300, 96))  # past the original context: scaling matters
+    with torch.no_grad():
+        ref = m(torch.tensor([ids]))[0][0].numpy()
+    first = write_gguf(tmp_path / "a.gguf", cfg, m.state_dict(), tokenizer)
+    back, ck = load_model(first, dtype=torch.float32, cache=False)
+    assert ck.config.rope_scaling["rope_type"] == "freq_factors"
+    with torch.no_grad():
+        got = back(torch.tensor([ids]))[0][0].numpy()
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max() + 1e-5
+    second = write_gguf(tmp_path / "b.gguf", ck.config, ck.state_dict, tokenizer)
+    assert np.abs(_llama_logits(_llama(second), ids) - ref).max() <= 1e-4 * np.abs(ref).max() + 1e-5
+
+
 def test_qwen2_with_odd_head_dim_is_refused(tmp_path, tokenizer):
     cfg = tiny_config("qwen2", vocab_size=320, head_dim=32)
     with pytest.raises(GGUFExportError, match="head_dim"):

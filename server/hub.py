@@ -22,7 +22,7 @@ from typing import Optional
 from edge.link import Link, MqttLink
 from edge.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, HubStatus, Join, Joined,
                            ProtocolError, SessionAssign, SessionRelease, decode, down_topic,
-                           draft_ctl_topic, encode, joined_topic, parse_topic, up_topic)
+                           draft_ctl_topic, encode, joined_topic, parse_topic, sun_hello_topic, up_topic)
 from edge.roles.draft import DraftLimits, DraftRefused, DraftService
 from edge.roles.draft_node import DraftNode
 from server.registry import Refusal, Registry
@@ -61,6 +61,7 @@ class Hub:
         self.sun_decoder = sun_decoder
         self.router: Optional[SunRouter] = None
         self.sun_node = None                  # DecoderNode of sun_decoder
+        self._sun_link = None                 # its own connection
         self.registry = Registry()
         self.epoch = 0.0
         self.counters = {"joins": 0, "refused": 0, "bad_join": 0}
@@ -99,8 +100,14 @@ class Hub:
                                     ctl_key=self.ctl_key).start()
             if self.sun_decoder is not None:
                 from edge.roles.decoder_node import DecoderNode
-                self.sun_node = DecoderNode(self.sun_decoder, self.link, f"{self.hub_id}-decoder",
-                                            ctl_key=self.ctl_key).start()
+                # its own connection: megabytes of KV must not queue behind (or ahead of) draft traffic
+                did = f"{self.hub_id}-decoder"
+                self._sun_link = self._second_link(did)
+                self.sun_node = DecoderNode(self.sun_decoder, self._sun_link, did, ctl_key=self.ctl_key)
+                if self._sun_link is not self.link:
+                    self._sun_link.set_will(sun_hello_topic(did), self.sun_node.will())
+                    self._sun_link.connect()
+                self.sun_node.start()
         if self.draft_engine is not None:
             svc = DraftService(self.draft_engine, self.limits, name=f"{self.hub_id}-draft")
             self.node = DraftNode(svc, self.link, f"{self.hub_id}-draft", self.tokenizer_fp,
@@ -123,6 +130,8 @@ class Hub:
             self.node.stop()
         if self.sun_node is not None:
             self.sun_node.stop()              # announces itself offline (retained)
+            if self._sun_link is not self.link:
+                self._sun_link.close()
         if self.router is not None:
             self.router.stop()
         if self.link is not None:
@@ -139,9 +148,22 @@ class Hub:
             self.node.service.stop()
         if self.sun_node is not None:
             self.sun_node.stop(announce=False)
+            if self._sun_link is not self.link:
+                (getattr(self._sun_link, "crash", None) or self._sun_link.close)()
         crash = getattr(self.link, "crash", None)
         (crash or self.link.close)()
         self._stop_broker()
+
+    def _second_link(self, name: str):
+        """Another connection to our broker as the hub's user (an in-memory bus: another link on it)."""
+        if isinstance(self.link, MqttLink):
+            return MqttLink(self.link.url, client_id=f"{name}-{int(self.epoch * 1000) % 10**9}",
+                            username=self.username, password=self.password)
+        bus = getattr(self.link, "bus", None)
+        if bus is not None:
+            from edge.memory_link import MemoryLink
+            return MemoryLink(bus)
+        return self.link                      # some other Link: share it
 
     def _stop_broker(self) -> None:
         if self.broker is not None:

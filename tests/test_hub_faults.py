@@ -121,3 +121,24 @@ def test_vanished_target_is_evicted_and_its_kv_freed(mosquitto, models):
     finally:
         link.close()
         hub.stop()
+
+
+def test_overloaded_draft_service_is_left_alone_with_a_backoff(memory_bus, models):
+    """A draft service at its KV limit answers 'overloaded': the target decodes alone (same output)
+    and backs off instead of asking again every round."""
+    from edge.link import MemoryLink
+    target_model, draft_model = models
+    hub = Hub(link=MemoryLink(memory_bus), draft_engine=TorchEngine(draft_model, "draft"), tokenizer_fp=TOK,
+              limits=DraftLimits(ahead=False, max_kv_mb=0.01)).start()     # ~40 tokens of tiny KV
+    star = StarTarget(TorchEngine(target_model, fingerprint="target"),
+                      HubClient(MemoryLink(memory_bus).connect(), "busy", TOK, 256), gamma=3)
+    try:
+        prompt = [(5 * j) % 256 for j in range(60)]                       # over the limit at once
+        out = star.generate(prompt, 40)
+        assert out.tokens == generate_plain(star.engine, prompt, 40).tokens
+        st = star.last_drafter.stats
+        assert st["overloaded"] >= 1 and st["answered"] == 0, st
+        assert st["overloaded"] <= 8 < st["rounds"], st                    # not one request per round
+    finally:
+        star.hub.close()
+        hub.stop()

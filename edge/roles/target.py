@@ -29,13 +29,14 @@ import numpy as np
 
 from edge.engines.base import Engine
 from edge.generate import GenResult, generate_speculative
-from edge.protocol import (E_BAD_KEEP, E_UNKNOWN_SESSION, MAX_GAMMA, DraftResponse, Error)
+from edge.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, MAX_GAMMA, DraftResponse, Error)
 from edge.roles.session import HubClient, JoinRefused, Session
 from edge.sampling import GREEDY, SamplingParams, SparseDist
 
 log = logging.getLogger(__name__)
 SHORT_FEED = 4          # a request feeding more than this is a prefill, not a round-trip sample
 MAX_MISSES = 3          # unanswered requests in a row before the session is presumed lost
+BUSY_BACKOFF_S = (0.05, 2.0)   # after 'overloaded': decode alone this long, doubling up to the cap
 
 
 class Deadline:
@@ -98,9 +99,12 @@ class RemoteDrafter:
         self.refusal: Optional[str] = None
         self._out: Optional[_Outstanding] = None
         self._misses = 0                # requests given up on in a row
+        self._busy_until = 0.0          # an overloaded draft service: no requests before this
+        self._busy_backoff = BUSY_BACKOFF_S[0]
         self._base = (0, 0, ())     # (keep, L, drafts): the draft holds ctx[:keep], or ctx[:L] + drafts[:-1]
         self.stats = {"rounds": 0, "answered": 0, "late_used": 0, "timeouts": 0, "alone": 0,
-                      "errors": 0, "joins": 0, "rejoins": 0, "refused": 0, "answered_since_join": 0,
+                      "errors": 0, "overloaded": 0, "joins": 0, "rejoins": 0, "refused": 0,
+                      "answered_since_join": 0,
                       "rtt_s": deque(maxlen=4096), "overhead_s": deque(maxlen=4096)}
 
     # ---- session management ----
@@ -205,6 +209,9 @@ class RemoteDrafter:
                 self.stats["alone"] += 1
                 return [], []
         if out is None:
+            if now < self._busy_until:             # the draft said it is overloaded: leave it be
+                self.stats["alone"] += 1
+                return [], []
             if not self._send(s, context, gamma, now):
                 self.stats["alone"] += 1
                 return [], []
@@ -225,10 +232,15 @@ class RemoteDrafter:
                 self._base = (0, 0, ())
             elif msg.code == E_UNKNOWN_SESSION:
                 s.mark_lost()
+            elif msg.code == E_OVERLOADED:
+                self.stats["overloaded"] += 1
+                self._busy_until = time.monotonic() + self._busy_backoff
+                self._busy_backoff = min(BUSY_BACKOFF_S[1], 2 * self._busy_backoff)
             log.debug("draft error %s: %s", msg.code, msg.message)
             return [], []
         assert isinstance(msg, DraftResponse)
         self.stats["answered"] += 1
+        self._busy_backoff = BUSY_BACKOFF_S[0]
         if out.fed <= SHORT_FEED:                  # round trip minus the draft's own time
             self.stats["overhead_s"].append(max(0.0, t_recv - out.sent - msg.compute_us * 1e-6))
         self.stats["answered_since_join"] += 1

@@ -37,6 +37,28 @@ def draft_options(f):
     return f
 
 
+def read_ctl_key(path):
+    """The deployment's control key (hub <-> draft services and SUN workers sign their control
+    messages with it): the bytes of a file, at least 16; None without --ctl-key-file."""
+    if not path:
+        return None
+    from pathlib import Path
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {path}: {e.strerror}", param_hint="--ctl-key-file") from None
+    if len(key) < 16:
+        raise click.BadParameter(f"{path} holds {len(key)} bytes; a control key needs at least 16 "
+                                 "(e.g. `head -c 32 /dev/urandom | base64 > ctl.key`)",
+                                 param_hint="--ctl-key-file")
+    return key
+
+
+ctl_key_option = click.option("--ctl-key-file", default=None, type=click.Path(dir_okay=False),
+                              help="sign control messages with this shared key (the same file on the hub "
+                                   "and every draft service / SUN worker)")
+
+
 def draft_limits(max_sessions, max_kv_mb, max_gamma, evict_after, ahead, q_top_k):
     from edge.roles.draft import DraftLimits
     return DraftLimits(max_sessions=max_sessions, max_kv_mb=max_kv_mb, max_gamma=max_gamma,
@@ -76,12 +98,15 @@ def _wait_for_signal() -> None:
                    "prefill/decoder: torch (the tuned directory) or onnx (its bundle)")
 @click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
               show_default=True)
-@click.option("--threads", default=None, type=int, help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always use 1)")
+@click.option("--threads", default=None, type=int,
+              help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always use 1)")
 @click.option("--max-len", default=4096, show_default=True, help="context cap per sequence")
 @click.option("-v", "--verbose", count=True, help="-v info, -vv debug logging")
+@ctl_key_option
 @draft_options
 def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, username, password, gamma,
-        http_host, http_port, prompt, max_new, temperature, backend, dtype, threads, max_len, verbose, **limits):
+        http_host, http_port, prompt, max_new, temperature, backend, dtype, threads, max_len, verbose,
+        ctl_key_file, **limits):
     """Join the star at --hub as a target, a draft service or a SUN worker (runs until Ctrl-C)."""
     from edge.cli import load_engine
     from edge.link import LinkError, MqttLink, parse_url
@@ -97,31 +122,33 @@ def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, 
         raise click.BadParameter(str(e)) from None
     if password and not username:
         username = client_id
+    ctl_key = read_ctl_key(ctl_key_file)
     if role in ("prefill", "decoder"):           # SUN: the module dir carries its own model
         if not module_dir:
             raise click.UsageError(f"--role {role} needs --module DIR "
                                    "(a SUN specialist or shared-decoder directory)")
         _run_sun(role, MqttLink(hub_url, username=username, password=password), module_dir, client_id,
-                 task, threads, max_batch, stop_ids, backend)
+                 task, threads, max_batch, stop_ids, backend, ctl_key)
         return
     if not model:
         raise click.UsageError(f"--role {role} needs --model")
     engine, tok = load_engine(model, dtype, threads, max_len, backend, role=role)
     link = MqttLink(hub_url, username=username, password=password)
     if role == "draft":
-        _run_draft(engine, tok, link, client_id, draft_limits(**limits))
+        _run_draft(engine, tok, link, client_id, draft_limits(**limits), ctl_key)
     else:
         _run_target(engine, tok, link, client_id, gamma, model, http_host, http_port, prompt, max_new,
                     temperature)
 
 
-def _run_draft(engine, tok, link, service_id, limits) -> None:
+def _run_draft(engine, tok, link, service_id, limits, ctl_key=None) -> None:
     from edge.link import LinkError
     from edge.protocol import draft_hello_topic
     from edge.roles.draft import DraftService
     from edge.roles.draft_node import DraftNode
 
-    node = DraftNode(DraftService(engine, limits, name=service_id), link, service_id, tok.fingerprint())
+    node = DraftNode(DraftService(engine, limits, name=service_id), link, service_id, tok.fingerprint(),
+                     ctl_key=ctl_key)
     link.set_will(draft_hello_topic(service_id), node.will())
     try:
         link.connect(timeout=10)
@@ -139,7 +166,8 @@ def _run_draft(engine, tok, link, service_id, limits) -> None:
                    f"mean batch {st['batch_size_mean']:.1f}", err=True)
 
 
-def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_ids, backend) -> None:
+def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_ids, backend,
+             ctl_key=None) -> None:
     from edge.engines.base import EngineError
     from edge.link import LinkError
     from edge.roles.sun_nodes import open_node
@@ -147,7 +175,7 @@ def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_id
 
     try:
         node = open_node(role, link, directory, worker_id, task=task, threads=threads, max_batch=max_batch,
-                         stop_ids=stop_ids, backend="torch" if backend == "auto" else backend)
+                         stop_ids=stop_ids, backend="torch" if backend == "auto" else backend, ctl_key=ctl_key)
     except (SunError, OSError, EngineError) as e:
         raise click.ClickException(f"--module {directory}: {e}") from None
     except LinkError as e:

@@ -10,7 +10,7 @@ import time
 import click
 
 
-from edge.agent_run import draft_limits, draft_options
+from edge.agent_run import ctl_key_option, draft_limits, draft_options, read_ctl_key
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,7 +37,8 @@ def main(verbose):
 @click.option("--hub-id", default="hub", show_default=True)
 @click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
               show_default=True)
-@click.option("--threads", default=None, type=int, help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always use 1)")
+@click.option("--threads", default=None, type=int,
+              help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always use 1)")
 @click.option("--max-len", default=4096, show_default=True, help="context cap per session")
 @click.option("--stats-every", default=5.0, show_default=True, help="seconds between stats lines (0: off)")
 @click.option("--sun-isolated", is_flag=True,
@@ -55,10 +56,11 @@ def main(verbose):
 @click.option("--sun-http-host", default="127.0.0.1", show_default=True)
 @click.option("--sun-tokenizer", default=None, metavar="MODEL",
               help="with --sun-http-port: the SUN base model (name or path) whose tokenizer the tasks share")
+@ctl_key_option
 @draft_options
 def serve(broker_url, mosquitto, port, acl, users, username, password, draft_model, hub_id, dtype,
           threads, max_len, stats_every, sun_isolated, sun_pools, sun_decoder, sun_max_batch, stop_ids,
-          sun_http_port, sun_http_host, sun_tokenizer, **limits):
+          sun_http_port, sun_http_host, sun_tokenizer, ctl_key_file, **limits):
     """Run the hub until Ctrl-C."""
     from server.broker import BrokerError
     from server.hub import Hub
@@ -68,6 +70,7 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
                                "they do not apply with --broker")
     if users and not acl:
         raise click.UsageError("--user needs --acl (without an ACL anyone may connect)")
+    ctl_key = read_ctl_key(ctl_key_file)
     pools = _parse_pools(sun_pools)
     if pools and not sun_isolated:
         raise click.UsageError("--sun-pool gives a task its own decoders: it needs --sun-isolated")
@@ -101,7 +104,7 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
     hub = Hub(broker_url=broker_url, broker="mosquitto" if mosquitto else "embedded", port=port, acl=acl,
               draft_engine=engine, tokenizer_fp=tok_fp or "", limits=draft_limits(**limits), hub_id=hub_id,
               username=username, password=password, sun_isolated=sun_isolated, sun_pools=pools,
-              sun_decoder=decoder)
+              sun_decoder=decoder, ctl_key=ctl_key)
     try:
         hub.start()
     except BrokerError as e:

@@ -138,21 +138,25 @@ def star(tmp_path_factory):
     port = find_free_port()
     url = f"mqtt://127.0.0.1:{port}"
     ps = Procs(root)
+    key = root / "ctl.key"                         # every control message signed with one shared key
+    key.write_bytes(os.urandom(24).hex().encode())
+    ps.ctl_key = key.read_bytes()
+    signed = ["--ctl-key-file", key]
     common = ["--threads", "1", "--dtype", "float64"]
     users = [f"{n}:{r}:{PW}" for n, r in (("dev1", "client"), ("prefill-maths", "sun"),
                                            ("dec-agent", "sun"), ("app", "client"), ("monitor", "hub"))]
     try:
         ps.start("hub", BIN / "edge-hub", "serve", "--mosquitto", "--acl", "--port", port,
-                 "--draft-model", model, "--sun-decoder", dec_dir, "--stats-every", "0", *common,
+                 "--draft-model", model, "--sun-decoder", dec_dir, "--stats-every", "0", *common, *signed,
                  *[x for u in users for x in ("--user", u)])
         ps.wait_for("hub", "serving on")
         agent = [BIN / "edge-agent", "run", "--hub", url]
         ps.start("target", *agent, "--role", "target", "--model", model, "--username", "dev1",
                  "--password", PW, "--prompt", PROMPT, "-n", MAX_NEW, "-g", "3", *common)
         ps.start("prefill", *agent, "--role", "prefill", "--module", maths_dir, "--task", "maths",
-                 "--username", "prefill-maths", "--password", PW, "--threads", "1")
+                 "--username", "prefill-maths", "--password", PW, "--threads", "1", *signed)
         ps.start("decoder", *agent, "--role", "decoder", "--module", dec_dir,
-                 "--username", "dec-agent", "--password", PW, "--max-batch", "8", "--threads", "1")
+                 "--username", "dec-agent", "--password", PW, "--max-batch", "8", "--threads", "1", *signed)
         yield ps, url, model, dec_dir, maths_dir
     finally:
         ps.close()
@@ -197,7 +201,8 @@ def test_sun_request_through_agent_prefill_and_both_decoders(star):
     from edge.protocol import SUN_WORKERS_SUB, decode
     hellos = {}
     mon = MqttLink(url, username="monitor", password=PW).connect(10)
-    mon.subscribe(SUN_WORKERS_SUB, lambda t, p: p and hellos.__setitem__(t.rsplit("/", 1)[1], decode(p)))
+    mon.subscribe(SUN_WORKERS_SUB,
+                  lambda t, p: p and hellos.__setitem__(t.rsplit("/", 1)[1], decode(p, ps.ctl_key)))
     client = SunClient(MqttLink(url, username="app", password=PW).connect(10), "app").start()
     try:
         end = time.monotonic() + 30
@@ -233,6 +238,13 @@ def test_cli_usage_errors():
     assert r.exit_code == 2 and "TASK=DECODER" in r.output
     r = CliRunner().invoke(main, ["serve", "--sun-http-port", "8080"])
     assert r.exit_code == 2 and "--sun-tokenizer" in r.output
+    short = Path(__file__).parent / "__short.key"
+    try:
+        short.write_bytes(b"abc")
+        r = CliRunner().invoke(main, ["serve", "--ctl-key-file", str(short)])
+        assert r.exit_code == 2 and "at least 16" in r.output
+    finally:
+        short.unlink(missing_ok=True)
     r = CliRunner().invoke(run, ["--role", "decoder", "--hub", "mqtt://127.0.0.1:1"])
     assert r.exit_code == 2 and "--module" in r.output
     r = CliRunner().invoke(run, ["--role", "target", "--hub", "mqtt://127.0.0.1:1"])

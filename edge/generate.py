@@ -135,6 +135,21 @@ class ModelDrafter:
                 self._fed.append(x)
         return tokens, qs
 
+    def probe_step_seconds(self, token: int) -> float:
+        """Seconds of one draft step, measured on a scratch sequence (the second of two calls:
+        the first pays one-off costs). A draft-cost sample that needs no prefill."""
+        eng = self.engine
+        secs = 0.0
+        for _ in range(2):
+            seq = eng.new_sequence()
+            try:
+                t = time.perf_counter()
+                eng.forward_last(seq, [int(token)])
+                secs = time.perf_counter() - t
+            finally:
+                eng.free(seq)
+        return secs
+
     def prefill(self, prompt: Sequence[int]) -> None:
         """Feed all but the last prompt token (what draft() would feed anyway)."""
         prompt = [int(t) for t in prompt]
@@ -155,21 +170,28 @@ CATCH_UP_OK = 4   # a draft call feeding <= this many missed tokens still times 
 class AdaptiveGamma:
     """Chooses gamma per round from measured costs and the running alpha.
 
-    First plain steps until `warmup` single-step timings exist, then one
-    exploration round at min(max_gamma, 3) (measures alpha, the draft and a
-    longer verify; cheap even where speculation loses), then choose_gamma()
-    with a `margin` so timing noise does not tip a near-tie into speculation.
-    When that says 0, a gamma=1 probe runs after 8, 16, 32 ... plain steps so
-    the estimates can recover — O(log n) probes in all. While speculating, a
-    plain step every `refresh` rounds (every 8 until the single-step window is
-    full) keeps the single-step time — the unit of every cost — measured.
+    First plain steps until `warmup` single-step timings exist. Then, if
+    speculation could pay at all -- choose_gamma() at an optimistic alpha
+    (`explore_alpha`) with what is known of the verify cost (a prior slope
+    until measured) and of the draft (a one-step probe) -- one exploration
+    round at min(max_gamma, 3) measures alpha, the draft and a longer verify;
+    where it cannot pay (a draft that costs ~half a target step, as on these
+    CPUs) nothing is drafted at all: the run is plain decoding plus two draft
+    steps. After that, choose_gamma() with the measured alpha and a `margin`
+    so timing noise does not tip a near-tie into speculation. When that says
+    0, a gamma=1 probe runs after 8, 16, 32 ... plain steps so the estimates
+    can recover -- O(log n) probes in all, and none where even the optimistic
+    alpha would not pay. While speculating, a plain step every `refresh`
+    rounds (every 8 until the single-step window is full) keeps the
+    single-step time -- the unit of every cost -- measured.
     """
 
     def __init__(self, max_gamma: int, margin: float = 0.05, probe_start: int = 8, warmup: int = 2,
                  refresh: int = 32, acceptance: Optional[AcceptanceTracker] = None,
-                 costs: Optional[CostTracker] = None):
+                 costs: Optional[CostTracker] = None, explore_alpha: float = 0.8):
         self.max_gamma = max_gamma
         self.margin = margin
+        self.explore_alpha = explore_alpha
         self.warmup = warmup
         self.refresh = refresh
         self.acceptance = acceptance or AcceptanceTracker()
@@ -178,11 +200,18 @@ class AdaptiveGamma:
         self._zeros = 0
         self._since_plain = 0
 
+    def could_pay(self) -> bool:
+        """Would speculation win at the optimistic alpha, with the costs measured so far?"""
+        if not self.costs.has_draft:
+            return True                       # nothing known of the draft: find out
+        return choose_gamma(self.explore_alpha, self.costs.c, self.costs.verify_cost, self.max_gamma,
+                            self.margin) > 0
+
     def next_gamma(self) -> int:
         if self.costs.samples(1) < self.warmup:
             return 0
         if self.acceptance.rounds == 0 or not self.costs.has_draft:
-            return min(self.max_gamma, 3)
+            return min(self.max_gamma, 3) if self.could_pay() else 0
         g = choose_gamma(self.acceptance.alpha, self.costs.c, self.costs.verify_cost,
                          self.max_gamma, self.margin)
         if g > 0:
@@ -197,7 +226,7 @@ class AdaptiveGamma:
         self._zeros += 1
         if self._zeros >= self._interval:
             self._zeros, self._interval = 0, self._interval * 2
-            return 1
+            return 1 if self.could_pay() else 0
         return 0
 
 
@@ -315,9 +344,18 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     # steps also feeds the tokens it missed: not a fair draft-step sample.
     seen = len(prompt)
     try:
-        if hasattr(drafter, "prefill"):
-            # Prefill the draft too, so the first draft call is not timed as
-            # a (misleadingly slow) draft step by the adaptive policy.
+        if policy is not None:
+            # The draft is priced by a one-step probe, not prefilled: it catches up only if a
+            # round drafts, which it may never do (a target whose verify calls cost ~k steps).
+            # (The target's prefill is no verify-cost sample: a first call pays warm-up costs,
+            # hundreds of ms on a GPU, which would forbid speculation exactly where it pays.)
+            seen = 0
+            if hasattr(drafter, "probe_step_seconds"):
+                t = time.perf_counter()
+                policy.costs.add_draft(1, drafter.probe_step_seconds(prompt[-1]))
+                res.timings.append(CallTiming("draft_probe", 2, time.perf_counter() - t))
+        elif hasattr(drafter, "prefill"):
+            # Prefill the draft too, so its first call is not a (slow) catch-up inside a round.
             t = time.perf_counter()
             drafter.prefill(prompt)
             res.timings.append(CallTiming("draft_prefill", len(prompt) - 1, time.perf_counter() - t))

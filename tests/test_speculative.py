@@ -1,5 +1,7 @@
 """edge/speculative.py, edge/ngram.py and edge/generate.py: verification, cost
 model, prompt lookup, and speculative == plain greedy output."""
+import time
+
 import numpy as np
 import pytest
 
@@ -268,6 +270,37 @@ def test_adaptive_switches_speculation_off_when_it_loses():
     for _ in range(30):
         ag.acceptance.update(4, 4)
     assert ag.next_gamma() == 4
+
+
+def test_adaptive_does_not_explore_where_even_a_good_alpha_loses():
+    # a draft step at half a target step (these CPUs): even alpha = 0.8 cannot pay -> never draft
+    ag = AdaptiveGamma(4, warmup=1)
+    ag.costs.add_target(1, 0.010)
+    ag.costs.add_draft(1, 0.005)
+    assert [ag.next_gamma() for _ in range(100)] == [0] * 100      # no exploration, no probes
+    # a draft at a tenth of a step (a memory-bound GPU pair): explore
+    ag = AdaptiveGamma(4, warmup=1)
+    ag.costs.add_target(1, 0.010)
+    ag.costs.add_draft(1, 0.001)
+    assert ag.next_gamma() == 3
+
+
+class SlowDraft(TableEngine):
+    """A draft that costs far more than the (table) target: adaptive must never use it."""
+
+    def forward(self, seq, tokens):
+        time.sleep(0.003)
+        return super().forward(seq, tokens)
+
+
+def test_adaptive_with_a_costly_draft_is_plain_decoding():
+    target = TableEngine(seed=4, window=2)
+    drafter = ModelDrafter(SlowDraft(seed=4, window=2))         # the same model: it would be right
+    got = generate_speculative(target, drafter, PROMPT, 40, 4, GREEDY, adaptive=True)
+    assert got.tokens == generate_plain(target, PROMPT, 40, GREEDY).tokens
+    assert got.n_drafted == 0 and set(got.gammas) == {0}
+    assert [t.kind for t in got.timings].count("draft_probe") == 1       # priced once, never prefilled
+    assert not any(t.kind in ("draft", "draft_prefill") for t in got.timings)
 
 
 def test_stochastic_generation_is_reproducible_with_seed():

@@ -122,19 +122,10 @@ class ExportCache:
         return self._files[key]
 
     def tokenizer(self):
-        """A small byte-level BPE trained here (GPT-2 pre-tokeniser), as in test_gguf_export."""
+        """tiny_models.small_bpe, trained once per session."""
         if self._tok is None:
-            from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers, trainers
-            from edge.tokenizer import Tokenizer
-            hf = HF(models.BPE())
-            hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-            hf.decoder = decoders.ByteLevel()
-            corpus = ["the quick brown fox jumps over the lazy dog", "hello world, this is a test 12345",
-                      "def f(x):\n    return x + 1\n"] * 30
-            hf.train_from_iterator(corpus, trainers.BpeTrainer(
-                vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-            self._tok = Tokenizer(hf, bos_id=0, eos_id=2, pad_id=0)
+            from tiny_models import small_bpe
+            self._tok = small_bpe()
         return self._tok
 
     def gguf(self, arch: str, ftype: str = "F32", seed: int = 0):

@@ -6,9 +6,10 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, quants
 
 from edge.model import Transformer, tiny_config
-from edge.tokenizer import Tokenizer
 from export.gguf import GGUFExportError, as_vocab, gguf_name, write_gguf
 from export.quant import fake_quant_q4, fake_quant_state_dict, is_quantised_linear
+
+from tiny_models import small_bpe
 
 FTYPES = ["F32", "F16", "Q8_0", "Q4_0"]
 CHAT = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -17,18 +18,7 @@ TEXTS = ["hello world, the quick brown fox", "def f(x):\n    return x + 1\n", "<
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    """A small byte-level BPE (GPT-2 pre-tokeniser) trained here with `tokenizers`."""
-    from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers, trainers
-
-    hf = HF(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    corpus = ["the quick brown fox jumps over the lazy dog", "hello world, this is a test 12345",
-              "def f(x):\n    return x + 1\n"] * 30
-    hf.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return Tokenizer(hf, bos_id=0, eos_id=2, pad_id=0, chat_template=CHAT)
+    return small_bpe(chat_template=CHAT)
 
 
 def _model(arch, seed=0):

@@ -1,4 +1,5 @@
-"""Tiny random llamas for the role and star tests (float64: greedy outputs compare exactly)."""
+"""Tiny random llamas for the role and star tests (float64: greedy outputs compare exactly), and a
+small BPE tokenizer trained here for the exporter tests."""
 import copy
 
 import torch
@@ -33,3 +34,19 @@ def specialist(base, seed):
     for p in m.parameters():
         p.data.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05)
     return m
+
+
+def small_bpe(chat_template=None):
+    """A small byte-level BPE (GPT-2 pre-tokeniser, 300 tokens, 3 specials) trained here."""
+    from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers, trainers
+
+    from edge.tokenizer import Tokenizer
+    hf = HF(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    corpus = ["the quick brown fox jumps over the lazy dog", "hello world, this is a test 12345",
+              "def f(x):\n    return x + 1\n"] * 30
+    hf.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return Tokenizer(hf, bos_id=0, eos_id=2, pad_id=0, chat_template=chat_template)

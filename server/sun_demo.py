@@ -229,6 +229,8 @@ def _wait_routes(hub: Hub, names, timeout: float = 20.0) -> None:
 @click.option("--seed", default=0, show_default=True)
 def sun_demo(n_requests, rate, zipf, max_batch, work, seed):
     """SUN: three task specialists share one int4 decoder over MQTT (trains tiny specialists once)."""
+    import logging
+    logging.getLogger("amqtt").setLevel(logging.ERROR)     # its PUBACK chatter is not ours to show
     report = run_sun_demo(Path(work), n_requests, rate, zipf, seed, max_batch)
     if report["identical_to_in_process"] != n_requests or report["errors"]:
         raise click.ClickException("the SUN demo served answers that differ from the in-process run (see above)")

@@ -54,9 +54,15 @@ class TableConfig:
     eval_batch: int = 64
 
 
-def _score(task: TaskData, prefill, decoder, batch: int) -> Dict[str, float]:
-    preds = split_generate(prefill, decoder, [e.prompt for e in task.eval], task.max_new, task.stop_ids,
-                           batch_size=batch)
+def _score(task: TaskData, prefill, decoder, batch: int, label: str = "",
+           progress: bool = False) -> Dict[str, float]:
+    from tqdm.auto import tqdm
+    prompts = [e.prompt for e in task.eval]
+    preds: List[List[int]] = []
+    for i in tqdm(range(0, len(prompts), batch), desc=f"eval {task.name}/{label}", unit="batch",
+                  disable=not progress, leave=False):   # greedy decoding of a real eval set takes minutes
+        preds += split_generate(prefill, decoder, prompts[i: i + batch], task.max_new, task.stop_ids,
+                                batch_size=batch)
     acc = (task.score or (lambda p, ex: exact_match(p, [e.answer for e in ex])))(preds, task.eval)
     with torch.no_grad():
         ce = sum(float(split_loss(prefill, decoder, task.eval[i: i + batch])) * len(task.eval[i: i + batch])
@@ -130,7 +136,7 @@ def accuracy_table(base: Transformer, tasks: Sequence[TaskData], cfg: TableConfi
                  "sun": (sun, fp_dec), "int4_rtn": (sun, q_dec), "qsun": (qsun, q_dec)}
         for r in rows:
             if r in need:
-                store.put(task.name, r, _score(task, *pairs[r], cfg.eval_batch))
+                store.put(task.name, r, _score(task, *pairs[r], cfg.eval_batch, r, progress))
         log(f"{task.name}: " + ", ".join(f"{r}={store.get(task.name, r)['acc']:.3f}" for r in rows)
             + f" ({time.perf_counter() - t0:.0f}s)")
     return store.data

@@ -60,6 +60,26 @@ class Engine(ABC):
     def import_kv(self, blob: bytes) -> int:
         raise EngineError(f"the {self.name} engine cannot import KV caches")
 
+    def _check_step(self, seqs: Sequence[int], tokens: Sequence[int]) -> bool:
+        """Validate a step's arguments (clear errors); False when there is nothing to step."""
+        if len(seqs) != len(tokens):
+            raise EngineError(f"step got {len(seqs)} sequences but {len(tokens)} tokens")
+        if len(set(seqs)) != len(seqs):
+            raise EngineError("step got the same sequence twice")
+        return bool(seqs)
+
+    def _read_kv(self, blob: bytes, dtype):
+        """(SequenceKV, header) of a KV blob made for this engine's model (cfg, fingerprint, max_len),
+        or an EngineError saying why it is refused."""
+        from edge.kv import KVError, SequenceKV
+        c = self.cfg
+        try:
+            return SequenceKV.from_bytes(blob, fingerprint=self.fingerprint, layers=c.num_layers,
+                                         kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=dtype,
+                                         max_len=self.max_len)
+        except KVError as e:
+            raise EngineError(f"KV blob refused: {e}") from None
+
     @staticmethod
     def _known(table: dict, seq: int):
         """table[seq], or a clear error for a sequence this engine does not hold."""

@@ -212,11 +212,7 @@ class LlamaCppEngine(Engine):
         return self._feed(seq, tokens, last_only=True)
 
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
-        if len(seqs) != len(tokens):
-            raise EngineError(f"step got {len(seqs)} sequences but {len(tokens)} tokens")
-        if len(set(seqs)) != len(seqs):
-            raise EngineError("step got the same sequence twice")
-        if not seqs:
+        if not self._check_step(seqs, tokens):
             return np.zeros((0, self.vocab_size), dtype=np.float32)
         if len(seqs) > self._n_batch:
             raise EngineError(f"step over {len(seqs)} sequences exceeds the batch size {self._n_batch}")

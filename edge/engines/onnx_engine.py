@@ -179,11 +179,7 @@ class OnnxEngine(Engine):
         return logits
 
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
-        if len(seqs) != len(tokens):
-            raise EngineError(f"step got {len(seqs)} sequences but {len(tokens)} tokens")
-        if len(set(seqs)) != len(seqs):
-            raise EngineError("step got the same sequence twice")
-        if not seqs:
+        if not self._check_step(seqs, tokens):
             return np.zeros((0, self.vocab_size), dtype=np.float32)
         if self.graph == "prefill":
             raise EngineError("a prefill-only graph cannot step sequences; load the 'model' or 'decoder' graph")
@@ -238,14 +234,8 @@ class OnnxEngine(Engine):
 
     def import_kv(self, blob: bytes) -> int:
         import torch
-        from edge.kv import KVError, SequenceKV
         c = self.cfg
-        try:
-            kv, head = SequenceKV.from_bytes(blob, fingerprint=self.fingerprint, layers=c.num_layers,
-                                             kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                                             dtype=torch.float32, max_len=self.max_len)
-        except KVError as e:
-            raise EngineError(f"KV blob refused: {e}") from None
+        kv, head = self._read_kv(blob, torch.float32)
         data = kv.data[:, :, :, : kv.length].numpy()
         sid = next(self._ids)
         self._seqs[sid] = _Seq(kv=[np.ascontiguousarray(data[i, j]) for i in range(c.num_layers) for j in (0, 1)],

@@ -146,11 +146,7 @@ class TorchEngine(Engine):
 
     @torch.inference_mode()
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
-        if len(seqs) != len(tokens):
-            raise EngineError(f"step got {len(seqs)} sequences but {len(tokens)} tokens")
-        if len(set(seqs)) != len(seqs):
-            raise EngineError("step got the same sequence twice")
-        if not seqs:
+        if not self._check_step(seqs, tokens):
             return np.zeros((0, self.vocab_size), dtype=np.float32)
         kvs = [self._get(s) for s in seqs]
         tokens = [int(t) for t in tokens]
@@ -180,13 +176,7 @@ class TorchEngine(Engine):
         return self._get(seq).to_bytes(self.fingerprint, dtype=dtype, tokens=self._tokens[seq], meta=meta)
 
     def import_kv(self, blob: bytes) -> int:
-        c = self.cfg
-        try:
-            kv, head = SequenceKV.from_bytes(blob, fingerprint=self.fingerprint, layers=c.num_layers,
-                                             kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                                             dtype=self.dtype, max_len=self.max_len)
-        except KVError as e:
-            raise EngineError(f"KV blob refused: {e}") from None
+        kv, head = self._read_kv(blob, self.dtype)
         sid = next(self._ids)
         self._seqs[sid] = kv
         self._tokens[sid] = list(head.get("tokens") or [])

@@ -55,11 +55,12 @@ def write(results, out: Path, wall_s: float, args):
     out.mkdir(parents=True, exist_ok=True)
     results = dict(results, machine=platform.platform(), wall_s=round(wall_s, 1), args=vars(args))
     stem = "sun_accuracy_smoke" if args.smoke else "sun_accuracy"
+    walls = ", ".join(f"{t} {w / 3600:.2f} h" for t, w in results["meta"].get("wall_s", {}).items())
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     md = (f"# SUN accuracy table, base {args.model}\n\nScore (exact match / final number / BFCL AST / "
           f"HumanEval pass@1, greedy):\n\n{markdown_table(results)}\nAnswer cross-entropy (nats/token):\n\n"
-          f"{markdown_table(results, metric='ce')}\nWall time so far: {wall_s / 3600:.2f} h on "
-          f"{results['machine']}.\n")
+          f"{markdown_table(results, metric='ce')}\nWall time per task (training + scoring, summed over "
+          f"resumed runs): {walls or '-'}; this run {wall_s / 3600:.2f} h on {results['machine']}.\n")
     (out / f"{stem}.md").write_text(md)
     import matplotlib
     matplotlib.use("Agg")

@@ -143,7 +143,6 @@ def _split_batch(prefill, decoder, prompts, max_new, stops) -> List[List[int]]:
     toks, lengths = pad_right(prompts, device=dev)
     first_logits, kv, lengths = prefill_batch(prefill, toks, lengths)
     B, P = toks.shape
-    rows = torch.arange(B, device=dev)
     # preallocated KV laid out as the model's ragged convention wants: row b valid for lengths[b]
     bufs = []
     for k, v in kv:
@@ -153,24 +152,35 @@ def _split_batch(prefill, decoder, prompts, max_new, stops) -> List[List[int]]:
         bufs.append((kb, vb))
     cur = first_logits.argmax(-1)
     gen = [[int(t)] for t in cur.tolist()]
-    done = [g[0] in stops for g in gen]
-    lengths = lengths.clone()
+    live = [b for b in range(B) if gen[b][0] not in stops]     # rows still generating, in batch order
+    if len(live) < B:
+        bufs, lengths, cur = _keep_rows(bufs, lengths, cur, list(range(B)), live, dev)
     for _ in range(max_new - 1):
-        if all(done):
+        if not live:
             break
         L = int(lengths.max())
         past = [(kb[:, :, :L], vb[:, :, :L]) for kb, vb in bufs]
         logits, present = decoder(cur[:, None], past=past, past_lengths=lengths)
+        rows = torch.arange(len(live), device=dev)
         for (kb, vb), (k, v) in zip(bufs, present):
             kb[rows, :, lengths] = k[:, :, L]
             vb[rows, :, lengths] = v[:, :, L]
-        lengths += 1
+        lengths = lengths + 1
         cur = logits[:, -1].argmax(-1)
-        for b, t in enumerate(cur.tolist()):
-            if not done[b]:
-                gen[b].append(t)
-                done[b] = t in stops
+        for b, t in zip(live, cur.tolist()):
+            gen[b].append(t)
+        still = [b for b in live if gen[b][-1] not in stops]
+        if len(still) < len(live):   # finished rows leave the batch: they cost no more steps
+            bufs, lengths, cur = _keep_rows(bufs, lengths, cur, live, still, dev)
+            live = still
     return gen
+
+
+def _keep_rows(bufs, lengths, cur, live, keep, dev):
+    """The batch tensors restricted to the rows `keep` (a subsequence of `live`)."""
+    pos = {b: i for i, b in enumerate(live)}
+    idx = torch.tensor([pos[b] for b in keep], dtype=torch.long, device=dev)
+    return [(kb[idx], vb[idx]) for kb, vb in bufs], lengths[idx], cur[idx]
 
 
 def exact_match(preds: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]) -> float:

@@ -137,8 +137,12 @@ def accuracy_table(base: Transformer, tasks: Sequence[TaskData], cfg: TableConfi
         for r in rows:
             if r in need:
                 store.put(task.name, r, _score(task, *pairs[r], cfg.eval_batch, r, progress))
+        took = time.perf_counter() - t0
+        walls = store.data["meta"].setdefault("wall_s", {})
+        walls[task.name] = round(walls.get(task.name, 0.0) + took, 1)   # summed over resumed runs
+        store.save()
         log(f"{task.name}: " + ", ".join(f"{r}={store.get(task.name, r)['acc']:.3f}" for r in rows)
-            + f" ({time.perf_counter() - t0:.0f}s)")
+            + f" ({took:.0f}s)")
     return store.data
 
 

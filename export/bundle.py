@@ -26,10 +26,9 @@ from edge.model import ModelConfig
 
 __all__ = ["build_bundle", "add_artifact", "validate_bundle", "memory_estimate", "BundleError"]
 
-# roles each artifact serves
-# (a llama.cpp engine cannot take a KV blob in, so GGUFs do not serve as SUN decoders here)
+# roles each artifact serves (a GGUF moves KV blobs through llama.cpp's sequence state)
 GRAPH_ROLES = {"model": ["draft", "target", "prefill", "decoder"], "prefill": ["prefill"],
-               "decoder": ["decoder"], "gguf": ["draft", "target"]}
+               "decoder": ["decoder"], "gguf": ["draft", "target", "prefill", "decoder"]}
 # sizing assumptions behind memory_estimate, written into the manifest
 ASSUME = {"context_tokens": 1024, "draft_sessions": 8, "decoder_batch": 16, "verify_tokens": 8}
 
@@ -122,6 +121,12 @@ def _load_source(src):
     return model, ident, ckpt.tokenizer
 
 
+def _gguf_roles(ident: dict) -> list:
+    """A SUN part serves its own role only; a plain model serves every role."""
+    sun = ident.get("sun")
+    return GRAPH_ROLES["gguf"] if not sun else ["decoder"] if sun == "sun-decoder" else ["prefill"]
+
+
 def _sun_extra(ident: dict) -> dict:
     """What a SUN role needs to know about the module an artifact came from."""
     return {k: ident[k] for k in ("sun", "task") if ident.get(k)}
@@ -134,7 +139,7 @@ def build_bundle(src, out_dir, onnx_graphs: Sequence[str] = ("model",), int4: bo
 
     onnx_graphs: any of model / prefill / decoder; fp32 and/or int4 variants.
     gguf_types: GGUF file types (F32, F16, Q8_0, Q4_0) via export/gguf.py.
-    tokenizer: a path/name to take the tokenizer from when src has none (SUN module dirs).
+    tokenizer: a Tokenizer, or a path/name to take it from, when src has none (SUN module dirs).
     """
     from export.onnx import GRAPH_KINDS, QUANT_INT4, artifact_files, export_onnx
     d = Path(out_dir)
@@ -142,7 +147,7 @@ def build_bundle(src, out_dir, onnx_graphs: Sequence[str] = ("model",), int4: bo
     model, ident, tok = _load_source(src)
     if tok is None and tokenizer is not None:
         from edge.checkpoint import load_checkpoint
-        tok = load_checkpoint(tokenizer).tokenizer
+        tok = tokenizer if hasattr(tokenizer, "fingerprint") else load_checkpoint(tokenizer).tokenizer
     tok_fp = tok.fingerprint() if tok is not None else None
     if tok is not None:
         add_tokenizer(d, tok)
@@ -171,7 +176,7 @@ def build_bundle(src, out_dir, onnx_graphs: Sequence[str] = ("model",), int4: bo
         t0 = time.perf_counter()
         path = write_gguf(d / f"{name}.gguf", model.cfg, model.state_dict(), gtok, ftype=ft)
         add_artifact(d, name, "gguf", [path], model.cfg, "gguf", ft, ident["fingerprint"],
-                     ident["kv_fingerprint"], GRAPH_ROLES["gguf"], tok_fp, ident.get("decoder_fingerprint"),
+                     ident["kv_fingerprint"], _gguf_roles(ident), tok_fp, ident.get("decoder_fingerprint"),
                      _sun_extra(ident))
         log(f"gguf {name}: {time.perf_counter() - t0:.1f} s")
     return validate_bundle(d)

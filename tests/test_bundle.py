@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from safetensors.torch import save_file
 
+from edge.engines.base import EngineError
 from edge.engines.loader import BundleError, load_engine, validate_bundle
 from edge.engines.torch_engine import TorchEngine
 from export.bundle import build_bundle, describe
@@ -73,8 +74,10 @@ def test_load_engine_by_role_and_backend(bundle, exports):
     pytest.importorskip("llama_cpp")
     g = load_engine(out, backend="llamacpp", role="draft", max_len=64, n_seq_max=2)
     assert g.fingerprint == e.fingerprint and g.vocab_size == exports.VOCAB
-    with pytest.raises(BundleError, match="no artifact for role=decoder backend=llamacpp"):
-        load_engine(out, backend="llamacpp", role="decoder")
+    # a plain model's GGUF serves the SUN roles too (its KV moves through llama.cpp's sequence state)
+    assert load_engine(out, backend="llamacpp", role="decoder", max_len=64, n_seq_max=2).artifact == g.artifact
+    with pytest.raises(EngineError, match="unknown role 'verifier'"):
+        load_engine(out, backend="llamacpp", role="verifier")
     with pytest.raises(BundleError, match="torch backend loads checkpoints"):
         load_engine(out, backend="torch")
 
@@ -184,3 +187,41 @@ def test_cli_onnx_bundle_and_show(bundle, tmp_path):
     assert r.exit_code == 1 and "truncated or was replaced" in r.output
     r = CliRunner().invoke(main, ["onnx", str(tmp_path / "nowhere"), str(tmp_path / "x")])
     assert r.exit_code == 1 and "Error:" in r.output and "Traceback" not in r.output
+
+
+def test_qsun_decoder_served_from_a_q4_0_gguf(exports, tmp_path):
+    """QSUN on llama.cpp: the int4 decoder bundled as a Q4_0 GGUF admits a specialist's KV blob.
+
+    Its weights are the int4 grid the prefill was tuned against (Q4_0 holds it exactly,
+    tests/test_quant.py); llama.cpp multiplies them with 8-bit activations, so the
+    continuation is compared with the torch int4 decoder by agreement, not equality."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install .[llama])")
+    from edge.roles.decoder import SharedDecoder
+    from edge.roles.prefill import PrefillWorker
+    from edge.sun import save_module, split_generate
+    from export.tune import build_decoder, save_decoder
+    qdec, qfp = build_decoder(exports.model("llama", 1), "int4")
+    save_decoder(tmp_path / "dec", qdec, "int4", qfp)
+    pre_m = exports.model("llama", 0)
+    save_module(tmp_path / "pre", pre_m, {"kind": "sun-prefill", "decoder_fingerprint": qfp,
+                                          "decoder_precision": "int4", "task": "t"})
+    out, quiet, tok = tmp_path / "qsun", (lambda *_: None), exports.tokenizer()
+    build_bundle(tmp_path / "dec", out, onnx_graphs=(), gguf_types=("Q4_0",), tokenizer=tok, log=quiet)
+    build_bundle(tmp_path / "pre", out, onnx_graphs=(), gguf_types=("F32",), tokenizer=tok, log=quiet)
+    by = {a["name"]: a for a in validate_bundle(out)["artifacts"]}
+    assert by["dec.q4_0"]["roles"] == ["decoder"] and by["pre.f32"]["roles"] == ["prefill"]
+    assert by["dec.q4_0"]["kv_fingerprint"] == by["pre.f32"]["kv_fingerprint"] == qfp
+    worker = PrefillWorker.from_dir(out, task="t", backend="llamacpp", kv_dtype="float32")
+    decoder = SharedDecoder.from_dir(out, backend="llamacpp", max_batch=4)
+    rng = np.random.default_rng(3)
+    ps = [rng.integers(3, 300, size=int(rng.integers(3, 12))).tolist() for _ in range(8)]
+    for i, p in enumerate(ps):
+        decoder.admit(worker.prefill(p, request_id=f"r{i}").blob, max_new=8)
+    # the context holds max_batch sequences: the other four wait, validated, and join as slots free
+    assert decoder.load == 8 and decoder.stats_snapshot()["waiting"] == 4
+    got = decoder.run()
+    want = split_generate(pre_m, qdec, ps, 8)
+    assert all(got[f"r{i}"].tokens[0] == w[0] for i, w in enumerate(want))   # the F32 prefill's token
+    same = [sum(a == b for a, b in zip(got[f"r{i}"].tokens, w)) / len(w) for i, w in enumerate(want)]
+    assert np.mean(same) >= 0.9, same          # measured: 1.0 (8 prompts x 8 tokens)
+    assert decoder.engine.active_sequences == 0 and decoder.stats_snapshot()["waiting"] == 0

@@ -67,7 +67,7 @@ def _sun_dirs(root: Path) -> tuple[Path, Path]:
     from edge.sun import save_module, weights_fingerprint
     from export.tune import save_decoder
     torch.manual_seed(0)
-    base = Transformer(tiny_config()).double().eval()
+    base = Transformer(tiny_config(vocab_size=262)).double().eval()   # _tokenizer_dir's vocabulary (a GGUF needs it)
     for p in base.parameters():
         p.data.normal_(0, 0.2)
     spec = copy.deepcopy(base)                     # a stand-in for a tuned prefill module

@@ -177,7 +177,8 @@ def test_speculative_across_backends_is_lossless(exports, target_b, draft_b, dra
 # -- SUN roles across backends ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("prefill_b,decoder_b", [("onnx-prefill", "torch"), ("torch", "onnx-decoder"),
-                                                 ("onnx-model", "onnx-decoder")])
+                                                 ("onnx-model", "onnx-decoder"), ("llamacpp", "torch"),
+                                                 ("torch", "llamacpp"), ("onnx-prefill", "llamacpp")])
 def test_sun_prefill_and_decoder_across_backends(exports, prefill_b, decoder_b):
     from edge.roles.decoder import SharedDecoder
     from edge.roles.prefill import PrefillWorker
@@ -187,6 +188,10 @@ def test_sun_prefill_and_decoder_across_backends(exports, prefill_b, decoder_b):
     def eng(spec, seed):
         if spec == "torch":
             return TorchEngine(exports.model("llama", seed), fingerprint=dec_fp)
+        if spec == "llamacpp":   # an F32 cache without flash attention: float32 rounding, token for token
+            needs_llamacpp(spec)
+            return load_engine(exports.gguf("llama", "F32", seed), backend="llamacpp", threads=1, max_len=256,
+                               fingerprint=dec_fp, kv_type="f32", flash_attn=False)
         return load_engine(exports.onnx("llama", spec.split("-")[1], seed), backend="onnx", device="cpu",
                            fingerprint=dec_fp)
 

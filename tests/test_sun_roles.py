@@ -155,3 +155,21 @@ def test_full_context_finishes_only_that_sequence(setup):
     assert res[a].finish_reason == "context" and len(res[a].tokens) == 3  # 10 prompt + 2 fed = 12
     assert res[b].finish_reason == "length"
     assert res[b].tokens == split_generate(specs["maths"], base, [short_p], max_new=5)[0]
+
+
+def test_a_decoder_with_fixed_slots_queues_the_rest_and_refuses_bad_blobs_at_once(setup):
+    """An engine with `capacity` (llama.cpp's sequence slots) runs that many; the other admitted
+    blobs wait, already validated, and give the same tokens as an unlimited decoder."""
+    base, fp, specs, workers = setup
+    ps = prompts(4, seed=9)
+    blobs = [workers["code"].prefill(p, request_id=f"r{i}").blob for i, p in enumerate(ps)]
+    engine = TorchEngine(base, fingerprint=fp)
+    engine.capacity = 2
+    dec = SharedDecoder(engine, max_batch=8)
+    for i, b in enumerate(blobs):
+        dec.admit(b, max_new=6)
+    assert dec.stats_snapshot()["running"] == 2 and dec.stats_snapshot()["waiting"] == 2
+    with pytest.raises(AdmissionError, match="truncated"):
+        dec.admit(blobs[0][:-9], request_id="bad", max_new=6)      # refused now, not when a slot frees
+    res = dec.run()
+    assert [res[f"r{i}"].tokens for i in range(4)] == [split_generate(specs["code"], base, [p], 6)[0] for p in ps]

@@ -5,7 +5,9 @@ decodes one token for many of them in a single `llama_decode`. Logits are
 requested only for the positions asked for (every fed token in `forward`,
 as verification needs; `forward_last` for a prefill whose logits are thrown
 away but the last). Rollback is `llama_memory_seq_rm(mem, seq, n, -1)`.
-KV caches stay inside llama.cpp: no export_kv/import_kv on this backend.
+export_kv/import_kv move a sequence's cache through llama.cpp's own sequence
+state (edge/engines/llamacpp_kv.py converts it to and from our KV blobs), so a
+GGUF can be a SUN prefill module or a shared (Q4_0) decoder; llama and qwen2.
 
 llama.cpp's quantised kernels do not reproduce torch's fp32 logits bit for
 bit, and its one-token and multi-token calls differ slightly too (DATA.md):
@@ -13,8 +15,10 @@ compare across backends by closeness and agreement, not equality.
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
+from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -22,6 +26,7 @@ import numpy as np
 from edge.engines.base import Engine, EngineError
 
 _BACKEND_READY = False
+_KV_TYPES = {"f32": 0, "f16": 1}   # ggml types
 
 
 def _lib():
@@ -47,8 +52,11 @@ class LlamaCppEngine(Engine):
 
     def __init__(self, path: str | os.PathLike, max_len: int = 1024, n_seq_max: int = 8,
                  threads: Optional[int] = None, fingerprint: Optional[str] = None, n_batch: int = 512,
-                 n_gpu_layers: int = 0, verbose: bool = False):
-        """max_len: context per sequence; n_seq_max: sequences one context can hold at once."""
+                 n_gpu_layers: int = 0, verbose: bool = False, kv_type: str = "f16",
+                 flash_attn: Optional[bool] = None):
+        """max_len: context per sequence; n_seq_max: sequences one context can hold at once;
+        kv_type: the KV cache's precision (f16, llama.cpp's default, or f32); flash_attn: None
+        lets llama.cpp choose (it changes how V is stored, which export_kv/import_kv handle)."""
         lc = _lib()
         _init_backend(lc, verbose)
         self._lc = lc
@@ -68,6 +76,11 @@ class LlamaCppEngine(Engine):
         cp.n_batch = cp.n_ubatch = int(n_batch)
         cp.kv_unified = False  # each sequence gets its own max_len slots
         cp.no_perf = True
+        if kv_type not in _KV_TYPES:
+            raise EngineError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
+        cp.type_k = cp.type_v = _KV_TYPES[kv_type]
+        if flash_attn is not None:
+            cp.flash_attn_type = int(bool(flash_attn))   # LLAMA_FLASH_ATTN_TYPE_DISABLED / _ENABLED
         if threads:
             cp.n_threads = cp.n_threads_batch = int(threads)
         self._ctx = lc.llama_init_from_model(self._model, cp)
@@ -80,6 +93,7 @@ class LlamaCppEngine(Engine):
         self.vocab_size = int(lc.llama_vocab_n_tokens(vocab))
         self.max_len = int(lc.llama_n_ctx_seq(self._ctx)) if hasattr(lc, "llama_n_ctx_seq") else int(max_len)
         self.n_seq_max = int(n_seq_max)
+        self.capacity = self.n_seq_max       # sequences held at once (SharedDecoder queues the rest)
         if fingerprint is None:
             from edge.checkpoint import file_fingerprint
             from pathlib import Path
@@ -90,6 +104,19 @@ class LlamaCppEngine(Engine):
         self._slot: Dict[int, int] = {}
         self._tokens: Dict[int, List[int]] = {}
         self._ids = itertools.count(1)
+        m = self._model
+        heads = int(lc.llama_model_n_head(m))
+        self.arch = self._meta("general.architecture") or "?"
+        head_dim = int(self._meta(f"{self.arch}.attention.key_length") or int(lc.llama_model_n_embd(m)) // heads)
+        # the dimensions a KV blob must have (Engine._read_kv checks them)
+        self.cfg = SimpleNamespace(num_layers=int(lc.llama_model_n_layer(m)), num_heads=heads,
+                                   num_kv_heads=int(lc.llama_model_n_head_kv(m)), head_dim=head_dim)
+        self._kv_layout = None
+
+    def _meta(self, key: str) -> Optional[str]:
+        buf = ctypes.create_string_buffer(256)
+        n = self._lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
 
     def close(self) -> None:
         lc = getattr(self, "_lc", None)
@@ -226,3 +253,74 @@ class LlamaCppEngine(Engine):
         for s, t in zip(seqs, tokens):
             self._tokens[s].append(t)
         return out
+
+    # -- KV transfer (SUN prefill / shared decoder) ----------------------------------
+    def _check_kv_arch(self) -> bool:
+        from edge.engines.llamacpp_kv import KV_ARCHS, PERMUTED_ARCHS
+        if self.arch not in KV_ARCHS:
+            raise EngineError(f"KV transfer with llama.cpp supports {sorted(KV_ARCHS)} GGUFs, not {self.arch!r}")
+        return self.arch in PERMUTED_ARCHS
+
+    def _state(self, slot: int) -> bytes:
+        lc = self._lc
+        n = lc.llama_state_seq_get_size(self._ctx, slot)
+        buf = (ctypes.c_uint8 * n)()
+        got = lc.llama_state_seq_get_data(self._ctx, buf, n, slot)
+        if got != n:
+            raise EngineError(f"llama.cpp wrote {got} of {n} bytes of sequence state")
+        return bytes(buf)
+
+    def _parse(self, slot: int):
+        from edge.engines.llamacpp_kv import StateError, parse_state
+        c = self.cfg
+        try:
+            return parse_state(self._state(slot), c.num_layers, c.num_kv_heads, c.head_dim, self._check_kv_arch())
+        except StateError as e:
+            raise EngineError(f"cannot read llama.cpp's KV cache: {e}") from None
+
+    def export_kv(self, seq: int, dtype: str = "float16", meta: Optional[dict] = None) -> bytes:
+        import torch
+        from edge.kv import KVError, SequenceKV
+        slot = self._get(seq)
+        data, self._kv_layout = self._parse(slot)
+        c = self.cfg
+        kv = SequenceKV(c.num_layers, c.num_kv_heads, c.head_dim, torch.float32, self.max_len,
+                        capacity=max(1, data.shape[3]))
+        kv.append(torch.from_numpy(data))
+        toks = self._tokens[seq]
+        try:
+            return kv.to_bytes(self.fingerprint, dtype=dtype, tokens=toks if min(toks, default=0) >= 0 else None,
+                               meta=meta)
+        except KVError as e:
+            raise EngineError(str(e)) from None
+
+    def _layout(self, slot: int):
+        """How this context writes sequence state, learned once from a one-token probe in `slot`."""
+        if self._kv_layout is None:
+            self._decode([(0, 0, slot)], [])
+            try:
+                self._kv_layout = self._parse(slot)[1]
+            finally:
+                self._lc.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        return self._kv_layout
+
+    def import_kv(self, blob: bytes) -> int:
+        import torch
+        from edge.engines.llamacpp_kv import build_state
+        permuted = self._check_kv_arch()
+        kv, head = self._read_kv(blob, torch.float32)
+        sid = self.new_sequence()
+        slot = self._slot[sid]
+        try:
+            raw = build_state(kv.data[:, :, :, : kv.length].numpy(), self._layout(slot), slot, permuted)
+            buf = (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw)
+            if kv.length and self._lc.llama_state_seq_set_data(self._ctx, buf, len(raw), slot) != len(raw):
+                raise EngineError("llama.cpp refused the KV state (no room in its cache, or a layout it "
+                                  "does not expect); the sequence was not admitted")
+        except BaseException:
+            self.free(sid)
+            raise
+        toks = list(head.get("tokens") or [])
+        # positions are what llama.cpp needs; a blob without its tokens gets -1 placeholders
+        self._tokens[sid] = toks if len(toks) == kv.length else [-1] * kv.length
+        return sid

@@ -3,6 +3,8 @@
 `admit` validates a blob (it must name this decoder's fingerprint, be complete
 and match the model's shapes) and queues the sequence; a refused blob raises
 `AdmissionError` with the reason and leaves every admitted sequence untouched.
+An engine that holds a fixed number of sequences (llama.cpp: `capacity`) keeps
+the validated blobs of the rest waiting; they join as running ones finish.
 `step` advances up to `max_batch` running sequences by one token with ONE
 batched engine call, whatever task each came from (continuous batching: new
 admissions join at the next step, finished ones leave at once). Tokens stream
@@ -28,6 +30,11 @@ from edge.roles.prefill import pick_token
 from edge.sampling import GREEDY, SamplingParams
 
 
+def _torch_float32():
+    import torch
+    return torch.float32
+
+
 class AdmissionError(ValueError):
     """A KV blob this decoder will not serve (other decoder, truncated, wrong shapes, bad request)."""
 
@@ -38,7 +45,7 @@ class TokenEvent:
     token: int
     index: int                  # position in the answer (0 = the prefill's first token)
     done: bool
-    finish_reason: Optional[str] = None   # "stop", "length" or "context" when done
+    finish_reason: Optional[str] = None   # "stop", "length", "context" or "error" when done
 
 
 @dataclass
@@ -56,7 +63,7 @@ class DecodeResult:
 class _Running:
     rid: str
     task: str
-    seq: int
+    seq: Optional[int]          # engine handle; None while waiting for a slot
     next_input: int
     tokens: List[int]
     max_new: int
@@ -80,6 +87,7 @@ class SharedDecoder:
         self.clock = clock
         self._run: Dict[str, _Running] = {}
         self._order: Deque[str] = deque()      # round-robin when more than max_batch are running
+        self._waiting: Deque[tuple] = deque()  # (_Running, blob): admitted, no engine slot yet
         self.results: Dict[str, DecodeResult] = {}
         self.refused = 0
         self.steps = 0
@@ -94,8 +102,8 @@ class SharedDecoder:
 
     @property
     def load(self) -> int:
-        """Running sequences (what least-loaded routing compares)."""
-        return len(self._run)
+        """Running and waiting sequences (what least-loaded routing compares)."""
+        return len(self._run) + len(self._waiting)
 
     @classmethod
     def from_dir(cls, directory, threads: Optional[int] = None, backend: str = "torch", **kw) -> "SharedDecoder":
@@ -104,7 +112,9 @@ class SharedDecoder:
         from edge.sun import SunError, check_fingerprint, load_module
         if backend != "torch":
             from edge.roles.prefill import _bundle_engine
-            engine = _bundle_engine(directory, backend, "decoder", threads)
+            # a llama.cpp context holds a fixed number of sequences: one per batch row
+            extra = {"n_seq_max": kw.get("max_batch", 64)} if backend == "llamacpp" else {}
+            engine = _bundle_engine(directory, backend, "decoder", threads, **extra)
             if engine.artifact.get("sun") != "sun-decoder":
                 raise SunError(f"{directory}: artifact {engine.artifact['name']!r} is not a SUN shared decoder; "
                                "bundle the decoder's directory (edge-export tune writes it)")
@@ -138,33 +148,62 @@ class SharedDecoder:
         if max_new < 1:
             self.refused += 1
             raise AdmissionError(f"{self.name}: max_new must be >= 1, got {max_new}")
+        if rid in {w.rid for w, _ in self._waiting}:
+            self.refused += 1
+            raise AdmissionError(f"{self.name}: request {rid!r} is already waiting")
+        stops = frozenset(int(s) for s in stop_ids) if stop_ids is not None else self.stop_ids
+        rng = None if params.greedy else np.random.default_rng(params.seed)
+        r = _Running(rid, task or meta.get("task", ""), None, int(first), [int(first)], max_new, params,
+                     stops, rng, on_token, self.clock())
+        full = not self._has_room()
         try:
-            seq = self.engine.import_kv(blob)
+            if full:   # check it all now (the caller hears of a bad blob now), import it later
+                self.engine._read_kv(bytes(blob), _torch_float32())
+            else:
+                r.seq = self.engine.import_kv(blob)
         except EngineError as e:
             self.refused += 1
             raise AdmissionError(f"{self.name}: request {rid!r}: {e}") from None
-        stops = frozenset(int(s) for s in stop_ids) if stop_ids is not None else self.stop_ids
-        rng = None if params.greedy else np.random.default_rng(params.seed)
-        r = _Running(rid, task or meta.get("task", ""), seq, int(first), [int(first)], max_new, params,
-                     stops, rng, on_token, self.clock())
         if int(first) in stops or max_new == 1:
             self._finish(r, "stop" if int(first) in stops else "length")
-            return rid
-        self._run[rid] = r
-        self._order.append(rid)
+        elif full:
+            self._waiting.append((r, bytes(blob)))
+        else:
+            self._run[rid] = r
+            self._order.append(rid)
         return rid
+
+    def _has_room(self) -> bool:
+        cap = getattr(self.engine, "capacity", None)
+        return cap is None or self.engine.active_sequences < cap
+
+    def _start_waiting(self) -> List[TokenEvent]:
+        """Import waiting blobs while the engine has room (they were validated on admission)."""
+        events = []
+        while self._waiting and self._has_room():
+            r, blob = self._waiting.popleft()
+            try:
+                r.seq = self.engine.import_kv(blob)
+            except EngineError:
+                self.refused += 1
+                events.append(self._finish(r, "error"))
+                continue
+            self._run[r.rid] = r
+            self._order.append(r.rid)
+        return events
 
     # -- decoding ------------------------------------------------------------------------------
     def step(self) -> List[TokenEvent]:
         """One batched decode step over up to max_batch running sequences (all tasks mixed)."""
+        started = self._start_waiting()
         if not self._run:
-            return []
+            return started
         batch = [self._run[self._order[i]] for i in range(min(self.max_batch, len(self._order)))]
         self._order.rotate(-len(batch))
         # a sequence whose context is full finishes instead of failing the whole batch
         room = [r for r in batch if self.engine.length(r.seq) + 1 <= self.engine.max_len]
         fits = {r.rid for r in room}
-        events = [self._finish(r, "context") for r in batch if r.rid not in fits]
+        events = started + [self._finish(r, "context") for r in batch if r.rid not in fits]
         if not room:
             return events
         logits = self.engine.step([r.seq for r in room], [r.next_input for r in room])
@@ -191,7 +230,7 @@ class SharedDecoder:
     def run(self, max_steps: Optional[int] = None) -> Dict[str, DecodeResult]:
         """Step until nothing is running (or max_steps); returns all results so far."""
         n = 0
-        while self._run and (max_steps is None or n < max_steps):
+        while (self._run or self._waiting) and (max_steps is None or n < max_steps):
             self.step()
             n += 1
         return self.results
@@ -202,7 +241,8 @@ class SharedDecoder:
             self._order.remove(r.rid)
         except ValueError:
             pass
-        self.engine.free(r.seq)
+        if r.seq is not None:
+            self.engine.free(r.seq)
         self.results[r.rid] = DecodeResult(r.rid, r.task, r.tokens, reason, r.admitted_at,
                                            r.first_step_at, self.clock())
         if not emit:
@@ -216,6 +256,7 @@ class SharedDecoder:
         """Counters for dashboards: steps, mean batch, share of steps that mixed tasks."""
         steps = self.steps
         return {"steps": steps, "tokens_out": self.tokens_out, "running": len(self._run),
+                "waiting": len(self._waiting),
                 "refused": self.refused, "batch_mean": self.rows_out / steps if steps else 0.0,
                 "mixed_frac": self.mixed_steps / steps if steps else 0.0}
 

@@ -94,7 +94,7 @@ class PrefillWorker:
                              time.perf_counter() - t0)
 
 
-def _bundle_engine(directory, backend: str, role: str, threads: Optional[int]):
+def _bundle_engine(directory, backend: str, role: str, threads: Optional[int], **engine_kw):
     """An onnx/llama.cpp engine for a SUN role from a bundle; errors say how to make one."""
     from pathlib import Path
 
@@ -103,4 +103,4 @@ def _bundle_engine(directory, backend: str, role: str, threads: Optional[int]):
     if not (Path(directory) / "manifest.json").is_file():
         raise SunError(f"{directory}: backend {backend!r} runs exported artifacts; make a bundle with "
                        f"`edge-export bundle {directory} OUT --onnx {role}` and pass OUT")
-    return load_engine(directory, backend=backend, role=role, threads=threads)
+    return load_engine(directory, backend=backend, role=role, threads=threads, **engine_kw)

@@ -24,8 +24,10 @@ Topics (MQTT 3.1.1: replies go to topics, never v5 properties):
     ss/hub/join/{client}          target -> hub      Join (topic names the sender;
                                                      the ACL lets a client write only its own)
     ss/c/{client}/joined          hub -> target      Joined
-    ss/s/{client}/{sid}/up        target -> draft    DraftRequest, Bye (signed)
-    ss/s/{client}/{sid}/down      draft -> target    DraftResponse, Error (signed)
+    ss/s/{client}/{sid}/{svc}/up   target -> draft   DraftRequest, Bye (signed)
+    ss/s/{client}/{sid}/{svc}/down draft -> target   DraftResponse, Error (signed)
+                                                     ({svc}: the draft service the hub assigned;
+                                                     the ACL lets a service read only its own)
     ss/hub/status                 hub, retained      HubStatus (last will: online=False)
     ss/hub/drafts/{service}       draft svc -> hub   DraftHello, retained (will: online=False)
     ss/d/{service}/ctl            hub -> draft svc   SessionAssign, SessionRelease
@@ -121,7 +123,6 @@ class ProtocolError(ValueError):
 SUN_PREFIX = "ss/sun"                     # reserved: SUN prefill/decoder routing
 STATUS_TOPIC = "ss/hub/status"
 JOIN_SUB = "ss/hub/join/+"                # the hub subscribes here
-SESSION_UP_SUB = "ss/s/+/+/up"            # a draft service serving every session
 DRAFTS_SUB = "ss/hub/drafts/+"            # the hub watches draft services here
 
 
@@ -140,12 +141,21 @@ def joined_topic(client: str) -> str:
     return f"ss/c/{check_id(client, 'client id')}/joined"
 
 
-def up_topic(client: str, sid: str) -> str:
-    return f"ss/s/{check_id(client, 'client id')}/{check_id(sid, 'session id')}/up"
+def _session(client: str, sid: str, service: str) -> str:
+    return f"ss/s/{check_id(client, 'client id')}/{check_id(sid, 'session id')}/{check_id(service, 'service id')}"
 
 
-def down_topic(client: str, sid: str) -> str:
-    return f"ss/s/{check_id(client, 'client id')}/{check_id(sid, 'session id')}/down"
+def up_topic(client: str, sid: str, service: str) -> str:
+    return _session(client, sid, service) + "/up"
+
+
+def down_topic(client: str, sid: str, service: str) -> str:
+    return _session(client, sid, service) + "/down"
+
+
+def session_up_sub(service: str) -> str:
+    """What a draft service subscribes to: the up topics of the sessions assigned to it."""
+    return f"ss/s/+/+/{check_id(service, 'service id')}/up"
 
 
 def draft_hello_topic(service: str) -> str:
@@ -194,8 +204,8 @@ def parse_topic(topic: str) -> tuple[str, dict[str, str]]:
             return "join", {"client": check_id(p[3])}
         if p[:2] == ["ss", "c"] and len(p) == 4 and p[3] == "joined":
             return "joined", {"client": check_id(p[2])}
-        if p[:2] == ["ss", "s"] and len(p) == 5 and p[4] in ("up", "down"):
-            return p[4], {"client": check_id(p[2]), "sid": check_id(p[3])}
+        if p[:2] == ["ss", "s"] and len(p) == 6 and p[5] in ("up", "down"):
+            return p[5], {"client": check_id(p[2]), "sid": check_id(p[3]), "service": check_id(p[4])}
         if topic == STATUS_TOPIC:
             return "status", {}
         if p[:3] == ["ss", "hub", "drafts"] and len(p) == 4:
@@ -649,8 +659,8 @@ def _validate(cls: type, body: Any) -> Message:
     if cls is Joined and msg.accepted:
         if not (msg.sid and msg.secret and msg.draft):
             raise ProtocolError("an accepted joined must carry sid, secret and draft")
-        if (msg.up, msg.down) != (up_topic(msg.client, msg.sid), down_topic(msg.client, msg.sid)):
-            raise ProtocolError("joined.up/down must be the session's topics ss/s/{client}/{sid}/up|down")
+        if (msg.up, msg.down) != (up_topic(msg.client, msg.sid, msg.draft), down_topic(msg.client, msg.sid, msg.draft)):
+            raise ProtocolError("joined.up/down must be the session's topics ss/s/{client}/{sid}/{draft}/up|down")
     return msg
 
 

@@ -4,16 +4,18 @@ With `acl=True` the hub may do anything; a client (username = its client id) may
 
     write ss/hub/join/{me}          its join request
     read  ss/c/{me}/joined          the hub's answer (it carries the session secret)
-    write ss/s/{me}/+/up            draft requests and bye of its own sessions
-    read  ss/s/{me}/+/down          draft responses for its own sessions
+    write ss/s/{me}/+/+/up          draft requests and bye of its own sessions
+    read  ss/s/{me}/+/+/down        draft responses for its own sessions
     read  ss/hub/status             hub presence
 
     write ss/sun/req/{me}           its SUN requests
     read  ss/sun/r/{me}/+           the token streams of its own SUN requests
 
-and a remote draft service additionally reads and writes every session
-(`ss/s/#`, it serves them), announces itself on ss/hub/drafts/{me} and reads
-its assignments on ss/d/{me}/#. A SUN worker (role `sun`: prefill worker or
+and a remote draft service additionally reads the up topics and writes the
+down topics of the sessions assigned to it (`ss/s/+/+/{me}/up|down`: the
+session topics name their service, so it never sees another service's
+traffic), announces itself on ss/hub/drafts/{me} and reads its assignments
+on ss/d/{me}/#. A SUN worker (role `sun`: prefill worker or
 shared decoder) announces itself on ss/sun/workers/{me}, reads its jobs and
 incoming KV on ss/sun/w/{me}/#, sends KV to any decoder (ss/sun/w/+/kv) and
 tokens to any client (ss/sun/r/#). Mosquitto gets these as an ACL file
@@ -30,9 +32,10 @@ from paho.mqtt.client import topic_matches_sub
 
 ROLES = ("hub", "client", "draft", "sun")
 CLIENT_RULES = [("write", "ss/hub/join/%u"), ("read", "ss/c/%u/joined"),
-                ("write", "ss/s/%u/+/up"), ("read", "ss/s/%u/+/down"), ("read", "ss/hub/status"),
+                ("write", "ss/s/%u/+/+/up"), ("read", "ss/s/%u/+/+/down"), ("read", "ss/hub/status"),
                 ("write", "ss/sun/req/%u"), ("read", "ss/sun/r/%u/+")]
-DRAFT_RULES = [("readwrite", "ss/s/#"), ("write", "ss/hub/drafts/%u"), ("read", "ss/d/%u/#")]
+DRAFT_RULES = [("read", "ss/s/+/+/%u/up"), ("write", "ss/s/+/+/%u/down"), ("write", "ss/hub/drafts/%u"),
+               ("read", "ss/d/%u/#")]
 SUN_RULES = [("write", "ss/sun/workers/%u"), ("read", "ss/sun/w/%u/#"), ("write", "ss/sun/w/+/kv"),
              ("write", "ss/sun/r/#")]
 HUB_RULES = [("readwrite", "#")]

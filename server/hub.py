@@ -241,8 +241,8 @@ class Hub:
             self._reply(client, Joined(client, False, r.reason[:1024], nonce=join.nonce))
             return
         self.counters["joins"] += 1
-        self._reply(client, Joined(client, True, "", sid, secret, svc.name, up_topic(client, sid),
-                                   down_topic(client, sid), join.nonce))
+        self._reply(client, Joined(client, True, "", sid, secret, svc.name, up_topic(client, sid, svc.name),
+                                   down_topic(client, sid, svc.name), join.nonce))
 
     def _on_hello(self, topic: str, payload: bytes) -> None:
         if not payload:

@@ -48,12 +48,12 @@ def test_clients_cannot_read_other_sessions(star, inbox):
     broker, connect = star
     hub, alice, bob = connect(broker.hub_user), connect("alice"), connect("bob")
     bob_down, spy_exact, spy_wild, spy_all = inbox(), inbox(), inbox(), inbox()
-    assert bob.subscribe(P.down_topic("bob", "s1"), bob_down)
-    _subscribe(alice, P.down_topic("bob", "s1"), spy_exact)
+    assert bob.subscribe(P.down_topic("bob", "s1", "hub"), bob_down)
+    _subscribe(alice, P.down_topic("bob", "s1", "hub"), spy_exact)
     _subscribe(connect("alice-2"), "ss/s/#", spy_wild)
     _subscribe(connect("alice-3"), "#", spy_all)
     time.sleep(0.1)
-    hub.publish(P.down_topic("bob", "s1"), b"for bob only", "draft")
+    hub.publish(P.down_topic("bob", "s1", "hub"), b"for bob only", "draft")
     hub.publish(P.joined_topic("bob"), b"bob's secret", "control")
     assert bob_down.wait_for(1), "the legitimate path must work, or the test proves nothing"
     time.sleep(QUIET)
@@ -66,19 +66,19 @@ def test_clients_cannot_write_into_other_sessions(star, inbox):
     broker, connect = star
     hub, alice, bob = connect(broker.hub_user), connect("alice"), connect("bob")
     hub_up, hub_join, bob_down, status = inbox(), inbox(), inbox(), inbox()
-    assert hub.subscribe(P.SESSION_UP_SUB, hub_up)
+    assert hub.subscribe(P.session_up_sub("hub"), hub_up)
     assert hub.subscribe(P.JOIN_SUB, hub_join)
-    assert bob.subscribe(P.down_topic("bob", "s1"), bob_down)
+    assert bob.subscribe(P.down_topic("bob", "s1", "hub"), bob_down)
     assert hub.subscribe(P.STATUS_TOPIC, status)
-    alice.publish(P.up_topic("alice", "s9"), b"mine", "draft")       # her own session: allowed
+    alice.publish(P.up_topic("alice", "s9", "hub"), b"mine", "draft")       # her own session: allowed
     alice.publish(P.join_topic("alice"), b"join as alice", "control")
     assert hub_up.wait_for(1) and hub_join.wait_for(1)
-    for topic, kind in ((P.up_topic("bob", "s1"), "draft"), (P.down_topic("bob", "s1"), "draft"),
+    for topic, kind in ((P.up_topic("bob", "s1", "hub"), "draft"), (P.down_topic("bob", "s1", "hub"), "draft"),
                         (P.join_topic("bob"), "control"), (P.STATUS_TOPIC, "status")):
         forger = connect("alice")
         forger.publish(topic, b"forged", kind)
     time.sleep(QUIET)
-    assert hub_up.items == [(P.up_topic("alice", "s9"), b"mine")]
+    assert hub_up.items == [(P.up_topic("alice", "s9", "hub"), b"mine")]
     assert hub_join.items == [(P.join_topic("alice"), b"join as alice")]
     assert bob_down.items == [] and status.items == []
 
@@ -96,23 +96,33 @@ def test_status_is_readable_not_writable(star, inbox):
     hub.publish(P.STATUS_TOPIC, b"", "status")
 
 
-def test_draft_service_serves_sessions_but_not_other_services(star, inbox):
+def test_draft_service_serves_its_sessions_but_not_other_services(star, inbox):
     broker, connect = star
     hub, svc, bob = connect(broker.hub_user), connect("jetson-1", "draft"), connect("bob")
-    ups, ctl, other_ctl, hello = inbox(), inbox(), inbox(), inbox()
-    assert svc.subscribe(P.SESSION_UP_SUB, ups)
+    connect("jetson-2", "draft")
+    ups, ctl, other_ctl, hello, other_ups, bob_down = inbox(), inbox(), inbox(), inbox(), inbox(), inbox()
+    assert svc.subscribe(P.session_up_sub("jetson-1"), ups)
     assert svc.subscribe(P.draft_ctl_topic("jetson-1"), ctl)
+    assert bob.subscribe("ss/s/bob/+/+/down", bob_down)              # as a target does (edge/roles/session.py)
     _subscribe(svc, P.draft_ctl_topic("jetson-2"), other_ctl)
+    _subscribe(connect("jetson-1", "draft"), P.session_up_sub("jetson-2"), other_ups)
+    _subscribe(connect("jetson-1", "draft"), "ss/s/#", other_ups)
     hub.subscribe(P.DRAFTS_SUB, hello)
     time.sleep(0.1)
-    bob.publish(P.up_topic("bob", "s1"), b"req", "draft")
+    bob.publish(P.up_topic("bob", "s1", "jetson-1"), b"req", "draft")
+    bob.publish(P.up_topic("bob", "s2", "jetson-2"), b"for jetson-2 only", "draft")
+    svc.publish(P.down_topic("bob", "s1", "jetson-1"), b"drafts", "draft")
     hub.publish(P.draft_ctl_topic("jetson-1"), b"assign", "control")
     hub.publish(P.draft_ctl_topic("jetson-2"), b"assign elsewhere", "control")
     svc.publish(P.draft_hello_topic("jetson-1"), b"hello", "control")
-    assert ups.wait_for(1) and ctl.wait_for(1) and hello.wait_for(1)
+    assert ups.wait_for(1) and ctl.wait_for(1) and hello.wait_for(1) and bob_down.wait_for(1)
     connect("jetson-1").publish(P.draft_hello_topic("jetson-2"), b"impostor", "control")
+    connect("jetson-1", "draft").publish(P.down_topic("bob", "s2", "jetson-2"), b"forged", "draft")
     time.sleep(QUIET)
     assert other_ctl.items == [] and hello.payloads() == [b"hello"]
+    assert ups.payloads() == [b"req"]                               # jetson-2's session stays unseen,
+    assert b"for jetson-2 only" not in other_ups.payloads()          # even through a wildcard
+    assert bob_down.payloads() == [b"drafts"]
 
 
 def test_bad_credentials_are_refused(star):
@@ -129,16 +139,18 @@ def test_acl_table_and_file():
     acl.add("hub", "hub")
     acl.add("svc", "draft")
     acl.add("bob")
-    assert acl.allows("bob", "ss/s/bob/s1/up", "write")
-    assert not acl.allows("bob", "ss/s/bob/s1/up", "read")
-    assert acl.allows("bob", "ss/s/bob/+/down", "subscribe")
-    assert not acl.allows("bob", "ss/s/+/+/down", "subscribe")
+    assert acl.allows("bob", "ss/s/bob/s1/svc/up", "write")
+    assert not acl.allows("bob", "ss/s/bob/s1/svc/up", "read")
+    assert acl.allows("bob", "ss/s/bob/+/+/down", "subscribe")
+    assert not acl.allows("bob", "ss/s/+/+/+/down", "subscribe")
     assert not acl.allows("bob", "ss/s/bob/#", "subscribe")
-    assert acl.allows("svc", "ss/s/+/+/up", "subscribe")
+    assert acl.allows("svc", "ss/s/+/+/svc/up", "subscribe") and acl.allows("svc", "ss/s/bob/s1/svc/down", "write")
+    assert not acl.allows("svc", "ss/s/+/+/+/up", "subscribe") and not acl.allows("svc", "ss/s/bob/s1/j2/up", "read")
+    assert not acl.allows("svc", "ss/s/bob/s1/svc/up", "write")    # no writing as the target
     assert acl.allows("hub", "#", "subscribe") and not acl.allows("nobody", "ss/hub/status", "read")
     text = acl.mosquitto_acl()
-    assert "pattern write ss/s/%u/+/up" in text and "user hub\ntopic readwrite #" in text
-    assert "user svc\ntopic readwrite ss/s/#" in text and "user bob" not in text
+    assert "pattern write ss/s/%u/+/+/up" in text and "user hub\ntopic readwrite #" in text
+    assert "user svc\ntopic read ss/s/+/+/svc/up\ntopic write ss/s/+/+/svc/down" in text and "user bob" not in text
     acl.add("dec-1", "sun")
     may = acl.allows
     assert may("bob", "ss/sun/req/bob", "write") and not may("bob", "ss/sun/req/alice", "write")
@@ -146,7 +158,7 @@ def test_acl_table_and_file():
     assert may("dec-1", "ss/sun/w/dec-1/#", "subscribe") and may("dec-1", "ss/sun/w/dec-2/kv", "write")
     assert not may("dec-1", "ss/sun/w/dec-2/ctl", "write") and not may("dec-1", "ss/sun/w/+/kv", "read")
     assert may("dec-1", "ss/sun/r/bob/r1", "write") and not may("dec-1", "ss/sun/r/bob/r1", "read")
-    assert not may("dec-1", "ss/s/bob/s1/up", "read")          # a SUN worker is no draft service
+    assert not may("dec-1", "ss/s/bob/s1/dec-1/up", "read")    # a SUN worker is no draft service
     text = acl.mosquitto_acl()
     assert "pattern read ss/sun/r/%u/+" in text and "user dec-1\ntopic write ss/sun/workers/dec-1" in text
 

@@ -25,7 +25,7 @@ MESSAGES = [
     P.Join(client="dev-1", model_fp="tok:abc123", vocab_size=49152, gamma=4,
            sampling=P.sampling(0.8, 40, 0.95, 7), nonce="n1"),
     P.Joined(client="dev-1", accepted=True, sid="s1", secret=SECRET, draft="hub",
-             up=P.up_topic("dev-1", "s1"), down=P.down_topic("dev-1", "s1"), nonce="n1"),
+             up=P.up_topic("dev-1", "s1", "hub"), down=P.down_topic("dev-1", "s1", "hub"), nonce="n1"),
     P.Joined(client="dev-1", accepted=False, reason="tokenizer fingerprint differs"),
     P.DraftRequest(sid="s1", seq=3, keep=10, append=[1, 2, 3], gamma=4),
     P.DraftResponse(sid="s1", seq=3, tokens=[5, 6], q=None, compute_us=1500),
@@ -182,7 +182,10 @@ BAD = {
     "too many q entries": _resp(lens=P.encode_array(np.array([P.MAX_TOP_K + 1], np.int64))),
     "joined with foreign topics": _signed("joined", {
         "client": "alice", "accepted": True, "reason": "", "sid": "s1", "secret": SECRET, "draft": "hub",
-        "up": "ss/s/bob/s1/up", "down": "ss/s/bob/s1/down", "nonce": ""}, sid=""),
+        "up": "ss/s/bob/s1/hub/up", "down": "ss/s/bob/s1/hub/down", "nonce": ""}, sid=""),
+    "joined naming another service's topics": _signed("joined", {
+        "client": "alice", "accepted": True, "reason": "", "sid": "s1", "secret": SECRET, "draft": "hub",
+        "up": "ss/s/alice/s1/j2/up", "down": "ss/s/alice/s1/j2/down", "nonce": ""}, sid=""),
     "ext type": _pack({"v": 1, "t": "bye", "s": "", "b": msgpack.ExtType(1, b"x"), "h": b""}),
     "oversized": b"\x00" * (P.MAX_MESSAGE_BYTES + 1),
     "deep nesting": b"\x91" * 100_000 + b"\x00",
@@ -238,16 +241,17 @@ def test_check_vocab():
 def test_topics():
     assert P.join_topic("dev-1") == "ss/hub/join/dev-1"
     assert P.joined_topic("dev-1") == "ss/c/dev-1/joined"
-    assert P.up_topic("dev-1", "s1") == "ss/s/dev-1/s1/up"
-    assert P.down_topic("dev-1", "s1") == "ss/s/dev-1/s1/down"
+    assert P.up_topic("dev-1", "s1", "j1") == "ss/s/dev-1/s1/j1/up"
+    assert P.down_topic("dev-1", "s1", "j1") == "ss/s/dev-1/s1/j1/down"
+    assert P.session_up_sub("j1") == "ss/s/+/+/j1/up"
     assert P.draft_hello_topic("j1") == "ss/hub/drafts/j1"
     assert P.draft_ctl_topic("j1") == "ss/d/j1/ctl"
-    assert P.parse_topic("ss/s/dev-1/s1/up") == ("up", {"client": "dev-1", "sid": "s1"})
+    assert P.parse_topic("ss/s/dev-1/s1/j1/up") == ("up", {"client": "dev-1", "sid": "s1", "service": "j1"})
     assert P.parse_topic("ss/hub/join/dev-1") == ("join", {"client": "dev-1"})
     assert P.parse_topic(P.STATUS_TOPIC) == ("status", {})
     for bad in ("", "a/b", "+", "#", "$SYS", "x" * 65, "a b"):
         with pytest.raises(P.ProtocolError):
             P.join_topic(bad)
-    for bad in ("ss/s/a/b", "ss/hub/join/+", "other/topic"):
+    for bad in ("ss/s/a/b", "ss/s/a/b/up", "ss/hub/join/+", "other/topic"):
         with pytest.raises(P.ProtocolError):
             P.parse_topic(bad)

@@ -96,8 +96,8 @@ def test_forged_and_replayed_messages_are_dropped_and_counted(broker, models, in
               limits=DraftLimits(ahead=False)).start()
     spy = MqttLink(broker.url).connect(5)                    # no ACL here: anyone can listen
     ups, downs = inbox(), inbox()
-    spy.subscribe("ss/s/victim/+/up", ups)
-    spy.subscribe("ss/s/victim/+/down", downs)
+    spy.subscribe("ss/s/victim/+/+/up", ups)
+    spy.subscribe("ss/s/victim/+/+/down", downs)
     star = star_target(broker.url, "victim", models[0])
     try:
         out = star.generate([4, 5, 6], 12)
@@ -106,7 +106,8 @@ def test_forged_and_replayed_messages_are_dropped_and_counted(broker, models, in
         node = hub.node
         # the session ended with bye: open a fresh one to attack
         session = star.hub.join(3, star.last_drafter.sampling, 5)
-        up = up_topic("victim", session.sid)
+        up = up_topic("victim", session.sid, session.draft)
+        assert session.up == up
         forged = encode(DraftRequest(session.sid, 1, 0, [1, 2], 2), b"x" * 32)    # wrong key
         spy.publish(up, forged, "draft")
         assert session.request(1, 0, [1, 2, 3], 2, star.last_drafter.sampling)
@@ -131,9 +132,8 @@ def test_forged_and_replayed_messages_are_dropped_and_counted(broker, models, in
             answer = [p for t, p in downs.items if t.split("/")[3] == session.sid]
             time.sleep(0.02)
         assert answer
-        spy.publish(f"ss/s/victim/{session.sid}/down", answer[-1], "draft")
-        spy.publish(f"ss/s/victim/{session.sid}/down", encode(DraftResponse(session.sid, 99, [1]), b"y" * 32),
-                    "draft")
+        spy.publish(session.down, answer[-1], "draft")
+        spy.publish(session.down, encode(DraftResponse(session.sid, 99, [1]), b"y" * 32), "draft")
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not {"auth", "replay"} <= set(star.hub.keys.dropped):
             time.sleep(0.02)

@@ -17,7 +17,7 @@ import threading
 from typing import Callable, Optional
 
 from edge.link import Link
-from edge.protocol import (SESSION_UP_SUB, Bye, DraftHello, DraftRequest, ProtocolError,
+from edge.protocol import (Bye, DraftHello, DraftRequest, ProtocolError, session_up_sub,
                            SessionAssign, SessionRelease, decode, down_topic, draft_ctl_topic,
                            draft_hello_topic, encode)
 from edge.roles.draft import DraftRefused, DraftService
@@ -54,7 +54,7 @@ class DraftNode:
     def start(self) -> "DraftNode":
         self.service.set_sink(self._send)
         self.service.set_on_evict(lambda sid, why: self._closed(sid, "timeout"))
-        self.link.subscribe(SESSION_UP_SUB, self._on_up)
+        self.link.subscribe(session_up_sub(self.id), self._on_up)
         self.link.subscribe(draft_ctl_topic(self.id), self._on_ctl)
         self.link.on_connection(lambda up: up and self.hello())
         self.service.start()
@@ -138,7 +138,7 @@ class DraftNode:
         client = self.keys.client(sid)
         if client is None:
             return                                    # closed meanwhile
-        self.link.publish(down_topic(client, sid), self.keys.seal(msg), kind="draft")
+        self.link.publish(down_topic(client, sid, self.id), self.keys.seal(msg), kind="draft")
 
     def _on_ctl(self, topic: str, payload: bytes) -> None:
         try:

@@ -196,7 +196,7 @@ class HubClient:
             self._started = True
             self.link.on_connection(self._on_connection)
             self.link.subscribe(joined_topic(self.client), self._on_joined)
-            self.link.subscribe(f"ss/s/{self.client}/+/down", self._on_down)
+            self.link.subscribe(f"ss/s/{self.client}/+/+/down", self._on_down)
             self.link.subscribe(STATUS_TOPIC, self._on_status)
             if not self.link.is_connected():
                 self.link.connect(timeout=None)

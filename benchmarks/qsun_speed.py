@@ -5,6 +5,10 @@ export/quant.py's grid, the exact weights QSUN tunes against - and llama.cpp
 decodes with each: one token per call after a prompt (decode is a sequence of
 such steps). Medians over repeats, measured side by side in one run.
 
+Then the same two files serve as the SUN shared decoder itself (SharedDecoder
+over our LlamaCppEngine): KV blobs from a torch prefill are imported into
+llama.cpp and decoded in batches of 1, 4 and 16 - the QSUN serving path.
+
   python benchmarks/qsun_speed.py                 # SmolLM2-135M, ~2 min
 Writes benchmarks/results/qsun_speed.{json,md,png}. Goal (issue): >= 1.45x.
 """
@@ -44,6 +48,33 @@ def step_times(path: Path, threads: int, prompt_len: int, steps: int, repeats: i
     return statistics.median(per_run)
 
 
+def serving_rate(path: Path, blob: bytes, batch: int, new: int, threads: int, repeats: int) -> float:
+    """Tokens/s of a SharedDecoder on llama.cpp decoding `batch` imported copies of `blob`."""
+    from edge.engines.llamacpp_engine import LlamaCppEngine
+    from edge.roles.decoder import SharedDecoder
+    eng = LlamaCppEngine(path, max_len=512, n_seq_max=batch, threads=threads, fingerprint="qsun-bench")
+    rates = []
+    for r in range(repeats):
+        dec = SharedDecoder(eng, max_batch=batch)
+        for i in range(batch):
+            dec.admit(blob, request_id=f"{r}-{i}", max_new=new)
+        t0 = time.perf_counter()
+        got = dec.run()
+        rates.append(sum(len(x.tokens) - 1 for x in got.values()) / (time.perf_counter() - t0))
+    eng.close()
+    return statistics.median(rates)
+
+
+def torch_blob(src: Path, prompt_len: int) -> bytes:
+    """A KV blob (+ first token) of a prompt, prefilled by torch: what a prefill worker sends."""
+    from edge.checkpoint import load_model
+    from edge.engines.torch_engine import TorchEngine
+    from edge.roles.prefill import PrefillWorker
+    model, _ = load_model(src)
+    worker = PrefillWorker(TorchEngine(model.float().eval(), fingerprint="qsun-bench"), "bench")
+    return worker.prefill([1 + (i * 7) % 1000 for i in range(prompt_len)]).blob
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -51,6 +82,7 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--batches", default="1,4,16", help="SharedDecoder batch sizes for the serving part")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     from edge.fetch import model_path
@@ -65,6 +97,14 @@ def main(argv=None):
             for ft, f in files.items():
                 t = step_times(f, args.threads, args.prompt_len, args.steps, args.repeats)
                 res["step_s"].setdefault(ft, []).append(t)
+        blob = torch_blob(src, args.prompt_len)
+        batches = [int(b) for b in args.batches.split(",")]
+        res["serving_tok_s"] = {}
+        for rep in range(2):
+            for b in batches:
+                for ft in ("F16", "Q4_0"):
+                    rate = serving_rate(files[ft], blob, b, args.steps, args.threads, 3)
+                    res["serving_tok_s"].setdefault(f"{ft}@{b}", []).append(rate)
     step = {ft: statistics.median(v) for ft, v in res["step_s"].items()}
     res["median_step_s"] = step
     res["speedup_q4_vs_f16"] = step["F16"] / step["Q4_0"]
@@ -77,13 +117,27 @@ def main(argv=None):
           "".join(f"| {ft} | {1e3 * s:.1f} | {1 / s:.1f} | {s / step['Q4_0']:.2f}x |\n" for ft, s in step.items()) +
           f"\nMachine: {res['machine']}; context {args.prompt_len} tokens, medians of {args.repeats} x "
           f"{args.steps} steps, two interleaved rounds.\n")
+    serve = {k: statistics.median(v) for k, v in res["serving_tok_s"].items()}
+    res["median_serving_tok_s"] = serve
+    md += ("\n## As the SUN shared decoder (SharedDecoder on LlamaCppEngine, KV blobs imported from a torch "
+           f"prefill of {args.prompt_len} tokens, {args.steps} tokens each)\n\n"
+           "| batch | F16 tok/s | Q4_0 tok/s | Q4_0 speedup |\n|---:|---:|---:|---:|\n" +
+           "".join(f"| {b} | {serve[f'F16@{b}']:.1f} | {serve[f'Q4_0@{b}']:.1f} | "
+                   f"{serve[f'Q4_0@{b}'] / serve[f'F16@{b}']:.2f}x |\n" for b in batches) +
+           "\nMedians of 3 runs per cell, two interleaved rounds.\n")
+    (out / "qsun_speed.json").write_text(json.dumps(res, indent=1))
     (out / "qsun_speed.md").write_text(md)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(4, 3))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(8, 3))
     ax.bar(list(step), [1 / s for s in step.values()])
     ax.set_ylabel("decode tok/s (batch 1)")
+    for i, ft in enumerate(("F16", "Q4_0")):
+        ax2.bar([j + 0.4 * i for j in range(len(batches))], [serve[f"{ft}@{b}"] for b in batches], 0.4, label=ft)
+    ax2.set_xticks([j + 0.2 for j in range(len(batches))], [f"batch {b}" for b in batches])
+    ax2.set_ylabel("shared decoder tok/s")
+    ax2.legend()
     fig.tight_layout()
     fig.savefig(out / "qsun_speed.png", dpi=100)
     print(md)

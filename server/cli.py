@@ -47,8 +47,10 @@ def main(verbose):
               help="with --sun-isolated: the decoders that serve TASK "
                    "(repeatable; default: each task binds one free decoder)")
 @click.option("--sun-decoder", default=None, metavar="DIR",
-              help="SUN: also run this shared decoder (export.tune.save_decoder dir) inside the hub")
+              help="SUN: also run this shared decoder inside the hub (export.tune.save_decoder dir; a bundle with --sun-backend)")
 @click.option("--sun-max-batch", default=64, show_default=True, help="--sun-decoder: sequences per step")
+@click.option("--sun-backend", default="torch", show_default=True, type=click.Choice(["torch", "onnx", "llamacpp", "auto"]),
+              help="--sun-decoder: runtime (onnx/llamacpp take a bundle, e.g. a Q4_0 GGUF of the int4 decoder)")
 @click.option("--stop-id", "stop_ids", multiple=True, type=int,
               help="--sun-decoder: extra end-of-sequence token ids (repeatable)")
 @click.option("--sun-http-port", default=0, show_default=True,
@@ -60,7 +62,7 @@ def main(verbose):
 @draft_options
 def serve(broker_url, mosquitto, port, acl, users, username, password, draft_model, hub_id, dtype,
           threads, max_len, stats_every, sun_isolated, sun_pools, sun_decoder, sun_max_batch, stop_ids,
-          sun_http_port, sun_http_host, sun_tokenizer, ctl_key_file, **limits):
+          sun_http_port, sun_http_host, sun_tokenizer, ctl_key_file, sun_backend, **limits):
     """Run the hub until Ctrl-C."""
     from server.broker import BrokerError
     from server.hub import Hub
@@ -86,12 +88,13 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
             raise click.ClickException(f"--sun-tokenizer {sun_tokenizer}: {e}") from None
     decoder = None
     if sun_decoder:
+        from edge.engines.base import EngineError
         from edge.roles.decoder import SharedDecoder
         from edge.sun import SunError
         try:
             decoder = SharedDecoder.from_dir(sun_decoder, threads=threads, max_batch=sun_max_batch,
-                                             stop_ids=stop_ids, name=f"{hub_id}-decoder")
-        except (SunError, OSError) as e:
+                                             stop_ids=stop_ids, name=f"{hub_id}-decoder", backend=sun_backend)
+        except (SunError, OSError, EngineError) as e:
             raise click.ClickException(f"--sun-decoder {sun_decoder}: {e}") from None
     engine = tok_fp = None
     if draft_model:

@@ -121,3 +121,7 @@ def test_backend_errors_name_the_fix(tmp_path):
     r = CliRunner().invoke(run, ["--role", "decoder", "--hub", "mqtt://127.0.0.1:1", "--backend", "onnx",
                                  "--module", str(module)])
     assert r.exit_code != 0 and "edge-export bundle" in r.output, r.output
+    from server.cli import main as hub_main
+    r = CliRunner().invoke(hub_main, ["serve", "--broker", "mqtt://127.0.0.1:1", "--sun-decoder", str(module),
+                                      "--sun-backend", "llamacpp"])
+    assert r.exit_code != 0 and "--sun-decoder" in r.output and "edge-export bundle" in r.output, r.output

@@ -68,6 +68,12 @@ class Engine(ABC):
             raise EngineError("step got the same sequence twice")
         return bool(seqs)
 
+    def check_kv(self, blob: bytes) -> dict:
+        """The header of a KV blob this engine would import (fingerprint, shapes, length, checksum
+        all checked), without importing it; an EngineError says why it would be refused."""
+        import torch
+        return self._read_kv(blob, torch.float32)[1]
+
     def _read_kv(self, blob: bytes, dtype):
         """(SequenceKV, header) of a KV blob made for this engine's model (cfg, fingerprint, max_len),
         or an EngineError saying why it is refused."""

@@ -30,11 +30,6 @@ from edge.roles.prefill import pick_token
 from edge.sampling import GREEDY, SamplingParams
 
 
-def _torch_float32():
-    import torch
-    return torch.float32
-
-
 class AdmissionError(ValueError):
     """A KV blob this decoder will not serve (other decoder, truncated, wrong shapes, bad request)."""
 
@@ -158,7 +153,7 @@ class SharedDecoder:
         full = not self._has_room()
         try:
             if full:   # check it all now (the caller hears of a bad blob now), import it later
-                self.engine._read_kv(bytes(blob), _torch_float32())
+                self.engine.check_kv(bytes(blob))
             else:
                 r.seq = self.engine.import_kv(blob)
         except EngineError as e:

@@ -51,15 +51,19 @@ def load_tasks(tok, names, args):
     return out
 
 
-def write(results, out: Path, wall_s: float, args):
+def write(results, out: Path, wall_s: float, args, eval_sizes: dict):
     out.mkdir(parents=True, exist_ok=True)
-    results = dict(results, machine=platform.platform(), wall_s=round(wall_s, 1), args=vars(args))
+    results = dict(results, machine=platform.platform(), wall_s=round(wall_s, 1), args=vars(args),
+                   eval_sizes=eval_sizes)
     stem = "sun_accuracy_smoke" if args.smoke else "sun_accuracy"
     walls = ", ".join(f"{t} {w / 3600:.2f} h" for t, w in results["meta"].get("wall_s", {}).items())
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     md = (f"# SUN accuracy table, base {args.model}\n\nScore (exact match / final number / BFCL AST / "
           f"HumanEval pass@1, greedy):\n\n{markdown_table(results)}\nAnswer cross-entropy (nats/token):\n\n"
-          f"{markdown_table(results, metric='ce')}\nWall time per task (training + scoring, summed over "
+          f"{markdown_table(results, metric='ce')}\nHeld-out prompts per task: "
+          f"{', '.join(f'{t} {n}' for t, n in eval_sizes.items())}; one seed, greedy decoding. "
+          f"Training: {args.steps} steps of batch {args.batch_size} at lr {args.lr:g} (full FT and SUN), "
+          f"{args.qsun_steps} QSUN steps from SUN.\nWall time per task (training + scoring, summed over "
           f"resumed runs): {walls or '-'}; this run {wall_s / 3600:.2f} h on {results['machine']}.\n")
     (out / f"{stem}.md").write_text(md)
     import matplotlib
@@ -121,7 +125,9 @@ def main(argv=None):
     res = None
     for t in tasks:  # one task at a time so the files are rewritten after each
         res = accuracy_table(base, [t], cfg, out_dir=args.work, progress=True)
-        write(res, Path(args.out), time.perf_counter() - t0, args)
+        # the prompts each task's cells were scored on (a resumed cell keeps the size it had)
+        sizes = {x: next((c["n"] for c in cells.values() if "n" in c), None) for x, cells in res["cells"].items()}
+        write(res, Path(args.out), time.perf_counter() - t0, args, sizes)
     return res
 
 

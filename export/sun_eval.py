@@ -67,7 +67,7 @@ def _score(task: TaskData, prefill, decoder, batch: int, label: str = "",
     with torch.no_grad():
         ce = sum(float(split_loss(prefill, decoder, task.eval[i: i + batch])) * len(task.eval[i: i + batch])
                  for i in range(0, len(task.eval), batch)) / max(1, len(task.eval))
-    return {"acc": round(float(acc), 4), "ce": round(ce, 4)}
+    return {"acc": round(float(acc), 4), "ce": round(ce, 4), "n": len(task.eval)}
 
 
 class _Store:

@@ -68,6 +68,20 @@ class Engine(ABC):
             raise EngineError("step got the same sequence twice")
         return bool(seqs)
 
+    def _blob(self, data: np.ndarray, tokens, dtype: str, meta) -> bytes:
+        """A KV blob of this engine's model from float data [layers, 2, kv_heads, length, head_dim]."""
+        import torch
+        from edge.kv import KVError, SequenceKV
+        c = self.cfg
+        kv = SequenceKV(c.num_layers, c.num_kv_heads, c.head_dim, torch.float32, self.max_len,
+                        capacity=max(1, data.shape[3]))
+        if data.shape[3]:
+            kv.append(torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)))
+        try:
+            return kv.to_bytes(self.fingerprint, dtype=dtype, tokens=tokens, meta=meta)
+        except KVError as e:
+            raise EngineError(str(e)) from None
+
     def check_kv(self, blob: bytes) -> dict:
         """The header of a KV blob this engine would import (fingerprint, shapes, length, checksum
         all checked), without importing it; an EngineError says why it would be refused."""

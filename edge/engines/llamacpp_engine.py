@@ -279,20 +279,9 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"cannot read llama.cpp's KV cache: {e}") from None
 
     def export_kv(self, seq: int, dtype: str = "float16", meta: Optional[dict] = None) -> bytes:
-        import torch
-        from edge.kv import KVError, SequenceKV
-        slot = self._get(seq)
-        data, self._kv_layout = self._parse(slot)
-        c = self.cfg
-        kv = SequenceKV(c.num_layers, c.num_kv_heads, c.head_dim, torch.float32, self.max_len,
-                        capacity=max(1, data.shape[3]))
-        kv.append(torch.from_numpy(data))
+        data, self._kv_layout = self._parse(self._get(seq))
         toks = self._tokens[seq]
-        try:
-            return kv.to_bytes(self.fingerprint, dtype=dtype, tokens=toks if min(toks, default=0) >= 0 else None,
-                               meta=meta)
-        except KVError as e:
-            raise EngineError(str(e)) from None
+        return self._blob(data, toks if min(toks, default=0) >= 0 else None, dtype, meta)
 
     def _layout(self, slot: int):
         """How this context writes sequence state, learned once from a one-token probe in `slot`."""

@@ -217,20 +217,11 @@ class OnnxEngine(Engine):
 
     # -- KV transfer (edge/kv.py's blob format) -----------------------------------
     def export_kv(self, seq: int, dtype: str = "float16", meta: Optional[dict] = None) -> bytes:
-        import torch
-        from edge.kv import KVError, SequenceKV
         s = self._get(seq)
         c = self.cfg
-        kv = SequenceKV(c.num_layers, c.num_kv_heads, c.head_dim, torch.float32, self.max_len,
-                        capacity=max(1, s.length))
-        if s.length:
-            data = np.stack([np.stack((s.kv[2 * i][:, : s.length], s.kv[2 * i + 1][:, : s.length]))
-                             for i in range(c.num_layers)])
-            kv.append(torch.from_numpy(data))
-        try:
-            return kv.to_bytes(self.fingerprint, dtype=dtype, tokens=s.tokens[: s.length], meta=meta)
-        except KVError as e:
-            raise EngineError(str(e)) from None
+        data = np.stack([np.stack((s.kv[2 * i][:, : s.length], s.kv[2 * i + 1][:, : s.length]))
+                         for i in range(c.num_layers)])
+        return self._blob(data, s.tokens[: s.length], dtype, meta)
 
     def import_kv(self, blob: bytes) -> int:
         import torch

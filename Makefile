@@ -4,12 +4,13 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 # torch for this CPU machine (a local CPU build); override e.g. TORCH='torch==2.5.0' on other hosts.
 TORCH   ?= torch==2.13.0
-# llama.cpp from source: skip the multimodal parts (build time); GGML_NATIVE=OFF for wheels you ship.
+# llama.cpp from source for this CPU, AMX off (scripts/llama_wheel.sh says why);
+# add -DGGML_NATIVE=OFF for a portable wheel to copy to other devices (README, llama.cpp).
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 TEST_MODELS ?= smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 DEMO_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
-.PHONY: install llama models test-models demo test bench export flash-jetson clean help
+.PHONY: install llama system-test models test-models demo test bench export flash-jetson clean help
 
 help:
 	@echo "make demo    - fetch real models, run the StarSD star, then the SUN shared-decoder demo"
@@ -19,6 +20,7 @@ help:
 	@echo "make flash-jetson DEVICE=user@host - provision a Jetson-class device"
 
 $(BIN)/.installed: pyproject.toml
+	@$(PY) -c 'import venv, ensurepip' 2>/dev/null || bash scripts/ensure_system.sh venv
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
@@ -28,9 +30,11 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
-# llama-cpp-python builds from source (minutes); pip caches the wheel afterwards.
-$(BIN)/.llama: $(BIN)/.installed
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q "llama-cpp-python==0.3.36"
+# llama-cpp-python builds from source (minutes), never from pip's wheel cache; the wheel is
+# kept in ~/.cache/starsun/wheels under a key of the flags and this CPU's features.
+$(BIN)/.llama: $(BIN)/.installed scripts/llama_wheel.sh
+	bash scripts/ensure_system.sh compiler
+	LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" bash scripts/llama_wheel.sh $(BIN)
 	touch $@
 
 llama: $(BIN)/.llama
@@ -46,7 +50,11 @@ demo: install llama
 	$(BIN)/edge-hub demo
 	$(BIN)/edge-hub demo-sun
 
-test: install llama test-models
+# the services the tests need (a real Mosquitto)
+system-test:
+	bash scripts/ensure_system.sh mosquitto
+
+test: system-test install llama test-models
 	STARSUN_STRICT=1 $(BIN)/python -m pytest -q
 
 # every benchmark but sun_accuracy.py (hours; run it in the background, it resumes)

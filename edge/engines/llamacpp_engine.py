@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import logging
 import os
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence
@@ -25,6 +26,7 @@ import numpy as np
 
 from edge.engines.base import Engine, EngineError
 
+log = logging.getLogger(__name__)
 _BACKEND_READY = False
 _KV_TYPES = {"f32": 0, "f16": 1}   # ggml types
 
@@ -36,6 +38,12 @@ def _lib():
         raise EngineError("the llamacpp backend needs llama-cpp-python: "
                           "pip install 'llama-cpp-python==0.3.36' (or `pip install .[llama]`)") from None
     return llama_cpp
+
+
+def amx_compiled(llama_cpp) -> bool:
+    """Was this llama.cpp built with ggml's AMX backend? It segfaults in the first matmul of a
+    quantised model on AMX CPUs (upstream llama.cpp issue 20824); `make llama` builds without it."""
+    return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
 def _init_backend(llama_cpp, verbose: bool) -> None:
@@ -53,10 +61,12 @@ class LlamaCppEngine(Engine):
     def __init__(self, path: str | os.PathLike, max_len: int = 1024, n_seq_max: int = 8,
                  threads: Optional[int] = None, fingerprint: Optional[str] = None, n_batch: int = 512,
                  n_gpu_layers: int = 0, verbose: bool = False, kv_type: str = "f16",
-                 flash_attn: Optional[bool] = None):
+                 flash_attn: Optional[bool] = None, extra_bufts: Optional[bool] = None):
         """max_len: context per sequence; n_seq_max: sequences one context can hold at once;
         kv_type: the KV cache's precision (f16, llama.cpp's default, or f32); flash_attn: None
-        lets llama.cpp choose (it changes how V is stored, which export_kv/import_kv handle)."""
+        lets llama.cpp choose (it changes how V is stored, which export_kv/import_kv handle);
+        extra_bufts: llama.cpp's extra weight buffer types (CPU repacking, AMX); None = on,
+        unless this build has the AMX backend that crashes (then off, with a warning)."""
         lc = _lib()
         _init_backend(lc, verbose)
         self._lc = lc
@@ -65,6 +75,13 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"no GGUF file at {path}")
         mp = lc.llama_model_default_params()
         mp.n_gpu_layers = int(n_gpu_layers)
+        if extra_bufts is None and amx_compiled(lc):
+            log.warning("this llama-cpp-python was built with ggml's AMX backend, which crashes on "
+                        "quantised models (llama.cpp issue 20824): running without extra buffer types "
+                        "(no weight repacking, slower). Rebuild it with AMX off: `make llama`")
+            extra_bufts = False
+        if extra_bufts is not None:
+            mp.use_extra_bufts = bool(extra_bufts)
         self._model = lc.llama_model_load_from_file(path.encode(), mp)
         if not self._model:
             raise EngineError(f"llama.cpp could not load {path} (not a GGUF it supports, or truncated)")

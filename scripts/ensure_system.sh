@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install the system packages a make target needs when they are missing: via apt when
+# run as root, otherwise stop with the exact command to run.
+# usage: scripts/ensure_system.sh [compiler] [mosquitto]
+set -euo pipefail
+missing=()
+for need in "$@"; do
+  case $need in
+    compiler)  { command -v cc && command -v c++; } >/dev/null 2>&1 || missing+=(build-essential) ;;
+    venv)      missing+=(python3-venv) ;;
+    mosquitto) command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto) ;;
+    *) echo "ensure_system.sh: unknown need '$need'" >&2; exit 2 ;;
+  esac
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing ${missing[*]} (apt)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  exit 0
+fi
+echo "error: this needs ${missing[*]}, which is not installed. Run:" >&2
+echo "    sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+echo "(or your system's equivalent), then run make again." >&2
+exit 1

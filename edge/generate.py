@@ -19,7 +19,7 @@ import numpy as np
 from edge.adaptive import AdaptiveGamma
 from edge.engines.base import Engine
 from edge.ngram import NgramDrafter
-from edge.sampling import GREEDY, SamplingParams, SparseDist, draw, to_probs, truncate_top_k
+from edge.sampling import GREEDY, Role, SamplingParams, SparseDist, draw, role_rng, to_probs, truncate_top_k
 from edge.speculative import verify_greedy, verify_stochastic
 
 
@@ -239,7 +239,7 @@ def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
                    on_token: Optional[Callable[[int], None]] = None) -> GenResult:
     """Target-only decoding, one target call per generated token."""
     prompt = _check_prompt(prompt_ids, max_new)
-    rng = np.random.default_rng(params.seed)
+    rng = role_rng(params.seed, Role.TARGET)
     run = _Run(target, prompt, max_new, stop_ids, on_token)
     try:
         while not run.done and run.room() >= 1:
@@ -273,7 +273,10 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
         raise ValueError(f"draft and target vocabularies differ ({dv} vs {target.vocab_size} tokens); "
                          f"the draft must share the target's tokenizer")
     prompt = _check_prompt(prompt_ids, max_new)
-    rng = np.random.default_rng(params.seed)
+    # The draft's proposals and the target's acceptance tests must use independent
+    # uniforms, or the output is no longer the target's distribution (role_rng).
+    rng = role_rng(params.seed, Role.TARGET)
+    draft_rng = role_rng(params.seed, Role.DRAFT)
     policy = AdaptiveGamma(gamma) if adaptive else None
     run = _Run(target, prompt, max_new, stop_ids, on_token)
     res = run.res
@@ -308,7 +311,7 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             drafts, qs = [], []
             if g > 0:
                 t = time.perf_counter()
-                drafts, qs = drafter.draft(run.context, g, rng)
+                drafts, qs = drafter.draft(run.context, g, draft_rng)
                 dt = time.perf_counter() - t
                 drafts = [int(x) for x in drafts[:g]]
                 # No q given: verify against one-hot q at each proposal. That is

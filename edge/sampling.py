@@ -6,6 +6,7 @@ numbers, and the lossless guarantee is only as good as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Optional, Union
 
 import numpy as np
@@ -17,6 +18,7 @@ class SamplingParams:
 
     temperature 0 means greedy (argmax); top_k 0 and top_p 1.0 switch those
     filters off; seed makes a generation reproducible (None: fresh entropy).
+    Each party that samples draws its own stream from the seed: see role_rng.
     """
     temperature: float = 0.0
     top_k: int = 0
@@ -41,6 +43,47 @@ class SamplingParams:
 
 
 GREEDY = SamplingParams()
+
+
+class Role(IntEnum):
+    """The spawn keys of the random streams derived from one request seed.
+
+    TARGET   1001  the target: speculative acceptance uniforms, residual and
+                   bonus draws, plain sampling (edge/generate.py)
+    DRAFT    1002  a draft's proposals: a local ModelDrafter with no extra key;
+                   the draft service adds (session digest, stream number)
+    PREFILL  1003  SUN's prefill worker: the first answer token
+    DECODER  1004  SUN's shared decoder: every later token
+
+    Keys start at 1001 so that they never equal the children 0, 1, 2, ...
+    that SeedSequence(seed).spawn() would hand anyone else using the seed.
+    """
+    TARGET = 1001
+    DRAFT = 1002
+    PREFILL = 1003
+    DECODER = 1004
+
+
+def role_rng(seed: Optional[int], role: Role, *extra: int) -> np.random.Generator:
+    """The random stream of one party of a generation seeded with `seed`.
+
+    Two parties that draw uniforms from the same stream correlate (a draft's
+    proposal and the target's acceptance test would use the same number, and
+    speculative sampling is then no longer lossless), so each party derives its
+    own: SeedSequence(seed, spawn_key=(role, *extra)). Distinct spawn keys give
+    independent streams; `extra` (non-negative ints) separates several streams
+    of one role. seed None: fresh OS entropy (independent of everything).
+
+    What a seed promises: each role gets the same stream for the same seed, so
+    plain decoding, local speculation (ModelDrafter) and SUN's prefill + decoder
+    reproduce their text exactly. Through the StarSD star the draft service's
+    stream is per session (edge/roles/draft.py): the text then has exactly the
+    target's distribution, but is not a fixed string.
+    """
+    if seed is None:
+        return np.random.default_rng()
+    key = (int(role),) + tuple(int(e) for e in extra)
+    return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=key))
 
 
 def _as_logits(logits) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 from edge.engines.base import Engine, EngineError
 from edge.kv import KVError, SequenceKV
 from edge.roles.prefill import pick_token
-from edge.sampling import GREEDY, SamplingParams
+from edge.sampling import GREEDY, Role, SamplingParams, role_rng
 
 
 class AdmissionError(ValueError):
@@ -147,7 +147,8 @@ class SharedDecoder:
             self.refused += 1
             raise AdmissionError(f"{self.name}: request {rid!r} is already waiting")
         stops = frozenset(int(s) for s in stop_ids) if stop_ids is not None else self.stop_ids
-        rng = None if params.greedy else np.random.default_rng(params.seed)
+        # its own stream: the prefill worker drew the first token from the PREFILL one
+        rng = None if params.greedy else role_rng(params.seed, Role.DECODER)
         r = _Running(rid, task or meta.get("task", ""), None, int(first), [int(first)], max_new, params,
                      stops, rng, on_token, self.clock())
         full = not self._has_room()

@@ -20,10 +20,18 @@ chains of recently served sessions as if the target accepted everything
 Q_in between steps so real requests always come first.
 
 Lossless either way: a draft token is always sampled from the q sent with
-it, and q may be anything (DESIGN.md).
+it, and q may be anything (DESIGN.md) -- if its uniforms are independent of
+the target's. A session samples from role_rng(seed, DRAFT, digest(sid), n), n
+numbering every stream this service derives: never the target's stream, never
+an earlier session's (a rejoin gets a new sid: replayed uniforms would
+correlate with tokens already committed), never one replayed after a change
+of sampling mode. So a seed fixes nothing about the proposals through the star
+(sids and round timing vary); the target's own stream stays reproducible.
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
 import threading
 import time
 from dataclasses import dataclass
@@ -34,7 +42,7 @@ import numpy as np
 from edge.engines.base import Engine, EngineError
 from edge.protocol import (E_BAD_KEEP, E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, E_UNKNOWN_SESSION,
                            DraftRequest, DraftResponse, Error)
-from edge.sampling import SamplingParams, sample, to_probs, truncate_top_k
+from edge.sampling import Role, SamplingParams, role_rng, sample, to_probs, truncate_top_k
 from edge.roles.draft_stats import DraftStats
 
 FEED_BY_STEP = 2        # appends up to this long are fed inside the batched steps
@@ -73,9 +81,15 @@ def _params_of(d: dict) -> SamplingParams:
                           seed=d.get("seed"))
 
 
+def _sid_key(sid: str) -> int:
+    """A stable integer of a session id, for the session's spawn key."""
+    return int.from_bytes(hashlib.blake2b(sid.encode(), digest_size=8).digest(), "little")
+
+
 class _Session:
     def __init__(self, sid: str, now: float):
         self.sid = sid
+        self.key = _sid_key(sid)
         self.seq: Optional[int] = None       # engine handle, made in the loop thread
         self.fed: List[int] = []             # tokens in the KV (mirrors engine.tokens)
         self.anchor = 0                      # chain[i] proposes position anchor + i
@@ -123,6 +137,7 @@ class DraftService:
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self.stats = DraftStats(clock)
+        self._streams = itertools.count()       # stream numbers: no two sessions' streams coincide
 
     # ---- wiring ----
     def set_sink(self, fn: Callable[[str, object], None]) -> None:
@@ -319,8 +334,8 @@ class DraftService:
                                "decode alone or raise --max-kv-mb", E_OVERLOADED)
         if s.seq is None:
             s.seq = self.engine.new_sequence()
-        if s.rng is None or s.mode != mode:
-            s.rng = np.random.default_rng(params.seed)
+        if s.rng is None or s.mode != mode:      # a new stream, never an earlier one replayed
+            s.rng = role_rng(params.seed, Role.DRAFT, s.key, next(self._streams))
         s.ahead_cap = T_len + 2 * gamma + 1        # full acceptance + bonus, then gamma more
         # does T run along fed + chain? then the chain's continuation is valid as it is
         virtual = s.fed[:s.anchor] + [t for t, _ in s.chain] if s.chain else s.fed

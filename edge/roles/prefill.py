@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine
-from edge.sampling import GREEDY, SamplingParams, sample, to_probs
+from edge.sampling import GREEDY, Role, SamplingParams, role_rng, sample, to_probs
 
 
 @dataclass
@@ -31,10 +31,13 @@ class PrefillOutput:
 
 
 def pick_token(logits: np.ndarray, params: SamplingParams, rng: Optional[np.random.Generator]) -> int:
-    """Greedy argmax, or a draw from the filtered distribution."""
+    """Greedy argmax, or a draw from the filtered distribution with `rng` (the caller's own
+    stream: a fresh generator of the bare seed here would replay another party's uniforms)."""
     if params.greedy:
         return int(np.argmax(logits))
-    return sample(to_probs(logits, params), rng if rng is not None else np.random.default_rng(params.seed))
+    if rng is None:
+        raise ValueError("sampling needs the caller's random stream (role_rng)")
+    return sample(to_probs(logits, params), rng)
 
 
 class PrefillWorker:
@@ -85,7 +88,8 @@ class PrefillWorker:
         seq = self.engine.new_sequence()
         try:
             logits = self.engine.forward_last(seq, prompt)
-            first = pick_token(logits[-1], params, rng)
+            # the PREFILL stream: the decoder samples the next tokens from the DECODER one
+            first = pick_token(logits[-1], params, rng if rng is not None else role_rng(params.seed, Role.PREFILL))
             blob = self.engine.export_kv(seq, dtype=self.kv_dtype,
                                          meta={"task": self.task, "request_id": rid, "first_token": first})
         finally:

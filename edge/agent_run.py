@@ -18,51 +18,8 @@ import threading
 
 import click
 
-_draft_opts = [
-    click.option("--max-sessions", default=64, show_default=True, help="sessions one draft service takes"),
-    click.option("--max-kv-mb", default=1024.0, show_default=True, help="KV memory of all sessions"),
-    click.option("--max-gamma", default=16, show_default=True, help="largest γ a session may ask for"),
-    click.option("--evict-after", default=60.0, show_default=True, help="seconds of silence before eviction"),
-    click.option("--ahead/--no-ahead", default=True, show_default=True,
-                 help="draft ahead for recently served sessions while idle"),
-    click.option("--q-top-k", default=32, show_default=True,
-                 help="entries of q sent per drafted token when sampling"),
-]
-
-
-def draft_options(f):
-    """The draft service's limits (shared with `edge-hub serve`)."""
-    for opt in reversed(_draft_opts):
-        f = opt(f)
-    return f
-
-
-def read_ctl_key(path):
-    """The deployment's control key (hub <-> draft services and SUN workers sign their control
-    messages with it): the bytes of a file, at least 16; None without --ctl-key-file."""
-    if not path:
-        return None
-    from pathlib import Path
-    try:
-        key = Path(path).read_bytes().strip()
-    except OSError as e:
-        raise click.BadParameter(f"cannot read {path}: {e.strerror}", param_hint="--ctl-key-file") from None
-    if len(key) < 16:
-        raise click.BadParameter(f"{path} holds {len(key)} bytes; a control key needs at least 16 "
-                                 "(e.g. `head -c 32 /dev/urandom | base64 > ctl.key`)",
-                                 param_hint="--ctl-key-file")
-    return key
-
-
-ctl_key_option = click.option("--ctl-key-file", default=None, type=click.Path(dir_okay=False),
-                              help="sign control messages with this shared key (the same file on the hub "
-                                   "and every draft service / SUN worker)")
-
-
-def draft_limits(max_sessions, max_kv_mb, max_gamma, evict_after, ahead, q_top_k):
-    from edge.roles.draft import DraftLimits
-    return DraftLimits(max_sessions=max_sessions, max_kv_mb=max_kv_mb, max_gamma=max_gamma,
-                       evict_after_s=evict_after, ahead=ahead, q_top_k=q_top_k)
+from edge.command_options import (ctl_key_option, draft_limits, draft_options, open_model_for_command,
+                                  read_ctl_key)
 
 
 def _wait_for_signal() -> None:
@@ -108,7 +65,6 @@ def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, 
         http_host, http_port, prompt, max_new, temperature, backend, dtype, threads, max_len, verbose,
         ctl_key_file, **limits):
     """Join the star at --hub as a target, a draft service or a SUN worker (runs until Ctrl-C)."""
-    from edge.cli import load_engine
     from edge.link import LinkError, MqttLink, parse_url
     from edge.protocol import ProtocolError, check_id
 
@@ -132,7 +88,7 @@ def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, 
         return
     if not model:
         raise click.UsageError(f"--role {role} needs --model")
-    engine, tok = load_engine(model, dtype, threads, max_len, backend, role=role)
+    engine, tok = open_model_for_command(model, dtype, threads, max_len, backend, role=role)
     link = MqttLink(hub_url, username=username, password=password)
     if role == "draft":
         _run_draft(engine, tok, link, client_id, draft_limits(**limits), ctl_key)
@@ -199,9 +155,8 @@ def _run_target(engine, tok, link, client_id, gamma, model, host, port, prompt, 
     try:
         star.check_join()
         click.echo(f"target {client_id} joined the star at {link.url}", err=True)
-    except JoinRefused as e:
-        link.close()
-        raise click.ClickException(str(e)) from None
+    except JoinRefused as e:      # no draft now: decode alone, and join when one comes online
+        click.echo(f"warning: {e}; decoding alone, joining when the hub can draft", err=True)
     except TimeoutError as e:
         click.echo(f"warning: {e}; decoding alone until the hub answers", err=True)
     try:

@@ -323,18 +323,11 @@ def _check_names(ckpt: Checkpoint) -> None:
 
 # -- entry points ---------------------------------------------------------------------------
 def _resolve(path) -> Path:
-    p = Path(path)
-    if not p.exists():
-        from .fetch import MODELS, model_path
-        if str(path) in MODELS:
-            p = model_path(str(path))
-            if not p.exists():
-                raise CheckpointError(f"model {path!r} is not fetched yet ({p} is missing); "
-                                      "run `make models`")
-        else:
-            raise CheckpointError(f"no checkpoint at {p}; give a GGUF file, a Hugging Face "
-                                  f"directory or a model name ({', '.join(MODELS)}); "
-                                  "run `make models` to fetch the real models")
+    from .model_spec import ModelNotFound, resolve_model
+    try:
+        p = resolve_model(path)
+    except ModelNotFound as e:          # this module's callers catch CheckpointError
+        raise CheckpointError(str(e)) from None
     if p.is_file() and p.name == "config.json":
         p = p.parent
     return p

@@ -2,52 +2,15 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import click
 
+from edge.command_options import open_model_for_command
+
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 DEMO_PROMPT = "Write a Python function that checks whether a number is prime."
-
-
-def resolve_model(spec: str) -> Path:
-    """A model name from edge.fetch (e.g. qwen2.5-coder-0.5b) or a path to a GGUF / HF dir."""
-    from edge.fetch import MODELS, model_path
-
-    if spec in MODELS:
-        p = model_path(spec)
-        if not p.exists():
-            raise click.ClickException(f"model {spec!r} is not fetched yet: run `make models` "
-                                       f"(or `python -m edge.fetch {spec}`)")
-        return p
-    p = Path(spec)
-    if not p.exists():
-        raise click.ClickException(f"no such model file or directory: {spec} "
-                                   f"(known names: {', '.join(MODELS)})")
-    return p
-
-
-def load_engine(spec: str, dtype: str, threads: int | None, max_len: int, backend: str = "torch",
-                role: str | None = None):
-    """(engine, tokenizer) for a model spec on a backend (role picks a bundle's artifact), with
-    errors a user can act on."""
-    from edge.checkpoint import CheckpointError, load_tokenizer
-    from edge.engines.base import EngineError
-    from edge.engines.loader import bundle_tokenizer, load_engine as load_any
-
-    path = resolve_model(spec)
-    t0 = time.perf_counter()
-    try:
-        engine = load_any(path, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len)
-        is_bundle = path.is_dir() and (path / "manifest.json").exists()
-        tok = bundle_tokenizer(path) if is_bundle else load_tokenizer(path)
-    except (CheckpointError, EngineError) as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(f"loaded {path.name} on {engine.name} (vocab {engine.vocab_size}) "
-               f"in {time.perf_counter() - t0:.1f}s", err=True)
-    return engine, tok
 
 
 def streamer(tokenizer):
@@ -70,12 +33,12 @@ def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature,
     if gamma < 1 and not adaptive:
         raise click.ClickException(f"--gamma must be at least 1 (got {gamma}); "
                                    "use --adaptive to let the cost model pick γ, 0 included")
-    target, tok = load_engine(target_spec, dtype, threads, max_len, backend)
+    target, tok = open_model_for_command(target_spec, dtype, threads, max_len, backend)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if draft_spec == "ngram":
         drafter, draft_name = NgramDrafter(), "n-gram prompt lookup"
     else:
-        draft, dtok = load_engine(draft_spec, dtype, threads, max_len, draft_backend or backend)
+        draft, dtok = open_model_for_command(draft_spec, dtype, threads, max_len, draft_backend or backend)
         if dtok.fingerprint() != tok.fingerprint():
             raise click.ClickException(
                 "draft and target use different tokenizers (fingerprints "

@@ -4,6 +4,7 @@ Both implementations share the `Link` interface and semantics: MQTT topic
 filters with `+` and `#`, retained messages, a last will, callbacks run on the
 link's own delivery thread (one per link, in arrival order — keep them short:
 hand work to a queue), and automatic re-subscription after a reconnect.
+The in-memory bus is edge/memory_link.py (it builds on this file, not the other way).
 
 Give each link non-overlapping filters: MQTT 3.1.1 lets a broker send one
 copy per matching subscription (amqtt does, Mosquitto does not), and every
@@ -66,7 +67,8 @@ def _check_pattern(pattern: str) -> None:
         raise LinkError(f"bad topic filter {pattern!r}: + and # must fill a whole level, # only last")
 
 
-def _check_topic(topic: str) -> None:
+def check_topic(topic: str) -> None:
+    """Refuse a publish topic with wildcards (every Link implementation checks its topics)."""
     if not topic or "+" in topic or "#" in topic:
         raise LinkError(f"bad topic {topic!r}: publish to a concrete topic, without + or #")
 
@@ -255,7 +257,7 @@ class MqttLink(Link):
         return self
 
     def publish(self, topic: str, payload: bytes, kind: str = "control") -> bool:
-        _check_topic(topic)
+        check_topic(topic)
         qos, retain = self._qos(kind)
         info = self._client.publish(topic, payload, qos=qos, retain=retain)
         ok = info.rc == mqtt.MQTT_ERR_SUCCESS
@@ -283,7 +285,7 @@ class MqttLink(Link):
             self._client.unsubscribe(pattern)
 
     def set_will(self, topic: str, payload: bytes, retain: bool = True) -> None:
-        _check_topic(topic)
+        check_topic(topic)
         if self._started:
             raise LinkError("set_will must be called before connect()")
         self._client.will_set(topic, payload, qos=1, retain=retain)
@@ -318,6 +320,3 @@ class MqttLink(Link):
             self._up.clear()
             self._notify(False)
 
-
-# the in-memory bus (tests, single-process demos) lives beside this file
-from edge.memory_link import MemoryBus, MemoryLink  # noqa: E402,F401

@@ -13,7 +13,7 @@ from typing import Optional
 
 from paho.mqtt.client import topic_matches_sub
 
-from edge.link import Link, LinkError, _check_topic
+from edge.link import Link, LinkError, check_topic
 
 
 class MemoryBus:
@@ -116,7 +116,7 @@ class MemoryLink(Link):
             self._dispatch(*item)
 
     def publish(self, topic: str, payload: bytes, kind: str = "control") -> bool:
-        _check_topic(topic)
+        check_topic(topic)
         _, retain = self._qos(kind)
         if not (self._up and self.bus.up):
             self.stats["send_failed"] += 1
@@ -132,7 +132,7 @@ class MemoryLink(Link):
         return True
 
     def set_will(self, topic: str, payload: bytes, retain: bool = True) -> None:
-        _check_topic(topic)
+        check_topic(topic)
         self._will = (topic, bytes(payload), retain)
 
     def is_connected(self) -> bool:

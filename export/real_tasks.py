@@ -13,7 +13,7 @@
   licensed (PSF), and it contains none of HumanEval's problems; MBPP, the usual
   choice, is in no package.
 
-Each loader returns `TaskData` (export/sun_eval.py) over a tokenizer with
+Each loader returns `TaskData` (export/tasks.py) over a tokenizer with
 `encode`, `decode`, `eos_id` and (for chat tasks) `apply_chat_template`.
 """
 from __future__ import annotations
@@ -32,8 +32,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from export.sun_eval import TaskData
-from export.tasks import Example
+from export.tasks import Example, TaskData
 
 
 class TaskDataError(RuntimeError):

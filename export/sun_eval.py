@@ -26,24 +26,13 @@ import torch
 
 from edge.model import Transformer
 from edge.sun import MANIFEST, exact_match, load_module, split_generate
-from export.tasks import Example
+from export.tasks import TaskData
 from export.tune import TuneConfig, build_decoder, split_loss, tune
 
 ROWS = ("base", "full_ft", "naive_reuse", "sun", "int4_rtn", "qsun")
 ROW_TITLES = {"base": "base model", "full_ft": "full fine-tuning (one model per task)",
               "naive_reuse": "naive reuse (full-FT KV -> base decoder)", "sun": "SUN (prefill-only tuning)",
               "int4_rtn": "int4 RTN decoder, not re-tuned", "qsun": "QSUN (re-tuned for the int4 decoder)"}
-Scorer = Callable[[List[List[int]], Sequence[Example]], float]
-
-
-@dataclass
-class TaskData:
-    name: str
-    train: Sequence[Example]
-    eval: Sequence[Example]
-    max_new: int
-    stop_ids: tuple
-    score: Optional[Scorer] = None     # default: exact match of ids (stop token included)
 
 
 @dataclass

@@ -22,7 +22,7 @@ a 2-layer model learns every task in a few hundred steps on a CPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -37,6 +37,20 @@ MIN_LEN, MAX_LEN = 3, 5
 class Example:
     prompt: List[int]
     answer: List[int]           # ends with the stop token
+
+
+Scorer = Callable[[List[List[int]], Sequence[Example]], float]
+
+
+@dataclass
+class TaskData:
+    """One task as the tuner and the accuracy table take it (export/real_tasks.py makes real ones)."""
+    name: str
+    train: Sequence[Example]
+    eval: Sequence[Example]
+    max_new: int
+    stop_ids: tuple
+    score: Optional[Scorer] = None     # default: exact match of ids (stop token included)
 
 
 @dataclass(frozen=True)

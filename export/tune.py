@@ -261,8 +261,3 @@ def save_specialist(out_dir, model: Transformer, cfg: TuneConfig, dec_fp: str, h
         man["fingerprint"] = dec_fp
         man["precision"] = "fp32"
     return save_module(out_dir, model, man)
-
-
-if __name__ == "__main__":  # `python -m export.tune ...` is `edge-export tune ...`
-    from export.tune_cli import tune as _tune_cmd
-    _tune_cmd()

@@ -6,7 +6,7 @@
 
 Runs resume from their last checkpoint in --out; the saved manifest names the
 decoder fingerprint the specialist was tuned for (edge/roles/prefill.py puts it
-on every KV blob).
+on every KV blob). `python -m export.tune_cli ...` is `edge-export tune ...`.
 """
 from __future__ import annotations
 
@@ -46,17 +46,20 @@ from export.tune import tune as run_tune
 def tune(base, task, data, out, full, precision, init_dir, decoder_dir, steps, batch_size, lr, seed,
              eval_every, ckpt_every, n_train, n_eval, max_len, threads):
     """Prefill-only tuning of one task specialist against a frozen decoder (SUN / QSUN)."""
-    from edge.checkpoint import load_model
+    from edge.checkpoint import CheckpointError, load_model
+    from edge.model_spec import ModelNotFound, resolve_model
     from edge.sun import load_module
     if bool(task) == bool(data):
         raise click.UsageError("give exactly one of --task or --data")
     if full and precision != "fp32":
         raise click.UsageError("--full trains the whole model; --decoder int4 applies to SUN tuning only")
-    src = base
-    if not Path(base).exists():
-        from edge.fetch import model_path
-        src = model_path(base)
-    model, ckpt = load_model(src)
+    try:
+        src = resolve_model(base)
+        model, ckpt = load_model(src)
+    except ModelNotFound as e:
+        raise click.BadParameter(str(e), param_hint="--base") from None
+    except CheckpointError as e:
+        raise click.ClickException(f"--base {base}: {e}") from None
     tok = ckpt.tokenizer
     if task:
         from export.real_tasks import REAL_TASKS
@@ -82,3 +85,6 @@ def tune(base, task, data, out, full, precision, init_dir, decoder_dir, steps, b
                                "tokenizer_fingerprint": tok.fingerprint()})
     click.echo(f"saved {out} (decoder {res.decoder_fingerprint[:12]}, final {res.history[-1]})")
 
+
+if __name__ == "__main__":
+    tune()

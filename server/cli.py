@@ -1,16 +1,18 @@
-"""`edge-hub`: the centre of the star. `serve` runs the hub; `plan` (the StarSD
-system model, server/planner.py) is registered at the bottom of this file."""
+"""`edge-hub`: the centre of the star. `serve` runs the hub; `plan` is the StarSD system model
+(server/planner.py); `demo` and `demo-sun` run the demos of server/demos/, imported only
+inside those commands (the demos train with export/, which the hub itself never needs)."""
 from __future__ import annotations
 
 import logging
 import signal
 import threading
 import time
+from pathlib import Path
 
 import click
 
-
-from edge.agent_run import ctl_key_option, draft_limits, draft_options, read_ctl_key
+from edge.command_options import (ctl_key_option, draft_limits, draft_options, open_model_for_command,
+                                  read_ctl_key)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,9 +83,8 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
         if not sun_tokenizer:
             raise click.UsageError("--sun-http-port needs --sun-tokenizer (the SUN base model, e.g. smollm2-135m)")
         from edge.checkpoint import CheckpointError, load_tokenizer
-        from edge.cli import resolve_model
         try:
-            sun_tok = load_tokenizer(resolve_model(sun_tokenizer))
+            sun_tok = load_tokenizer(sun_tokenizer)     # a model name or a path
         except CheckpointError as e:
             raise click.ClickException(f"--sun-tokenizer {sun_tokenizer}: {e}") from None
     decoder = None
@@ -98,8 +99,7 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
             raise click.ClickException(f"--sun-decoder {sun_decoder}: {e}") from None
     engine = tok_fp = None
     if draft_model:
-        from edge.cli import load_engine
-        engine, tok = load_engine(draft_model, dtype, threads, max_len)
+        engine, tok = open_model_for_command(draft_model, dtype, threads, max_len)
         tok_fp = tok.fingerprint()
     else:
         click.echo("no --draft-model: this hub only routes to draft services on devices "
@@ -252,11 +252,38 @@ def plan(measurements, draft_step, draft_feed_ms, profile, target_step_ms, verif
     click.echo(format_table(preds))
 
 
-from server.star_demo import star as _star_demo  # noqa: E402  (the demo imports this module's deps)
+@main.command("demo")
+@click.option("--targets", "-N", "n_targets", default=4, show_default=True, help="targets in the star")
+@click.option("--max-new", "-n", default=48, show_default=True, help="new tokens per target")
+@click.option("--gamma", "-g", default=4, show_default=True, help="drafted tokens per verification")
+@click.option("--draft", "-D", default="qwen2.5-coder-0.5b", show_default=True, help="the hub's draft model")
+@click.option("--target", "-T", default="qwen2.5-coder-1.5b", show_default=True, help="every target's model")
+@click.option("--backend", type=click.Choice(["llamacpp", "torch"]), default="llamacpp", show_default=True)
+@click.option("--broker", type=click.Choice(["embedded", "mosquitto"]), default="embedded", show_default=True)
+@click.option("--check", is_flag=True, help="then decode alone and compare each target's output")
+@click.option("--plot", "plot_path", default=None, help="plot path [default: benchmarks/results/star_demo.png]")
+@click.option("--live/--no-live", default=True, show_default=True, help="refresh the table in place")
+@click.option("--show-text", is_flag=True, help="print each target's text at the end")
+@click.option("--target-nice", default=5, show_default=True,
+              help="lower the targets' priority so they do not starve the hub's draft on shared cores (0: off)")
+def demo(**options):
+    """StarSD on this machine: one hub + draft service, N targets, each on its own prompt."""
+    from server.demos.star_demo import demo_command
+    demo_command(**options)
 
-main.add_command(_star_demo, "demo")
-from server.sun_demo import sun_demo as _sun_demo  # noqa: E402
-main.add_command(_sun_demo, "demo-sun")
+
+@main.command("demo-sun")
+@click.option("--requests", "n_requests", default=120, show_default=True, help="requests to serve")
+@click.option("--rate", default=150.0, show_default=True, help="mean arrivals per second (Poisson)")
+@click.option("--zipf", default=1.2, show_default=True, help="task popularity skew (Zipf exponent)")
+@click.option("--max-batch", default=32, show_default=True, help="decoder: sequences per step")
+@click.option("--work", default=str(Path(__file__).resolve().parent.parent / "runs" / "demo-sun"),
+              show_default=True, type=click.Path(file_okay=False), help="where the specialists are made and cached")
+@click.option("--seed", default=0, show_default=True)
+def demo_sun(**options):
+    """SUN: three task specialists share one int4 decoder over MQTT (trains tiny specialists once)."""
+    from server.demos.sun_demo import demo_command
+    demo_command(**options)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def embedded_broker():
 
 @pytest.fixture
 def memory_bus():
-    from edge.link import MemoryBus
+    from edge.memory_link import MemoryBus
     return MemoryBus()
 
 

@@ -57,10 +57,10 @@ def agents(tmp_path_factory, mosquitto):
 
 
 def test_onnx_target_with_a_llamacpp_draft_service(agents):
-    from edge.cli import load_engine
+    from edge.engines.loader import open_model
     from edge.generate import generate_plain
     ps, _, bundle, _ = agents
-    engine, tok = load_engine(str(bundle), "float32", 1, 4096, backend="onnx", role="target")
+    engine, tok = open_model(str(bundle), backend="onnx", role="target", dtype="float32", threads=1, max_len=4096)
     assert engine.name.startswith("onnx")
     ids = tok.encode(PROMPT, add_special=True)
     ref = generate_plain(engine, ids, MAX_NEW, stop_ids=tuple(tok.eos_ids)).tokens

@@ -163,10 +163,10 @@ def star(tmp_path_factory):
 
 
 def test_starsd_target_process_through_the_hub_process(star):
-    from edge.cli import load_engine
+    from edge.engines.loader import open_model
     from edge.generate import generate_plain
     ps, url, model, _, _ = star
-    engine, tok = load_engine(str(model), "float64", 1, 4096)
+    engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
     ids = tok.encode(PROMPT, add_special=True)
     ref = generate_plain(engine, ids, MAX_NEW, stop_ids=tuple(tok.eos_ids)).tokens
     assert len(ref) >= 8, "the reference should be long enough to need several draft rounds"

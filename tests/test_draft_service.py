@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from edge.generate import ModelDrafter, generate_plain
-from edge.link import MemoryBus, MemoryLink
+from edge.memory_link import MemoryBus, MemoryLink
 from edge.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, DraftRequest, DraftResponse,
                            Error, sampling)
 from edge.roles.draft import DraftLimits, DraftRefused, DraftService

@@ -126,7 +126,7 @@ def test_vanished_target_is_evicted_and_its_kv_freed(mosquitto, models):
 def test_overloaded_draft_service_is_left_alone_with_a_backoff(memory_bus, models):
     """A draft service at its KV limit answers 'overloaded': the target decodes alone (same output)
     and backs off instead of asking again every round."""
-    from edge.link import MemoryLink
+    from edge.memory_link import MemoryLink
     target_model, draft_model = models
     hub = Hub(link=MemoryLink(memory_bus), draft_engine=TorchEngine(draft_model, "draft"), tokenizer_fp=TOK,
               limits=DraftLimits(ahead=False, max_kv_mb=0.01)).start()     # ~40 tokens of tiny KV

@@ -12,7 +12,7 @@ from tokenizers import decoders, models, pre_tokenizers
 
 from edge.engines.torch_engine import TorchEngine
 from edge.generate import generate_plain
-from edge.link import MemoryBus, MemoryLink
+from edge.memory_link import MemoryBus, MemoryLink
 from edge.model import Transformer, tiny_config
 from edge.openai_http import OpenAIServer, StopText
 from edge.roles.session import HubClient

@@ -1,4 +1,4 @@
-"""The star-on-one-machine demo (server/star_demo.py) on tiny models: hub, targets, table, check, plot."""
+"""The star-on-one-machine demo (server/demos/star_demo.py) on tiny models: hub, targets, table, check, plot."""
 from __future__ import annotations
 
 import io
@@ -7,7 +7,8 @@ import torch
 from click.testing import CliRunner
 
 from edge.engines.torch_engine import TorchEngine
-from server.star_demo import run_star_demo, star
+from server.cli import main as hub_main
+from server.demos.star_demo import run_star_demo
 
 from tiny_models import tiny_model
 
@@ -32,12 +33,12 @@ def test_star_demo_runs_three_targets_and_checks_them(tmp_path):
 
 
 def test_star_command_has_help():
-    res = CliRunner().invoke(star, ["--help"])
+    res = CliRunner().invoke(hub_main, ["demo", "--help"])
     assert res.exit_code == 0 and "--check" in res.output and "--targets" in res.output
 
 
 def test_logit_gap_reads_one_call_over_the_context():
-    from server.star_demo import _logit_gap
+    from server.demos.star_demo import _logit_gap
     eng = TorchEngine(tiny_model(3), "t")
     seq = eng.new_sequence()
     row = eng.forward(seq, [4, 5, 6])[-1]

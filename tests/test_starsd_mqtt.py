@@ -202,3 +202,45 @@ def _wait(cond, timeout=5.0):
     while time.monotonic() < end and not cond():
         time.sleep(0.02)
     return cond()
+
+
+def test_a_target_decodes_alone_without_a_draft_and_joins_when_one_comes(mosquitto, models):
+    """No draft service online: the target never refuses to generate; it decodes alone and
+    joins the star as soon as a draft service registers (mid-generation)."""
+    from edge.protocol import draft_hello_topic
+    from edge.roles.draft import DraftService
+    from edge.roles.draft_node import DraftNode
+
+    hub = Hub(broker_url=mosquitto.url).start()
+    star = star_target(mosquitto.url, "lonely", models[0])
+    link = MqttLink(mosquitto.url)
+    node = None
+    try:
+        out = star.generate(prompt(1), 12)                    # nobody drafts: plain decoding
+        assert out.tokens == generate_plain(star.engine, prompt(1), 12).tokens
+        st = star.last_drafter.stats
+        assert st["answered"] == 0 and "no draft service" in (star.last_drafter.refusal or ""), st
+        started = threading.Event()
+
+        def on_token(_t, n=[0]):                              # a draft service arrives mid-generation
+            n[0] += 1
+            if n[0] == 5:
+                nonlocal node
+                svc = DraftService(TorchEngine(models[1], "draft"), DraftLimits(ahead=False))
+                node = DraftNode(svc, link, "late-draft", TOK)
+                link.set_will(draft_hello_topic("late-draft"), node.will())
+                link.connect(5)
+                node.start()
+                started.set()
+            if started.is_set():
+                time.sleep(0.02)                              # leave the join time to land
+        out = star.generate(prompt(3), 120, on_token=on_token)
+        assert out.tokens == generate_plain(star.engine, prompt(3), 120).tokens
+        st = star.last_drafter.stats
+        assert started.is_set() and st["rejoins"] >= 1 and st["answered"] > 0, st
+    finally:
+        if node is not None:
+            node.stop(announce=False)
+        link.close()
+        star.hub.link.close()
+        hub.stop()

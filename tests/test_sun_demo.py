@@ -10,7 +10,7 @@ import io
 import shutil
 
 from edge.sun import save_module
-from server.sun_demo import run_sun_demo
+from server.demos.sun_demo import run_sun_demo
 
 
 def test_sun_demo_serves_every_task_on_one_decoder(sun_table, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.link import MemoryBus, MemoryLink
+from edge.memory_link import MemoryBus, MemoryLink
 from edge.protocol import sun_hello_topic
 from edge.roles.decoder import SharedDecoder
 from edge.roles.prefill import PrefillWorker

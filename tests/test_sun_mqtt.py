@@ -282,7 +282,7 @@ def test_kv_from_this_process_is_decoded_by_a_decoder_process(mosquitto, models,
 
 def test_kv_that_overtakes_its_assignment_is_held_and_a_missing_kv_times_out(memory_bus, models):
     """Brokers may reorder publishers: KV that arrives before its DecodeAssign waits for it."""
-    from edge.link import MemoryLink
+    from edge.memory_link import MemoryLink
     from edge.protocol import DecodeAssign, KVChunk, new_secret, sun_ctl_topic, sun_kv_topic
     base, fp, specs = models
     dec = SharedDecoder(TorchEngine(base, fingerprint=fp))
@@ -362,7 +362,7 @@ def test_sun_runs_through_the_brokers_acl(acl_broker, models):
 
 
 def test_hub_routes_sun_and_hosts_a_decoder(memory_bus, models):
-    from edge.link import MemoryLink
+    from edge.memory_link import MemoryLink
     from server.hub import Hub
     base, fp, specs = models
     hub = Hub(link=MemoryLink(memory_bus), hub_id="hub", ctl_key=KEY,

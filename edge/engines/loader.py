@@ -1,4 +1,5 @@
-"""One place every role and CLI gets an Engine: `load_engine(path, backend=...)`.
+"""One place every role and CLI gets an Engine: `load_engine(path, backend=...)`, and
+`open_model(spec, ...)` -> (engine, tokenizer), the one place a model name becomes an engine.
 
 `path` may be a bundle directory (manifest.json from `edge-export bundle`), an
 .onnx graph, a .gguf file, a Hugging Face directory, a SUN module directory or
@@ -26,9 +27,13 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from edge.engines.base import Engine, EngineError
+from edge.model_spec import resolve_model
+
+if TYPE_CHECKING:
+    from edge.tokenizer import Tokenizer
 
 MANIFEST = "manifest.json"
 BUNDLE_FORMAT = "starsun-bundle"
@@ -192,7 +197,7 @@ def load_engine(path, backend: str = "auto", role: Optional[str] = None, dtype=N
         raise EngineError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if role is not None and role not in ROLES:
         raise EngineError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
-    p = Path(path)
+    p = resolve_model(path)
     if p.is_dir() and (p / MANIFEST).is_file() and _is_bundle(p):
         return _from_bundle(p, backend, role, threads, max_len, device, artifact, deep_check,
                             expect_fingerprint, kw)
@@ -210,20 +215,30 @@ def load_engine(path, backend: str = "auto", role: Optional[str] = None, dtype=N
         from edge.engines.onnx_engine import OnnxEngine
         eng = OnnxEngine(p, device=device, threads=threads, max_len=max_len, **kw)
     elif backend == "llamacpp":
-        if p.suffix != ".gguf" and not p.is_file():
-            from edge.fetch import MODELS, model_path
-            if str(path) in MODELS:
-                p = model_path(str(path))
         if not (p.is_file() and p.suffix == ".gguf"):
             raise EngineError(f"the llamacpp backend needs a .gguf file or a bundle, got {path}; "
                               "write one with `edge-export gguf`")
         from edge.engines.llamacpp_engine import LlamaCppEngine
         eng = LlamaCppEngine(p, threads=threads, max_len=max_len or 1024, **kw)
     else:
-        eng = _torch_engine(path, dtype, threads, max_len, kw.pop("fingerprint", None))
+        eng = _torch_engine(p, dtype, threads, max_len, kw.pop("fingerprint", None))
     if expect_fingerprint and eng.fingerprint != expect_fingerprint:
         raise EngineError(f"{path} is model {eng.fingerprint[:12]}, expected {expect_fingerprint[:12]}")
     return eng
+
+
+def open_model(spec, backend: str = "torch", role: Optional[str] = None, dtype=None,
+               threads: Optional[int] = None, max_len: Optional[int] = None, **kw) -> Tuple[Engine, "Tokenizer"]:
+    """(engine, tokenizer) for a model name or path on a backend; role picks a bundle's artifact.
+
+    Raises ModelNotFound (no such path or name), CheckpointError (an unreadable
+    checkpoint) or EngineError (the backend cannot serve it); each message says
+    what to do, so a command line only has to show it."""
+    from edge.checkpoint import load_tokenizer
+    p = resolve_model(spec)
+    engine = load_engine(p, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len, **kw)
+    is_bundle = p.is_dir() and (p / MANIFEST).is_file() and _is_bundle(p)
+    return engine, bundle_tokenizer(p) if is_bundle else load_tokenizer(p)
 
 
 def _is_bundle(p: Path) -> bool:

@@ -33,8 +33,6 @@ import numpy as np
 
 from server.hub import Hub
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def make_specialists(work: Path, log=print) -> dict:
     """Train (or load, when cached) the synthetic base, the table and the int4 decoder directory."""
@@ -219,16 +217,9 @@ def _wait_routes(hub: Hub, names, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-@click.command("demo-sun")
-@click.option("--requests", "n_requests", default=120, show_default=True, help="requests to serve")
-@click.option("--rate", default=150.0, show_default=True, help="mean arrivals per second (Poisson)")
-@click.option("--zipf", default=1.2, show_default=True, help="task popularity skew (Zipf exponent)")
-@click.option("--max-batch", default=32, show_default=True, help="decoder: sequences per step")
-@click.option("--work", default=str(ROOT / "runs" / "demo-sun"), show_default=True,
-              type=click.Path(file_okay=False), help="where the specialists are made and cached")
-@click.option("--seed", default=0, show_default=True)
-def sun_demo(n_requests, rate, zipf, max_batch, work, seed):
-    """SUN: three task specialists share one int4 decoder over MQTT (trains tiny specialists once)."""
+def demo_command(n_requests, rate, zipf, max_batch, work, seed):
+    """`edge-hub demo-sun` (its options are in server/cli.py): three task specialists share one
+    int4 decoder over MQTT (trains tiny specialists once)."""
     import logging
     logging.getLogger("amqtt").setLevel(logging.ERROR)     # its PUBACK chatter is not ours to show
     report = run_sun_demo(Path(work), n_requests, rate, zipf, seed, max_batch)

@@ -284,7 +284,7 @@ def load_star_models(draft: str, target: str, n_targets: int, backend: str = "ll
     and every target get ONE thread each (`threads` for the draft): llama.cpp's threads spin at
     each barrier, so more threads than free cores make every call collapse, and here the draft
     and the targets all share this machine. torch: the targets share one loaded model (fp32)."""
-    from edge.cli import resolve_model
+    from edge.model_spec import resolve_model
     from edge.tokenizer import Tokenizer
 
     dpath, tpath = resolve_model(draft), resolve_model(target)
@@ -312,23 +312,10 @@ def _default_plot() -> Path:
     return here / "star_demo.png" if here.parent.is_dir() else Path("star_demo.png")
 
 
-@click.command("demo")
-@click.option("--targets", "-N", "n_targets", default=4, show_default=True, help="targets in the star")
-@click.option("--max-new", "-n", default=48, show_default=True, help="new tokens per target")
-@click.option("--gamma", "-g", default=4, show_default=True, help="drafted tokens per verification")
-@click.option("--draft", "-D", default="qwen2.5-coder-0.5b", show_default=True, help="the hub's draft model")
-@click.option("--target", "-T", default="qwen2.5-coder-1.5b", show_default=True, help="every target's model")
-@click.option("--backend", type=click.Choice(["llamacpp", "torch"]), default="llamacpp", show_default=True)
-@click.option("--broker", type=click.Choice(["embedded", "mosquitto"]), default="embedded", show_default=True)
-@click.option("--check", is_flag=True, help="then decode alone and compare each target's output")
-@click.option("--plot", "plot_path", default=None, help="plot path [default: benchmarks/results/star_demo.png]")
-@click.option("--live/--no-live", default=True, show_default=True, help="refresh the table in place")
-@click.option("--show-text", is_flag=True, help="print each target's text at the end")
-@click.option("--target-nice", default=5, show_default=True,
-              help="lower the targets' priority so they do not starve the hub's draft on shared cores (0: off)")
-def star(n_targets, max_new, gamma, draft, target, backend, broker, check, plot_path, live, show_text,
-         target_nice):
-    """StarSD on this machine: one hub + draft service, N targets, each on its own prompt."""
+def demo_command(n_targets, max_new, gamma, draft, target, backend, broker, check, plot_path, live, show_text,
+                 target_nice):
+    """`edge-hub demo` (its options are in server/cli.py): StarSD on this machine, one hub + draft
+    service, N targets, each on its own prompt."""
     import logging
     from edge.engines.base import EngineError
     logging.getLogger("amqtt").setLevel(logging.ERROR)     # its PUBACK chatter is not ours to show

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from edge import protocol as P
+from edge.roles.replay_guard import ReplayGuard
 
 SECRET = bytes(range(32))
 
@@ -114,7 +115,7 @@ def test_version_mismatch():
 
 
 def test_replay_guard_drops_and_counts():
-    g = P.ReplayGuard()
+    g = ReplayGuard()
     assert g.accept("s1", 1) and g.accept("s1", 2) and g.accept("s2", 1)
     assert not g.accept("s1", 2) and not g.accept("s1", 0)
     assert g.accept("s1", 5) and not g.accept("s1", 4)

@@ -21,8 +21,9 @@ from typing import Callable, Dict, Optional
 
 from edge.link import Link
 from edge.protocol import (STATUS_TOPIC, Bye, DraftRequest, DraftResponse, Error, HubStatus, Join,
-                           Joined, ProtocolError, ReplayGuard, check_vocab, decode,
+                           Joined, ProtocolError, check_vocab, decode,
                            encode, join_topic, joined_topic, parse_topic)
+from edge.roles.replay_guard import ReplayGuard
 
 log = logging.getLogger(__name__)
 

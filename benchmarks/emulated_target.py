@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from edge.drafter import Drafter
 from edge.engines.base import Engine, EngineError
 from edge.link import Link
 from edge.protocol import DraftResponse, Error
@@ -130,6 +131,13 @@ class EmulatedEngine(Engine, _Counters):
     def free(self, seq: int) -> None:
         self._len.pop(seq, None)
 
+    def tokens(self, seq: int) -> list:
+        raise EngineError("the emulated target keeps lengths, not tokens")
+
+    @property
+    def active_sequences(self) -> int:
+        return len(self._len)
+
     def length(self, seq: int) -> int:
         if seq not in self._len:
             raise EngineError(f"unknown sequence {seq}")
@@ -171,7 +179,7 @@ class EmulatedEngine(Engine, _Counters):
         return np.concatenate([self.forward(s, [t]) for s, t in zip(seqs, tokens)])
 
 
-class EmulatedDrafter:
+class EmulatedDrafter(Drafter):
     """A draft model on the device (co-located pair): gamma device draft steps per round."""
 
     def __init__(self, timing: DeviceTiming, vocab_size: int):

@@ -17,8 +17,8 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edge.adaptive import AdaptiveGamma
+from edge.drafter import Drafter
 from edge.engines.base import Engine
-from edge.ngram import NgramDrafter
 from edge.sampling import GREEDY, Role, SamplingParams, SparseDist, draw, role_rng, to_probs, truncate_top_k
 from edge.speculative import verify_greedy, verify_stochastic
 
@@ -66,7 +66,7 @@ class GenResult:
         return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A draft Engine kept in step with the committed tokens.
 
     Each call truncates the draft's sequence to its common prefix with the
@@ -83,7 +83,7 @@ class ModelDrafter:
         self.params = params
         self.top_k = top_k
         self.vocab_size = engine.vocab_size
-        self.name = f"model:{getattr(engine, 'fingerprint', '') or engine.name}"
+        self.name = f"model:{engine.fingerprint or engine.name}"
         self._seq: Optional[int] = None
         self._fed: List[int] = []
 
@@ -150,11 +150,13 @@ class ModelDrafter:
                 eng.free(seq)
         return secs
 
-    def prefill(self, prompt: Sequence[int]) -> None:
+    def prefill(self, prompt: Sequence[int]) -> bool:
         """Feed all but the last prompt token (what draft() would feed anyway)."""
         prompt = [int(t) for t in prompt]
         if 1 < len(prompt) <= self.engine.max_len:
             self._sync(prompt[:-1])
+            return True
+        return False
 
     def close(self) -> None:
         """Free the draft's sequence (a later draft() starts a fresh one)."""
@@ -163,7 +165,6 @@ class ModelDrafter:
         self._seq, self._fed = None, []
 
 
-Drafter = Union[ModelDrafter, NgramDrafter]
 CATCH_UP_OK = 4   # a draft call feeding <= this many missed tokens still times as a step
 
 
@@ -268,7 +269,7 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
         raise ValueError(f"gamma must be an integer >= 1 (drafted tokens per verification), got {gamma!r}; "
                          f"for target-only decoding use generate_plain, or adaptive=True to let the "
                          f"cost model switch speculation off")
-    dv = getattr(drafter, "vocab_size", None)
+    dv = drafter.vocab_size
     if dv is not None and dv != target.vocab_size:
         raise ValueError(f"draft and target vocabularies differ ({dv} vs {target.vocab_size} tokens); "
                          f"the draft must share the target's tokenizer")
@@ -290,16 +291,17 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             # (The target's prefill is no verify-cost sample: a first call pays warm-up costs,
             # hundreds of ms on a GPU, which would forbid speculation exactly where it pays.)
             seen = 0
-            if hasattr(drafter, "probe_step_seconds"):
-                t = time.perf_counter()
-                policy.costs.add_draft(1, drafter.probe_step_seconds(prompt[-1]))
+            t = time.perf_counter()
+            probe = drafter.probe_step_seconds(prompt[-1])
+            if probe is not None:
+                policy.costs.add_draft(1, probe)
                 res.timings.append(CallTiming("draft_probe", 2, time.perf_counter() - t))
-        elif hasattr(drafter, "prefill"):
+        else:
             # Prefill the draft too, so its first call is not a (slow) catch-up inside a round.
             t = time.perf_counter()
-            drafter.prefill(prompt)
-            res.timings.append(CallTiming("draft_prefill", len(prompt) - 1, time.perf_counter() - t))
-            res.prefill_s = time.perf_counter() - run.t0
+            if drafter.prefill(prompt):
+                res.timings.append(CallTiming("draft_prefill", len(prompt) - 1, time.perf_counter() - t))
+                res.prefill_s = time.perf_counter() - run.t0
         while not run.done:
             room = run.room()
             if room < 1:

@@ -11,10 +11,11 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from edge.drafter import Drafter
 from edge.sampling import SparseDist
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     name = "ngram"
     vocab_size: Optional[int] = None   # works with any vocabulary
 
@@ -52,6 +53,3 @@ class NgramDrafter:
         q at that token, so stochastic verification stays exactly lossless."""
         tokens = self.propose(context_tokens, gamma)
         return tokens, [SparseDist.one_hot(t) for t in tokens]
-
-    def close(self) -> None:
-        """Nothing to release (interface symmetry with ModelDrafter)."""

@@ -4,6 +4,8 @@ Any deterministic function of the context is a legitimate autoregressive model
 for the verification math; a hash-indexed table of random logits is one that
 costs nothing and has no structure a drafter could exploit by accident.
 """
+from types import SimpleNamespace
+
 import numpy as np
 
 from edge.engines.base import Engine
@@ -18,6 +20,7 @@ class TableEngine(Engine):
         self.table = np.random.default_rng(seed).normal(0.0, 1.0, (rows, vocab))
         self.vocab_size, self.max_len, self.fingerprint = vocab, max_len, f"table-{seed}"
         self.window = window
+        self.cfg = SimpleNamespace(num_layers=1, num_heads=1, num_kv_heads=1, head_dim=1)   # "KV": tokens
         self._seqs, self._next = {}, 0
         self.calls = []   # tokens per forward call, to check the loop's bookkeeping
 
@@ -48,6 +51,13 @@ class TableEngine(Engine):
 
     def truncate(self, seq, n):
         del self._seqs[seq][n:]
+
+    def tokens(self, seq):
+        return list(self._seqs[seq])
+
+    @property
+    def active_sequences(self):
+        return len(self._seqs)
 
     def step(self, seqs, tokens):
         return np.stack([self.forward(s, [t])[0] for s, t in zip(seqs, tokens)])

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from edge.engines.base import EngineError
+from edge.drafter import Drafter
 from edge.generate import AdaptiveGamma, ModelDrafter, generate_plain, generate_speculative
 from edge.ngram import NgramDrafter
 from edge.sampling import SamplingParams, SparseDist
@@ -356,7 +357,7 @@ def test_speculative_greedy_equals_plain_torch_float64(arch, gammas):
     assert draft.active_sequences == 0
 
 
-class WildDrafter:
+class WildDrafter(Drafter):
     """Random proposals, some outside the vocabulary, and no q at all."""
     vocab_size = None
 

@@ -7,7 +7,7 @@ math (edge/speculative.py) never depends on a backend.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -17,10 +17,20 @@ class EngineError(RuntimeError):
 
 
 class Engine(ABC):
+    """What every caller may use: the attributes below and the methods of this class.
+
+    cfg holds the model's dimensions (num_layers, num_heads, num_kv_heads, head_dim) that KV
+    blobs and memory plans need; capacity is the number of sequences the engine can hold at
+    once (None: as many as memory allows; llama.cpp fixes it when the context is made);
+    kv_itemsize is the bytes of one cached K or V element as this engine stores them.
+    """
     vocab_size: int          # width of the logits rows
     max_len: int             # most tokens one sequence may hold
     fingerprint: str         # names the weights; KV blobs carry it
+    cfg: Any                 # model dimensions (see above)
     name: str = "engine"     # backend name for reports
+    capacity: Optional[int] = None
+    kv_itemsize: int = 4
 
     @abstractmethod
     def new_sequence(self) -> int:
@@ -47,6 +57,20 @@ class Engine(ABC):
         return self.forward(seq, tokens)[-1:]
 
     @abstractmethod
+    def tokens(self, seq: int) -> list:
+        """The tokens the sequence's KV cache holds, in order."""
+
+    @property
+    @abstractmethod
+    def active_sequences(self) -> int:
+        """Sequences held now."""
+
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes one token of one sequence costs (K and V of every layer)."""
+        c = self.cfg
+        return c.num_layers * 2 * c.num_kv_heads * c.head_dim * self.kv_itemsize
+
+    @abstractmethod
     def truncate(self, seq: int, n: int) -> None:
         """Keep the first n tokens (rollback after a rejection)."""
 
@@ -54,7 +78,8 @@ class Engine(ABC):
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One token for each of many sequences (ragged lengths); logits[len(seqs), vocab]."""
 
-    def export_kv(self, seq: int) -> bytes:
+    def export_kv(self, seq: int, dtype: str = "float16", meta: Optional[dict] = None) -> bytes:
+        """The sequence's KV cache as a blob (edge/kv.py) in `dtype`, with `meta` in its header."""
         raise EngineError(f"the {self.name} engine cannot export KV caches")
 
     def import_kv(self, blob: bytes) -> int:

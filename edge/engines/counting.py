@@ -20,6 +20,7 @@ class CountingEngine(Engine):
         self.inner = inner
         self.vocab_size, self.max_len = inner.vocab_size, inner.max_len
         self.fingerprint, self.name = inner.fingerprint, inner.name
+        self.cfg, self.capacity, self.kv_itemsize = inner.cfg, inner.capacity, inner.kv_itemsize
         self.calls = 0          # rounds: target calls after prefill (plain steps included)
         self.drafted = 0
         self.accepted = 0
@@ -40,6 +41,13 @@ class CountingEngine(Engine):
 
     def truncate(self, seq: int, n: int) -> None:
         self.inner.truncate(seq, n)
+
+    def tokens(self, seq: int) -> list:
+        return self.inner.tokens(seq)
+
+    @property
+    def active_sequences(self) -> int:
+        return self.inner.active_sequences
 
     def step(self, seqs, tokens) -> np.ndarray:
         return self.inner.step(seqs, tokens)

@@ -96,6 +96,7 @@ class LlamaCppEngine(Engine):
         if kv_type not in _KV_TYPES:
             raise EngineError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
         cp.type_k = cp.type_v = _KV_TYPES[kv_type]
+        self.kv_itemsize = 2 if kv_type == "f16" else 4
         if flash_attn is not None:
             cp.flash_attn_type = int(bool(flash_attn))   # LLAMA_FLASH_ATTN_TYPE_DISABLED / _ENABLED
         if threads:

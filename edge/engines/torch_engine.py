@@ -52,6 +52,7 @@ class TorchEngine(Engine):
         self.max_len = int(max_len or cfg.max_position)
         self.fingerprint = fingerprint
         self.dtype = next(model.parameters()).dtype
+        self.kv_itemsize = self.dtype.itemsize     # the cache is kept in the weights' dtype
         self.threads = int(threads) if threads else default_threads()
         self._seqs: Dict[int, SequenceKV] = {}
         self._tokens: Dict[int, list] = {}

@@ -156,14 +156,16 @@ def measure_service(engine, bs, gamma: int, prompts, reps: int) -> dict:
     from edge.roles.draft import DraftLimits, DraftService
     svc = DraftService(engine, DraftLimits(max_sessions=max(bs) + 1, ahead=False, max_gamma=gamma))
     replies: dict = {}
-    svc.set_sink(lambda sid, msg: replies.__setitem__(sid, msg))
+
+    def step():
+        replies.update(svc.step())
     sids = [f"b{i}" for i in range(max(bs))]
     ctx, seq = {}, {s: 1 for s in sids}
     for i, s in enumerate(sids):
         svc.open(s)
         ctx[s] = list(prompts[i % len(prompts)])
         svc.submit(DraftRequest(s, 1, 0, ctx[s], gamma))
-    svc.run_once()                                   # prefills
+    step()                                           # prefills
     out = {}
     for b in bs:
         times = []
@@ -175,13 +177,13 @@ def measure_service(engine, bs, gamma: int, prompts, reps: int) -> dict:
                 seq[s] += 1
                 svc.submit(DraftRequest(s, seq[s], keep, [ctx[s][-1]], gamma))
             t = time.perf_counter()
-            svc.run_once()
+            step()
             times.append(time.perf_counter() - t)
         out[b] = statistics.median(times[1:])
         log(f"draft service: batch {b}: {1e3 * out[b]:.0f} ms for {gamma} drafts each")
     for s in sids:
         svc.close(s)
-    svc.run_once()                                   # frees the sequences
+    svc.step()                                       # frees the sequences
     return out
 
 
@@ -338,7 +340,7 @@ def main(argv=None) -> None:
             log(f"  median {p.get('overhead_median_ms', float('nan')):.2f} ms over {p.get('overhead_samples')} answers")
         finally:
             hub.stop()
-            hub.service.run_once()                    # free what the stopped loop left
+            hub.service.step()                        # free what the stopped loop left
             (broker.close if hasattr(broker, "close") else broker.stop)()
 
     out["planner"] = planner_predictions(out, a, timing, alpha)

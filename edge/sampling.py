@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import numpy as np
 
@@ -40,6 +40,16 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "SamplingParams":
+        """From a message's sampling dict (edge.protocol.sampling makes them)."""
+        return cls(d["temperature"], d["top_k"], d["top_p"], d.get("seed"))
+
+    def to_wire(self) -> dict:
+        """The sampling dict a message carries (plain types: msgpack takes no numpy scalars)."""
+        return {"temperature": float(self.temperature), "top_k": int(self.top_k),
+                "top_p": float(self.top_p), "seed": None if self.seed is None else int(self.seed)}
 
 
 GREEDY = SamplingParams()
@@ -253,3 +263,22 @@ def truncate_top_k(probs, k: int) -> SparseDist:
     top = top[p[top] > 0].astype(np.int64)
     vals = p[top]
     return SparseDist._trusted(top, vals / vals.sum())
+
+
+def pick(logits, params: SamplingParams, rng: Optional[np.random.Generator] = None,
+         top_k: int = 0) -> Tuple[int, Optional[Dist]]:
+    """The next token from one logits row, and exactly what it was drawn from.
+
+    Greedy: argmax, and no distribution (None). Otherwise a draw from the
+    filtered distribution -- its top_k most likely tokens when top_k > 0, which
+    a draft then sends as q -- with `rng`, the caller's own stream (role_rng):
+    a generator of the bare seed would replay another party's uniforms.
+    """
+    if params.greedy:
+        return int(np.argmax(logits)), None
+    if rng is None:
+        raise ValueError("sampling needs the caller's random stream (role_rng)")
+    q = to_probs(logits, params)
+    if top_k:
+        q = truncate_top_k(q, top_k)
+    return draw(q, rng), q

@@ -2,7 +2,7 @@
 
 The router only moves small control messages; KV caches go from the prefill
 worker straight to the chosen decoder and tokens from the workers straight to
-the client (edge/roles/sun_nodes.py). For each SunRequest it
+the client (edge/roles/prefill_node.py has the flow). For each SunRequest it
 
 1. picks the task's prefill worker: deterministic, the first online worker
    (by id) announcing that task, so a task always lands on the same module;
@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -35,6 +34,7 @@ from edge.link import Link
 from edge.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_UNKNOWN_TASK, E_WORKER_LOST, SUN_REQ_SUB,
                            SUN_WORKERS_SUB, DecodeAssign, Error, PrefillJob, ProtocolError, SunHello, SunRequest,
                            decode, encode, parse_topic, sun_ctl_topic, sun_stream_topic)
+from edge.seen_ids import SeenIds
 
 log = logging.getLogger(__name__)
 INFLIGHT_MAX = 4096             # requests remembered per decoder for worker_lost
@@ -82,8 +82,7 @@ class SunRouter:
         self.bindings: Dict[str, str] = {}                # isolated, automatic: task -> decoder
         self.counters: Dict[str, int] = {"requests": 0, "routed": 0, "dropped": 0}
         self.routed: Dict[str, Dict[str, int]] = {}       # task -> decoder -> requests
-        self._seen: deque = deque(maxlen=65536)           # (client, rid) recently routed: replays dropped
-        self._seen_set: set = set()
+        self._seen = SeenIds()                            # (client, rid) recently routed: replays dropped
         # decoder -> {(client, rid): secret}: what it may still be decoding. Cleared when its hello
         # says it took all we sent and runs nothing; failed (worker_lost) when it goes offline.
         self.inflight: Dict[str, Dict[Tuple[str, str], bytes]] = {}
@@ -213,13 +212,9 @@ class SunRouter:
             self._count("bad_request")                   # a request must come from its own client's topic
             return
         with self._lock:
-            if (req.client, req.rid) in self._seen_set:
+            if not self._seen.add((req.client, req.rid)):
                 self._count("replay")
                 return
-            if len(self._seen) == self._seen.maxlen:
-                self._seen_set.discard(self._seen[0])
-            self._seen.append((req.client, req.rid))
-            self._seen_set.add((req.client, req.rid))
         try:
             self._check(req)
             prefill, dec = self.route(req.task)

@@ -1,4 +1,5 @@
-"""The draft service alone (no broker): batching, per-session KV, limits, eviction, draft-ahead."""
+"""The draft service alone (no broker): batching, per-session KV, limits, eviction, draft-ahead,
+a full context that ends only its own session's drafts."""
 import numpy as np
 import pytest
 import torch
@@ -11,6 +12,7 @@ from edge.roles.draft import DraftLimits, DraftRefused, DraftService
 from edge.roles.session import HubClient, JoinRefused
 from edge.roles.target import StarTarget
 from edge.sampling import SamplingParams, to_probs, truncate_top_k
+from edge.engines.base import EngineError
 from edge.engines.torch_engine import TorchEngine
 from edge.model import Transformer, tiny_config
 from server.hub import Hub
@@ -18,13 +20,13 @@ from server.hub import Hub
 torch.set_num_threads(1)
 
 
-def make_engine(seed=0):
+def make_engine(seed=0, cls=TorchEngine):
     """A tiny float64 model: outputs are exact, so greedy texts compare token for token."""
     torch.manual_seed(seed)
     model = Transformer(tiny_config("llama")).double()
     for p in model.parameters():
         p.data.normal_(0, 0.2)
-    return TorchEngine(model, fingerprint=f"tiny-{seed}")
+    return cls(model, fingerprint=f"tiny-{seed}")
 
 
 class FakeClock:
@@ -35,12 +37,18 @@ class FakeClock:
         return self.t
 
 
-def service(limits=None, seed=0, clock=None):
-    svc = DraftService(make_engine(seed=seed), limits or DraftLimits(ahead=False),
+def service(limits=None, seed=0, clock=None, engine=None):
+    svc = DraftService(engine or make_engine(seed=seed), limits or DraftLimits(ahead=False),
                        **({"clock": clock} if clock else {}))
-    out = {}
-    svc.set_sink(lambda sid, m: out.setdefault(sid, []).append(m))
-    return svc, out
+    return svc, {}
+
+
+def step(svc, out):
+    """One step of the core, its replies filed by session as the node would send them; how many."""
+    replies = svc.step()
+    for sid, m in replies:
+        out.setdefault(sid, []).append(m)
+    return len(replies)
 
 
 def contexts(n, seed=3):
@@ -58,7 +66,7 @@ def test_one_batch_serves_all_pending_with_one_step_per_position():
     for i, c in enumerate(ctxs):
         svc.open(f"s{i}")
         svc.submit(DraftRequest(f"s{i}", 1, 0, c, 4))
-    assert svc.run_once() == 6
+    assert step(svc, out) == 6
     for i, c in enumerate(ctxs):
         (r,) = out[f"s{i}"]
         assert isinstance(r, DraftResponse) and r.seq == 1 and r.q is None
@@ -82,9 +90,9 @@ def test_keep_and_append_follow_each_session_like_a_fresh_draft():
         for i, c in enumerate(ctxs):
             sid = f"s{i}"
             svc.submit(DraftRequest(sid, seq, held[sid], c[held[sid]:], 3))
-        svc.run_once()
+        step(svc, out)
         for _ in range(rnd % 3):
-            svc.ahead_once()
+            step(svc, out)                            # nothing pending: one draft-ahead step
         for i, c in enumerate(ctxs):
             sid = f"s{i}"
             r = out[sid][-1]
@@ -104,15 +112,15 @@ def test_refusals_are_clear_errors():
     svc, out = service(DraftLimits(ahead=False, max_gamma=4))
     svc.open("a")
     svc.submit(DraftRequest("a", 1, 0, [1, 2, 3], 2))
-    svc.run_once()
+    step(svc, out)
     svc.submit(DraftRequest("a", 2, 9, [4], 2))           # the draft holds 4 tokens, not 9
     svc.submit(DraftRequest("nobody", 1, 0, [1], 2))
-    svc.run_once()
+    step(svc, out)
     err = out["a"][-1]
     assert isinstance(err, Error) and err.code == E_BAD_KEEP and "keep <= 4" in err.message
     assert out["nobody"][-1].code == E_UNKNOWN_SESSION
     svc.submit(DraftRequest("a", 3, 0, [1], 9))
-    svc.run_once()
+    step(svc, out)
     assert "limit of 4" in out["a"][-1].message
     svc.submit(DraftRequest("a", 3, 0, [1], 2))            # stale seq: ignored
     assert svc.pending() == 0 and svc.stats.counters["stale"] == 1
@@ -124,7 +132,7 @@ def test_newer_request_replaces_the_pending_one():
     svc.submit(DraftRequest("a", 1, 0, [1, 2], 2))
     svc.submit(DraftRequest("a", 2, 0, [1, 2, 3], 2))
     assert svc.pending() == 1
-    svc.run_once()
+    step(svc, out)
     assert [r.seq for r in out["a"]] == [2] and svc.stats.counters["replaced"] == 1
 
 
@@ -136,29 +144,27 @@ def test_session_and_kv_limits():
         svc.open("c")
     per_token = 2 * 2 * 2 * 16 * 8                             # layers·kv·heads·dim·float64
     svc.submit(DraftRequest("a", 1, 0, list(range(40)), 4))
-    svc.run_once()
+    step(svc, out)
     assert isinstance(out["a"][-1], DraftResponse)
     svc.submit(DraftRequest("b", 1, 0, list(range(50000 // per_token + 1)), 4))
-    svc.run_once()
+    step(svc, out)
     assert out["b"][-1].code == E_OVERLOADED and "KV memory limit" in out["b"][-1].message
 
 
 def test_bye_and_silence_free_the_kv():
     clock = FakeClock()
     svc, out = service(DraftLimits(ahead=False, evict_after_s=10), clock=clock)
-    evicted = []
-    svc.set_on_evict(lambda sid, why: evicted.append(sid))
     for sid in ("a", "b"):
         svc.open(sid)
         svc.submit(DraftRequest(sid, 1, 0, [1, 2, 3], 2))
-    svc.run_once()
+    step(svc, out)
     assert svc.engine.active_sequences == 2
     svc.close("a", "bye")
-    svc.run_once()                                             # frees closed sessions' KV
+    step(svc, out)                                             # frees closed sessions' KV
     assert svc.engine.active_sequences == 1
     clock.t = 11
-    assert svc.evict_silent() == ["b"] and evicted == ["b"]
-    svc.run_once()
+    assert svc.evict_silent() == ["b"]
+    step(svc, out)
     assert svc.engine.active_sequences == 0 and svc.sessions() == []
 
 
@@ -167,7 +173,7 @@ def test_sampling_sends_the_exact_sparse_q_it_sampled_from():
     ctx = [5, 6, 7, 8]
     svc.open("a")
     svc.submit(DraftRequest("a", 1, 0, ctx, 3, sampling(temperature=0.8, seed=1)))
-    svc.run_once()
+    step(svc, out)
     r = out["a"][-1]
     ref = make_engine(seed=0)
     s = ref.new_sequence()
@@ -185,16 +191,44 @@ def test_draft_ahead_answers_a_matching_request_at_once():
     ctx = [9, 8, 7, 6, 5]
     svc.open("a")
     svc.submit(DraftRequest("a", 1, 0, ctx, 3))
-    svc.run_once()
+    step(svc, out)
     d = out["a"][-1].tokens
-    while svc.ahead_once():
-        pass
+    while svc.has_work():                                      # draft-ahead, to its cap
+        step(svc, out)
     bonus = reference(ctx + d, 1)[0]                           # the draft's own guess of the bonus
     svc.submit(DraftRequest("a", 2, len(ctx) + 2, [d[2], bonus], 3))
-    svc.run_once()
+    step(svc, out)
     st = svc.stats.snapshot()
     assert st["counters"]["ahead_hit"] == 1 and st["s_of_d"]["1"]["steps"] == 3   # no new steps
     assert out["a"][-1].tokens == reference(ctx + d + [bonus], 3)
+
+
+class ShortSlots(TorchEngine):
+    """Sequences whose slot holds ROOM tokens, fewer than max_len: a step with a sequence past
+    its slot fails for the whole batch, as llama_decode does when a KV slot runs out."""
+    ROOM = 12
+
+    def step(self, seqs, tokens):
+        if any(self.length(s) + 1 > self.ROOM for s in seqs):
+            raise EngineError("llama_decode failed (code 1: no KV slot: context full)")
+        return super().step(seqs, tokens)
+
+
+def test_a_full_context_ends_only_that_sessions_drafts():
+    """As in the shared decoder: the session out of context is answered with the drafts it
+    has, and the others in the batch still get all γ (the whole batch used to stop, empty)."""
+    svc, out = service(engine=make_engine(cls=ShortSlots))
+    long, short = list(range(1, 11)), [5, 6, 7]
+    for sid, ctx in (("long", long), ("short", short)):
+        svc.open(sid)
+        svc.submit(DraftRequest(sid, 1, 0, ctx, 4))
+    assert step(svc, out) == 2
+    assert out["long"][-1].tokens == reference(long, 4)[:3]     # the 4th needed a 13th slot
+    assert out["short"][-1].tokens == reference(short, 4)
+    assert svc.stats.counters["step_refused"] == 1
+    d = out["short"][-1].tokens                               # all accepted, then a bonus: goes on
+    svc.submit(DraftRequest("short", 2, len(short) + 3, d[3:] + [1], 4))
+    assert step(svc, out) == 1 and out["short"][-1].tokens == reference(short + d + [1], 4)
 
 
 def test_star_on_a_memory_bus_is_lossless_and_refuses_a_foreign_tokenizer():

@@ -96,12 +96,12 @@ def test_draft_service_never_reuses_a_stream_for_one_seed():
         if sid not in svc.sessions():
             svc.open(sid)
         svc.submit(DraftRequest(sid, len(seen) + 1, 0, PROMPT, 2, sampling(temperature=temp, seed=42)))
-        svc.run_once()
+        svc.step()
         seen.append(_spawn_key(svc, sid))
     svc.close("a")
     svc.open("a")                                        # the same sid again: still a new stream
     svc.submit(DraftRequest("a", 9, 0, PROMPT, 2, sampling(temperature=1.0, seed=42)))
-    svc.run_once()
+    svc.step()
     seen.append(_spawn_key(svc, "a"))
     assert len(set(seen)) == len(seen) and all(k[0] == Role.DRAFT for k in seen), seen
     assert (int(Role.TARGET),) not in seen
@@ -111,11 +111,11 @@ def test_draft_ahead_keeps_the_session_stream():
     svc = DraftService(TableEngine(vocab=4, seed=7), DraftLimits(ahead=True))
     svc.open("a")
     svc.submit(DraftRequest("a", 1, 0, PROMPT, 2, sampling(temperature=1.0, seed=42)))
-    svc.run_once()
+    svc.step()
     rng = svc._sessions["a"].rng
     before = len(svc._sessions["a"].chain)
-    while svc.ahead_once():
-        pass
+    while svc.has_work():                                   # nothing pending: draft-ahead steps
+        svc.step()
     s = svc._sessions["a"]
     assert len(s.chain) > before and s.rng is rng           # extended from the same stream
 

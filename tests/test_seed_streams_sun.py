@@ -24,8 +24,8 @@ from edge.protocol import sampling, sun_hello_topic
 from edge.roles.decoder import SharedDecoder
 from edge.roles.decoder_node import DecoderNode
 from edge.roles.prefill import PrefillWorker
+from edge.roles.prefill_node import PrefillNode
 from edge.roles.sun_client import SunClient
-from edge.roles.sun_nodes import PrefillNode
 from edge.sampling import SamplingParams, to_probs
 from server.sun_router import SunRouter
 

@@ -240,7 +240,7 @@ def test_a_target_decodes_alone_without_a_draft_and_joins_when_one_comes(mosquit
         assert started.is_set() and st["rejoins"] >= 1 and st["answered"] > 0, st
     finally:
         if node is not None:
-            node.stop(announce=False)
+            node.stop()                  # announce it: no retained online hello for later tests
         link.close()
         star.hub.link.close()
         hub.stop()

@@ -17,7 +17,7 @@ from edge.memory_link import MemoryBus, MemoryLink
 from edge.protocol import sun_hello_topic
 from edge.roles.decoder import SharedDecoder
 from edge.roles.prefill import PrefillWorker
-from edge.roles.sun_nodes import PrefillNode
+from edge.roles.prefill_node import PrefillNode
 from edge.sun import split_generate, weights_fingerprint
 from server.hub import Hub
 from server.sun_http import start_sun_http

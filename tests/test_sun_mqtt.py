@@ -25,7 +25,7 @@ from edge.roles.decoder import SharedDecoder
 from edge.roles.prefill import PrefillWorker
 from edge.roles.sun_client import SunClient, SunRequestError
 from edge.roles.decoder_node import DecoderNode
-from edge.roles.sun_nodes import PrefillNode
+from edge.roles.prefill_node import PrefillNode
 from edge.sun import split_generate, weights_fingerprint
 from server.sun_router import SunRouter
 
@@ -259,8 +259,9 @@ def test_kv_from_this_process_is_decoded_by_a_decoder_process(mosquitto, models,
     save_decoder(tmp_path / "dec", base, "fp32", fp)
     star = Star(mosquitto.url, models, decoders=(), ctl_key=None, tasks=("maths", "code"))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "edge.roles.sun_nodes", str(tmp_path / "dec"), "--role",
-                             "decoder", "--hub", mosquitto.url, "--id", "dec-proc", "--threads", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "edge.cli", "run", "--role", "decoder", "--module",
+                             str(tmp_path / "dec"), "--hub", mosquitto.url, "--client-id", "dec-proc",
+                             "--threads", "1"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert _wait(lambda: "dec-proc" in star.router.workers, 60), proc.stderr.read() if proc.poll() else ""

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from edge.engines.base import EngineError
 from edge.engines.torch_engine import TorchEngine
 from edge.roles.decoder import AdmissionError, SharedDecoder
 from edge.roles.prefill import PrefillWorker
@@ -155,6 +156,32 @@ def test_full_context_finishes_only_that_sequence(setup):
     assert res[a].finish_reason == "context" and len(res[a].tokens) == 3  # 10 prompt + 2 fed = 12
     assert res[b].finish_reason == "length"
     assert res[b].tokens == split_generate(specs["maths"], base, [short_p], max_new=5)[0]
+
+
+class RefusesLongSequences(TorchEngine):
+    """A step with a sequence past ROOM tokens fails for the whole batch (a llama.cpp slot running out)."""
+    ROOM = 12
+
+    def step(self, seqs, tokens):
+        if any(self.length(s) + 1 > self.ROOM for s in seqs):
+            raise EngineError("llama_decode failed (code 1: no KV slot: context full)")
+        return super().step(seqs, tokens)
+
+
+def test_a_sequence_the_engine_refuses_ends_alone_and_cancel_frees_its_slot(setup):
+    base, fp, specs, workers = setup
+    engine = RefusesLongSequences(base, fingerprint=fp)
+    dec = SharedDecoder(engine)
+    long_p, short_p = list(range(3, 13)), [5, 6, 7]
+    a = dec.admit(workers["maths"].prefill(long_p).blob, max_new=8)
+    b = dec.admit(workers["maths"].prefill(short_p).blob, max_new=5)
+    c = dec.admit(workers["code"].prefill(short_p).blob, max_new=5)
+    assert dec.cancel(c) and not dec.cancel(c) and engine.active_sequences == 2
+    res = dec.run()
+    assert res[a].finish_reason == "error" and len(res[a].tokens) == 3     # 10 prompt + 2 fed = 12
+    assert res[b].finish_reason == "length" and c not in res
+    assert res[b].tokens == split_generate(specs["maths"], base, [short_p], max_new=5)[0]
+    assert engine.active_sequences == 0
 
 
 def test_a_decoder_with_fixed_slots_queues_the_rest_and_refuses_bad_blobs_at_once(setup):

@@ -13,6 +13,11 @@ through per-request callbacks and the events `step` returns.
 The first answer token comes from the prefill worker (it is fed here as the
 first decode input); `DecodeResult.tokens` holds the whole answer, first token
 included; events are emitted only for the tokens this decoder generates.
+
+The decoder is a core for edge/roles/loop.py (the SUN decoder node runs it):
+`admit` is its submit, `step` its step, `cancel` drops a request. A sequence
+whose context is full finishes ("context"); one the engine refuses in a batch
+finishes alone ("error"); the rest of the batch goes on either way.
 """
 from __future__ import annotations
 
@@ -26,8 +31,8 @@ import numpy as np
 
 from edge.engines.base import Engine, EngineError
 from edge.kv import KVError, SequenceKV
-from edge.roles.prefill import pick_token
-from edge.sampling import GREEDY, Role, SamplingParams, role_rng
+from edge.roles.isolated_step import step_isolated
+from edge.sampling import GREEDY, Role, SamplingParams, pick, role_rng
 
 
 class AdmissionError(ValueError):
@@ -89,6 +94,7 @@ class SharedDecoder:
         self.tokens_out = 0
         self.rows_out = 0                      # sequences stepped, summed over steps (mean batch)
         self.mixed_steps = 0                   # steps whose batch held more than one task
+        self.batches: Deque[tuple] = deque(maxlen=4096)   # the tasks of each recent step's rows
         self._ids = itertools.count(1)
 
     @property
@@ -188,7 +194,23 @@ class SharedDecoder:
             self._order.append(r.rid)
         return events
 
+    def cancel(self, request_id: str) -> bool:
+        """Drop a running or waiting request (its engine slot is freed, no result is kept)."""
+        r = self._run.get(request_id)
+        if r is None:
+            for item in self._waiting:
+                if item[0].rid == request_id:
+                    self._waiting.remove(item)
+                    return True
+            return False
+        self._finish(r, "cancelled", emit=False)
+        del self.results[request_id]
+        return True
+
     # -- decoding ------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self._run or self._waiting)
+
     def step(self) -> List[TokenEvent]:
         """One batched decode step over up to max_batch running sequences (all tasks mixed)."""
         started = self._start_waiting()
@@ -202,13 +224,17 @@ class SharedDecoder:
         events = started + [self._finish(r, "context") for r in batch if r.rid not in fits]
         if not room:
             return events
-        logits = self.engine.step([r.seq for r in room], [r.next_input for r in room])
+        rows = step_isolated(self.engine, [r.seq for r in room], [r.next_input for r in room])
         now = self.clock()
         self.steps += 1
         self.rows_out += len(room)
         self.mixed_steps += len({r.task for r in room}) > 1
-        for r, row in zip(room, logits):
-            tok = pick_token(row, r.params, r.rng)
+        self.batches.append(tuple(r.task for r in room))
+        for r, row in zip(room, rows):
+            if row is None:                    # the engine refused this sequence: it ends alone
+                events.append(self._finish(r, "error"))
+                continue
+            tok = pick(row, r.params, r.rng)[0]
             r.tokens.append(tok)
             r.next_input = tok
             if r.first_step_at is None:

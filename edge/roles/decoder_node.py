@@ -1,4 +1,4 @@
-"""The SUN shared decoder on the MQTT star (edge/roles/sun_nodes.py has the flow and the prefill node).
+"""The SUN shared decoder on the MQTT star (edge/roles/prefill_node.py has the flow).
 
 It reserves a slot on the router's DecodeAssign, collects the request's signed
 KV chunks (chunks that overtake their assignment are held, bounded in bytes
@@ -8,17 +8,17 @@ client. Its hello carries its load, which the router's least-loaded choice reads
 from __future__ import annotations
 
 import logging
-import queue
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from edge.link import Link
 from edge.protocol import (E_INTERNAL, E_OVERLOADED, E_REFUSED, E_TIMEOUT, DecodeAssign, Error, KVChunk,
-                           ProtocolError, SunHello, SunTokens, decode, sun_kv_topic, sun_stream_topic)
-from edge.roles.decoder import AdmissionError, SharedDecoder
-from edge.roles.sun_nodes import _Node, _params
+                           ProtocolError, SunHello, SunTokens, decode, sun_ctl_topic, sun_hello_topic,
+                           sun_kv_topic, sun_stream_topic)
+from edge.roles.decoder import AdmissionError, SharedDecoder, TokenEvent
+from edge.roles.node import Node
+from edge.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class _Live:
     seq: int = 0
 
 
-class DecoderNode(_Node):
+class DecoderNode(Node):
     """A SharedDecoder on the star: takes assignments, reassembles KV, batches every task together.
 
     `batches` records the task of every sequence in each recent engine step (the
@@ -51,13 +51,13 @@ class DecoderNode(_Node):
 
     def __init__(self, decoder: SharedDecoder, link: Link, worker_id: str, ctl_key: Optional[bytes] = None,
                  hello_every: float = 2.0, kv_timeout: float = 30.0, max_pending_mb: float = 1024.0):
-        super().__init__(link, worker_id, ctl_key, hello_every)
+        super().__init__(decoder, link, worker_id, ctl_key, hello_every, idle_wait=0.05)
         self.decoder, self.kv_timeout = decoder, kv_timeout
         self.max_pending = int(max_pending_mb * (1 << 20))
         self._pending: Dict[str, _Pending] = {}
         self._early: Dict[str, List[tuple]] = {}          # KV that overtook its assignment
         self._live: Dict[str, _Live] = {}
-        self.batches: deque = deque(maxlen=4096)
+        self._last_sweep = time.monotonic()
         self.tasks_served: set = set()
         self.stats = {"admitted": 0, "refused": 0, "timeouts": 0, "overloaded": 0, "finished": 0}
 
@@ -66,43 +66,37 @@ class DecoderNode(_Node):
         """Running sequences plus those whose KV is on its way."""
         return self.decoder.load + len(self._pending)
 
-    def _hello(self, online: bool = True) -> SunHello:
+    @property
+    def batches(self):
+        return self.decoder.batches
+
+    # ---- the node's hooks ----
+    def hello_topic(self) -> str:
+        return sun_hello_topic(self.id)
+
+    def ctl_topic(self) -> str:
+        return sun_ctl_topic(self.id)
+
+    def status(self, online: bool = True) -> SunHello:
         d = self.decoder
         return SunHello(self.id, "decoder", "", d.fingerprint, d.engine.vocab_size, online, self.load,
                         d.max_batch, self.served)
 
-    def _subscribe_more(self) -> None:
-        self.link.subscribe(sun_kv_topic(self.id), lambda t, p: self._q.put(("kv", p)))
+    def status_key(self):
+        return self.load, self.served
 
-    def _run(self) -> None:
-        last_sweep = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                item = self._q.get(timeout=0.05) if not self.decoder.load else self._q.get_nowait()
-            except queue.Empty:
-                item = ()
-            while item is not None:
-                if item:
-                    self._handle(*item)
-                try:
-                    item = self._q.get_nowait()
-                except queue.Empty:
-                    break
-            if item is None:
-                return
-            if self.decoder.load:
-                try:
-                    self._step()
-                except Exception:
-                    log.exception("decoder %s: step failed", self.id)
-                    time.sleep(0.1)
-            now = time.monotonic()
-            if now - last_sweep > 0.25:
-                last_sweep = now
-                self._expire(now)
-            self.hello(force=False)
+    def subscribe(self) -> None:
+        self.link.subscribe(sun_kv_topic(self.id), lambda t, p: self.put("kv", p))
 
-    def _handle(self, kind: str, msg) -> None:
+    def tick(self, now: float) -> None:
+        if now - self._last_sweep > 0.25:
+            self._last_sweep = now
+            self._expire(now)
+
+    def publish(self, e: TokenEvent) -> None:
+        self._emit(e.request_id, e.index, e.token, e.finish_reason if e.done else None)
+
+    def handle(self, kind: str, msg) -> None:
         if kind == "ctl":
             if isinstance(msg, DecodeAssign) and msg.worker == self.id:
                 self._assign(msg)
@@ -112,7 +106,7 @@ class DecoderNode(_Node):
             self._kv(msg)
 
     def _assign(self, a: DecodeAssign) -> None:
-        if not self._fresh(a.rid):
+        if not self.fresh(a.rid):
             return
         self.served += 1
         self._pending[a.rid] = _Pending(a, time.monotonic())
@@ -130,7 +124,7 @@ class DecoderNode(_Node):
             msg = decode(payload, key)
         except ProtocolError as e:
             rid = asked[0] if asked else None
-            if e.code == "auth" and rid and rid not in self._pending and rid not in self._seen_set:
+            if e.code == "auth" and rid and rid not in self._pending and rid not in self.seen:
                 self._hold_early(rid, payload)            # its assignment has not arrived yet
             else:
                 self.drop(e.code)
@@ -171,7 +165,7 @@ class DecoderNode(_Node):
         a = p.assign
         blob = b"".join(p.chunks[i] for i in range(p.total))
         try:
-            rid = self.decoder.admit(blob, request_id=a.rid, max_new=a.max_new, params=_params(a.sampling),
+            rid = self.decoder.admit(blob, request_id=a.rid, max_new=a.max_new, params=SamplingParams.from_wire(a.sampling),
                                      first_token=p.first, stop_ids=self.decoder.stop_ids | set(a.stop),
                                      task=a.task)
         except AdmissionError as e:
@@ -189,19 +183,13 @@ class DecoderNode(_Node):
         if res is not None:                               # done at once: stop token first, or max_new 1
             self._emit(rid, len(res.tokens) - 1, res.tokens[-1], res.finish_reason)
 
-    def _step(self) -> None:
-        events = self.decoder.step()
-        self.batches.append(tuple(self._live[e.request_id].task for e in events if e.request_id in self._live))
-        for e in events:
-            self._emit(e.request_id, e.index, e.token, e.finish_reason if e.done else None)
-
     def _emit(self, rid: str, index: int, token: int, reason: Optional[str]) -> None:
         live = self._live.get(rid)
         if live is None:
             return
         live.seq += 1
         msg = SunTokens(rid, live.seq, index, [token], reason is not None, reason or "", self.id)
-        self._send(sun_stream_topic(live.client, rid), msg, live.secret)
+        self.send(sun_stream_topic(live.client, rid), msg, live.secret)
         if reason is not None:
             del self._live[rid]
             self.decoder.results.pop(rid, None)
@@ -221,4 +209,4 @@ class DecoderNode(_Node):
     def _fail(self, p: _Pending, code: str, message: str) -> None:
         a = p.assign
         self._pending.pop(a.rid, None)
-        self._send(sun_stream_topic(a.client, a.rid), Error(a.rid, 0, code, message[:1024]), a.secret)
+        self.send(sun_stream_topic(a.client, a.rid), Error(a.rid, 0, code, message[:1024]), a.secret)

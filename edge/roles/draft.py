@@ -1,10 +1,13 @@
 """The StarSD draft service: one draft engine serving many target sessions.
 
-Q_in holds at most one pending DraftRequest per session (a newer one replaces
-an older). The loop takes EVERYTHING pending and drafts for all of it at once:
-short `append`s are fed and drafts made with one batched `engine.step` per
-position over the ragged per-session KV caches; only long feeds (a prompt)
-get a per-session `forward` first. Each reply goes to its session's sink.
+A core for edge/roles/loop.py: no thread, no I/O. Q_in holds at most one
+pending DraftRequest per session (a newer one replaces an older). A `step`
+takes EVERYTHING pending and drafts for all of it at once: short `append`s
+are fed and drafts made with one batched `engine.step` per position over the
+ragged per-session KV caches; only long feeds (a prompt) get a per-session
+`forward` first. The step returns the replies, (sid, message) each. A session
+whose context is full (or whose sequence the engine refuses) is answered with
+the drafts it has; the rest of the batch goes on, as in the shared decoder.
 
 Per session the service keeps the tokens it has fed and a *chain* of drafted
 tokens anchored after them (each with the exact q it was sampled from). A
@@ -14,10 +17,10 @@ if T runs along the chain, the drafts that follow it are reused as they are
 the rest fed. After an answer the session always holds T + drafts[:-1], which
 is what the target assumes when it computes its next `keep`.
 
-Draft-ahead (beyond the paper): when Q_in is empty, the loop extends the
+Draft-ahead (beyond the paper): when Q_in is empty, a step extends the
 chains of recently served sessions as if the target accepted everything
-(bonus = the draft's own next token), one batched step at a time, checking
-Q_in between steps so real requests always come first.
+(bonus = the draft's own next token) by one batched step, so the loop checks
+its inputs between steps and real requests always come first.
 
 Lossless either way: a draft token is always sampled from the q sent with
 it, and q may be anything (DESIGN.md) -- if its uniforms are independent of
@@ -34,51 +37,20 @@ import hashlib
 import itertools
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from edge.common_prefix import common_prefix
 from edge.engines.base import Engine, EngineError
 from edge.protocol import (E_BAD_KEEP, E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, E_UNKNOWN_SESSION,
                            DraftRequest, DraftResponse, Error)
-from edge.sampling import Role, SamplingParams, role_rng, sample, to_probs, truncate_top_k
+from edge.roles.draft_limits import DraftLimits, DraftRefused
 from edge.roles.draft_stats import DraftStats
+from edge.roles.isolated_step import step_isolated
+from edge.sampling import Role, SamplingParams, pick, role_rng
 
 FEED_BY_STEP = 2        # appends up to this long are fed inside the batched steps
-
-
-class DraftRefused(RuntimeError):
-    """The service cannot take a session (limits); `reason` says which and what to do."""
-
-    def __init__(self, reason: str, code: str = E_OVERLOADED):
-        super().__init__(reason)
-        self.reason, self.code = reason, code
-
-
-@dataclass
-class DraftLimits:
-    max_sessions: int = 64
-    max_kv_mb: float = 1024.0        # KV memory of all sessions' live tokens
-    max_gamma: int = 16
-    evict_after_s: float = 60.0      # a session silent this long is evicted
-    q_top_k: int = 32                # entries of q per drafted token when sampling
-    ahead: bool = True               # draft-ahead in idle time
-    ahead_sessions: int = 8          # most recently served sessions considered
-    ahead_recent_s: float = 5.0      # ... served within this many seconds
-
-
-def _kv_bytes_per_token(engine: Engine) -> int:
-    cfg = getattr(engine, "cfg", None)
-    if cfg is None:
-        return 0
-    item = getattr(getattr(engine, "dtype", None), "itemsize", 4)
-    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * item
-
-
-def _params_of(d: dict) -> SamplingParams:
-    return SamplingParams(temperature=d["temperature"], top_k=d["top_k"], top_p=d["top_p"],
-                          seed=d.get("seed"))
 
 
 def _sid_key(sid: str) -> int:
@@ -90,11 +62,13 @@ class _Session:
     def __init__(self, sid: str, now: float):
         self.sid = sid
         self.key = _sid_key(sid)
-        self.seq: Optional[int] = None       # engine handle, made in the loop thread
+        self.seq: Optional[int] = None       # engine handle, made by step
         self.fed: List[int] = []             # tokens in the KV (mirrors engine.tokens)
         self.anchor = 0                      # chain[i] proposes position anchor + i
         self.chain: List[Tuple[int, object]] = []   # (token, SparseDist or None)
         self.mode: Optional[tuple] = None    # sampling the chain was made with
+        self.params: SamplingParams = SamplingParams()   # ... as parameters, for draft-ahead
+        self.k = 0                           # ... and its q's entries
         self.rng: Optional[np.random.Generator] = None
         self.last_seq = -1
         self.last_seen = now
@@ -115,9 +89,17 @@ class _Work:
         s = self.sess
         return bool(self.feed) or (s.chain and s.anchor + len(s.chain) < self.want)
 
+    def stop(self) -> None:
+        """No more steps (a full context, a sequence the engine refused): answer with the chain so far."""
+        s = self.sess
+        self.feed = []
+        self.want = s.anchor + len(s.chain) if s.chain else 0
+        s.ahead_cap = 0                      # and no draft-ahead until its next request
+
 
 class DraftService:
-    """Thread-safe front (open/close/submit from any thread); the engine is used only by run_once."""
+    """The draft core: open/close/submit from any thread (a hub admits sessions from its own);
+    the engine is used only by `step`, which one loop calls."""
 
     def __init__(self, engine: Engine, limits: Optional[DraftLimits] = None,
                  clock: Callable[[], float] = time.monotonic, name: str = "draft"):
@@ -127,30 +109,18 @@ class DraftService:
         self.name = name
         self.vocab_size = engine.vocab_size
         self.fingerprint = getattr(engine, "fingerprint", "")
-        self._per_token = _kv_bytes_per_token(engine)
+        self._per_token = engine.kv_bytes_per_token()
         self._sessions: Dict[str, _Session] = {}
         self._pending: Dict[str, Tuple[DraftRequest, float]] = {}
         self._to_free: List[int] = []
-        self._cv = threading.Condition()
-        self._sink: Callable[[str, object], None] = lambda sid, msg: None
-        self._on_evict: Callable[[str, str], None] = lambda sid, why: None
-        self._thread: Optional[threading.Thread] = None
-        self._stop = threading.Event()
+        self._outbox: List[Tuple[str, object]] = []   # replies the next step returns
+        self._lock = threading.RLock()
         self.stats = DraftStats(clock)
         self._streams = itertools.count()       # stream numbers: no two sessions' streams coincide
 
-    # ---- wiring ----
-    def set_sink(self, fn: Callable[[str, object], None]) -> None:
-        """fn(sid, DraftResponse | Error), called from the loop thread."""
-        self._sink = fn
-
-    def set_on_evict(self, fn: Callable[[str, str], None]) -> None:
-        """fn(sid, reason) after a session is dropped for silence."""
-        self._on_evict = fn
-
     # ---- sessions ----
     def open(self, sid: str) -> None:
-        with self._cv:
+        with self._lock:
             if sid in self._sessions:
                 return
             if len(self._sessions) >= self.limits.max_sessions:
@@ -166,25 +136,24 @@ class DraftService:
             self.stats.count("opened")
 
     def close(self, sid: str, reason: str = "bye") -> bool:
-        """Drop a session and free its KV (at the loop's next turn). False if unknown."""
-        with self._cv:
+        """Drop a session and free its KV (at the next step). False if unknown."""
+        with self._lock:
             s = self._sessions.pop(sid, None)
             self._pending.pop(sid, None)
             if s is None:
                 return False
             s.closed = True                        # a batch in flight skips it from now on
             if s.seq is not None:
-                self._to_free.append(s.seq)        # freed by the loop thread, between batches
+                self._to_free.append(s.seq)        # freed by step, between batches
             self.stats.count(f"closed_{reason}")
-            self._cv.notify()
         return True
 
     def sessions(self) -> List[str]:
-        with self._cv:
+        with self._lock:
             return list(self._sessions)
 
     def kv_tokens(self) -> int:
-        with self._cv:
+        with self._lock:
             return sum(len(s.fed) for s in self._sessions.values())
 
     def _kv_used(self) -> int:
@@ -196,7 +165,7 @@ class DraftService:
     # ---- Q_in ----
     def submit(self, req: DraftRequest) -> None:
         """Queue a request; replaces an older pending one of the same session."""
-        with self._cv:
+        with self._lock:
             s = self._sessions.get(req.sid)
             if s is None:
                 self.stats.count("unknown_session")
@@ -212,72 +181,49 @@ class DraftService:
                 self.stats.count("replaced")
             s.last_seen = self.clock()
             self._pending[req.sid] = (req, s.last_seen)
-            self._cv.notify()
 
     def pending(self) -> int:
-        with self._cv:
+        with self._lock:
             return len(self._pending)
 
     def _reply(self, sid: str, msg) -> None:
-        try:
-            self._sink(sid, msg)
-        except Exception:  # a broken sink must not stop the service
-            self.stats.count("sink_errors")
-
-    # ---- the loop ----
-    def start(self) -> "DraftService":
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self.serve_forever, name=f"draft-{self.name}",
-                                            daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        with self._cv:
-            self._cv.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        self._thread = None
-
-    def serve_forever(self) -> None:
-        last_evict = self.clock()
-        while not self._stop.is_set():
-            if self.run_once():
-                continue
-            if self.limits.ahead and self.ahead_once():
-                continue
-            now = self.clock()
-            if now - last_evict > min(1.0, self.limits.evict_after_s / 4):
-                self.evict_silent(now)
-                last_evict = now
-            with self._cv:
-                if not self._pending and not self._to_free and not self._stop.is_set():
-                    t0 = self.clock()
-                    self._cv.wait(timeout=min(0.25, self.limits.evict_after_s / 4))
-                    self.stats.add_idle(self.clock() - t0)
+        with self._lock:
+            self._outbox.append((sid, msg))
 
     def evict_silent(self, now: Optional[float] = None) -> List[str]:
+        """Close the sessions silent for longer than limits.evict_after_s; returns their ids."""
         now = self.clock() if now is None else now
-        with self._cv:
+        with self._lock:
             old = [sid for sid, s in self._sessions.items()
                    if now - s.last_seen > self.limits.evict_after_s and sid not in self._pending]
-        for sid in old:
-            if self.close(sid, "timeout"):
-                self._on_evict(sid, "silent for longer than the eviction timeout")
-        return old
+        return [sid for sid in old if self.close(sid, "timeout")]
+
+    # ---- the core's step ----
+    def has_work(self) -> bool:
+        with self._lock:
+            if self._outbox or self._pending or self._to_free:
+                return True
+        return self.limits.ahead and bool(self._ahead_work())
+
+    def step(self) -> List[Tuple[str, object]]:
+        """Free closed sessions' KV, then serve everything pending as one batch -- or, with
+        nothing pending, one draft-ahead step. Returns the replies: (sid, DraftResponse | Error)."""
+        self._free_closed()
+        if not self._serve_pending() and self.limits.ahead:
+            self._ahead_step()
+        with self._lock:
+            out, self._outbox = self._outbox, []
+        return out
 
     def _free_closed(self) -> None:
-        with self._cv:
+        with self._lock:
             seqs, self._to_free = self._to_free, []
         for q in seqs:
             self.engine.free(q)
 
-    def run_once(self) -> int:
+    def _serve_pending(self) -> int:
         """Serve everything pending as one batch; returns the number of requests served."""
-        self._free_closed()
-        with self._cv:
+        with self._lock:
             taken = [(self._sessions.get(sid), req, t) for sid, (req, t) in self._pending.items()]
             self._pending.clear()
         taken = [(s, r, t) for s, r, t in taken if s is not None and not s.closed]
@@ -297,7 +243,7 @@ class DraftService:
                 continue
             if w is not None:
                 work.append(w)
-        steps = self._extend(work, preempt=False)
+        steps = self._extend(work)
         now = self.clock()
         for w in work:
             self._answer(w, now)
@@ -322,7 +268,7 @@ class DraftService:
             raise DraftRefused(f"append holds a token id >= the draft's vocabulary of {self.vocab_size}",
                                E_BAD_REQUEST)
         gamma = max(0, min(req.gamma, self.engine.max_len - T_len + 1))
-        params = _params_of(req.sampling)
+        params = SamplingParams.from_wire(req.sampling)
         k = self._q_k(params)
         mode = (params.temperature, params.top_k, params.top_p, k) if not params.greedy else ("greedy",)
         if gamma == 0:                             # nothing to draft: the state stays as it is
@@ -349,10 +295,7 @@ class DraftService:
             return _Work(s, req, [], T_len + gamma, params, k, t_in)
         # cut back to the common prefix (at least one token refed, for its logits)
         target = s.fed[:req.keep] + list(req.append)
-        c = req.keep
-        while c < min(len(s.fed), T_len) and s.fed[c] == target[c]:
-            c += 1
-        cut = min(c, T_len - 1)
+        cut = min(common_prefix(s.fed, target, start=req.keep), T_len - 1)
         if cut < len(s.fed):
             self.engine.truncate(s.seq, cut)
             del s.fed[cut:]
@@ -361,42 +304,37 @@ class DraftService:
             self.engine.forward_last(s.seq, feed[:-1])       # KV only: one logits row, thrown away
             s.fed.extend(feed[:-1])
             feed = feed[-1:]
-        s.anchor, s.chain, s.mode = T_len, [], mode
+        s.anchor, s.chain, s.mode, s.params, s.k = T_len, [], mode, params, k
         return _Work(s, req, feed, T_len + gamma, params, k, t_in)
 
     def _q_k(self, p: SamplingParams) -> int:
         k = self.limits.q_top_k
         return min(k, p.top_k) if p.top_k else k
 
-    def _pick(self, w: _Work, row: np.ndarray) -> Tuple[int, object]:
-        if w.params.greedy:
-            return int(np.argmax(row)), None
-        q = truncate_top_k(to_probs(row, w.params), w.k)
-        return sample(q, w.sess.rng), q
-
-    def _extend(self, work: List[_Work], preempt: bool) -> int:
-        """Batched steps until every item's chain reaches its `want` (or, when
-        preempt, until a real request arrives). Returns the number of steps."""
+    def _extend(self, work: List[_Work], max_steps: Optional[int] = None) -> int:
+        """Batched steps until every item's chain reaches its `want` (or max_steps).
+        Returns the number of steps."""
         steps = 0
-        while True:
+        while max_steps is None or steps < max_steps:
+            for w in work:
+                if len(w.sess.fed) >= self.engine.max_len and w.needs_step():
+                    self.stats.count("context_full")
+                    w.stop()
             group = [w for w in work if w.needs_step() and not w.sess.closed]
-            if not group or (preempt and steps and self.pending()):
-                return steps
-            toks = []
-            for w in group:
-                toks.append(w.feed.pop(0) if w.feed else w.sess.chain[-1][0])
-            try:
-                rows = self.engine.step([w.sess.seq for w in group], toks)
-            except EngineError:
-                for w in group:      # context full: stop drafting, answer what there is
-                    w.want = 0
-                    w.feed = []
-                continue
+            if not group:
+                break
+            toks = [w.feed.pop(0) if w.feed else w.sess.chain[-1][0] for w in group]
+            rows = step_isolated(self.engine, [w.sess.seq for w in group], toks)
             steps += 1
             for w, t, row in zip(group, toks, rows):
+                if row is None:              # only this session stops; the batch goes on
+                    self.stats.count("step_refused")
+                    w.stop()
+                    continue
                 w.sess.fed.append(t)
                 if not w.feed:
-                    w.sess.chain.append(self._pick(w, row))
+                    w.sess.chain.append(pick(row, w.params, w.sess.rng, w.k))
+        return steps
 
     def _answer(self, w: _Work, now: float) -> None:
         s, req = w.sess, w.req
@@ -422,27 +360,27 @@ class DraftService:
         s.fed, s.chain, s.anchor, s.mode = [], [], 0, None
 
     # ---- draft-ahead ----
-    def ahead_once(self) -> bool:
-        """Extend recently served sessions' chains by batched steps while Q_in stays empty."""
+    def _ahead_work(self) -> List[_Work]:
+        """The recently served sessions whose chains draft-ahead would extend now."""
         now = self.clock()
-        with self._cv:
+        with self._lock:
             if self._pending:
-                return False
+                return []
             cands = sorted((s for s in self._sessions.values()
                             if s.chain and s.seq is not None and not s.closed
                             and now - s.last_served < self.limits.ahead_recent_s
                             and s.anchor + len(s.chain) < min(s.ahead_cap, self.engine.max_len)),
                            key=lambda s: -s.last_served)[: self.limits.ahead_sessions]
         if not cands or self._kv_used() + len(cands) * self._per_token > self._kv_limit():
-            return False
-        work = []
-        for s in cands:
-            mode = s.mode
-            params = (SamplingParams() if mode == ("greedy",) else
-                      SamplingParams(temperature=mode[0], top_k=mode[1], top_p=mode[2]))
-            work.append(_Work(s, None, [], min(s.ahead_cap, self.engine.max_len),
-                              params, mode[-1] if len(mode) > 1 else 0))
+            return []
+        return [_Work(s, None, [], min(s.ahead_cap, self.engine.max_len), s.params, s.k) for s in cands]
+
+    def _ahead_step(self) -> int:
+        """Extend recently served sessions' chains by one batched step; returns the steps made."""
+        work = self._ahead_work()
+        if not work:
+            return 0
         t0 = self.clock()
-        steps = self._extend(work, preempt=True)
+        steps = self._extend(work, max_steps=1)
         self.stats.add_ahead(steps * len(work), self.clock() - t0)
-        return steps > 0
+        return steps

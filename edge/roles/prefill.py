@@ -5,18 +5,27 @@ picks the first answer token from the last position's logits, and exports the
 KV cache as a blob that names the shared decoder the specialist was tuned for
 (the manifest's `decoder_fingerprint`). Any decoder with that fingerprint can
 continue the sequence; every other decoder refuses the blob.
+
+`prefill` serves one prompt now. As a core for edge/roles/loop.py (the SUN
+prefill node) the worker queues prompts with `submit` and `step` prefills the
+oldest one, returning its PrefillOutput -- or a PrefillFailed: one bad prompt
+fails alone.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Deque, List, Optional, Sequence, Union
 
 import numpy as np
 
 from edge.engines.base import Engine
-from edge.sampling import GREEDY, Role, SamplingParams, role_rng, sample, to_probs
+from edge.sampling import GREEDY, Role, SamplingParams, pick, role_rng
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,14 +39,11 @@ class PrefillOutput:
     prefill_s: float
 
 
-def pick_token(logits: np.ndarray, params: SamplingParams, rng: Optional[np.random.Generator]) -> int:
-    """Greedy argmax, or a draw from the filtered distribution with `rng` (the caller's own
-    stream: a fresh generator of the bare seed here would replay another party's uniforms)."""
-    if params.greedy:
-        return int(np.argmax(logits))
-    if rng is None:
-        raise ValueError("sampling needs the caller's random stream (role_rng)")
-    return sample(to_probs(logits, params), rng)
+@dataclass
+class PrefillFailed:
+    request_id: str
+    reason: str
+    refused: bool             # True: the prompt was refused (empty, too long, bad ids); False: a fault
 
 
 class PrefillWorker:
@@ -52,6 +58,7 @@ class PrefillWorker:
         self.kv_dtype = kv_dtype
         self.name = name or f"prefill/{task}"
         self._ids = itertools.count(1)
+        self._queue: Deque[tuple] = deque()     # (request id, prompt, params) for step
 
     @property
     def decoder_fingerprint(self) -> str:
@@ -89,13 +96,48 @@ class PrefillWorker:
         try:
             logits = self.engine.forward_last(seq, prompt)
             # the PREFILL stream: the decoder samples the next tokens from the DECODER one
-            first = pick_token(logits[-1], params, rng if rng is not None else role_rng(params.seed, Role.PREFILL))
+            first = pick(logits[-1], params, rng if rng is not None else role_rng(params.seed, Role.PREFILL))[0]
             blob = self.engine.export_kv(seq, dtype=self.kv_dtype,
                                          meta={"task": self.task, "request_id": rid, "first_token": first})
         finally:
             self.engine.free(seq)
         return PrefillOutput(rid, self.task, blob, first, len(prompt), self.decoder_fingerprint,
                              time.perf_counter() - t0)
+
+    # ---- the core ----
+    def submit(self, prompt: Sequence[int], request_id: Optional[str] = None,
+               params: SamplingParams = GREEDY) -> str:
+        """Queue a prompt for `step`; returns its request id."""
+        rid = request_id or f"{self.name}#{next(self._ids)}"
+        self._queue.append((rid, list(prompt), params))
+        return rid
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a queued prompt; False if it is not queued (unknown, or prefilled already)."""
+        for item in self._queue:
+            if item[0] == request_id:
+                self._queue.remove(item)
+                return True
+        return False
+
+    @property
+    def load(self) -> int:
+        """Prompts queued."""
+        return len(self._queue)
+
+    def has_work(self) -> bool:
+        return bool(self._queue)
+
+    def step(self) -> List[Union[PrefillOutput, PrefillFailed]]:
+        """Prefill the oldest queued prompt (one at a time: a prompt already batches its tokens)."""
+        rid, prompt, params = self._queue.popleft()
+        try:
+            return [self.prefill(prompt, request_id=rid, params=params)]
+        except (ValueError, RuntimeError) as e:           # empty prompt, context full, bad ids
+            return [PrefillFailed(rid, str(e), refused=True)]
+        except Exception as e:                            # one bad job must not end the worker
+            log.exception("%s: request %s failed", self.name, rid)
+            return [PrefillFailed(rid, str(e), refused=False)]
 
 
 def _bundle_engine(directory, backend: str, role: str, threads: Optional[int], **engine_kw):

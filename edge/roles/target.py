@@ -27,6 +27,8 @@ from typing import Callable, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from edge.common_prefix import common_prefix
+from edge.drafter import Drafter
 from edge.engines.base import Engine
 from edge.generate import GenResult, generate_speculative
 from edge.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, MAX_GAMMA, DraftResponse, Error)
@@ -71,16 +73,7 @@ class _Outstanding:
     fed: int               # len(append): long ones (a prompt) cost the draft a prefill
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-class RemoteDrafter:
+class RemoteDrafter(Drafter):
     """A Drafter (see edge.generate) whose draft model runs behind the hub."""
 
     def __init__(self, hub: HubClient, sampling: dict, max_gamma: int = 4,
@@ -162,7 +155,7 @@ class RemoteDrafter:
     def _keep(self, context: List[int]) -> int:
         keep, L, drafts = self._base
         if L:
-            return L + _lcp(drafts[:-1], context[L:])
+            return L + common_prefix(drafts[:-1], context[L:])
         return keep
 
     def prime(self, context: Sequence[int], gamma: int) -> bool:
@@ -263,11 +256,6 @@ class RemoteDrafter:
             return [], []
 
 
-def _wire_sampling(p: SamplingParams) -> dict:
-    return {"temperature": float(p.temperature), "top_k": int(p.top_k), "top_p": float(p.top_p),
-            "seed": p.seed}
-
-
 class StarTarget:
     """A target device: its engine, its link to the hub, and generation.
 
@@ -286,7 +274,7 @@ class StarTarget:
 
     def check_join(self, params: SamplingParams = GREEDY) -> None:
         """Join once and leave: raises JoinRefused (with the hub's reason) or TimeoutError."""
-        d = RemoteDrafter(self.hub, _wire_sampling(params), self.gamma)
+        d = RemoteDrafter(self.hub, params.to_wire(), self.gamma)
         try:
             d.connect(self.join_timeout)
         finally:
@@ -296,7 +284,7 @@ class StarTarget:
                  stop_ids: Iterable[int] = (), on_token: Optional[Callable[[int], None]] = None,
                  deadline: Optional[Deadline] = None) -> GenResult:
         with self.lock:
-            drafter = RemoteDrafter(self.hub, _wire_sampling(params), self.gamma, deadline)
+            drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline)
             self.last_drafter = drafter
             try:
                 drafter.connect(self.join_timeout)

@@ -103,7 +103,7 @@ def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: flo
     from edge.roles.prefill import PrefillWorker
     from edge.roles.sun_client import SunClient
     from edge.roles.decoder_node import DecoderNode
-    from edge.roles.sun_nodes import PrefillNode
+    from edge.roles.prefill_node import PrefillNode
     from edge.protocol import sun_hello_topic
     from edge.sun import load_module, split_generate
 

@@ -1,0 +1,27 @@
+"""What one draft service takes on (sessions, KV memory, γ, draft-ahead), and the refusal past it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edge.protocol import E_OVERLOADED
+
+
+class DraftRefused(RuntimeError):
+    """The service cannot take a session (limits); `reason` says which and what to do."""
+
+    def __init__(self, reason: str, code: str = E_OVERLOADED):
+        super().__init__(reason)
+        self.reason, self.code = reason, code
+
+
+@dataclass
+class DraftLimits:
+    max_sessions: int = 64
+    max_kv_mb: float = 1024.0        # KV memory of all sessions' live tokens
+    max_gamma: int = 16
+    evict_after_s: float = 60.0      # a session silent this long is evicted
+    q_top_k: int = 32                # entries of q per drafted token when sampling
+    ahead: bool = True               # draft-ahead in idle time
+    ahead_sessions: int = 8          # most recently served sessions considered
+    ahead_recent_s: float = 5.0      # ... served within this many seconds
+

@@ -1,9 +1,17 @@
 """Device profiles: memory, bandwidth, compute and backends of a class of device.
 
-A profile feeds three things: the planner (how long a target's step and a
+A profile feeds four things: the StarSD planner (how long a target's step and a
 verify call over k tokens take on that device), the StarSD benchmark's
-emulated remote targets, and provisioning (which onnxruntime package, which
-Python). Figures are public spec-sheet numbers unless `source` says measured.
+emulated remote targets, the memory planner's budget (`edge-agent plan
+--profile`, `run --profile`: usable memory), and provisioning (which
+onnxruntime package, which Python, where the wheels come from).
+
+Every figure carries its source in `sources` (keyed by field name); a figure
+measured on this workplace's machine says "measured here". `tok_s` lists
+public decode rates of real models on the device: the points the roofline
+(`call_ms`: bandwidth x efficiency + call overhead) is calibrated to, checked
+by `tok_s_fit()` and tests/test_devices.py. This module imports nothing from
+server/ or export/, so edge/ may read profiles.
 """
 from __future__ import annotations
 
@@ -36,6 +44,21 @@ class DeviceProfile:
     onnxruntime_package: str
     source: str
     verify_cost_table: Dict[int, float] = field(default_factory=dict)
+    power_mode: str = ""                                        # the mode these figures are for
+    ort_providers: List[str] = field(default_factory=list)      # onnxruntime, in order of preference
+    software: Dict[str, str] = field(default_factory=dict)      # jetpack, l4t, cuda, python, os
+    wheels: Dict[str, str] = field(default_factory=dict)        # package -> where its wheel comes from
+    power_modes: Dict[str, dict] = field(default_factory=dict)  # name -> {watts, bandwidth_gbs, ...}
+    sources: Dict[str, str] = field(default_factory=dict)       # field -> where the figure comes from
+    tok_s: List[dict] = field(default_factory=list)             # {model, backend, weight_bytes, params, tok_s, source}
+
+    def tok_s_fit(self) -> List[dict]:
+        """Each public tok/s point next to the roofline's, with the ratio (roofline / public)."""
+        out = []
+        for pt in self.tok_s:
+            model_tok_s = 1e3 / self.call_ms(float(pt["weight_bytes"]), float(pt["params"]), 1)
+            out.append({**pt, "roofline_tok_s": model_tok_s, "ratio": model_tok_s / float(pt["tok_s"])})
+        return out
 
     def call_ms(self, weight_bytes: float, params: float, k: int = 1) -> float:
         """Roofline time of one forward call over k tokens (weights read once)."""

@@ -12,11 +12,9 @@ loader also assumes). The result is cached next to the file as an HF directory,
 tokenizer.json + tokenizer_config.json), so the next load skips the
 dequantisation; transformers can load that directory too.
 
-Weight fingerprint (`Checkpoint.fingerprint`): sha256 over the file size and
-16 evenly spaced 1 MiB samples of the file (first and last included) -- cheap
-(~16 MiB read), and it changes with any re-quantisation or header change. It
-does not catch an edit that keeps the size and misses every sample; it names
-weights, it is not an integrity check (fetch.py checks the full sha256).
+Weight fingerprint (`Checkpoint.fingerprint`): edge/checkpoint_files.py's
+`file_fingerprint`. That module also holds what needs no torch (CheckpointError,
+load_tokenizer), so the llama.cpp and onnxruntime paths never import this one.
 """
 from __future__ import annotations
 
@@ -34,12 +32,11 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from .checkpoint_files import (CheckpointError, cache_dir as _cache_dir, file_fingerprint,  # noqa: F401
+                               is_gguf as _is_gguf, load_tokenizer, open_gguf_checked as _open_gguf,
+                               resolve_checkpoint as _resolve)
 from .model import ModelConfig, Transformer
-from .tokenizer import Tokenizer, TokenizerError, open_gguf
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be loaded; the message says what to do."""
+from .tokenizer import Tokenizer, TokenizerError
 
 
 @dataclass
@@ -54,18 +51,7 @@ class Checkpoint:
     load_seconds: float = 0.0
 
 
-_SAMPLES, _CHUNK = 16, 1 << 20
 _CACHE_VERSION = "2"  # bump when the conversion changes, to invalidate old caches
-
-
-def file_fingerprint(path: Path) -> str:
-    size = path.stat().st_size
-    h = hashlib.sha256(f"starsun-weights-v1:{size}:".encode())
-    with open(path, "rb") as f:
-        for i in range(_SAMPLES):
-            f.seek(max(0, (size - _CHUNK) * i // (_SAMPLES - 1)))
-            h.update(f.read(_CHUNK))
-    return h.hexdigest()
 
 
 # -- GGUF ----------------------------------------------------------------------------
@@ -167,25 +153,6 @@ def _gguf_weights(reader, cfg: ModelConfig) -> Dict[str, torch.Tensor]:
             w = _unpermute(w, cfg.num_kv_heads)
         sd[name] = w
     return sd
-
-
-def _is_gguf(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
-
-
-def _open_gguf(path: Path):
-    try:
-        return open_gguf(path)
-    except Exception as e:  # truncated / corrupt: numpy or ValueError from deep inside
-        raise CheckpointError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); "
-                              "it may be truncated or corrupt -- delete it and run `make models`"
-                              ) from e
-
-
-def _cache_dir(path: Path, fingerprint: str) -> Path:
-    root = Path(os.environ.get("STARSUN_CACHE_DIR") or path.parent / ".cache")
-    return root / f"{path.stem}-{fingerprint[:16]}"
 
 
 def _write_cache(d: Path, ckpt: Checkpoint) -> None:
@@ -322,17 +289,6 @@ def _check_names(ckpt: Checkpoint) -> None:
 
 
 # -- entry points ---------------------------------------------------------------------------
-def _resolve(path) -> Path:
-    from .model_spec import ModelNotFound, resolve_model
-    try:
-        p = resolve_model(path)
-    except ModelNotFound as e:          # this module's callers catch CheckpointError
-        raise CheckpointError(str(e)) from None
-    if p.is_file() and p.name == "config.json":
-        p = p.parent
-    return p
-
-
 def load_checkpoint(path, dtype: torch.dtype = torch.float32, cache: bool = True) -> Checkpoint:
     """Config, weights (HF names, `dtype`), tokenizer and weight fingerprint of a checkpoint."""
     t0 = time.perf_counter()
@@ -350,26 +306,6 @@ def load_checkpoint(path, dtype: torch.dtype = torch.float32, cache: bool = True
                              weights_fingerprint=ckpt.fingerprint)
     ckpt.load_seconds = time.perf_counter() - t0
     return ckpt
-
-
-def load_tokenizer(path) -> Tokenizer:
-    """Only the tokenizer (e.g. to compare fingerprints): from the conversion cache when a
-    GGUF was loaded before (fast), else from the GGUF metadata or the HF directory."""
-    p = _resolve(path)
-    try:
-        if p.is_dir():
-            return Tokenizer.from_hf_dir(p)
-        if not _is_gguf(p):
-            raise CheckpointError(f"{p} is neither a GGUF file nor a Hugging Face directory")
-        cached = _cache_dir(p, file_fingerprint(p))
-        if (cached / "tokenizer.json").is_file():
-            try:
-                return Tokenizer.from_hf_dir(cached)
-            except TokenizerError:
-                pass  # a broken cache: read the GGUF itself
-        return Tokenizer.from_gguf(_open_gguf(p))
-    except TokenizerError as e:
-        raise CheckpointError(f"{p}: {e}") from e
 
 
 def model_from_state_dict(cfg: ModelConfig, state_dict: Dict[str, torch.Tensor]) -> Transformer:

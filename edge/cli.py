@@ -137,6 +137,10 @@ def demo(prompt, **kw):
     run_generation(DEFAULT_TARGET, DEFAULT_DRAFT, prompt, **kw)
 
 
+from edge.plan_command import plan as _plan_command  # noqa: E402  (memory plans: edge/memory_plan.py)
+
+main.add_command(_plan_command, "plan")
+
 try:  # the device roles (target / draft service over MQTT)
     from edge.agent_run import run as _run_command
 

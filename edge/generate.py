@@ -17,9 +17,10 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edge.adaptive import AdaptiveGamma
+from edge.common_prefix import common_prefix
 from edge.drafter import Drafter
 from edge.engines.base import Engine
-from edge.sampling import GREEDY, Role, SamplingParams, SparseDist, draw, role_rng, to_probs, truncate_top_k
+from edge.sampling import GREEDY, Role, SamplingParams, SparseDist, pick, role_rng, to_probs
 from edge.speculative import verify_greedy, verify_stochastic
 
 
@@ -88,12 +89,8 @@ class ModelDrafter(Drafter):
         self._fed: List[int] = []
 
     def _pick(self, logits: np.ndarray, rng: np.random.Generator) -> Tuple[int, Union[np.ndarray, SparseDist]]:
-        if self.params.greedy:
-            x = int(np.argmax(logits))
-            return x, SparseDist.one_hot(x)
-        probs = to_probs(logits, self.params)
-        q = truncate_top_k(probs, self.top_k) if self.top_k else probs
-        return draw(q, rng), q
+        x, q = pick(logits, self.params, rng, self.top_k)
+        return x, (SparseDist.one_hot(x) if q is None else q)
 
     def _sync(self, tokens: List[int]) -> np.ndarray:
         """Make the draft's sequence hold exactly `tokens` (keeping the common
@@ -102,12 +99,7 @@ class ModelDrafter(Drafter):
         if self._seq is None:
             self._seq = eng.new_sequence()
             self._fed = []
-        keep = 0
-        for a, b in zip(self._fed, tokens):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(tokens) - 1)
+        keep = min(common_prefix(self._fed, tokens), len(tokens) - 1)
         if eng.length(self._seq) != keep:
             eng.truncate(self._seq, keep)
         self._fed = self._fed[:keep]          # stays true even if forward fails
@@ -245,7 +237,7 @@ def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
     try:
         while not run.done and run.room() >= 1:
             logits = run.forward([run.context[-1]])[-1]
-            t = int(np.argmax(logits)) if params.greedy else draw(to_probs(logits, params), rng)
+            t = pick(logits, params, rng)[0]
             run.res.gammas.append(0)
             run.commit([t])
     except BaseException:

@@ -9,22 +9,16 @@ one shared decoder step many clients with one read of the weights.
 """
 from __future__ import annotations
 
-import json
-import struct
-import zlib
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-MAGIC = b"SSKV"
-VERSION = 1
+from edge import kv_blob
+from edge.kv_blob import MAGIC, VERSION, KVError  # noqa: F401  (the blob format lives in kv_blob)
+
 _DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
            "bfloat16": torch.bfloat16}
-
-
-class KVError(ValueError):
-    """A KV blob or cache operation that cannot be honoured."""
 
 
 class SequenceKV:
@@ -72,61 +66,26 @@ class SequenceKV:
         d = self.data[:, :, :, : self.length]
         return [(d[i, 0][None], d[i, 1][None]) for i in range(self.layers)]
 
-    # -- bytes -------------------------------------------------------------------
+    # -- bytes (edge/kv_blob.py's format; torch converts the payload, as it always did) ----------
     def to_bytes(self, fingerprint: str, dtype: str = "float16", tokens: Optional[Sequence[int]] = None,
                  meta: Optional[dict] = None) -> bytes:
         """Header (JSON) + raw KV in `dtype` (fp16 default) + crc32 of the payload."""
-        if dtype not in _DTYPES:
-            raise KVError(f"unsupported KV dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+        kv_blob.check_dtype(dtype)
         payload = self.data[:, :, :, : self.length].to(_DTYPES[dtype]).contiguous()
         raw = payload.view(torch.uint8).numpy().tobytes() if dtype == "bfloat16" else payload.numpy().tobytes()
-        head = {"fingerprint": fingerprint, "layers": self.layers, "kv_heads": self.kv_heads,
-                "head_dim": self.head_dim, "dtype": dtype, "length": self.length,
-                "tokens": list(map(int, tokens)) if tokens is not None else None,
-                "meta": meta or {}, "crc32": zlib.crc32(raw)}
-        hb = json.dumps(head, sort_keys=True).encode()
-        return MAGIC + struct.pack("<HI", VERSION, len(hb)) + hb + raw
+        return kv_blob.pack(raw, fingerprint, self.layers, self.kv_heads, self.head_dim, dtype, self.length,
+                            tokens, meta)
 
-    @staticmethod
-    def read_header(blob: bytes) -> dict:
-        if len(blob) < 10 or blob[:4] != MAGIC:
-            raise KVError("not a StarSun KV blob (bad magic)")
-        version, hlen = struct.unpack("<HI", blob[4:10])
-        if version != VERSION:
-            raise KVError(f"KV blob version {version} is not supported (expected {VERSION})")
-        if len(blob) < 10 + hlen:
-            raise KVError("truncated KV blob (header cut short)")
-        try:
-            head = json.loads(blob[10: 10 + hlen])
-        except ValueError as e:
-            raise KVError(f"corrupt KV blob header: {e}") from None
-        head["_offset"] = 10 + hlen
-        return head
+    read_header = staticmethod(kv_blob.read_header)
 
     @classmethod
     def from_bytes(cls, blob: bytes, fingerprint: Optional[str] = None, layers: Optional[int] = None,
                    kv_heads: Optional[int] = None, head_dim: Optional[int] = None,
                    dtype=torch.float32, max_len: int = 2048) -> Tuple["SequenceKV", dict]:
         """Parse and validate a blob; expected values, when given, must match."""
-        h = cls.read_header(blob)
-        if fingerprint is not None and h["fingerprint"] != fingerprint:
-            raise KVError(f"KV blob was made for model {h['fingerprint'][:16]}..., this model is "
-                          f"{fingerprint[:16]}...; it cannot be admitted")
-        for name, want in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim)):
-            if want is not None and h[name] != want:
-                raise KVError(f"KV blob shape mismatch: {name}={h[name]}, this model has {want}")
-        if h["dtype"] not in _DTYPES:
-            raise KVError(f"KV blob has unsupported dtype {h['dtype']!r}")
-        if h["length"] > max_len:
-            raise KVError(f"KV blob holds {h['length']} tokens, more than the context of {max_len}")
-        shape = (h["layers"], 2, h["kv_heads"], h["length"], h["head_dim"])
-        raw = blob[h["_offset"]:]
-        itemsize = torch.tensor([], dtype=_DTYPES[h["dtype"]]).element_size()
-        if len(raw) != int(np.prod(shape)) * itemsize:
-            raise KVError(f"truncated or oversized KV blob: {len(raw)} payload bytes, "
-                          f"expected {int(np.prod(shape)) * itemsize}")
-        if zlib.crc32(raw) != h["crc32"]:
-            raise KVError("corrupt KV blob: checksum mismatch")
+        h, raw = kv_blob.unpack(blob, fingerprint=fingerprint, layers=layers, kv_heads=kv_heads,
+                                head_dim=head_dim, max_len=max_len)
+        shape = kv_blob.shape_of(h)
         if h["dtype"] == "bfloat16":
             t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(torch.bfloat16)
         else:

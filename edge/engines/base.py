@@ -93,35 +93,45 @@ class Engine(ABC):
             raise EngineError("step got the same sequence twice")
         return bool(seqs)
 
+    # KV blobs (edge/kv_blob.py) are written and read with numpy, so the llama.cpp and onnxruntime
+    # engines never import torch; only the torch engine reads them into torch tensors (_read_kv).
     def _blob(self, data: np.ndarray, tokens, dtype: str, meta) -> bytes:
         """A KV blob of this engine's model from float data [layers, 2, kv_heads, length, head_dim]."""
-        import torch
-        from edge.kv import KVError, SequenceKV
-        c = self.cfg
-        kv = SequenceKV(c.num_layers, c.num_kv_heads, c.head_dim, torch.float32, self.max_len,
-                        capacity=max(1, data.shape[3]))
-        if data.shape[3]:
-            kv.append(torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)))
+        from edge.kv_blob import KVError, encode
         try:
-            return kv.to_bytes(self.fingerprint, dtype=dtype, tokens=tokens, meta=meta)
+            return encode(data, self.fingerprint, dtype=dtype, tokens=tokens, meta=meta)
         except KVError as e:
             raise EngineError(str(e)) from None
 
     def check_kv(self, blob: bytes) -> dict:
         """The header of a KV blob this engine would import (fingerprint, shapes, length, checksum
         all checked), without importing it; an EngineError says why it would be refused."""
-        import torch
-        return self._read_kv(blob, torch.float32)[1]
+        from edge.kv_blob import KVError, unpack
+        try:
+            return unpack(blob, **self._kv_expect())[0]
+        except KVError as e:
+            raise EngineError(f"KV blob refused: {e}") from None
+
+    def _kv_expect(self) -> dict:
+        c = self.cfg
+        return dict(fingerprint=self.fingerprint, layers=c.num_layers, kv_heads=c.num_kv_heads,
+                    head_dim=c.head_dim, max_len=self.max_len)
+
+    def _read_kv_array(self, blob: bytes):
+        """(float32 numpy [layers, 2, kv_heads, length, head_dim], header) of a KV blob made for
+        this engine's model, or an EngineError saying why it is refused."""
+        from edge.kv_blob import KVError, decode
+        try:
+            return decode(blob, **self._kv_expect())
+        except KVError as e:
+            raise EngineError(f"KV blob refused: {e}") from None
 
     def _read_kv(self, blob: bytes, dtype):
-        """(SequenceKV, header) of a KV blob made for this engine's model (cfg, fingerprint, max_len),
+        """(SequenceKV, header) of a KV blob made for this engine's model (torch tensors in `dtype`),
         or an EngineError saying why it is refused."""
         from edge.kv import KVError, SequenceKV
-        c = self.cfg
         try:
-            return SequenceKV.from_bytes(blob, fingerprint=self.fingerprint, layers=c.num_layers,
-                                         kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=dtype,
-                                         max_len=self.max_len)
+            return SequenceKV.from_bytes(blob, dtype=dtype, **self._kv_expect())
         except KVError as e:
             raise EngineError(f"KV blob refused: {e}") from None
 

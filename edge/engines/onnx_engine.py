@@ -7,8 +7,8 @@ contiguous view), so a batch-1 decode step feeds its cache back without a copy;
 a ragged batch is right-padded to its longest sequence, exactly as
 edge/model.py does. Inputs and outputs go through IO binding.
 
-torch is not needed to run: it is imported only to write and read KV blobs
-(edge/kv.py's format, so a KV cache moves between the torch and ORT engines).
+torch is never imported: KV blobs (edge/kv_blob.py's format, so a KV cache moves between the
+torch and ORT engines) are written and read with numpy.
 """
 from __future__ import annotations
 
@@ -224,11 +224,9 @@ class OnnxEngine(Engine):
         return self._blob(data, s.tokens[: s.length], dtype, meta)
 
     def import_kv(self, blob: bytes) -> int:
-        import torch
         c = self.cfg
-        kv, head = self._read_kv(blob, torch.float32)
-        data = kv.data[:, :, :, : kv.length].numpy()
+        data, head = self._read_kv_array(blob)
         sid = next(self._ids)
         self._seqs[sid] = _Seq(kv=[np.ascontiguousarray(data[i, j]) for i in range(c.num_layers) for j in (0, 1)],
-                               length=kv.length, tokens=list(head.get("tokens") or []))
+                               length=head["length"], tokens=list(head.get("tokens") or []))
         return sid

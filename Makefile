@@ -10,7 +10,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 TEST_MODELS ?= smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 DEMO_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
-.PHONY: install llama system-test models test-models demo test bench export flash-jetson clean help
+.PHONY: install llama system-test certs models test-models demo test bench export flash-jetson clean help
 
 help:
 	@echo "make demo    - fetch real models, run the StarSD star, then the SUN shared-decoder demo"
@@ -72,6 +72,12 @@ flash-jetson: install
 	$(BIN)/python -m devices.provision $(if $(DEVICE),--device $(DEVICE),) \
 	  $(if $(PROFILE),--profile $(PROFILE),) $(if $(ROLE),--role $(ROLE),) \
 	  $(if $(HUB),--hub $(HUB),) $(if $(BUNDLE),--bundle $(BUNDLE),) $(if $(DRY),--dry-run,)
+
+# the star's CA, the broker's certificate and one per device:
+# make certs HOSTS="hub.local 192.168.1.10" DEVICES="jetson1 jetson2" [CERTS=certs]
+CERTS ?= certs
+certs: install
+	$(BIN)/edge-hub certs --out $(CERTS) $(foreach h,$(HOSTS),--host $(h)) $(foreach d,$(DEVICES),--device $(d))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -19,7 +19,8 @@ import threading
 import click
 
 from edge.command_options import (ctl_key_option, draft_limits, draft_options, open_model_for_command,
-                                  read_ctl_key)
+                                  read_ctl_key, read_password, tls_files)
+from edge.plan_command import check_before_load, memory_options
 
 
 def _wait_for_signal() -> None:
@@ -42,7 +43,13 @@ def _wait_for_signal() -> None:
               help="decoder: extra end-of-sequence token ids (repeatable)")
 @click.option("--client-id", default=None, help="this device's id (default: the host name)")
 @click.option("--username", default=None, help="broker username (with the hub's ACL: the client id)")
-@click.option("--password", default=None, help="broker password the hub issued")
+@click.option("--password", default=None, help="broker password the hub issued (visible in ps: prefer "
+              "--password-file or $STARSUN_MQTT_PASSWORD)")
+@click.option("--password-file", default=None, type=click.Path(dir_okay=False),
+              help="file holding the broker password the hub issued")
+@click.option("--tls-dir", default=None, type=click.Path(file_okay=False),
+              help="with an mqtts:// --hub: ca.crt and this client's CLIENT_ID.crt/.key "
+                   "(or clients/CLIENT_ID.*), from `edge-hub certs`")
 @click.option("--gamma", "-g", default=4, show_default=True, help="target: drafted tokens per verification")
 @click.option("--http-host", default="127.0.0.1", show_default=True)
 @click.option("--http-port", default=8000, show_default=True, help="target: OpenAI endpoint port (0: none)")
@@ -60,10 +67,12 @@ def _wait_for_signal() -> None:
 @click.option("--max-len", default=4096, show_default=True, help="context cap per sequence")
 @click.option("-v", "--verbose", count=True, help="-v info, -vv debug logging")
 @ctl_key_option
+@memory_options
 @draft_options
-def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, username, password, gamma,
+def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, username, password,
+        password_file, tls_dir, gamma,
         http_host, http_port, prompt, max_new, temperature, backend, dtype, threads, max_len, verbose,
-        ctl_key_file, **limits):
+        ctl_key_file, profile, memory_budget, **limits):
     """Join the star at --hub as a target, a draft service or a SUN worker (runs until Ctrl-C)."""
     from edge.link import LinkError, MqttLink, parse_url
     from edge.protocol import ProtocolError, check_id
@@ -76,20 +85,26 @@ def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, 
         parse_url(hub_url)
     except (ProtocolError, LinkError) as e:
         raise click.BadParameter(str(e)) from None
+    password = read_password(password, password_file)
     if password and not username:
         username = client_id
+    tls = tls_files(tls_dir, client_id, hub_url)
     ctl_key = read_ctl_key(ctl_key_file)
     if role in ("prefill", "decoder"):           # SUN: the module dir carries its own model
         if not module_dir:
             raise click.UsageError(f"--role {role} needs --module DIR "
                                    "(a SUN specialist or shared-decoder directory)")
-        _run_sun(role, MqttLink(hub_url, username=username, password=password), module_dir, client_id,
+        check_before_load(role, module_dir, "torch" if backend == "auto" else backend, None, profile,
+                          memory_budget, max_batch=max_batch)   # a role that does not fit is refused here
+        _run_sun(role, MqttLink(hub_url, username=username, password=password, tls=tls), module_dir, client_id,
                  task, threads, max_batch, stop_ids, backend, ctl_key)
         return
     if not model:
         raise click.UsageError(f"--role {role} needs --model")
-    engine, tok = open_model_for_command(model, dtype, threads, max_len, backend, role=role)
-    link = MqttLink(hub_url, username=username, password=password)
+    engine_kw = check_before_load(role, model, backend, max_len, profile, memory_budget, dtype=dtype,
+                                  max_sessions=limits["max_sessions"], max_kv_mb=limits["max_kv_mb"])
+    engine, tok = open_model_for_command(model, dtype, threads, max_len, backend, role=role, **engine_kw)
+    link = MqttLink(hub_url, username=username, password=password, tls=tls)
     if role == "draft":
         _run_draft(engine, tok, link, client_id, draft_limits(**limits), ctl_key)
     else:
@@ -126,7 +141,6 @@ def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_id
              ctl_key=None) -> None:
     from edge.engines.base import EngineError
     from edge.link import LinkError
-    from edge.roles.sun_nodes import open_node
     from edge.sun import SunError
 
     try:
@@ -144,6 +158,30 @@ def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_id
         node.stop()
         link.close()
         click.echo(f"{worker_id}: {node.stats}", err=True)
+
+
+def open_node(role, link, directory, worker_id, task=None, threads=None, max_batch=64, stop_ids=(),
+              ctl_key=None, backend="torch"):
+    """The node factory of `edge-agent run --role prefill|decoder`: load the specialist (prefill) or
+    the shared decoder (decoder) from its directory, set the node's will on `link`, connect, start."""
+    from edge.protocol import sun_hello_topic
+
+    if role == "prefill":
+        from edge.roles.prefill import PrefillWorker
+        from edge.roles.prefill_node import PrefillNode
+        node = PrefillNode(PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend), link,
+                           worker_id, ctl_key=ctl_key)
+    elif role == "decoder":
+        from edge.roles.decoder import SharedDecoder
+        from edge.roles.decoder_node import DecoderNode
+        dec = SharedDecoder.from_dir(directory, threads=threads, max_batch=max_batch, stop_ids=stop_ids,
+                                     name=worker_id, backend=backend)
+        node = DecoderNode(dec, link, worker_id, ctl_key=ctl_key)
+    else:
+        raise ValueError(f"role must be 'prefill' or 'decoder', got {role!r}")
+    link.set_will(sun_hello_topic(worker_id), node.will())
+    link.connect(timeout=10)
+    return node.start()
 
 
 def _run_target(engine, tok, link, client_id, gamma, model, host, port, prompt, max_new, temperature) -> None:

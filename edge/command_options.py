@@ -58,18 +58,62 @@ ctl_key_option = click.option("--ctl-key-file", default=None, type=click.Path(di
 
 
 def open_model_for_command(spec: str, dtype: str, threads, max_len: int, backend: str = "torch",
-                           role=None):
-    """edge.engines.loader.open_model, its errors shown as click errors and the load time reported."""
-    from edge.checkpoint import CheckpointError
+                           role=None, **engine_kw):
+    """edge.engines.loader.open_model, its errors shown as click errors and the load time reported;
+    engine_kw go to the engine (what the memory plan counted, e.g. llama.cpp's n_seq_max)."""
+    from edge.checkpoint_files import CheckpointError   # torch-free: llama.cpp / ORT roles skip torch
     from edge.engines.base import EngineError       # ModelNotFound is one
     from edge.engines.loader import open_model
     from edge.model_spec import resolve_model
 
     t0 = time.perf_counter()
     try:
-        engine, tok = open_model(spec, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len)
+        engine, tok = open_model(spec, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len,
+                                 **engine_kw)
     except (CheckpointError, EngineError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"loaded {resolve_model(spec).name} on {engine.name} (vocab {engine.vocab_size}) "
                f"in {time.perf_counter() - t0:.1f}s", err=True)
     return engine, tok
+
+
+PASSWORD_ENV = "STARSUN_MQTT_PASSWORD"
+
+
+def read_password(password, path):
+    """A broker password from --password-file or $STARSUN_MQTT_PASSWORD (a --password on the
+    command line still works, with a warning: anyone on the machine can read it in `ps`)."""
+    import os
+    if password and path:
+        raise click.UsageError("give --password or --password-file, not both")
+    if path:
+        from pathlib import Path
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError as e:
+            raise click.BadParameter(f"cannot read {path}: {e.strerror}", param_hint="--password-file") from None
+    if password:
+        click.echo("warning: a password on the command line is visible to every user in `ps`; "
+                   f"use --password-file or ${PASSWORD_ENV}", err=True)
+        return password
+    return os.environ.get(PASSWORD_ENV) or None
+
+
+def tls_files(tls_dir, client_id: str, hub_url: str):
+    """(CA, certificate, key) for an mqtts:// hub from --tls-dir, or None for mqtt://."""
+    from pathlib import Path
+    if not hub_url.startswith("mqtts://"):
+        if tls_dir:
+            raise click.UsageError("--tls-dir needs an mqtts://HOST:PORT --hub")
+        return None
+    if not tls_dir:
+        raise click.UsageError("an mqtts:// --hub needs --tls-dir DIR (ca.crt and this client's "
+                               "certificate and key, from `edge-hub certs --device CLIENT_ID`)")
+    d = Path(tls_dir)
+    for base in (d / "clients", d):
+        cert, key = base / f"{client_id}.crt", base / f"{client_id}.key"
+        if cert.is_file() and key.is_file() and (d / "ca.crt").is_file():
+            return str(d / "ca.crt"), str(cert), str(key)
+    raise click.UsageError(f"--tls-dir {tls_dir}: need ca.crt and {client_id}.crt / {client_id}.key "
+                           f"(the certificate's CN must be the client id {client_id!r}); make them on the hub "
+                           f"with `edge-hub certs --out DIR --device {client_id}`")

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # kind -> (qos, retain)
 KINDS: dict[str, tuple[int, bool]] = {"draft": (0, False), "control": (1, False), "status": (1, True)}
 DEFAULT_PORT = 1883
+DEFAULT_TLS_PORT = 8883
 
 Callback = Callable[[str, bytes], None]
 
@@ -44,15 +45,15 @@ class LinkError(RuntimeError):
 
 
 def parse_url(url: str) -> tuple[str, int, Optional[str], Optional[str]]:
-    """mqtt://[user[:password]@]host[:port] -> (host, port, user, password)."""
+    """mqtt[s]://[user[:password]@]host[:port] -> (host, port, user, password)."""
     parts = urlsplit(url)
-    if parts.scheme != "mqtt":
-        raise LinkError(f"broker URL {url!r} must look like mqtt://host:port "
+    if parts.scheme not in ("mqtt", "mqtts"):
+        raise LinkError(f"broker URL {url!r} must look like mqtt://host:port or mqtts://host:port "
                         f"(scheme {parts.scheme or 'missing'!r} is not supported)")
     if not parts.hostname:
         raise LinkError(f"broker URL {url!r} has no host")
     try:
-        port = parts.port or DEFAULT_PORT
+        port = parts.port or (DEFAULT_TLS_PORT if parts.scheme == "mqtts" else DEFAULT_PORT)
     except ValueError:
         raise LinkError(f"broker URL {url!r} has a bad port") from None
     user = unquote(parts.username) if parts.username else None
@@ -168,8 +169,13 @@ class MqttLink(Link):
 
     def __init__(self, url: str, client_id: Optional[str] = None, username: Optional[str] = None,
                  password: Optional[str] = None, keepalive: int = 15,
-                 reconnect_delay: tuple[float, float] = (0.1, 5.0)) -> None:
+                 reconnect_delay: tuple[float, float] = (0.1, 5.0),
+                 tls: Optional[tuple[str, str, str]] = None) -> None:
+        """tls: (CA file, certificate, key) for mqtts:// -- the CA verifies the broker, the
+        certificate proves who we are (its CN is our username at the hub's broker)."""
         host, port, url_user, url_pw = parse_url(url)
+        if tls is not None and not url.startswith("mqtts://"):
+            raise LinkError(f"TLS files given but {url!r} is not an mqtts:// URL")
         username = username or url_user
         password = password or url_pw
         super().__init__(client_id or (f"{username}-{uuid.uuid4().hex[:6]}" if username else None))
@@ -183,6 +189,14 @@ class MqttLink(Link):
                         protocol=mqtt.MQTTv311, clean_session=True)
         if username:
             c.username_pw_set(username, password)
+        if url.startswith("mqtts://"):
+            import ssl
+            ca, cert, key = tls if tls is not None else (None, None, None)
+            try:
+                c.tls_set(ca_certs=ca, certfile=cert, keyfile=key, cert_reqs=ssl.CERT_REQUIRED,
+                          tls_version=ssl.PROTOCOL_TLS_CLIENT)
+            except (OSError, ValueError, ssl.SSLError) as e:
+                raise LinkError(f"cannot use the TLS files {tls}: {e}") from None
         c.reconnect_delay_set(*reconnect_delay)
         c.max_inflight_messages_set(0)        # no client-side cap: bursts go straight out
         c.max_queued_messages_set(10000)

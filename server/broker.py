@@ -1,4 +1,5 @@
-"""MQTT brokers for the hub and the tests: embedded amqtt, or a Mosquitto process.
+"""MQTT brokers for the hub and the tests: embedded amqtt (here), or a Mosquitto process
+(server/mosquitto.py); `start_broker` picks one.
 
 Both isolate sessions with the same access table (server/acl.py) when
 `acl=True`: Mosquitto gets it as an ACL file (patterns with %u) plus a
@@ -9,52 +10,18 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import tempfile
 import threading
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from amqtt.broker import Broker
 from amqtt.contexts import Action
 from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 
-from server.acl import Acl, AclError
-
-
-class BrokerError(RuntimeError):
-    """A broker could not be started or configured; the message says what to do."""
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise BrokerError(f"cannot listen on {host}:{port} ({exc.strerror}): another broker "
-                              "may be running there; stop it or pick another port") from None
-
-
-def _wait_port(host: str, port: int, timeout: float, alive=lambda: True) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and alive():
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.01)
-    return False
+from server.acl import Acl
+from server.broker_base import (BrokerError, Listener, _BrokerBase, _check_port_free,  # noqa: F401
+                                find_free_port, is_loopback)
+from server.mosquitto import MosquittoBroker  # noqa: F401
 
 
 class AclAuthPlugin(BaseAuthPlugin):
@@ -79,40 +46,6 @@ class AclTopicPlugin(BaseTopicPlugin):
         name = session.username if session else None
         what = {Action.PUBLISH: "write", Action.SUBSCRIBE: "subscribe", Action.RECEIVE: "read"}[action]
         return bool(topic) and self.config.acl.allows(name, topic, what)
-
-
-class _BrokerBase:
-    host: str
-    port: int
-    acl: Optional[Acl]
-
-    @property
-    def url(self) -> str:
-        return f"mqtt://{self.host}:{self.port}"
-
-    def add_user(self, name: str, role: str = "client", password: Optional[str] = None) -> str:
-        """Register a user (clients: name = client id); returns its password."""
-        if self.acl is None:
-            raise BrokerError("this broker runs without an ACL (acl=False): anyone may connect")
-        try:
-            pw = self.acl.add(name, role, password)
-        except AclError as e:
-            raise BrokerError(str(e)) from None
-        self._reload(name)
-        return pw
-
-    def password(self, name: str) -> str:
-        return self.acl.users[name][1] if self.acl else ""
-
-    def _reload(self, name: str) -> None:
-        pass                                      # amqtt reads the shared Acl live
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 class _SnapshotDict(dict):
@@ -183,8 +116,9 @@ class EmbeddedBroker(_BrokerBase):
     """amqtt 0.12.1 (pure Python, MQTT 3.1.1) on its own thread and event loop."""
 
     def __init__(self, port: Optional[int] = None, host: str = "127.0.0.1", acl: bool = False,
-                 hub_user: str = "hub") -> None:
+                 hub_user: str = "hub", listeners=()) -> None:
         self.host, self.port = host, port or find_free_port(host)
+        self.listeners = list(listeners)          # plain TCP only (start_broker checks)
         self.acl = Acl() if acl else None
         self.hub_user = hub_user
         self.hub_password = self.acl.add(hub_user, "hub") if self.acl else ""
@@ -199,13 +133,16 @@ class EmbeddedBroker(_BrokerBase):
             plugins["server.broker.AclTopicPlugin"] = {"acl": self.acl}
         else:
             plugins["amqtt.plugins.authentication.AnonymousAuthPlugin"] = {"allow_anonymous": True}
-        return {"listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
-                "plugins": plugins}
+        listen = {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}}
+        for i, ln in enumerate(self.listeners):
+            listen[f"extra{i}"] = {"type": "tcp", "bind": f"{ln.host}:{ln.port}"}
+        return {"listeners": listen, "plugins": plugins}
 
     def start(self, timeout: float = 10.0) -> "EmbeddedBroker":
         if self._thread:
             return self
-        _check_port_free(self.host, self.port)
+        for host, port in [(self.host, self.port)] + [(ln.host, ln.port) for ln in self.listeners]:
+            _check_port_free(host, port)
         ready, failure = threading.Event(), []
 
         def run() -> None:
@@ -247,111 +184,16 @@ class EmbeddedBroker(_BrokerBase):
         self._thread = None
 
 
-class MosquittoBroker(_BrokerBase):
-    """A mosquitto process on a loopback port, configured in a temp dir."""
-
-    def __init__(self, port: Optional[int] = None, host: str = "127.0.0.1", acl: bool = False,
-                 hub_user: str = "hub", workdir: Optional[str] = None) -> None:
-        self.exe = shutil.which("mosquitto") or next(
-            (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)), None)
-        if not self.exe:
-            raise BrokerError("mosquitto is not installed: `apt-get install mosquitto` "
-                              "(or `brew install mosquitto`), or use the embedded broker")
-        self.host, self.port = host, port or find_free_port(host)
-        self.acl = Acl() if acl else None
-        self.hub_user = hub_user
-        self.hub_password = self.acl.add(hub_user, "hub") if self.acl else ""
-        self._own_dir = workdir is None
-        self.dir = Path(workdir or tempfile.mkdtemp(prefix="ss-mosquitto-"))
-        self.proc: Optional[subprocess.Popen] = None
-
-    def _write_files(self) -> None:
-        conf = [f"listener {self.port} {self.host}", "set_tcp_nodelay true", "max_queued_messages 0",
-                "persistence false", f"log_dest file {self.dir / 'mosquitto.log'}",
-                "log_type error", "log_type warning", "log_type notice", "log_type information"]
-        if os.geteuid() == 0:
-            conf.append("user root")               # else it drops to 'mosquitto' and cannot read dir
-        if self.acl:
-            conf += ["allow_anonymous false", f"password_file {self.dir / 'passwd'}",
-                     f"acl_file {self.dir / 'acl'}"]
-            path = self.dir / "passwd"
-            path.write_text("")
-            path.chmod(0o600)
-            for name in self.acl.users:
-                self._write_password(name)
-            (self.dir / "acl").write_text(self.acl.mosquitto_acl())
-        else:
-            conf.append("allow_anonymous true")
-        (self.dir / "mosquitto.conf").write_text("\n".join(conf) + "\n")
-
-    def _write_password(self, name: str) -> None:
-        tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
-        r = subprocess.run([tool, "-b", str(self.dir / "passwd"), name, self.acl.users[name][1]],
-                           capture_output=True, text=True)
-        if r.returncode:
-            raise BrokerError(f"mosquitto_passwd failed for {name!r}: {r.stderr.strip() or r.stdout.strip()}")
-
-    def _reload(self, name: str) -> None:
-        if self.proc and self.proc.poll() is None:
-            self._write_password(name)
-            (self.dir / "acl").write_text(self.acl.mosquitto_acl())
-            before = self._log_count("Reloading config.")
-            self.proc.send_signal(signal.SIGHUP)   # mosquitto re-reads password and ACL files
-            end = time.monotonic() + 5              # single-threaded: once logged, it is done
-            while self._log_count("Reloading config.") == before and time.monotonic() < end:
-                time.sleep(0.005)
-
-    def _log_count(self, text: str) -> int:
-        p = self.dir / "mosquitto.log"
-        return p.read_text(errors="replace").count(text) if p.exists() else 0
-
-    def log_tail(self, n: int = 20) -> str:
-        p = self.dir / "mosquitto.log"
-        return "\n".join(p.read_text(errors="replace").splitlines()[-n:]) if p.exists() else ""
-
-    def start(self, timeout: float = 10.0) -> "MosquittoBroker":
-        if self.proc and self.proc.poll() is None:
-            return self
-        _check_port_free(self.host, self.port)
-        self._write_files()
-        self.proc = subprocess.Popen([self.exe, "-c", str(self.dir / "mosquitto.conf")],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if not _wait_port(self.host, self.port, timeout, alive=lambda: self.proc.poll() is None):
-            err = self.proc.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
-            self.stop()
-            raise BrokerError(f"mosquitto did not start on {self.host}:{self.port}: "
-                              f"{(err + self.log_tail()).strip() or 'timed out'}")
-        return self
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc.stderr:
-            self.proc.stderr.close()
-        self.proc = None
-
-    def close(self) -> None:
-        """Stop and remove the temp dir."""
-        self.stop()
-        if self._own_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def start_broker(kind: str = "auto", port: Optional[int] = None, acl: bool = False):
-    """kind: 'mosquitto', 'embedded' or 'auto' (Mosquitto when installed)."""
+def start_broker(kind: str = "auto", port: Optional[int] = None, acl: bool = False, listeners=()):
+    """kind: 'mosquitto', 'embedded' or 'auto' (Mosquitto when installed); `listeners`: more
+    addresses (Listener) beyond the loopback one the hub itself uses."""
     if kind == "auto":
         kind = "mosquitto" if shutil.which("mosquitto") or os.path.exists("/usr/sbin/mosquitto") else "embedded"
     if kind not in ("mosquitto", "embedded"):
         raise BrokerError(f"broker kind must be mosquitto, embedded or auto, got {kind!r}")
-    cls = MosquittoBroker if kind == "mosquitto" else EmbeddedBroker
-    return cls(port=port, acl=acl).start()
+    if kind == "mosquitto":
+        return MosquittoBroker(port=port, acl=acl, listeners=listeners).start()
+    if any(ln.tls is not None for ln in listeners):
+        raise BrokerError("TLS listeners need Mosquitto (the embedded broker cannot map a client "
+                          "certificate to its ACL identity): add --mosquitto")
+    return EmbeddedBroker(port=port, acl=acl, listeners=listeners).start()

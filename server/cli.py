@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from edge.command_options import (ctl_key_option, draft_limits, draft_options, open_model_for_command,
-                                  read_ctl_key)
+                                  read_ctl_key, read_password)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,14 +27,25 @@ def main(verbose):
 @click.option("--broker", "broker_url", default=None, metavar="mqtt://HOST:PORT",
               help="use this MQTT broker (default: start one here)")
 @click.option("--mosquitto", is_flag=True, help="start Mosquitto instead of the embedded amqtt broker")
-@click.option("--port", default=1883, show_default=True, help="port of the broker started here")
+@click.option("--port", default=1883, show_default=True, help="loopback port of the broker started here")
+@click.option("--listen", "listen", multiple=True, metavar="ADDR[:PORT]",
+              help="also listen here for devices (repeatable; default: loopback only). Beyond loopback "
+                   "this needs --acl and --tls-dir (Mosquitto), unless --insecure")
+@click.option("--tls-dir", default=None, type=click.Path(file_okay=False),
+              help="certificates from `edge-hub certs`: --listen addresses speak mqtts:// and take "
+                   "only clients with a certificate of this star (CN = client id)")
+@click.option("--insecure", is_flag=True,
+              help="allow plain, unauthenticated --listen addresses beyond loopback (a network you trust)")
 @click.option("--acl", is_flag=True,
               help="broker started here: passwords + ACL (clients connect with username = client id)")
 @click.option("--user", "users", multiple=True, metavar="NAME[:ROLE[:PASSWORD]]",
               help="with --acl: register a client (role client), a draft service (role draft) "
                    "or a SUN worker (role sun)")
 @click.option("--username", default=None, help="hub's username on an external --broker")
-@click.option("--password", default=None, help="hub's password on an external --broker")
+@click.option("--password", default=None, help="hub's password on an external --broker (visible in ps: "
+              "prefer --password-file or $STARSUN_MQTT_PASSWORD)")
+@click.option("--password-file", default=None, type=click.Path(dir_okay=False),
+              help="file holding the hub's password on an external --broker")
 @click.option("--draft-model", default=None, help="model name or path of the hub's own draft service")
 @click.option("--hub-id", default="hub", show_default=True)
 @click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
@@ -62,12 +73,22 @@ def main(verbose):
               help="with --sun-http-port: the SUN base model (name or path) whose tokenizer the tasks share")
 @ctl_key_option
 @draft_options
-def serve(broker_url, mosquitto, port, acl, users, username, password, draft_model, hub_id, dtype,
-          threads, max_len, stats_every, sun_isolated, sun_pools, sun_decoder, sun_max_batch, stop_ids,
-          sun_http_port, sun_http_host, sun_tokenizer, ctl_key_file, sun_backend, **limits):
+def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, username, password, password_file,
+          draft_model, hub_id, dtype, threads, max_len, stats_every, sun_isolated, sun_pools, sun_decoder,
+          sun_max_batch, stop_ids, sun_http_port, sun_http_host, sun_tokenizer, ctl_key_file, sun_backend,
+          **limits):
     """Run the hub until Ctrl-C."""
     from server.broker import BrokerError
     from server.hub import Hub
+    from server.listen import listeners_for
+
+    password = read_password(password, password_file)
+    if broker_url and (listen or tls_dir):
+        raise click.UsageError("--listen and --tls-dir configure a broker started here; not with --broker")
+    try:
+        listeners = listeners_for(listen, tls_dir, insecure, acl)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
     if broker_url and (mosquitto or acl or users):
         raise click.UsageError("--mosquitto, --acl and --user configure a broker started here; "
@@ -107,7 +128,7 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
     hub = Hub(broker_url=broker_url, broker="mosquitto" if mosquitto else "embedded", port=port, acl=acl,
               draft_engine=engine, tokenizer_fp=tok_fp or "", limits=draft_limits(**limits), hub_id=hub_id,
               username=username, password=password, sun_isolated=sun_isolated, sun_pools=pools,
-              sun_decoder=decoder, ctl_key=ctl_key)
+              sun_decoder=decoder, ctl_key=ctl_key, listeners=listeners)
     try:
         hub.start()
     except BrokerError as e:
@@ -120,6 +141,9 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
         click.echo(f"user {name} ({role or 'client'}): password {pw}", err=True)
     click.echo(f"hub {hub_id} serving on {hub.url}" + (f" with draft {draft_model}" if draft_model else "")
                + (f" and SUN decoder {hub.sun_node.id}" if hub.sun_node else ""), err=True)
+    for ln in listeners:
+        click.echo(f"devices: {ln.url}" + ("" if ln.tls or ln.loopback else
+                                          "  (INSECURE: plain and unauthenticated beyond loopback)"), err=True)
     http = None
     if sun_http_port:
         from server.sun_http import start_sun_http
@@ -140,6 +164,28 @@ def serve(broker_url, mosquitto, port, acl, users, username, password, draft_mod
         if http is not None:
             http.stop()
         hub.stop()
+
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="directory of the star's certificates")
+@click.option("--host", "hosts", multiple=True, metavar="NAME|ADDR",
+              help="a name or address devices reach the hub by (repeatable; the broker's certificate)")
+@click.option("--device", "devices", multiple=True, metavar="CLIENT_ID",
+              help="one client certificate per device / service (repeatable; CN = its client id)")
+def certs(out, hosts, devices):
+    """Make (or extend) the star's CA, the broker's certificate and one per device."""
+    from server.certs import CertError, make_certs
+    from edge.protocol import ProtocolError
+    try:
+        written = make_certs(out, hosts or ("localhost", "127.0.0.1"), devices)
+    except (CertError, ProtocolError) as e:
+        raise click.ClickException(str(e)) from None
+    for w in written:
+        click.echo(f"wrote {w}", err=True)
+    if not written:
+        click.echo(f"{out}: every certificate asked for is already there", err=True)
+    click.echo(f"copy ca.crt and clients/NAME.* to each device; keep ca.key here. Serve with "
+               f"`edge-hub serve --mosquitto --acl --tls-dir {out} --listen ADDR`", err=True)
 
 
 def _parse_pools(specs) -> dict:

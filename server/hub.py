@@ -39,7 +39,8 @@ class Hub:
                  draft_engine=None, tokenizer_fp: str = "", limits: Optional[DraftLimits] = None,
                  hub_id: str = "hub", username: Optional[str] = None, password: Optional[str] = None,
                  status_every: float = 2.0, ctl_key: Optional[bytes] = None, sun: bool = True,
-                 sun_isolated: bool = False, sun_pools: Optional[dict] = None, sun_decoder=None):
+                 sun_isolated: bool = False, sun_pools: Optional[dict] = None, sun_decoder=None,
+                 listeners=()):
         """sun: route SUN requests; sun_isolated / sun_pools: one decoder pool per task
         ({task: [decoder ids]}); sun_decoder: a SharedDecoder the hub serves as
         f"{hub_id}-decoder"."""
@@ -51,6 +52,7 @@ class Hub:
             raise ValueError("a hub-hosted SUN decoder needs SUN routing (sun=True)")
         self.hub_id = hub_id
         self.broker_url, self.broker_kind, self.port, self.acl = broker_url, broker, port, acl
+        self.listeners = list(listeners)      # server.broker.Listener: addresses beyond loopback
         self.username, self.password = username, password
         self.draft_engine, self.tokenizer_fp, self.limits = draft_engine, tokenizer_fp, limits
         self.status_every, self.ctl_key = status_every, ctl_key
@@ -83,7 +85,8 @@ class Hub:
         if self.link is None:
             if self.broker_url is None:
                 from server.broker import start_broker
-                self.broker = start_broker(self.broker_kind, port=self.port, acl=self.acl)
+                self.broker = start_broker(self.broker_kind, port=self.port, acl=self.acl,
+                                           listeners=self.listeners)
                 if self.acl:
                     self.username, self.password = self.broker.hub_user, self.broker.hub_password
             self.link = MqttLink(self.url, client_id=f"{self.hub_id}-{int(self.epoch * 1000) % 10**9}",
@@ -144,8 +147,7 @@ class Hub:
         self._stop.set()
         self._live = False
         if self.node is not None:
-            self.node._stop.set()
-            self.node.service.stop()
+            self.node.stop(announce=False)
         if self.sun_node is not None:
             self.sun_node.stop(announce=False)
             if self._sun_link is not self.link:

@@ -170,8 +170,9 @@ def test_broker_errors_are_clear(monkeypatch, mosquitto):
     for cls in (B.MosquittoBroker, B.EmbeddedBroker):
         with pytest.raises(B.BrokerError, match="cannot listen"):
             cls(port=mosquitto.port).start(timeout=3)         # the port is taken
-    monkeypatch.setattr(B.shutil, "which", lambda name: None)
-    monkeypatch.setattr(B.os, "access", lambda path, mode: False)
+    import server.mosquitto as M
+    monkeypatch.setattr(M.shutil, "which", lambda name: None)
+    monkeypatch.setattr(M.os, "access", lambda path, mode: False)
     with pytest.raises(B.BrokerError, match="apt-get install mosquitto"):
         B.MosquittoBroker()
 

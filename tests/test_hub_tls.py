@@ -1,0 +1,107 @@
+"""The hub beyond loopback: `edge-hub certs`, `edge-hub serve --listen ... --tls-dir`, and an
+`edge-agent run` target over mqtts:// with its client certificate -- real processes, a real
+Mosquitto. A client without a certificate, with a certificate of another CA, or with another
+device's certificate gets nothing of this device's session. (127.0.0.2 is a loopback address
+that is not the hub's own 127.0.0.1 listener, so the TLS listener is the only way in.)"""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from edge.link import LinkError, MqttLink
+from server.broker import find_free_port
+from server.certs import make_certs
+from test_cli_wiring import BIN, MAX_NEW, PROMPT, Procs, _hf_model
+
+ADDR = "127.0.0.2"
+
+
+@pytest.fixture(scope="module")
+def tls_star(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tls")
+    model = _hf_model(root / "tiny-hf")
+    certs = root / "certs"
+    r = subprocess.run([BIN / "edge-hub", "certs", "--out", certs, "--host", ADDR, "--device", "dev1",
+                        "--device", "dev2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    port = find_free_port(ADDR)
+    ps = Procs(root)
+    common = ["--threads", "1", "--dtype", "float64"]
+    try:
+        ps.start("hub", BIN / "edge-hub", "serve", "--mosquitto", "--acl", "--port", find_free_port(),
+                 "--tls-dir", certs, "--listen", f"{ADDR}:{port}", "--draft-model", model,
+                 "--stats-every", "0", "--user", "dev1", "--user", "dev2", *common)
+        ps.wait_for("hub", f"devices: mqtts://{ADDR}:{port}")
+        yield ps, f"mqtts://{ADDR}:{port}", certs, model, common
+    finally:
+        ps.close()
+
+
+def test_certs_are_idempotent_and_name_the_client(tmp_path):
+    from server.certs import client_files, common_name
+    assert make_certs(tmp_path, ["hub.local"], ["jetson1"])
+    assert make_certs(tmp_path, ["hub.local"], ["jetson1"]) == []            # nothing new
+    assert common_name(client_files(tmp_path, "jetson1").cert) == "jetson1"
+    assert make_certs(tmp_path, ["hub.local"], ["jetson2"]) == [str(tmp_path / "clients" / "jetson2.crt"),
+                                                               str(tmp_path / "clients" / "jetson2.key")]
+
+
+def test_a_target_over_tls_decodes_its_plain_greedy_text(tls_star):
+    from edge.engines.loader import open_model
+    from edge.generate import generate_plain
+    ps, url, certs, model, common = tls_star
+    ps.start("target", BIN / "edge-agent", "run", "--role", "target", "--hub", url, "--tls-dir", certs,
+             "--client-id", "dev1", "--model", model, "--prompt", PROMPT, "-n", MAX_NEW, "-g", "3", *common)
+    engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
+    ids = tok.encode(PROMPT, add_special=True)
+    ref = generate_plain(engine, ids, MAX_NEW, stop_ids=tuple(tok.eos_ids)).tokens
+    stream = tok.decode_stream(skip_special=True)
+    assert ps.procs["target"].wait(90) == 0, ps.err("target")
+    assert ps.out("target") == "".join(stream.put(t) for t in ref)
+    err = ps.err("target")
+    assert "joined the star" in err, err
+    assert int(err.split("answered ")[1].split("/")[0]) > 0, err
+
+
+def test_without_the_right_certificate_a_client_gets_nothing(tls_star, tmp_path, inbox):
+    _, url, certs, _, _ = tls_star
+    ca = str(certs / "ca.crt")
+    with pytest.raises(LinkError):                                       # no client certificate
+        MqttLink(url, tls=(ca, None, None)).connect(3)
+    other = tmp_path / "other-ca"
+    make_certs(other, [ADDR], ["dev1"])                                 # same CN, another CA
+    with pytest.raises(LinkError):
+        MqttLink(url, tls=(ca, str(other / "clients" / "dev1.crt"), str(other / "clients" / "dev1.key"))).connect(3)
+    with pytest.raises(LinkError):                                       # plain MQTT on the TLS port
+        MqttLink(url.replace("mqtts://", "mqtt://")).connect(3)
+    # dev2's own certificate: admitted, but dev1's session topics never reach it
+    spy = inbox()
+    link = MqttLink(url, tls=(ca, str(certs / "clients" / "dev2.crt"), str(certs / "clients" / "dev2.key"))).connect(5)
+    try:
+        link.subscribe("ss/s/dev1/#", spy)
+        link.subscribe("ss/c/dev1/joined", spy)
+        dev1 = MqttLink(url, tls=(ca, str(certs / "clients" / "dev1.crt"), str(certs / "clients" / "dev1.key"))).connect(5)
+        try:
+            own = inbox()
+            assert dev1.subscribe("ss/s/dev1/s1/hub/down", own)
+            dev1.publish("ss/s/dev1/s1/hub/up", b"x", "draft")             # its own topic: allowed
+            dev1.publish("ss/s/dev1/s1/hub/down", b"y", "draft")           # (the ACL lets a client write only up)
+            time.sleep(0.5)
+        finally:
+            dev1.close()
+        assert spy.items == []
+    finally:
+        link.close()
+
+
+def test_listening_beyond_loopback_needs_acl_and_tls_unless_insecure(tmp_path):
+    from server.cli import main
+    r = CliRunner().invoke(main, ["serve", "--listen", "192.0.2.10:1883"])
+    assert r.exit_code == 2 and "needs authentication and TLS" in r.output and "--insecure" in r.output, r.output
+    r = CliRunner().invoke(main, ["serve", "--acl", "--listen", "192.0.2.10"])
+    assert r.exit_code == 2 and "--tls-dir" in r.output, r.output
+    r = CliRunner().invoke(main, ["serve", "--acl", "--tls-dir", str(tmp_path), "--listen", "192.0.2.10"])
+    assert r.exit_code == 2 and "edge-hub certs" in r.output, r.output          # an empty dir: say how to make it

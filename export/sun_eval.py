@@ -166,7 +166,7 @@ def synthetic_suite(n_train: int = 20000, n_eval: int = 200, seed: int = 0,
     return out
 
 
-# The synthetic suite's training budget (tests/test_sun_tuning.py explains the margins it
+# The synthetic suite's training budget (tests/system/test_sun_tuning.py explains the margins it
 # gives; ~150 s of one core): full FT 300 steps, SUN 600, QSUN 100 more from SUN.
 SYNTHETIC_TABLE = TableConfig(
     full=TuneConfig(mode="full", steps=300, lr=3e-3, batch_size=64, warmup=20, seed=0),

@@ -8,10 +8,15 @@ it, with the install hint: CI installs it, so a skip would hide a broken setup.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
+
+# tests/helpers: tiny models, table engines, goodness-of-fit tools (importable from every layer)
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 
 
 
@@ -181,3 +186,39 @@ def pytest_runtest_makereport(item, call):
         if not any(w in reason for w in ("GPU", "CUDA", "cuda")):
             rep.outcome = "failed"
             rep.longrepr = f"skipped under `make test`, where everything must be installed: {reason}"
+
+
+# --- markers: `pytest -m "not slow"` is the quick inner loop; `make test` runs everything ------
+# broker: needs a real MQTT broker (Mosquitto or the embedded one); llamacpp: llama-cpp-python;
+# real_model: the fetched GGUF models (make test-models); slow: tens of seconds or more.
+_BROKER = {"test_draft_service", "test_seed_streams", "test_seed_streams_sun", "test_broker_acl",
+           "test_broker_lifecycle", "test_cli_backends", "test_cli_wiring", "test_hub_faults", "test_hub_tls",
+           "test_link", "test_openai_http", "test_starsd_mqtt", "test_sun_http", "test_sun_mqtt",
+           "test_star_demo", "test_sun_demo"}
+_LLAMACPP = {"test_bundle", "test_engines_matrix", "test_gguf_export", "test_gguf_smoke", "test_llamacpp_kv",
+             "test_model_reference", "test_torch_free_roles", "test_cli_backends", "test_cli_generate",
+             "test_memory_plan_cli", "test_memory_plan", "test_tokenizer"}
+_REAL_MODEL = {"test_gguf_export", "test_gguf_smoke", "test_model_reference", "test_onnx_export",
+               "test_torch_free_roles", "test_cli_generate", "test_memory_plan_cli", "test_checkpoint",
+               "test_tokenizer"}
+_SLOW = _REAL_MODEL | {"test_sun_tuning", "test_cli_wiring", "test_cli_backends", "test_hub_tls",
+                       "test_seed_streams", "test_seed_streams_sun", "test_star_demo", "test_sun_demo",
+                       "test_hub_faults", "test_engines_matrix", "test_bundle", "test_sun_mqtt"}
+
+
+def pytest_configure(config):
+    for name, what in (("broker", "needs a real MQTT broker"), ("llamacpp", "needs llama-cpp-python"),
+                       ("real_model", "needs the fetched real models (make test-models)"),
+                       ("slow", "takes tens of seconds or more; make test runs it")):
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        mod = item.module.__name__.rsplit(".", 1)[-1]
+        for name, mods in (("broker", _BROKER), ("llamacpp", _LLAMACPP), ("real_model", _REAL_MODEL),
+                           ("slow", _SLOW)):
+            if mod in mods:
+                item.add_marker(name)
+        if {"mosquitto", "mosquitto_acl", "embedded_broker"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker("broker")

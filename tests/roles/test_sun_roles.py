@@ -22,7 +22,7 @@ from export.tune import build_decoder, save_decoder
 
 from tiny_models import random_model, specialist
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def prompts(n, seed=1):

@@ -15,7 +15,7 @@ import pytest
 from server.broker import find_free_port
 from server.mosquitto import MosquittoBroker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 PARENT = """
 import sys, threading, time

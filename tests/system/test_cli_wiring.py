@@ -25,7 +25,7 @@ from edge.link import MqttLink
 from edge.model import Transformer, tiny_config
 from edge.roles.sun_client import SunClient, SunRequestError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 PW = "pw-for-tests"
 PROMPT = "the the he"

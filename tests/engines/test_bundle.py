@@ -193,7 +193,7 @@ def test_qsun_decoder_served_from_a_q4_0_gguf(exports, tmp_path):
     """QSUN on llama.cpp: the int4 decoder bundled as a Q4_0 GGUF admits a specialist's KV blob.
 
     Its weights are the int4 grid the prefill was tuned against (Q4_0 holds it exactly,
-    tests/test_quant.py); llama.cpp multiplies them with 8-bit activations, so the
+    tests/unit/test_quant.py); llama.cpp multiplies them with 8-bit activations, so the
     continuation is compared with the torch int4 decoder by agreement, not equality."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install .[llama])")
     from edge.roles.decoder import SharedDecoder

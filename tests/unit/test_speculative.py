@@ -66,7 +66,7 @@ def test_verify_stochastic_errors():
 
 
 def test_verify_stochastic_first_token_follows_p():
-    # Quick single-position check; tests/test_lossless.py does whole sequences.
+    # Quick single-position check; tests/unit/test_lossless.py does whole sequences.
     p = np.array([[0.1, 0.6, 0.1, 0.2], [0.25] * 4])
     q = np.array([0.7, 0.0, 0.1, 0.2])      # bad draft: never proposes p's favourite
     rng = np.random.default_rng(5)

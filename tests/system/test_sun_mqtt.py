@@ -32,7 +32,7 @@ from server.sun_router import SunRouter
 from tiny_models import random_model, specialist
 
 torch.set_num_threads(1)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = ("maths", "code", "tools")
 KEY = b"k" * 32                                   # the deployment's ctl key
 

@@ -30,7 +30,7 @@ from edge.sampling import SamplingParams, to_probs
 from server.sun_router import SunRouter
 
 from table_engine import TableEngine
-from test_lossless import chi_square, critical_value
+from goodness_of_fit import chi_square, critical_value
 
 FP = "table-decoder"
 PROMPT = [1, 3, 0]

@@ -38,6 +38,12 @@ from edge.wire_fields import (CODE, FINGERPRINT, GAMMA, ID, ID_OR_EMPTY, MAX_GAM
                               check_sampling, decode_array, encode_array, id_list, integer, number, one_of,
                               raw_bytes, secret_bytes, sparse_q, split_q, token_ids, wire_q, _short)
 
+# the topic table (edge/topics.py) is part of the wire format: its names are used from here too
+from edge.topics import (  # noqa: F401,E402
+    DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, SUN_PREFIX, SUN_REQ_SUB, SUN_WORKERS_SUB, TOPICS, down_topic,
+    draft_ctl_topic, draft_hello_topic, join_topic, joined_topic, parse_topic, session_up_sub, subscription,
+    sun_ctl_topic, sun_hello_topic, sun_kv_topic, sun_req_topic, sun_stream_sub, sun_stream_topic, topic, up_topic)
+
 PROTOCOL_VERSION = 1
 
 # ---- message limits (the field limits live with the checkers, edge/wire_fields.py) ----
@@ -64,95 +70,6 @@ E_NO_DECODER = "no_decoder"             # SUN: no decoder fits the task's KV (fi
 E_REFUSED = "refused"                   # SUN: the decoder refused the KV blob (reason in message)
 E_TIMEOUT = "timeout"                   # SUN: the KV cache never arrived at the decoder
 E_WORKER_LOST = "worker_lost"           # SUN: the request's decoder went offline mid-request: resend
-
-# ---- topics: this table is the grammar; `topic` builds, `subscription` wildcards, `parse_topic` reads ----
-TOPICS = {
-    "join":        "ss/hub/join/{client}",         # target -> hub: Join (the ACL: a client writes only its own)
-    "joined":      "ss/c/{client}/joined",         # hub -> target: Joined
-    "up":          "ss/s/{client}/{sid}/{service}/up",    # target -> draft service: DraftRequest, Bye
-    "down":        "ss/s/{client}/{sid}/{service}/down",  # draft service -> target: DraftResponse, Error
-    "status":      "ss/hub/status",                # hub, retained: HubStatus (last will: online=False)
-    "draft_hello": "ss/hub/drafts/{service}",      # draft service -> hub, retained: DraftHello
-    "draft_ctl":   "ss/d/{service}/ctl",           # hub -> draft service: SessionAssign, SessionRelease
-    "sun_req":     "ss/sun/req/{client}",          # client -> router: SunRequest
-    "sun_hello":   "ss/sun/workers/{worker}",      # SUN worker -> router, retained: SunHello
-    "sun_ctl":     "ss/sun/w/{worker}/ctl",        # router -> worker: PrefillJob, DecodeAssign
-    "sun_kv":      "ss/sun/w/{worker}/kv",         # prefill -> decoder: KVChunk, Error
-    "sun_stream":  "ss/sun/r/{client}/{rid}",      # workers -> client: SunTokens, Error
-}
-_ID_NAMES = {"client": "client id", "sid": "session id", "service": "service id", "worker": "worker id",
-             "rid": "request id"}
-_PATTERNS = {kind: pat.split("/") for kind, pat in TOPICS.items()}
-SUN_PREFIX = "ss/sun"                     # reserved: SUN prefill/decoder routing
-
-
-def _slots(kind: str) -> list[str]:
-    return [p[1:-1] for p in _PATTERNS[kind] if p.startswith("{")]
-
-
-def topic(kind: str, *ids: str) -> str:
-    """The topic of `kind` with its ids in the table's order, each checked."""
-    names = _slots(kind)
-    if len(ids) != len(names):
-        raise TypeError(f"topic {kind!r} takes {names}, got {len(ids)} ids")
-    vals = {n: check_id(v, _ID_NAMES[n]) for n, v in zip(names, ids)}
-    return TOPICS[kind].format(**vals)
-
-
-def subscription(kind: str, **ids: str) -> str:
-    """The topic of `kind` with the ids not given as MQTT's single-level wildcard."""
-    vals = {n: check_id(ids[n], _ID_NAMES[n]) if n in ids else "+" for n in _slots(kind)}
-    return TOPICS[kind].format(**vals)
-
-
-def parse_topic(name: str) -> tuple[str, dict[str, str]]:
-    """(kind, ids) of a StarSD / SUN topic; raises ProtocolError for anything else."""
-    parts = name.split("/")
-    for kind, pat in _PATTERNS.items():
-        if len(pat) != len(parts):
-            continue
-        ids = {}
-        for p, v in zip(pat, parts):
-            if p.startswith("{"):
-                ids[p[1:-1]] = v
-            elif p != v:
-                break
-        else:
-            try:
-                return kind, {k: check_id(v) for k, v in ids.items()}
-            except ProtocolError:
-                break
-    raise ProtocolError(f"not a StarSD topic: {name!r}", "format")
-
-
-def _builder(kind: str) -> Callable[..., str]:
-    def build(*ids: str) -> str:
-        return topic(kind, *ids)
-    build.__name__ = f"{kind}_topic"
-    build.__doc__ = f"{TOPICS[kind]}"
-    return build
-
-
-join_topic, joined_topic = _builder("join"), _builder("joined")
-up_topic, down_topic = _builder("up"), _builder("down")
-draft_hello_topic, draft_ctl_topic = _builder("draft_hello"), _builder("draft_ctl")
-sun_req_topic, sun_stream_topic = _builder("sun_req"), _builder("sun_stream")
-sun_hello_topic, sun_ctl_topic, sun_kv_topic = _builder("sun_hello"), _builder("sun_ctl"), _builder("sun_kv")
-STATUS_TOPIC = TOPICS["status"]
-JOIN_SUB = subscription("join")                 # the hub subscribes here
-DRAFTS_SUB = subscription("draft_hello")        # the hub watches draft services here
-SUN_REQ_SUB = subscription("sun_req")           # the router subscribes here
-SUN_WORKERS_SUB = subscription("sun_hello")     # the router watches SUN workers here
-
-
-def session_up_sub(service: str) -> str:
-    """What a draft service subscribes to: the up topics of the sessions assigned to it."""
-    return subscription("up", service=service)
-
-
-def sun_stream_sub(client: str) -> str:
-    return subscription("sun_stream", client=client)
-
 
 def new_secret() -> bytes:
     return _secrets.token_bytes(32)

@@ -141,7 +141,7 @@ def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_id
              ctl_key=None) -> None:
     from edge.engines.base import EngineError
     from edge.link import LinkError
-    from edge.sun import SunError
+    from edge.sun_error import SunError
 
     try:
         node = open_node(role, link, directory, worker_id, task=task, threads=threads, max_batch=max_batch,

@@ -21,14 +21,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from edge.model import ModelConfig, Transformer
+from edge.sun_error import SunError  # noqa: F401  (torch-free: the llama.cpp / onnx roles raise it too)
 
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
 PRECISIONS = ("fp32", "int4")
-
-
-class SunError(ValueError):
-    """A SUN artifact that is missing, malformed, or made for another decoder."""
 
 
 def weights_fingerprint(model: Transformer, precision: str = "fp32") -> str:

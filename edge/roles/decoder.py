@@ -30,7 +30,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine, EngineError
-from edge.kv import KVError, SequenceKV
+from edge.kv_blob import KVError, read_header
 from edge.roles.isolated_step import step_isolated
 from edge.sampling import GREEDY, Role, SamplingParams, pick, role_rng
 
@@ -110,7 +110,7 @@ class SharedDecoder:
     def from_dir(cls, directory, threads: Optional[int] = None, backend: str = "torch", **kw) -> "SharedDecoder":
         """Load a decoder saved by export.tune.save_decoder (its weights must match its fingerprint),
         or its decoder artifact from a bundle on backend onnx/llamacpp."""
-        from edge.sun import SunError, check_fingerprint, load_module
+        from edge.sun_error import SunError
         if backend != "torch":
             from edge.roles.prefill import _bundle_engine
             # a llama.cpp context holds a fixed number of sequences: one per batch row
@@ -121,6 +121,7 @@ class SharedDecoder:
                                "bundle the decoder's directory (edge-export tune writes it)")
             return cls(engine, **kw)
         from edge.engines.torch_engine import TorchEngine
+        from edge.sun import check_fingerprint, load_module
         model, man = load_module(directory)
         fp = check_fingerprint(model, man)
         return cls(TorchEngine(model, fingerprint=fp, threads=threads), **kw)
@@ -132,7 +133,7 @@ class SharedDecoder:
               on_token: Optional[Callable[[TokenEvent], None]] = None) -> str:
         """Queue a prefilled sequence; returns its request id. Raises AdmissionError when refused."""
         try:
-            head = SequenceKV.read_header(bytes(blob))
+            head = read_header(bytes(blob))
         except (KVError, TypeError) as e:
             self.refused += 1
             raise AdmissionError(f"{self.name}: KV blob refused: {e}") from None

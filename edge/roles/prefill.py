@@ -69,7 +69,7 @@ class PrefillWorker:
                  kv_dtype: str = "float16", backend: str = "torch") -> "PrefillWorker":
         """Load a specialist written by `edge-export tune` (SUN, QSUN or full-FT), or its prefill
         artifact from a bundle (`edge-export bundle DIR OUT --onnx prefill`) on backend onnx/llamacpp."""
-        from edge.sun import SunError, load_module
+        from edge.sun_error import SunError
         if backend != "torch":
             engine = _bundle_engine(directory, backend, "prefill", threads)
             fp = engine.artifact.get("decoder_fingerprint")
@@ -78,6 +78,7 @@ class PrefillWorker:
                                "(no decoder fingerprint); bundle the specialist's directory")
             return cls(engine, task or engine.artifact.get("task") or "task", kv_dtype=kv_dtype)
         from edge.engines.torch_engine import TorchEngine
+        from edge.sun import load_module
         model, man = load_module(directory)
         fp = man.get("decoder_fingerprint")
         if not fp:
@@ -145,7 +146,7 @@ def _bundle_engine(directory, backend: str, role: str, threads: Optional[int], *
     from pathlib import Path
 
     from edge.engines.loader import load_engine
-    from edge.sun import SunError
+    from edge.sun_error import SunError
     if not (Path(directory) / "manifest.json").is_file():
         raise SunError(f"{directory}: backend {backend!r} runs exported artifacts; make a bundle with "
                        f"`edge-export bundle {directory} OUT --onnx {role}` and pass OUT")

@@ -67,3 +67,38 @@ def test_real_llamacpp_target_does_not_import_torch():
         pytest.skip("SmolLM2-135M is not fetched: `make models`")
     got = _run(p, "llamacpp")
     assert got["torch"] is False and got["capacity"] == 1
+
+
+SUN_SCRIPT = r"""
+import json, sys
+import edge.agent_run, edge.link, edge.roles.decoder_node, edge.roles.prefill_node   # what `edge-agent run` loads
+from edge.roles.decoder import SharedDecoder
+from edge.roles.prefill import PrefillWorker
+bundle = sys.argv[1]
+worker = PrefillWorker.from_dir(bundle, task="t", backend="llamacpp", kv_dtype="float32")
+decoder = SharedDecoder.from_dir(bundle, backend="llamacpp", max_batch=2)
+decoder.admit(worker.prefill([5, 6, 7, 8], request_id="r0").blob, max_new=4)
+got = decoder.run()
+print("RESULT " + json.dumps({"torch": "torch" in sys.modules, "tokens": len(got["r0"].tokens)}))
+"""
+
+
+def test_sun_roles_on_llamacpp_do_not_import_torch(exports, tmp_path):
+    """A QSUN prefill worker and shared decoder from a GGUF bundle: no torch in the process."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
+    from edge.sun import save_module
+    from export.bundle import build_bundle
+    from export.tune import build_decoder, save_decoder
+    qdec, qfp = build_decoder(exports.model("llama", 1), "int4")
+    save_decoder(tmp_path / "dec", qdec, "int4", qfp)
+    save_module(tmp_path / "pre", exports.model("llama", 0), {"kind": "sun-prefill", "decoder_fingerprint": qfp,
+                                                             "decoder_precision": "int4", "task": "t"})
+    out, quiet, tok = tmp_path / "qsun", (lambda *_: None), exports.tokenizer()
+    build_bundle(tmp_path / "dec", out, onnx_graphs=(), gguf_types=("Q4_0",), tokenizer=tok, log=quiet)
+    build_bundle(tmp_path / "pre", out, onnx_graphs=(), gguf_types=("F32",), tokenizer=tok, log=quiet)
+    r = subprocess.run([sys.executable, "-c", SUN_SCRIPT, str(out)], capture_output=True, text=True, cwd=REPO,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+    assert got["torch"] is False
+    assert got["tokens"] == 4

@@ -33,6 +33,7 @@ of sampling mode. So a seed fixes nothing about the proposals through the star
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import threading
@@ -105,6 +106,11 @@ class DraftService:
                  clock: Callable[[], float] = time.monotonic, name: str = "draft"):
         self.engine = engine
         self.limits = limits or DraftLimits()
+        cap = getattr(engine, "capacity", None)
+        if cap is not None and cap < self.limits.max_sessions:
+            # an engine that holds a fixed number of sequences (llama.cpp's n_seq_max): a session
+            # past it would fail mid-request, so the service refuses it at open (and its hello says so)
+            self.limits = dataclasses.replace(self.limits, max_sessions=int(cap))
         self.clock = clock
         self.name = name
         self.vocab_size = engine.vocab_size

@@ -151,6 +151,23 @@ def test_session_and_kv_limits():
     assert out["b"][-1].code == E_OVERLOADED and "KV memory limit" in out["b"][-1].message
 
 
+def test_an_engine_that_holds_fewer_sequences_caps_the_sessions():
+    """llama.cpp holds n_seq_max sequences: the service refuses the next session at open (and its
+    hello says so), instead of failing inside a request. A bye frees the slot for the next one."""
+    engine = make_engine()
+    engine.capacity = 2
+    svc = DraftService(engine, DraftLimits(ahead=False, max_sessions=64))
+    assert svc.limits.max_sessions == 2
+    svc.open("a")
+    svc.open("b")
+    with pytest.raises(DraftRefused, match="limit of 2 sessions"):
+        svc.open("c")
+    assert svc.stats.counters["refused_sessions"] == 1
+    svc.close("b")
+    svc.open("c")
+    assert sorted(svc.sessions()) == ["a", "c"]
+
+
 def test_bye_and_silence_free_the_kv():
     clock = FakeClock()
     svc, out = service(DraftLimits(ahead=False, evict_after_s=10), clock=clock)

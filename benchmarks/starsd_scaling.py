@@ -78,6 +78,8 @@ def args_of(argv=None):
     ap.add_argument("--ahead", action="store_true", help="let the draft service draft ahead when idle")
     ap.add_argument("--prompt-tokens", type=int, default=128, help="longest prompt (chat template included)")
     ap.add_argument("--reps", type=int, help="repeats per batch size of the draft service micro-benchmark")
+    ap.add_argument("--pin", action="store_true", help="cores as devices: the hub + draft service (this "
+                    "process, 1 draft thread) on core 1, every emulated target on core 0")
     ap.add_argument("--out", default=str(RESULTS / "starsd_scaling"))
     a = ap.parse_args(argv)
     q = a.quick
@@ -87,6 +89,8 @@ def args_of(argv=None):
     a.real_targets = a.real_targets if a.real_targets is not None else ([] if q else [2])
     a.reps = a.reps or (2 if q else 5)
     a.verify = {int(k): float(v) for k, v in (kv.split("=") for kv in a.verify_cost.split(",") if kv)}
+    if a.pin:
+        a.draft_threads = 1
     return a
 
 
@@ -245,7 +249,7 @@ def base_spec(a, mode: str, n: int, prompts, timing, alpha, vocab, fp, url=None,
     return {"mode": mode, "n": n, "gamma": a.gamma, "url": url, "tokenizer_fp": fp, "vocab_size": vocab,
             "prompts": prompts, "timing": timing.to_dict(), "alpha": alpha, "seed": n,
             "warmup_s": a.warmup, "seconds": a.seconds, "max_len": 1400, "deadline": a.deadline,
-            "real": real, "stop_ids": [], "ready_timeout_s": 900}
+            "real": real, "stop_ids": [], "ready_timeout_s": 900, "cpus": [0] if a.pin else None}
 
 
 def stretch(spec: dict, d_ms: float, r_ms: float, a) -> dict:
@@ -263,6 +267,8 @@ def main(argv=None) -> None:
     from benchmarks.starsd_report import planner_predictions, write_outputs
 
     a = args_of(argv)
+    if a.pin:                  # before the draft loads: llama.cpp's threads inherit this affinity
+        os.sched_setaffinity(0, {1})
     t_begin = time.time()
     load0 = os.getloadavg()
     timing = DeviceTiming.from_profile(a.profile, a.net_rtt_ms, a.time_scale, a.verify)

@@ -245,6 +245,8 @@ class TargetProcess:
 
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
+    if spec.get("cpus"):       # the targets' "device" (benchmarks/starsd_scaling.py --pin)
+        os.sched_setaffinity(0, set(spec["cpus"]))
     res = run(spec)
     _say("RESULT " + json.dumps(res))
     sys.stdout.flush()

@@ -1,0 +1,226 @@
+"""The model-free suffix draft vs n-gram prompt lookup and the 0.5B model draft, co-located.
+
+Where text repeats -- function calling (BFCL), code edits (HumanEval functions to
+rewrite), MT-bench second turns -- and on plain MT-bench first turns, with the llama.cpp
+target Qwen2.5-Coder-1.5B on this machine, greedy. Modes per prompt: target-only, n-gram
+(NgramDrafter), suffix (SuffixDrafter; ONE fleet tree per workload, so later prompts learn
+from earlier outputs as the hub's service does), the 0.5B model draft, and the hybrid
+(the suffix proposal when its score >= --min-score, else the model's). Per prompt:
+acceptance, tokens per verify call, end-to-end tok/s and its ratio to the same prompt's
+target-only run (and of decode tok/s alone: the target's and the model draft's prefill
+excluded), whether the text equals target-only (llama.cpp's multi-token verify may
+split greedy texts at near-ties), and the drafter's own time per call. Medians per
+workload x mode go in the table.
+
+  python benchmarks/suffix_draft.py                                   # 8 prompts a workload, 128 tokens
+  python benchmarks/suffix_draft.py --prompts 2 --max-new 24 --out /tmp/sfx   # a quick check
+Writes OUT/suffix_draft.{json,png,md} (OUT: benchmarks/results). Run it on quiet cores:
+the speedups are ratios of wall times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import repetitive_workloads as wl  # noqa: E402
+from edge.drafter import Drafter  # noqa: E402
+from edge.fetch import model_path  # noqa: E402
+from edge.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
+from edge.ngram import NgramDrafter  # noqa: E402
+from edge.sampling import SamplingParams  # noqa: E402
+from edge.suffix_drafter import SuffixConfig, SuffixDrafter  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GREEDY = SamplingParams(temperature=0.0)
+WORKLOADS = ("bfcl", "edits", "multiturn", "mtbench")
+MODES = ("ngram", "suffix", "model", "hybrid")
+
+
+class LocalHybrid(Drafter):
+    """The hub's hybrid on one machine: the suffix proposal when it scores high, else the model's."""
+    name = "hybrid"
+
+    def __init__(self, suffix: SuffixDrafter, model: ModelDrafter, min_score: float):
+        self.suffix, self.model, self.min_score = suffix, model, min_score
+        self.vocab_size = model.vocab_size
+        self.answers = {"suffix": 0, "model": 0}
+
+    def prefill(self, prompt):
+        self.suffix.prefill(prompt)
+        return self.model.prefill(prompt)
+
+    def draft(self, context, gamma, rng=None):
+        toks, qs = self.suffix.draft(context, gamma, rng)
+        if toks and self.suffix.ctx.last.score >= self.min_score:
+            self.answers["suffix"] += 1
+            return toks, qs
+        self.answers["model"] += 1
+        return self.model.draft(context, gamma, rng)
+
+    def close(self):
+        self.model.close()
+
+
+def load(name: str, threads: int):
+    from edge.engines.llamacpp_engine import LlamaCppEngine
+    from edge.tokenizer import Tokenizer
+    return (LlamaCppEngine(model_path(name), max_len=4096, n_seq_max=2, threads=threads),
+            Tokenizer.from_gguf(model_path(name)))
+
+
+def e2e(r) -> float:
+    return r.n_generated / r.wall_s if r.wall_s > 0 else 0.0
+
+
+def draft_ms(r) -> float:
+    ts = [t.seconds for t in r.timings if t.kind == "draft"]
+    return 1e3 * statistics.mean(ts) if ts else 0.0
+
+
+def prompts_of(workload: str, n: int, target, tok, args):
+    if workload == "bfcl":
+        cases = wl.bfcl(n)
+    elif workload == "edits":
+        cases = wl.code_edits(n)
+    elif workload == "mtbench":
+        cases = wl.mtbench_first(n)
+    else:
+        def first_answer(messages):      # the target's own first answer, as a chat would hold it
+            ids = tok.encode(tok.apply_chat_template(messages))
+            r = generate_plain(target, ids, args.turn1_tokens, GREEDY, stop_ids=tuple(tok.eos_ids))
+            return tok.decode(r.tokens, skip_special=True)
+        cases = wl.mtbench_second(n, first_answer)
+    out = []
+    for messages, tools in cases:
+        text = tok.apply_chat_template(messages, tools=tools) if tools else tok.apply_chat_template(messages)
+        out.append(tok.encode(text))
+    return out
+
+
+def run_workload(workload, target, draft, tok, args):
+    cfg = SuffixConfig(min_prob=args.min_prob)
+    fleet, fleet_h = cfg.global_tree(), cfg.global_tree()   # one per mode: each learns only its own runs
+    rows = []
+    stops = tuple(tok.eos_ids)
+    for i, ids in enumerate(prompts_of(workload, args.prompts, target, tok, args)):
+        base = generate_plain(target, ids, args.max_new, GREEDY, stop_ids=stops)
+        rows.append(dict(workload=workload, mode="target-only", prompt=i, prompt_tokens=len(ids), tps=e2e(base),
+                         decode_tps=base.tokens_per_s, ratio=1.0, decode_ratio=1.0, accept=None, tpv=1.0, same=True, draft_ms=0.0))
+        for mode in args.modes:
+            if mode == "ngram":
+                d = NgramDrafter()
+            elif mode == "suffix":
+                d = SuffixDrafter(cfg, fleet)
+            elif mode == "model":
+                d = ModelDrafter(draft, GREEDY)
+            else:
+                d = LocalHybrid(SuffixDrafter(cfg, fleet_h), ModelDrafter(draft, GREEDY), args.min_score)
+            r = generate_speculative(target, d, ids, args.max_new, args.gamma, GREEDY, stop_ids=stops)
+            extra = dict(d.answers) if isinstance(d, LocalHybrid) else {}
+            d.close()
+            rows.append(dict(workload=workload, mode=mode, prompt=i, prompt_tokens=len(ids), tps=e2e(r),
+                             decode_tps=r.tokens_per_s, ratio=e2e(r) / e2e(base),
+                             decode_ratio=r.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0,
+                             accept=r.acceptance_rate,
+                             tpv=r.tokens_per_verify, same=r.tokens == base.tokens, draft_ms=draft_ms(r), **extra))
+        n = len(args.modes)
+        print(f"[{workload}] prompt {i} ({len(ids)} tokens): target-only {e2e(base):.2f} tok/s; "
+              + ", ".join(f"{x['mode']} {x['ratio']:.2f}x acc {x['accept']:.2f} tpv {x['tpv']:.2f}"
+                          for x in rows[-n:]), flush=True)
+    return rows, {"fleet_nodes": len(fleet), "fleet_sequences": len(fleet.keys())}
+
+
+def summarise(rows):
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["mode"]), []).append(r)
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    return [dict(workload=w, mode=m, n=len(rs), tps=med([r["tps"] for r in rs]),
+                 ratio=med([r["ratio"] for r in rs]), decode_ratio=med([r["decode_ratio"] for r in rs]),
+                 accept=med([r["accept"] for r in rs if r["accept"] is not None]),
+                 tpv=med([r["tpv"] for r in rs]), draft_ms=med([r["draft_ms"] for r in rs]),
+                 same=sum(r["same"] for r in rs))
+            for (w, m), rs in groups.items()]
+
+
+def write(table, rows, fleets, args):
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = dict(machine=platform.processor() or platform.machine(), cores=os.cpu_count(),
+                loadavg=os.getloadavg(), prompts=args.prompts, max_new=args.max_new, gamma=args.gamma,
+                threads=args.threads, min_score=args.min_score, min_prob=args.min_prob,
+                date=time.strftime("%F %T"), note=args.note)
+    (out / "suffix_draft.json").write_text(json.dumps(dict(meta=meta, table=table, fleets=fleets, rows=rows),
+                                                      indent=1, default=str))
+    f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    lines = [f"# Suffix draft vs n-gram vs the 0.5B model draft (llama.cpp, Qwen2.5-Coder-1.5B target, "
+             f"greedy, γ={args.gamma}, {args.max_new} new tokens, {args.threads} threads, medians over "
+             f"{args.prompts} prompts a workload)\n",
+             f"Load average at the end: {', '.join(f'{x:.1f}' for x in meta['loadavg'])}. {args.note}\n",
+             "| workload | mode | tok/s (end to end) | vs target-only | decode only: vs target-only | accept | "
+             "tok/verify | draft ms/call | text == target-only |", "|---|---|---|---|---|---|---|---|---|"]
+    for t in table:
+        lines.append(f"| {t['workload']} | {t['mode']} | {t['tps']:.2f} | {t['ratio']:.2f}x | "
+                     f"{t['decode_ratio']:.2f}x | {f(t['accept'])} | "
+                     f"{f(t['tpv'])} | {f(t['draft_ms'])} | {t['same']}/{t['n']} |")
+    lines.append("\nFleet trees at the end (suffix mode): " + ", ".join(
+        f"{w}: {v['fleet_nodes']} nodes over {v['fleet_sequences']} sequences" for w, v in fleets.items()))
+    (out / "suffix_draft.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    works = [w for w in WORKLOADS if any(t["workload"] == w for t in table)]
+    modes = [m for m in MODES if any(t["mode"] == m for t in table)]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    width = 0.8 / max(1, len(modes))
+    for j, m in enumerate(modes):
+        vals = [next((t["ratio"] for t in table if t["workload"] == w and t["mode"] == m), 0) for w in works]
+        ax.bar([i + j * width for i in range(len(works))], vals, width, label=m)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(works))], works)
+    ax.set_ylabel("speedup vs target-only (median)")
+    ax.set_title(f"Co-located drafting, llama.cpp 1.5B target, γ={args.gamma}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "suffix_draft.png", dpi=110)
+    print((out / "suffix_draft.md").read_text())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per workload")
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--gamma", type=int, default=4, help="the most tokens any drafter proposes a round")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {','.join(WORKLOADS)}")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"some of {','.join(MODES)}")
+    ap.add_argument("--min-score", type=float, default=1.5, help="hybrid: suffix answers at this score")
+    ap.add_argument("--min-prob", type=float, default=0.1, help="suffix: path probability cut-off")
+    ap.add_argument("--turn1-tokens", type=int, default=96, help="multiturn: length of the first answer")
+    ap.add_argument("--out", default=str(RESULTS), help="directory for suffix_draft.{json,png,md}")
+    ap.add_argument("--note", default="", help="a line for the table (e.g. 'measured under load')")
+    args = ap.parse_args()
+    args.modes = [m for m in args.modes.split(",") if m]
+    works = [w for w in args.workloads.split(",") if w]
+    bad = [x for x in args.modes if x not in MODES] + [w for w in works if w not in WORKLOADS]
+    if bad:
+        ap.error(f"unknown {', '.join(bad)}: modes are {', '.join(MODES)}, workloads {', '.join(WORKLOADS)}")
+    target, tok = load("qwen2.5-coder-1.5b", args.threads)
+    draft = load("qwen2.5-coder-0.5b", args.threads)[0] if {"model", "hybrid"} & set(args.modes) else None
+    rows, fleets = [], {}
+    for w in works:
+        r, fleets[w] = run_workload(w, target, draft, tok, args)
+        rows += r
+    write(summarise(rows), rows, fleets, args)
+
+
+if __name__ == "__main__":
+    main()

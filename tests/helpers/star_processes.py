@@ -1,0 +1,47 @@
+"""The console scripts as real processes that a test can pause and kill.
+
+test_cli_wiring's `Procs` (output in files, SIGTERM stop) plus what process faults need:
+`pause` (SIGSTOP: a process that holds work and answers nothing) and `kill9` (SIGKILL: no
+goodbye; the broker sends the last will when the kernel closes the socket). Each child also
+gets SIGTERM when the test process dies (PR_SET_PDEATHSIG), so a crashed pytest leaves no
+agent behind. The tiny saved models come from test_cli_wiring too (`hf_model`, `sun_dirs`).
+"""
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "system"))
+
+from test_cli_wiring import BIN, ROOT, _hf_model as hf_model, _sun_dirs as sun_dirs  # noqa: E402,F401
+from test_cli_wiring import Procs as _Procs  # noqa: E402
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel sends SIGTERM when our thread dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)    # 1 = PR_SET_PDEATHSIG
+
+
+class Procs(_Procs):
+    """Processes by name; a name started again replaces the dead one."""
+
+    def start(self, name: str, *args) -> subprocess.Popen:
+        out, err = open(self.root / f"{name}.out", "wb"), open(self.root / f"{name}.err", "wb")
+        p = subprocess.Popen([str(a) for a in args], cwd=ROOT, env=self.env, stdout=out, stderr=err,
+                             preexec_fn=_die_with_parent)
+        out.close()
+        err.close()
+        self.procs[name] = p
+        return p
+
+    def pause(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def kill9(self, name: str) -> None:
+        """SIGKILL, as `kill -9` does; returns once the process is gone."""
+        p = self.procs[name]
+        p.kill()
+        p.wait(10)

@@ -1,0 +1,181 @@
+"""Adaptive γ for a draft behind the hub (StarSD): how many tokens to ask for each round, 0 included.
+
+The co-located policy (edge/adaptive.py) prices the draft by its compute, which lands on the
+device. A remote draft's compute does not; what the target pays is the wait for the answer
+-- the round trip as it sees it, the draft service's queueing and drafting included. So a
+round of γ drafts costs, in target single-step units,
+
+    cost(γ) = v(γ+1) + W(γ)/t1      (γ >= 1),        cost(0) = 1 (a plain step, no request)
+
+with v(k) the target's measured verify cost over k tokens (CostTracker), t1 its single step
+and W(γ) = o + d·γ the wait: o the part that does not grow with γ (network, broker, the
+target's own bookkeeping), d the draft service's seconds per drafted token, both measured
+from its answers (DraftResponse.compute_us splits a round trip into the two). γ maximises
+expected_tokens(α, γ)/cost(γ) over 0..max_gamma with the running acceptance α.
+
+Pure: fed with seconds, reads no clock (edge/roles/target.py's RemoteDrafter feeds it).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from edge.speculative import AcceptanceTracker, CostTracker, expected_tokens
+
+
+def best_gamma(alpha: float, round_cost: Callable[[int], float], max_gamma: int, margin: float = 0.0,
+               answered: float = 1.0) -> int:
+    """The γ in 0..max_gamma with the best expected tokens per unit of round cost; 0 unless some
+    γ >= 1 beats plain decoding (round_cost(0)) by more than `margin` (relative). `answered`: the
+    share of requests answered in time (an unanswered round yields the one plain token)."""
+    if max_gamma < 0:
+        raise ValueError(f"max_gamma must be >= 0, got {max_gamma!r}")
+    best, best_s = 0, (1.0 + margin) / round_cost(0)
+    for g in range(1, max_gamma + 1):
+        s = (answered * expected_tokens(alpha, g) + 1.0 - answered) / round_cost(g)
+        if s > best_s:
+            best, best_s = g, s
+    return best
+
+
+@dataclass
+class Wait:
+    gamma: int                       # drafts asked for
+    wall_s: float                    # the target's time inside the round's draft call
+    compute_s: Optional[float]       # the service's time on it (None: no answer, or an error)
+    tokens: int = 0                  # drafts answered
+    short: bool = True               # the request fed a few tokens (not a prompt or a catch-up)
+
+
+class RoundTrips:
+    """The wait W(γ) = o + d·γ a target sees for a remote draft, from its last `window` rounds.
+
+    d: median of compute/tokens over answered short-feed rounds (a long feed -- a catch-up
+    after plain steps -- also paid a prefill). o: median of wall − compute (an unanswered
+    round: wall − d·γ, the time it waited in vain), never below 0."""
+
+    def __init__(self, window: int = 16):
+        self._rounds: deque = deque(maxlen=window)
+        self._od: Optional[tuple] = None     # cached (o, d): the policy asks for every γ each round
+
+    def add(self, w: Wait) -> None:
+        if w.gamma < 1 or w.wall_s < 0:
+            raise ValueError(f"a round trip needs gamma >= 1 and wall_s >= 0, got {w}")
+        self._rounds.append(w)
+        self._od = None
+
+    @property
+    def samples(self) -> int:
+        return len(self._rounds)
+
+    @property
+    def answered(self) -> float:
+        """Share of the recorded requests answered in time (1.0 with none recorded)."""
+        n = len(self._rounds)
+        return sum(w.compute_s is not None for w in self._rounds) / n if n else 1.0
+
+    @property
+    def per_token_s(self) -> float:
+        xs = [w.compute_s / w.tokens for w in self._rounds if w.compute_s is not None and w.tokens and w.short]
+        return float(np.median(xs)) if xs else 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        if not self._rounds:
+            return 0.0
+        d = self.per_token_s
+        xs = [w.wall_s - (w.compute_s if w.compute_s is not None else d * w.gamma) for w in self._rounds]
+        return max(0.0, float(np.median(xs)))
+
+    def wait_s(self, gamma: int) -> float:
+        if gamma < 1:
+            return 0.0
+        if self._od is None:
+            self._od = (self.overhead_s, self.per_token_s)
+        return self._od[0] + self._od[1] * gamma
+
+
+class RemoteGamma:
+    """γ per round for a RemoteDrafter; the loop of edge/generate.py feeds `costs` (target calls)
+    and `acceptance`, the drafter feeds `waits`.
+
+    It opens with `explore` rounds at γ=`explore_gamma` (the answer to the primed first request
+    is already on its way) and one plain step, so α, W, v(2) and t1 are all measured; γ=1 because
+    where a verify over k tokens costs ~k steps (CPUs) each longer exploring round would cost the
+    target steps it never wins back. Then γ from best_gamma() with the measured α (v(k) beyond
+    the measured k extrapolated along the last slope) and a `margin` so noise does not tip a
+    near-tie into speculation. At γ=0 the session stays joined and nothing is sent; a γ=1 probe
+    after `probe_start` plain steps, then at doubling intervals (at most `max_interval` apart
+    while speculation could pay at an optimistic α; x4 each time where not even that pays, so a
+    machine where it never pays loses almost nothing) re-measures α and W so it can recover.
+    While speculating, a plain step every `refresh` rounds keeps t1 measured.
+    """
+
+    def __init__(self, max_gamma: int, waits: Optional[RoundTrips] = None, margin: float = 0.05,
+                 explore: int = 2, explore_gamma: int = 1, probe_start: int = 16, max_interval: int = 64,
+                 refresh: int = 32, explore_alpha: float = 0.8, acceptance: Optional[AcceptanceTracker] = None,
+                 costs: Optional[CostTracker] = None):
+        if max_gamma < 1:
+            raise ValueError(f"max_gamma must be >= 1 for adaptive γ, got {max_gamma!r}")
+        self.max_gamma, self.margin, self.explore_alpha = max_gamma, margin, explore_alpha
+        self.explore, self.explore_gamma = explore, explore_gamma
+        self.refresh, self.max_interval = refresh, max_interval
+        self.waits = waits if waits is not None else RoundTrips()
+        self.acceptance = acceptance or AcceptanceTracker()
+        self.costs = costs or CostTracker()
+        self._asked = 0
+        self._probe_start = self._interval = probe_start
+        self._zeros = 0
+        self._since_plain = 0
+
+    @property
+    def first_gamma(self) -> int:
+        return min(self.max_gamma, self.explore_gamma)
+
+    def round_cost(self, gamma: int) -> float:
+        """Target single steps one round of `gamma` drafts costs (measured, or priors); a request
+        not answered in time costs its wait and a plain step."""
+        if gamma < 1:
+            return self.costs.verify_cost(1)
+        p = self.waits.answered
+        v = p * self.costs.verify_cost(gamma + 1) + (1.0 - p) * self.costs.verify_cost(1)
+        t1 = self.costs.target_seconds(1)
+        return v + (self.waits.wait_s(gamma) / t1 if t1 else 0.0)
+
+    def choose(self, alpha: float) -> int:
+        return best_gamma(alpha, self.round_cost, self.max_gamma, self.margin, self.waits.answered)
+
+    def could_pay(self) -> bool:
+        """Would speculation win at the optimistic α, with the waits and costs measured so far?"""
+        return self.choose(self.explore_alpha) > 0
+
+    def next_gamma(self) -> int:
+        g = self._next()
+        self._asked += g > 0
+        return g
+
+    def _next(self) -> int:
+        if self.waits.samples == 0 or (self.acceptance.rounds < self.explore and self._asked < 2 * self.explore):
+            return self.first_gamma           # an unready drafter answers at once: asking costs nothing
+        if self.costs.samples(1) == 0:
+            return 0                          # the unit of every cost
+        g = self.choose(self.acceptance.alpha)
+        if g > 0:
+            self._zeros, self._interval = 0, self._probe_start
+            self._since_plain += 1
+            every = self.refresh if self.costs.samples(1) >= 4 else 8
+            if self._since_plain > every:
+                self._since_plain = 0
+                return 0
+            return g
+        self._since_plain = 0
+        self._zeros += 1
+        if self._zeros >= self._interval:
+            pays = self.choose(self.explore_alpha) > 0
+            self._zeros = 0
+            self._interval = min(self._interval * 2, self.max_interval) if pays else self._interval * 4
+            return 1
+        return 0

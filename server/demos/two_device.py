@@ -1,0 +1,268 @@
+"""The star as two devices on one machine: the target on one core, the hub and its draft on another.
+
+What StarSD buys is that the draft's compute leaves the target's device. On one machine the
+nearest thing is cores as devices: the target runs in this process on a thread pinned to one
+core; the hub (with its embedded broker, or on an external --broker) and a draft service
+(`edge-agent run --role draft`) are real processes pinned to a second core. Memory bandwidth is
+still shared between the cores (a second device would not share it), so this understates what a
+real second device gives. `edge-hub demo` and benchmarks/starsd_two_device.py both measure with
+`measure_prompt`: the target alone, then through the star, same prompt, same core, texts compared.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+BIN = Path(sys.executable).parent
+
+
+def two_cores() -> Optional[Tuple[int, int]]:
+    """(target core, hub core) among the cores this process may use; None with fewer than two."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return (cores[0], cores[1]) if len(cores) >= 2 else None
+
+
+@contextmanager
+def pinned(core: int) -> Iterator[None]:
+    """Run the calling thread (and the threads it starts) on `core` only; restored on exit."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})          # pid 0: the calling thread on Linux
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RemoteStar:
+    """The hub and one draft service as processes pinned to `core`; a context manager.
+
+    broker_url None: the hub starts its embedded broker on a free loopback port. Their stderr
+    goes to logdir/hub.err and logdir/draft.err (read there when a start fails)."""
+
+    def __init__(self, draft: str, logdir: Path, core: int = 1, backend: str = "llamacpp",
+                 broker_url: Optional[str] = None, threads: int = 1, ahead: bool = True,
+                 dtype: Optional[str] = None, timeout: float = 180.0):
+        self.draft, self.logdir, self.core, self.backend = draft, Path(logdir), core, backend
+        self.url = broker_url
+        self.threads, self.ahead, self.dtype, self.timeout = threads, ahead, dtype, timeout
+        self.procs: List[subprocess.Popen] = []
+
+    def _start(self, name: str, *argv) -> subprocess.Popen:
+        core = self.core
+        p = subprocess.Popen([str(a) for a in argv], stdout=subprocess.DEVNULL,
+                             stderr=open(self.logdir / f"{name}.err", "w"),
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                             preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+        self.procs.append(p)
+        return p
+
+    def _wait_for(self, name: str, text: str) -> None:
+        path, end = self.logdir / f"{name}.err", time.monotonic() + self.timeout
+        while text not in (path.read_text(errors="replace") if path.exists() else ""):
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"the star's {name} process exited; see {path}")
+            if time.monotonic() > end:
+                raise RuntimeError(f"{path} never said {text!r} in {self.timeout:.0f}s")
+            time.sleep(0.1)
+
+    def __enter__(self) -> "RemoteStar":
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.url is None:
+                port = _free_port()
+                self.url = f"mqtt://127.0.0.1:{port}"
+                self._start("hub", BIN / "edge-hub", "serve", "--port", port, "--stats-every", "0")
+            else:
+                self._start("hub", BIN / "edge-hub", "serve", "--broker", self.url, "--stats-every", "0")
+            self._wait_for("hub", "serving on")
+            extra = (["--dtype", self.dtype] if self.dtype else []) + ([] if self.ahead else ["--no-ahead"])
+            self._start("draft", BIN / "edge-agent", "run", "--role", "draft", "-b", self.backend, "-m", self.draft,
+                        "--threads", self.threads, "--hub", self.url, "--client-id", "draft1", *extra)
+            self._wait_for("draft", "registered at")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = []
+
+
+def parse_modes(text: str) -> List[Tuple[str, int, bool]]:
+    """'3,auto,auto:12' -> [(label, γ or largest γ, adaptive)]."""
+    from edge.command_options import STAR_GAMMA
+    out = []
+    for part in (x.strip() for x in str(text).split(",")):
+        if part:
+            g, adaptive = STAR_GAMMA.convert(part, None, None)
+            out.append((part, g, adaptive))
+    if not out:
+        raise ValueError("give at least one γ mode, e.g. 3 or auto")
+    return out
+
+
+def first_split(ref: Sequence[int], toks: Sequence[int]) -> Optional[int]:
+    """Where two token lists first differ (None: identical)."""
+    i = next((i for i, (a, b) in enumerate(zip(ref, toks)) if a != b), None)
+    if i is None and len(ref) != len(toks):
+        i = min(len(ref), len(toks))
+    return i
+
+
+def margin_at(engine, ids: Sequence[int], toks: Sequence[int], i: int) -> float:
+    """The target's top-1 minus top-2 logit after ids + toks[:i] (where the texts split)."""
+    import numpy as np
+    seq = engine.new_sequence()
+    try:
+        row = engine.forward_last(seq, list(ids) + list(toks[:i]))[-1]
+    finally:
+        engine.free(seq)
+    a, b = np.sort(row)[-2:]
+    return float(b - a)
+
+
+def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds: int = 1,
+                   stop_ids: Sequence[int] = ()) -> dict:
+    """Target alone vs the star (`star`: a StarTarget on `engine`) per γ mode, medians of `rounds`.
+
+    Row: alone_tok_s, alone tokens, step_ms (one target step), verify_steps {k: a target call over k
+    tokens in single steps}, and per mode label 'g<label>': tok_s, speedup, acceptance,
+    tokens_per_verify, answered_rounds, gamma_mean / gamma_zero_share (what was asked for),
+    wait_overhead_ms / wait_per_draft_ms (the wait W(γ) = o + d·γ the target saw, last run),
+    same_text, split_at, margin_at_split."""
+    from edge.generate import generate_plain
+    alone, runs, ref, calls = [], {m[0]: [] for m in modes}, None, {}
+    for _ in range(rounds):
+        r = generate_plain(engine, ids, max_new, stop_ids=tuple(stop_ids))
+        alone.append(r.tokens_per_s)
+        ref = r.tokens
+        results = [r]
+        for label, g, adaptive in modes:
+            star.gamma, star.adaptive = g, adaptive
+            s = star.generate(ids, max_new, stop_ids=tuple(stop_ids))
+            runs[label].append((s, star.last_drafter.stats, star.last_drafter.waits))
+            results.append(s)
+        for res in results:                       # target calls by tokens fed; the first pays warm-ups
+            for c in [c for c in res.timings if c.kind == "verify"][1:]:
+                calls.setdefault(c.n_tokens, []).append(c.seconds)
+    t1 = statistics.median(calls[1]) if calls.get(1) else None
+    row = {"alone_tok_s": statistics.median(alone), "alone_tokens": ref, "step_ms": t1 and 1e3 * t1,
+           "verify_steps": {k: statistics.median(v) / t1 for k, v in sorted(calls.items())} if t1 else {}}
+    for label, rs in runs.items():
+        s, d, w = rs[-1]
+        split = first_split(ref, s.tokens)
+        tps = statistics.median(x[0].tokens_per_s for x in rs)
+        row[f"g{label}"] = {
+            "tok_s": tps, "speedup": tps / row["alone_tok_s"] if row["alone_tok_s"] else float("nan"),
+            "acceptance": statistics.median(x[0].acceptance_rate for x in rs),
+            "tokens_per_verify": statistics.median(x[0].tokens_per_verify for x in rs),
+            "answered_rounds": f"{d['answered']}/{d['rounds']}",
+            "wait_overhead_ms": 1e3 * w.overhead_s, "wait_per_draft_ms": 1e3 * w.per_token_s,
+            "gamma_mean": statistics.mean(s.gammas) if s.gammas else 0.0,
+            "gamma_zero_share": s.gammas.count(0) / len(s.gammas) if s.gammas else 1.0,
+            "same_text": split is None, "split_at": split,
+            "margin_at_split": None if split is None else margin_at(engine, ids, ref, split)}
+    return row
+
+
+def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], labels: Sequence[str], draft: str,
+                   *, modes, max_new: int = 48, backend: str = "llamacpp", dtype: Optional[str] = None,
+                   stop_ids: Sequence[int] = (), logdir: Path = Path("runs/two_device"), out=None,
+                   broker_url: Optional[str] = None, ahead: bool = True) -> dict:
+    """`edge-hub demo`'s first part: `engine` (one thread) on one core, alone and through a star
+    whose hub and `draft` service run on another core; a table per prompt and mode; the rows."""
+    from edge.link import MqttLink
+    from edge.roles.session import HubClient
+    from edge.roles.target import StarTarget
+
+    out = out or sys.stderr
+    cores = two_cores()
+    if cores is None:
+        out.write("two devices: this machine lets us use one core only; skipped (it needs two)\n")
+        return {"skipped": "one core", "rows": []}
+    t_core, h_core = cores
+    out.write(f"two devices: the target on core {t_core} (this process), the hub + a {Path(draft).name} draft "
+              f"service on core {h_core} (processes, over MQTT); memory bandwidth is still shared ...\n")
+    out.flush()
+    rows = []
+    with RemoteStar(draft, logdir, core=h_core, backend=backend, broker_url=broker_url, dtype=dtype,
+                    ahead=ahead) as rs, pinned(t_core):
+        link = MqttLink(rs.url, client_id=f"device0-{os.getpid()}").connect(10)
+        star = StarTarget(engine, HubClient(link, "device0", tokenizer_fp, engine.vocab_size),
+                          gamma=max(m[1] for m in modes))
+        try:
+            star.generate(list(prompts[0]), 4)        # the first session pays the join and warm-ups
+            for ids, label in zip(prompts, labels):
+                rows.append({"label": label, **measure_prompt(engine, star, ids, max_new, modes, 1, stop_ids)})
+        finally:
+            star.hub.close()
+            link.close()
+    for line in two_device_table(rows, modes):
+        out.write(line + "\n")
+    return {"rows": rows, "cores": [t_core, h_core]}
+
+
+def two_device_table(rows: List[dict], modes) -> List[str]:
+    """Per prompt: alone tok/s, then per mode the star's tok/s, speedup, acceptance, mean γ, text check."""
+    head = f"{'prompt':<42}{'alone tok/s':>12}"
+    for m in modes:
+        head += f" | {'γ=' + m[0] + ' tok/s':>12}{'×':>6}{'accept':>7}{'mean γ':>7}  {'text':<15}"
+    lines = [head]
+    for r in rows:
+        cells = f"{r['label'][:40]:<42}{r['alone_tok_s']:>12.2f}"
+        for m in modes:
+            x = r[f"g{m[0]}"]
+            text = "same" if x["same_text"] else f"split@{x['split_at']} ({x['margin_at_split']:.2f})"
+            cells += (f" | {x['tok_s']:>12.2f}{x['speedup']:>5.2f}×{x['acceptance']:>7.2f}{x['gamma_mean']:>7.1f}"
+                      f"  {text:<15}")
+        lines.append(cells)
+    if any(not r[f"g{m[0]}"]["same_text"] for r in rows for m in modes):
+        lines.append("split@i (m): the texts part at token i, where the target's top two logits differ by m "
+                     "(a near-tie: a k-token verify and a one-token step round differently)")
+    for m in modes if rows else ():
+        sp = statistics.median(r[f"g{m[0]}"]["speedup"] for r in rows)
+        lines.append(f"γ={m[0]}: median {sp:.2f}× the target alone (greedy: the same text, or a split at a near-tie)")
+    if rows:
+        lines.append(_why(rows, modes))
+    return lines
+
+
+def _why(rows: List[dict], modes) -> str:
+    """What decides it on this machine: a verify over k tokens in single steps, and the wait."""
+    vs: dict = {}
+    for r in rows:
+        for k, v in r["verify_steps"].items():
+            vs.setdefault(int(k), []).append(v)
+    ks = [k for k in sorted(vs) if k > 1]
+    waits = [r[f"g{m[0]}"]["wait_overhead_ms"] + r[f"g{m[0]}"]["wait_per_draft_ms"] * m[1]
+             for r in rows for m in modes if not m[2]]
+    step = statistics.median(r["step_ms"] for r in rows if r["step_ms"]) if any(r["step_ms"] for r in rows) else None
+    parts = [f"a verify over {k} tokens costs {statistics.median(vs[k]):.1f} target steps" for k in ks[-2:]]
+    if step:
+        parts.insert(0, f"one target step {step:.0f} ms")
+    if waits:
+        parts.append(f"the draft's answer arrives {statistics.median(waits):.0f} ms after the request")
+    return "why: " + ", ".join(parts) + (" (speculation pays when the verify costs well under k steps)" if ks else "")

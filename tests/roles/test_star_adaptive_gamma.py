@@ -1,0 +1,64 @@
+"""The star's target with γ auto on the memory bus: lossless, off where the draft disagrees
+(the session stays joined), on where it agrees, the waits measured from real answers."""
+from __future__ import annotations
+
+import torch
+
+from edge.engines.torch_engine import TorchEngine
+from edge.generate import generate_plain
+from edge.memory_link import MemoryBus, MemoryLink
+from edge.roles.session import HubClient
+from edge.roles.target import Deadline, StarTarget
+from server.hub import Hub
+
+from tiny_models import tiny_model
+
+torch.set_num_threads(1)
+PROMPT = [1, 2, 3, 4]
+
+
+def star(draft_model, target_model, n=60, max_gamma=8, deadline=None):
+    bus = MemoryBus()
+    hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=TorchEngine(draft_model, "draft"), tokenizer_fp="tok").start()
+    try:
+        target = TorchEngine(target_model, "target")
+        st = StarTarget(target, HubClient(MemoryLink(bus, "t1"), "t1", "tok", 256), gamma=max_gamma, adaptive=True)
+        joined = []           # per token: is the session still joined (generate() closes it at the end)
+
+        def on_token(_):
+            s = st.last_drafter.session
+            joined.append(s is not None and not s.lost)
+        got = st.generate(PROMPT, n, on_token=on_token, deadline=deadline)
+        return got, generate_plain(target, PROMPT, n), st.last_drafter, joined
+    finally:
+        hub.stop()
+
+
+def test_auto_gamma_is_lossless_with_a_draft_that_agrees():
+    target = tiny_model(0)
+    got, want, drafter, _ = star(tiny_model(1, noise=0.02, base=target), target)
+    assert got.tokens == want.tokens
+    assert drafter.stats["answered"] > 0 and got.n_accepted > 0
+    assert drafter.waits.samples > 0 and all(0 <= g <= 8 for g in got.gammas)
+
+
+def test_auto_gamma_falls_to_plain_decoding_with_a_draft_that_disagrees():
+    target = tiny_model(0)
+    got, want, drafter, joined = star(tiny_model(7), target, n=100)     # unrelated weights: ~no agreement
+    assert got.tokens == want.tokens
+    assert got.gammas[:2] == [1, 1]                             # it explored ...
+    late = got.gammas[4:]
+    assert late.count(0) > 0.9 * len(late)                      # ... then decoded alone,
+    assert 1 <= sum(g > 0 for g in late) <= 4                   # probing now and then (catch-up feeds)
+    assert all(joined) and drafter.stats["rejoins"] == 0 and drafter.stats["errors"] == 0   # still joined
+
+
+def test_late_answers_keep_the_text_lossless():
+    """A deadline shorter than the bus's round trip: every answer comes late. Late answers that
+    fit are used, the ones the target outran are asked again; the text stays the target's."""
+    target = tiny_model(0)
+    got, want, drafter, joined = star(tiny_model(1, noise=0.02, base=target), target, n=60,
+                                      deadline=Deadline(initial=1e-4, lo=1e-5, hi=1e-4))
+    assert got.tokens == want.tokens
+    assert drafter.stats["answered"] > 0
+    assert drafter.waits.answered < 1.0                  # the policy saw the requests not answered in time

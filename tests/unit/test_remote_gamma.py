@@ -1,0 +1,120 @@
+"""The star's adaptive γ (edge/remote_gamma.py), pure: a cost table stands in for the clock.
+
+Each simulated round feeds the policy what edge/generate.py and RemoteDrafter would: the
+target call's seconds from a table v(k), the wait W(γ) = o + d·γ with its compute part, and
+the acceptance of drafts that agree with probability alpha_true."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge.remote_gamma import RemoteGamma, RoundTrips, Wait, best_gamma
+
+
+def simulate(policy, rounds, alpha_true, step_s=0.05, verify_slope=1.0, overhead_s=0.1, draft_s=0.01,
+             seed=0):
+    """γ chosen each round; verify over k tokens costs step_s·(1 + verify_slope·(k-1))."""
+    rng = np.random.default_rng(seed)
+    gammas = []
+    for i in range(rounds):
+        g = policy.next_gamma()
+        gammas.append(g)
+        if g > 0:
+            a = alpha_true(i) if callable(alpha_true) else alpha_true
+            ok = rng.random(g) < a
+            n = g if ok.all() else int(np.argmin(ok))
+            policy.waits.add(Wait(g, overhead_s + draft_s * g, draft_s * g, tokens=g))
+            policy.acceptance.update(g, n)
+        if i > 0:                      # the loop skips the first target call (warm-up)
+            policy.costs.add_target(g + 1, step_s * (1 + verify_slope * g))
+    return gammas
+
+
+def test_low_acceptance_and_a_costly_round_trip_fall_to_zero_with_sparse_probes():
+    p = RemoteGamma(8)
+    gammas = simulate(p, 400, alpha_true=0.1, overhead_s=0.1)
+    assert gammas[0] == 1                               # explores first, at γ=1
+    tail = gammas[50:]
+    assert tail.count(0) > 0.97 * len(tail)             # plain decoding ...
+    assert 1 <= sum(g > 0 for g in tail) <= 8           # ... with a few probes, O(log n)
+
+
+def test_high_acceptance_and_cheap_verify_reach_past_three():
+    p = RemoteGamma(8)
+    gammas = simulate(p, 120, alpha_true=0.97, verify_slope=0.03, overhead_s=0.005, draft_s=0.002)
+    late = [g for g in gammas[40:] if g > 0]
+    assert max(late) > 3 and np.median(late) > 3
+    assert max(gammas) <= 8
+
+
+def test_max_gamma_bounds_the_choice():
+    p = RemoteGamma(5)
+    gammas = simulate(p, 80, alpha_true=1.0, verify_slope=0.0, overhead_s=0.001, draft_s=0.0)
+    assert max(gammas) == 5
+
+
+def test_a_costly_round_trip_alone_says_zero_even_when_the_draft_agrees():
+    """The wait is 4 target steps: with CPU-like verify (k tokens ~ k steps) nothing pays."""
+    p = RemoteGamma(8)
+    gammas = simulate(p, 200, alpha_true=0.9, verify_slope=1.0, overhead_s=0.2)
+    assert gammas[100:].count(0) > 0.95 * 100
+
+
+def test_it_recovers_when_the_draft_starts_agreeing():
+    p = RemoteGamma(8)
+    gammas = simulate(p, 500, alpha_true=lambda i: 0.05 if i < 150 else 0.98, verify_slope=0.05,
+                      overhead_s=0.01, draft_s=0.003)
+    assert gammas[100:150].count(0) >= 45           # off while it disagrees
+    assert np.median(gammas[-50:]) >= 3             # back on, further than before, once it agrees
+
+
+def test_requests_rarely_answered_in_time_fall_to_zero():
+    """Agreeing, cheap to verify, but 9 requests in 10 time out after a target step's wait: a round
+    mostly yields the one plain token, late."""
+    p = RemoteGamma(8)
+    for i in range(40):
+        g = p.next_gamma()
+        if g > 0:
+            answered = i % 10 == 0
+            p.waits.add(Wait(g, 0.004 if answered else 0.05, 0.001 * g if answered else None,
+                             tokens=g if answered else 0))
+            if answered:
+                p.acceptance.update(g, g)
+        if i > 0:
+            p.costs.add_target(g + 1, 0.05 * (1 + 0.05 * g))
+    assert p.waits.answered < 0.3 and p.choose(p.acceptance.alpha) == 0
+
+
+def test_round_trips_split_overhead_and_per_token_time():
+    w = RoundTrips()
+    for g in (2, 4, 4):
+        w.add(Wait(g, 0.03 + 0.01 * g, 0.01 * g, tokens=g))
+    w.add(Wait(3, 0.5, None))                 # no answer: it waited 0.5 s in vain
+    w.add(Wait(3, 0.2, 0.19, tokens=3, short=False))   # a catch-up: its compute paid a prefill
+    assert w.answered == pytest.approx(4 / 5)
+    assert w.per_token_s == pytest.approx(0.01)
+    assert w.overhead_s == pytest.approx(0.03)
+    assert w.wait_s(0) == 0.0 and w.wait_s(6) == pytest.approx(0.09)
+    with pytest.raises(ValueError, match="gamma >= 1"):
+        w.add(Wait(0, 0.1, None))
+
+
+def test_best_gamma_keeps_zero_unless_it_beats_plain_by_the_margin():
+    flat = lambda g: 1.0 if g == 0 else 1.0 + 0.01 * g     # noqa: E731 (a cost table)
+    assert best_gamma(0.0, flat, 8) == 0                    # nothing accepted: never pays
+    assert best_gamma(0.99, flat, 8) == 8                   # all accepted, free rounds: as far as allowed
+    assert best_gamma(0.5, lambda g: 1.0 + 0.4 * g, 8, margin=0.05) == 1
+    with pytest.raises(ValueError):
+        best_gamma(0.5, flat, -1)
+
+
+def test_the_star_gamma_option_takes_integers_and_auto():
+    import click
+
+    from edge.command_options import STAR_GAMMA
+    assert STAR_GAMMA.convert("3", None, None) == (3, False)
+    assert STAR_GAMMA.convert("auto", None, None) == (8, True)
+    assert STAR_GAMMA.convert("auto:12", None, None) == (12, True)
+    for bad in ("0", "auto:0", "x", "3:4"):
+        with pytest.raises(click.BadParameter, match="auto"):
+            STAR_GAMMA.convert(bad, None, None)

@@ -1,0 +1,244 @@
+"""The star as real processes, each host in its own network namespace (tests/helpers/netns.py),
+over TLS with the hub's ACL: the fixture of tests/system/test_star_namespaces.py and the
+set-up of benchmarks/faults.py.
+
+    hub    edge-hub serve --mosquitto --acl --tls-dir certs --listen HUB:8883 (no draft of its own)
+           + delay_proxy.py HUB:PROXY -> HUB:8883 (t1 connects through it: latency and jitter)
+    draft  edge-agent run --role draft  (client id draft1)
+    t1, t2 edge-agent run --role target (dev1 via the proxy, dev2 direct), OpenAI HTTP on :8000
+    pre, dec  (sun=True) edge-agent run --role prefill / --role decoder (pre1, dec1)
+
+The test process (root namespace) reaches every host over its management link, never over the
+switch: its monitor (role hub: sees every session's answers, which says when drafting works
+again after a fault) and its HTTP requests keep working while a host's cable is pulled.
+Control messages are signed with one --ctl-key-file. Models: test_cli_wiring's tiny float64
+llama (greedy outputs compare exactly) and its SUN decoder + specialist.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "system"))        # test_cli_wiring: how processes and models start
+
+from netns import NetLab  # noqa: E402
+from test_cli_wiring import BIN, Procs, _hf_model, _sun_dirs  # noqa: E402
+
+HTTP_PORT = 8000
+DEVICES = {"t1": "dev1", "t2": "dev2"}
+
+
+class Monitor:
+    """The hub-role observer: when each session's draft answers (down) and requests (up) pass."""
+
+    def __init__(self, url: str, tls) -> None:
+        from edge.link import MqttLink
+        self.events: List[tuple] = []            # (monotonic time, client, draft service, "up"/"down")
+        self._cv = threading.Condition()
+        self.link = MqttLink(url, tls=tls, keepalive=5).connect(20)
+        self.link.subscribe("ss/s/+/+/+/+", self._on)
+
+    def _on(self, topic: str, payload: bytes) -> None:
+        parts = topic.split("/")
+        if len(parts) == 6:
+            with self._cv:
+                self.events.append((time.monotonic(), parts[2], parts[4], parts[5]))
+                self._cv.notify_all()
+
+    def answers(self, client: str, since: float = 0.0, until: float = float("inf")) -> List[tuple]:
+        with self._cv:
+            return [e for e in self.events if e[1] == client and e[3] == "down" and since <= e[0] < until]
+
+    def wait_answer(self, client: str, since: float, timeout: float) -> Optional[float]:
+        """Time of the first draft answer to `client` after `since`, waiting up to timeout."""
+        end = time.monotonic() + timeout
+        with self._cv:
+            while True:
+                got = [e[0] for e in self.events if e[1] == client and e[3] == "down" and e[0] >= since]
+                if got:
+                    return got[0]
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cv.wait(left)
+
+    def close(self) -> None:
+        self.link.close()
+
+
+class NamespaceStar:
+    def __init__(self, root: Path, sun: bool = False, proxy_profile: str = "none", model: Optional[str] = None,
+                 dtype: str = "float64") -> None:
+        """model: a model name or path for the draft and both targets (default: the tiny llama)."""
+        self.root, self.sun, self.proxy_profile = Path(root), sun, proxy_profile
+        self.model = model
+        self.common = ["--threads", "1", "--dtype", dtype]
+        self.lab: Optional[NetLab] = None
+        self.ps = Procs(self.root)
+        self.proxy: Optional[subprocess.Popen] = None
+        self.monitor: Optional[Monitor] = None
+
+    # ---- bring-up ----
+    def start(self) -> "NamespaceStar":
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        from server.broker import find_free_port
+        self.lab = lab = NetLab()
+        self.hosts = {n: lab.add(n) for n in ["hub", "draft", "t1", "t2"] + (["pre", "dec"] if self.sun else [])}
+        hub = self.hosts["hub"]
+        self.certs = self.root / "certs"
+        names = ["dev1", "dev2", "draft1", "monitor", "app", "pre1", "dec1"]
+        r = subprocess.run([BIN / "edge-hub", "certs", "--out", self.certs, "--host", hub.ip,
+                            *[x for n in names for x in ("--device", n)]], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"edge-hub certs failed: {r.stderr}")
+        key = self.root / "ctl.key"
+        key.write_bytes(os.urandom(24).hex().encode())
+        self.ctl_key = key.read_bytes()
+        signed = ["--ctl-key-file", key]
+        self.tls_port, self.proxy_port = find_free_port(), find_free_port()   # free here: pid files are per port
+        self.url = f"mqtts://{hub.ip}:{self.tls_port}"
+        users = ["dev1", "dev2", "draft1:draft", "monitor:hub", "app", "pre1:sun", "dec1:sun"]
+        self.ps.start("hub", *hub.cmd(BIN / "edge-hub", "serve", "--mosquitto", "--acl", "--port", find_free_port(),
+                                      "--tls-dir", self.certs, "--listen", f"{hub.ip}:{self.tls_port}",
+                                      "--stats-every", "0", *signed, *self.common,
+                                      *[x for u in users for x in ("--user", u)]))
+        err = open(self.root / "proxy.err", "wb")
+        self.proxy = subprocess.Popen(hub.cmd(sys.executable, HERE / "delay_proxy.py", "--listen",
+                                              f"{hub.ip}:{self.proxy_port}", "--to", f"{hub.ip}:{self.tls_port}",
+                                              "--profile", self.proxy_profile),
+                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
+        err.close()
+        self.model = self.model or _hf_model(self.root / "tiny-hf")     # while the hub starts
+        if self.sun:
+            self.dec_dir, self.maths_dir = _sun_dirs(self.root)
+        self.ps.wait_for("hub", f"devices: {self.url}", timeout=90)
+        agent = [BIN / "edge-agent", "run", "--tls-dir", self.certs]
+        self.ps.start("draft", *self.hosts["draft"].cmd(*agent, "--hub", self.url, "--role", "draft",
+                                                         "--client-id", "draft1", "--model", self.model,
+                                                         *signed, *self.common))
+        if self.sun:
+            self.ps.start("pre", *self.hosts["pre"].cmd(*agent, "--hub", self.url, "--role", "prefill",
+                                                         "--client-id", "pre1", "--module", self.maths_dir,
+                                                         "--task", "maths", "--threads", "1", *signed))
+            self.ps.start("dec", *self.hosts["dec"].cmd(*agent, "--hub", self.url, "--role", "decoder",
+                                                         "--client-id", "dec1", "--module", self.dec_dir,
+                                                         "--max-batch", "8", "--threads", "1", *signed))
+        for name, dev in DEVICES.items():
+            url = self.url if name == "t2" else f"mqtts://{hub.ip}:{self.proxy_port}"
+            self.ps.start(name, *self.hosts[name].cmd(*agent, "--hub", url, "--role", "target", "--client-id",
+                                                       dev, "--model", self.model, "--http-host",
+                                                       self.hosts[name].ip, "--http-port", HTTP_PORT, "-g", "3",
+                                                       *self.common))
+        self.monitor = Monitor(self.url, self.tls("monitor"))
+        self.ps.wait_for("draft", "registered at", timeout=120)
+        for name in DEVICES:
+            self.ps.wait_for(name, "OpenAI endpoint on", timeout=120)
+        for name in (["pre", "dec"] if self.sun else []):
+            self.ps.wait_for(name, "up at", timeout=120)
+        for name in DEVICES:          # up: each target drafted for (it may have started before the draft)
+            if self.recovery(name, "the", 8, since=0.0, timeout=60) is None:
+                raise RuntimeError(f"{name} was never drafted for:\n{self.ps.err(name)}\n{self.ps.err('draft')}")
+
+    def tls(self, name: str) -> tuple:
+        c = self.certs
+        return str(c / "ca.crt"), str(c / "clients" / f"{name}.crt"), str(c / "clients" / f"{name}.key")
+
+    # ---- use ----
+    def complete(self, host: str, prompt: str, max_new: int, timeout: float = 60.0) -> dict:
+        """A greedy /v1/completions on target `host`: {text, tokens, seconds, t0, t1}."""
+        body = json.dumps({"prompt": prompt, "max_tokens": max_new, "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://{self.hosts[host].ip}:{HTTP_PORT}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.monotonic()
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            got = json.loads(r.read())
+        t1 = time.monotonic()
+        return {"text": got["choices"][0]["text"], "tokens": got["usage"]["completion_tokens"],
+                "seconds": t1 - t0, "t0": t0, "t1": t1}
+
+    def set_delay(self, spec: str, timeout: float = 10.0) -> str:
+        """Change the proxy's delay (a profile name or 'MEAN JITTER' ms) and wait until it applies."""
+        return self._proxy_say(spec, "delay ", timeout)
+
+    def proxy_stats(self, corrupt: bool = False) -> Dict[str, int]:
+        """The proxy's counters (connections, bytes, corrupted); corrupt=True first arms it to
+        flip one byte of dev1's next chunk to the broker."""
+        line = self._proxy_say("corrupt" if corrupt else "stats", "stats ")
+        return {k: int(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+
+    def _proxy_say(self, line: str, answer: str, timeout: float = 10.0) -> str:
+        path = self.root / "proxy.err"
+        before = path.read_text().count(answer)
+        self.proxy.stdin.write((line + "\n").encode())
+        self.proxy.stdin.flush()
+        end = time.monotonic() + timeout
+        while path.read_text().count(answer) == before:
+            if "error:" in path.read_text() or time.monotonic() > end:
+                raise RuntimeError(f"the delay proxy did not take {line!r}:\n{path.read_text()}")
+            time.sleep(0.02)
+        return [x for x in path.read_text().splitlines() if x.startswith(answer)][-1]
+
+    def recovery(self, host: str, prompt: str, max_new: int, since: float, timeout: float = 60.0) -> Optional[float]:
+        """Seconds from `since` (the fault's end) until `host`'s session is drafted for again,
+        generating on it meanwhile (a session is only drafted for while it decodes); None past timeout."""
+        client = DEVICES[host]
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            t = self.monitor.answers(client, since)
+            if t:
+                return t[0][0] - since
+            self.complete(host, prompt, max_new, timeout=max(1.0, end - time.monotonic()))
+        t = self.monitor.answers(client, since)
+        return t[0][0] - since if t else None
+
+    def peak_rss_mb(self) -> Dict[str, float]:
+        """VmHWM of each live process of the star (MiB), Mosquitto included."""
+        out = {}
+        pids = {n: p.pid for n, p in self.ps.procs.items() if p.poll() is None}
+        for n, pid in list(pids.items()):
+            try:
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                kids = []
+            for k in kids:
+                if Path(f"/proc/{k}/comm").read_text().strip() == "mosquitto":
+                    pids["mosquitto"] = int(k)
+        for n, pid in pids.items():
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        out[n] = int(line.split()[1]) / 1024
+            except OSError:
+                pass
+        return out
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+        self.ps.close()
+        if self.proxy is not None and self.proxy.poll() is None:
+            self.proxy.kill()
+            self.proxy.wait()
+        if self.lab is not None:
+            self.lab.close()
+
+    def __enter__(self) -> "NamespaceStar":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

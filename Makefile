@@ -10,14 +10,14 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 TEST_MODELS ?= smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 DEMO_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
-.PHONY: install llama system-test certs models test-models demo test bench export flash-jetson clean help
+.PHONY: install llama llama-tools system-test certs models test-models demo test bench export flash-jetson clean help
 
 help:
 	@echo "make demo    - fetch real models, run the StarSD star, then the SUN shared-decoder demo"
 	@echo "make test    - run the whole test suite (installs what it needs)"
 	@echo "make models  - fetch every model in DATA.md (sha256 checked)"
 	@echo "make bench   - run the benchmarks (hours on 2 cores; writes benchmarks/results/)"
-	@echo "make flash-jetson DEVICE=user@host - provision a Jetson-class device"
+	@echo "make flash-jetson DEVICE=user@host PROFILE=.. ROLE=.. HUB=mqtt://.. MODEL=.. [DRY=1] - provision a device"
 
 $(BIN)/.installed: pyproject.toml
 	@$(PY) -c 'import venv, ensurepip' 2>/dev/null || bash scripts/ensure_system.sh venv
@@ -52,7 +52,7 @@ demo: install llama
 
 # the services the tests need (a real Mosquitto)
 system-test:
-	bash scripts/ensure_system.sh mosquitto
+	bash scripts/ensure_system.sh mosquitto ssh sshd rsync netns
 
 test: system-test install llama test-models
 	STARSUN_STRICT=1 $(BIN)/python -m pytest -q
@@ -66,12 +66,26 @@ bench: install llama models
 	$(BIN)/python benchmarks/sun_serving.py
 	$(BIN)/python benchmarks/starsd_scaling.py
 	$(BIN)/python benchmarks/local_spec.py
+	$(BIN)/python benchmarks/starsd_two_device.py
+	$(BIN)/python benchmarks/native_spec.py
+	$(BIN)/python benchmarks/device.py --profile $(or $(PROFILE),cpu-2core)
 
-# make flash-jetson DEVICE=user@host [PROFILE=jetson-orin-nano-8gb] [ROLE=target] [HUB=mqtt://pc:1883] [DRY=1]
+# llama.cpp's own tools (llama-speculative-simple, llama-server, ...) from the vendored source, AMX off:
+# the native peer of benchmarks/native_spec.py (minutes; kept in ~/.cache/starsun/llama-tools-*)
+llama-tools: install
+	bash scripts/ensure_system.sh compiler cmake
+	bash scripts/llama_tools.sh $(BIN)
+
+# make flash-jetson DEVICE=user@host PROFILE=jetson-orin-nano-8gb ROLE=target|draft|prefill|decoder
+#   HUB=mqtt://pc:1883 (BUNDLE=dir | MODEL=name-or-file | MODULE=dir) [CLIENT_ID=..] [MAX_LEN=..] [DRY=1]
+#   [ARGS="--password-file f --deps device ..."]   (python -m devices.provision --help: every option)
 flash-jetson: install
+	bash scripts/ensure_system.sh ssh rsync
 	$(BIN)/python -m devices.provision $(if $(DEVICE),--device $(DEVICE),) \
 	  $(if $(PROFILE),--profile $(PROFILE),) $(if $(ROLE),--role $(ROLE),) \
-	  $(if $(HUB),--hub $(HUB),) $(if $(BUNDLE),--bundle $(BUNDLE),) $(if $(DRY),--dry-run,)
+	  $(if $(HUB),--hub $(HUB),) $(if $(BUNDLE),--bundle $(BUNDLE),) $(if $(MODEL),--model $(MODEL),) \
+	  $(if $(MODULE),--module $(MODULE),) $(if $(CLIENT_ID),--client-id $(CLIENT_ID),) \
+	  $(if $(MAX_LEN),--max-len $(MAX_LEN),) $(if $(DRY),--dry-run,) $(ARGS)
 
 # the star's CA, the broker's certificate and one per device:
 # make certs HOSTS="hub.local 192.168.1.10" DEVICES="jetson1 jetson2" [CERTS=certs]

@@ -18,8 +18,10 @@ import threading
 
 import click
 
-from edge.command_options import (ctl_key_option, draft_limits, draft_options, open_model_for_command,
-                                  read_ctl_key, read_password, tls_files)
+from edge.agent_config import config_option
+from edge.command_options import (STAR_GAMMA, ctl_key_option, draft_core_for_command, draft_limits,
+                                  draft_options, drafter_options, open_model_for_command, read_ctl_key,
+                                  read_password, start_telemetry_for_command, telemetry_options, tls_files)
 from edge.plan_command import check_before_load, memory_options
 
 
@@ -32,6 +34,7 @@ def _wait_for_signal() -> None:
 
 
 @click.command()
+@config_option
 @click.option("--role", required=True, type=click.Choice(["target", "draft", "prefill", "decoder"]))
 @click.option("--hub", "hub_url", required=True, metavar="mqtt://HOST:PORT", help="the hub's MQTT broker")
 @click.option("--model", "-m", default=None, help="target/draft: model name (see edge.fetch) or path")
@@ -50,7 +53,9 @@ def _wait_for_signal() -> None:
 @click.option("--tls-dir", default=None, type=click.Path(file_okay=False),
               help="with an mqtts:// --hub: ca.crt and this client's CLIENT_ID.crt/.key "
                    "(or clients/CLIENT_ID.*), from `edge-hub certs`")
-@click.option("--gamma", "-g", default=4, show_default=True, help="target: drafted tokens per verification")
+@click.option("--gamma", "-g", default="4", show_default=True, type=STAR_GAMMA, metavar="γ|auto[:N]",
+              help="target: drafted tokens per verification, or `auto` (0..8 each round from the acceptance, "
+                   "the verify cost and the round trip; `auto:N` for 0..N)")
 @click.option("--http-host", default="127.0.0.1", show_default=True)
 @click.option("--http-port", default=8000, show_default=True, help="target: OpenAI endpoint port (0: none)")
 @click.option("--prompt", default=None, help="target: generate once for this prompt and exit")
@@ -69,10 +74,12 @@ def _wait_for_signal() -> None:
 @ctl_key_option
 @memory_options
 @draft_options
+@drafter_options
+@telemetry_options
 def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, username, password,
         password_file, tls_dir, gamma,
         http_host, http_port, prompt, max_new, temperature, backend, dtype, threads, max_len, verbose,
-        ctl_key_file, profile, memory_budget, **limits):
+        ctl_key_file, profile, memory_budget, telemetry_interval, metrics_port, metrics_host, **limits):
     """Join the star at --hub as a target, a draft service or a SUN worker (runs until Ctrl-C)."""
     from edge.link import LinkError, MqttLink, parse_url
     from edge.protocol import ProtocolError, check_id
@@ -90,6 +97,8 @@ def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, 
         username = client_id
     tls = tls_files(tls_dir, client_id, hub_url)
     ctl_key = read_ctl_key(ctl_key_file)
+    tele = dict(telemetry_interval=telemetry_interval, metrics_host=metrics_host, metrics_port=metrics_port,
+                ctl_key=ctl_key)        # signed like every control message when there is a key
     if role in ("prefill", "decoder"):           # SUN: the module dir carries its own model
         if not module_dir:
             raise click.UsageError(f"--role {role} needs --module DIR "
@@ -97,29 +106,43 @@ def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, 
         check_before_load(role, module_dir, "torch" if backend == "auto" else backend, None, profile,
                           memory_budget, max_batch=max_batch)   # a role that does not fit is refused here
         _run_sun(role, MqttLink(hub_url, username=username, password=password, tls=tls), module_dir, client_id,
-                 task, threads, max_batch, stop_ids, backend, ctl_key)
+                 task, threads, max_batch, stop_ids, backend, ctl_key, tele=tele)
         return
     if not model:
         raise click.UsageError(f"--role {role} needs --model")
+    drafter, min_score = limits.pop("drafter"), limits.pop("suffix_min_score")
+    if drafter != "model" and role != "draft":
+        raise click.UsageError(f"--drafter {drafter} is for --role draft (a target verifies; the hub or a "
+                               "draft service drafts)")
+    if role == "draft" and drafter == "suffix":      # no weights: the tokenizer says whom it serves
+        from edge.command_options import suffix_identity
+        tok, vocab = suffix_identity(model)
+        core = draft_core_for_command("suffix", None, draft_limits(**limits), client_id, vocab_size=vocab)
+        _run_draft(core, tok, MqttLink(hub_url, username=username, password=password, tls=tls), client_id,
+                   None, ctl_key, tele=tele)
+        return
     engine_kw = check_before_load(role, model, backend, max_len, profile, memory_budget, dtype=dtype,
                                   max_sessions=limits["max_sessions"], max_kv_mb=limits["max_kv_mb"])
     engine, tok = open_model_for_command(model, dtype, threads, max_len, backend, role=role, **engine_kw)
     link = MqttLink(hub_url, username=username, password=password, tls=tls)
     if role == "draft":
-        _run_draft(engine, tok, link, client_id, draft_limits(**limits), ctl_key)
+        core = draft_core_for_command(drafter, engine, draft_limits(**limits), client_id, min_score=min_score)
+        _run_draft(core, tok, link, client_id, None, ctl_key, tele=tele)
     else:
         _run_target(engine, tok, link, client_id, gamma, model, http_host, http_port, prompt, max_new,
-                    temperature)
+                    temperature, tele=tele)
 
 
-def _run_draft(engine, tok, link, service_id, limits, ctl_key=None) -> None:
+def _run_draft(core, tok, link, service_id, limits=None, ctl_key=None, tele=None) -> None:
+    """core: a draft core (edge/roles/draft_kinds.py), or an engine for a model DraftService under `limits`."""
     from edge.link import LinkError
     from edge.protocol import draft_hello_topic
     from edge.roles.draft import DraftService
     from edge.roles.draft_node import DraftNode
 
-    node = DraftNode(DraftService(engine, limits, name=service_id), link, service_id, tok.fingerprint(),
-                     ctl_key=ctl_key)
+    if limits is not None:
+        core = DraftService(core, limits, name=service_id)
+    node = DraftNode(core, link, service_id, tok.fingerprint(), ctl_key=ctl_key)
     link.set_will(draft_hello_topic(service_id), node.will())
     try:
         link.connect(timeout=10)
@@ -127,9 +150,14 @@ def _run_draft(engine, tok, link, service_id, limits, ctl_key=None) -> None:
         raise click.ClickException(str(e)) from None
     node.start()
     click.echo(f"draft service {service_id} registered at {link.url}; Ctrl-C to leave", err=True)
+    telemetry = None
     try:
+        if tele:
+            telemetry = start_telemetry_for_command(link, service_id, "draft", node.telemetry, **tele)
         _wait_for_signal()
     finally:
+        if telemetry is not None:
+            telemetry.stop()
         node.stop()
         link.close()
         st = node.service.stats.snapshot()
@@ -138,7 +166,7 @@ def _run_draft(engine, tok, link, service_id, limits, ctl_key=None) -> None:
 
 
 def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_ids, backend,
-             ctl_key=None) -> None:
+             ctl_key=None, tele=None) -> None:
     from edge.engines.base import EngineError
     from edge.link import LinkError
     from edge.sun_error import SunError
@@ -152,9 +180,14 @@ def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_id
         raise click.ClickException(str(e)) from None
     what = f"prefill worker for task {node.worker.task!r}" if role == "prefill" else "shared decoder"
     click.echo(f"{what} {worker_id} up at {link.url}; Ctrl-C to leave", err=True)
+    telemetry = None
     try:
+        if tele:
+            telemetry = start_telemetry_for_command(link, worker_id, role, node.telemetry, **tele)
         _wait_for_signal()
     finally:
+        if telemetry is not None:
+            telemetry.stop()
         node.stop()
         link.close()
         click.echo(f"{worker_id}: {node.stats}", err=True)
@@ -184,12 +217,15 @@ def open_node(role, link, directory, worker_id, task=None, threads=None, max_bat
     return node.start()
 
 
-def _run_target(engine, tok, link, client_id, gamma, model, host, port, prompt, max_new, temperature) -> None:
+def _run_target(engine, tok, link, client_id, gamma, model, host, port, prompt, max_new, temperature,
+                tele=None) -> None:
     from edge.roles.session import HubClient, JoinRefused
     from edge.roles.target import StarTarget
     from edge.sampling import SamplingParams
 
-    star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size), gamma=gamma)
+    gamma, adaptive = gamma                   # STAR_GAMMA: (γ or the largest γ, auto?)
+    star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size), gamma=gamma,
+                      adaptive=adaptive)
     try:
         star.check_join()
         click.echo(f"target {client_id} joined the star at {link.url}", err=True)
@@ -197,7 +233,10 @@ def _run_target(engine, tok, link, client_id, gamma, model, host, port, prompt, 
         click.echo(f"warning: {e}; decoding alone, joining when the hub can draft", err=True)
     except TimeoutError as e:
         click.echo(f"warning: {e}; decoding alone until the hub answers", err=True)
+    telemetry = None
     try:
+        if tele:
+            telemetry = start_telemetry_for_command(link, client_id, "target", star.telemetry, **tele)
         if prompt is not None:
             ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}])
                              if tok.chat_template else prompt, add_special=not tok.chat_template)
@@ -222,5 +261,7 @@ def _run_target(engine, tok, link, client_id, gamma, model, host, port, prompt, 
         finally:
             server.stop()
     finally:
+        if telemetry is not None:
+            telemetry.stop()
         star.hub.close()
         link.close()

@@ -37,6 +37,9 @@ def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature,
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if draft_spec == "ngram":
         drafter, draft_name = NgramDrafter(), "n-gram prompt lookup"
+    elif draft_spec == "suffix":
+        from edge.suffix_drafter import SuffixDrafter
+        drafter, draft_name = SuffixDrafter(), "suffix trees (prompt + output)"
     else:
         draft, dtok = open_model_for_command(draft_spec, dtype, threads, max_len, draft_backend or backend)
         if dtok.fingerprint() != tok.fingerprint():
@@ -122,7 +125,7 @@ def model_options(f):
 @click.argument("prompt")
 @click.option("--target", "-T", default=DEFAULT_TARGET, show_default=True, help="model name or path")
 @click.option("--draft", "-D", default=DEFAULT_DRAFT, show_default=True,
-              help="draft model name/path, or 'ngram' for prompt lookup (no model)")
+              help="draft model name/path, 'ngram' for prompt lookup or 'suffix' for suffix trees (no model)")
 @model_options
 def generate(prompt, target, draft, **kw):
     """Generate from PROMPT with a draft and a target on this machine."""

@@ -35,6 +35,41 @@ def draft_limits(max_sessions, max_kv_mb, max_gamma, evict_after, ahead, q_top_k
                        evict_after_s=evict_after, ahead=ahead, q_top_k=q_top_k)
 
 
+def drafter_options(f):
+    """Which draft a service runs (`edge-agent run --role draft`, `edge-hub serve`)."""
+    f = click.option("--suffix-min-score", default=1.5, show_default=True,
+                     help="--drafter hybrid: a suffix proposal whose expected accepted tokens reach this "
+                          "answers; below it the model drafts")(f)
+    return click.option("--drafter", default="model", show_default=True,
+                        type=click.Choice(["model", "suffix", "hybrid"]),
+                        help="model: the draft model; suffix: model-free suffix trees over each session and "
+                             "the whole fleet's outputs (only the tokenizer of --model/--draft-model is "
+                             "loaded); hybrid: the suffix proposal when it scores high, else the model's")(f)
+
+
+def suffix_identity(spec: str):
+    """(tokenizer, vocabulary size) of `spec` without loading its weights: all a suffix draft
+    needs to tell the hub which targets it can serve."""
+    from edge.checkpoint_files import CheckpointError, load_tokenizer
+    from edge.engines.base import EngineError
+    from edge.model_shape import read_shape
+    from edge.model_spec import resolve_model
+    try:
+        return load_tokenizer(resolve_model(spec)), read_shape(spec).vocab
+    except (CheckpointError, EngineError, OSError) as e:
+        raise click.ClickException(f"{spec}: {e} (a suffix draft reads the model's tokenizer and "
+                                   "vocabulary size: pass the targets' model name or path)") from None
+
+
+def draft_core_for_command(kind: str, engine, limits, name: str, vocab_size=None, min_score=None):
+    """The draft core `--drafter` asks for (edge/roles/draft_kinds.py)."""
+    from edge.roles.draft_kinds import make_draft_core
+    try:
+        return make_draft_core(kind, engine, limits, name=name, vocab_size=vocab_size, min_score=min_score)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
 def read_ctl_key(path):
     """The deployment's control key (hub <-> draft services and SUN workers sign their control
     messages with it): the bytes of a file, at least 16; None without --ctl-key-file."""
@@ -117,3 +152,67 @@ def tls_files(tls_dir, client_id: str, hub_url: str):
     raise click.UsageError(f"--tls-dir {tls_dir}: need ca.crt and {client_id}.crt / {client_id}.key "
                            f"(the certificate's CN must be the client id {client_id!r}); make them on the hub "
                            f"with `edge-hub certs --out DIR --device {client_id}`")
+
+
+AUTO_MAX_GAMMA = 8
+
+
+class StarGamma(click.ParamType):
+    """A StarSD target's --gamma: an integer >= 1 (fixed), `auto` (0..8 per round from measured
+    costs, edge/remote_gamma.py) or `auto:N` (0..N). Converts to (gamma, adaptive)."""
+    name = "γ|auto[:N]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip().lower()
+        auto, _, top = text.partition(":")
+        try:
+            if auto == "auto":
+                g = int(top) if top else AUTO_MAX_GAMMA
+                if g >= 1:
+                    return g, True
+            elif not top and int(text) >= 1:
+                return int(text), False
+        except ValueError:
+            pass
+        self.fail(f"{value!r}: give drafted tokens per round (an integer >= 1), `auto` (γ 0..{AUTO_MAX_GAMMA} "
+                  "chosen each round from the acceptance, the verify cost and the round trip) or `auto:N` "
+                  "(γ 0..N)", param, ctx)
+
+
+STAR_GAMMA = StarGamma()
+
+
+_telemetry_opts = [
+    click.option("--telemetry-interval", default=10.0, show_default=True, metavar="SECONDS",
+                 type=click.FloatRange(min=0.0),
+                 help="publish memory, load, temperature, power and the role's counters, retained, to "
+                      "ss/dev/CLIENT_ID/telemetry this often (0: off; `edge-hub top` shows them)"),
+    click.option("--metrics-port", default=0, show_default=True, type=click.IntRange(0, 65535),
+                 help="serve Prometheus text (starsun_* metrics) on http://HOST:PORT/metrics (0: off)"),
+    click.option("--metrics-host", default="127.0.0.1", show_default=True,
+                 help="address of the /metrics endpoint (0.0.0.0 for a scraper on another machine)"),
+]
+
+
+def telemetry_options(f):
+    """--telemetry-interval / --metrics-port / --metrics-host (`edge-agent run` and `edge-hub serve`)."""
+    for opt in reversed(_telemetry_opts):
+        f = opt(f)
+    return f
+
+
+def start_telemetry_for_command(link, client_id, role, counters, telemetry_interval, metrics_host, metrics_port,
+                                ctl_key=None, board=None):
+    """edge.telemetry_publisher.start_telemetry with its errors as click errors; says where /metrics is."""
+    from edge.telemetry_publisher import start_telemetry
+    try:
+        svc = start_telemetry(link, client_id, role, counters, telemetry_interval, metrics_host, metrics_port,
+                              ctl_key=ctl_key, board=board)
+    except OSError as e:
+        raise click.ClickException(f"--metrics-port {metrics_port}: cannot listen on {metrics_host}: {e.strerror}; "
+                                   "pick a free port or 0 (off)") from None
+    if svc is not None and svc.metrics is not None:
+        click.echo(f"metrics on {svc.metrics.url}", err=True)
+    return svc

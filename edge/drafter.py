@@ -11,6 +11,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from edge.adaptive import AdaptiveGamma
+
 
 class Drafter(ABC):
     name: str = "drafter"
@@ -26,6 +28,11 @@ class Drafter(ABC):
         """Seconds one draft step costs, for the adaptive γ policy; None: not measurable here
         (the draft's cost does not land on this device, or it is free)."""
         return None
+
+    def gamma_policy(self, max_gamma: int):
+        """The adaptive γ policy for this drafter (next_gamma(), .costs, .acceptance): by default
+        edge/adaptive.py's, which prices the draft by its compute on this device."""
+        return AdaptiveGamma(max_gamma)
 
     def prefill(self, prompt: Sequence[int]) -> bool:
         """Get ready for `prompt` before the first round; True if that cost time worth timing."""

@@ -16,7 +16,6 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edge.adaptive import AdaptiveGamma
 from edge.common_prefix import common_prefix
 from edge.drafter import Drafter
 from edge.engines.base import Engine
@@ -270,7 +269,7 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     # uniforms, or the output is no longer the target's distribution (role_rng).
     rng = role_rng(params.seed, Role.TARGET)
     draft_rng = role_rng(params.seed, Role.DRAFT)
-    policy = AdaptiveGamma(gamma) if adaptive else None
+    policy = drafter.gamma_policy(gamma) if adaptive else None
     run = _Run(target, prompt, max_new, stop_ids, on_token)
     res = run.res
     # Context length the drafter last saw. A draft call after many plain

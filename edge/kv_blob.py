@@ -12,6 +12,7 @@ torch rounds it.
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from typing import Optional, Sequence, Tuple
@@ -54,10 +55,38 @@ def read_header(blob: bytes) -> dict:
         raise KVError("truncated KV blob (header cut short)")
     try:
         head = json.loads(blob[10: 10 + hlen])
-    except ValueError as e:
-        raise KVError(f"corrupt KV blob header: {e}") from None
+    except (ValueError, RecursionError) as e:     # RecursionError: "[[[[..." nested too deep
+        raise KVError(f"corrupt KV blob header: {str(e)[:200] or type(e).__name__}") from None
+    _check_header(head)
     head["_offset"] = 10 + hlen
     return head
+
+
+_DIMS = ("layers", "kv_heads", "head_dim", "length")
+MAX_DIM = 1 << 24            # far above any real model's layers, heads, head_dim or context
+
+
+def _check_header(head) -> None:
+    """Every field the readers use has the type they assume: a hostile header is a KVError,
+    never a KeyError / TypeError deeper down."""
+    if not isinstance(head, dict):
+        raise KVError(f"corrupt KV blob header: a JSON object expected, got {type(head).__name__}")
+    missing = [k for k in ("fingerprint", "dtype", "crc32", *_DIMS) if k not in head]
+    if missing:
+        raise KVError(f"corrupt KV blob header: missing {', '.join(missing)}")
+    if not isinstance(head["fingerprint"], (str, type(None))) or not isinstance(head["dtype"], str):
+        raise KVError("corrupt KV blob header: fingerprint and dtype must be strings")
+    for k in _DIMS:
+        v = head[k]
+        if type(v) is not int or not 0 <= v <= MAX_DIM:
+            raise KVError(f"corrupt KV blob header: {k} must be an integer in [0, {MAX_DIM}], got {str(v)[:40]}")
+    if type(head["crc32"]) is not int:
+        raise KVError("corrupt KV blob header: crc32 must be an integer")
+    tokens = head.get("tokens")
+    if tokens is not None and not (isinstance(tokens, list) and all(type(t) is int for t in tokens)):
+        raise KVError("corrupt KV blob header: tokens must be null or a list of integers")
+    if not isinstance(head.get("meta") or {}, dict):
+        raise KVError("corrupt KV blob header: meta must be an object")
 
 
 def unpack(blob: bytes, fingerprint: Optional[str] = None, layers: Optional[int] = None,
@@ -66,7 +95,7 @@ def unpack(blob: bytes, fingerprint: Optional[str] = None, layers: Optional[int]
     """(header, raw payload) of a validated blob; expected values, when given, must match."""
     h = read_header(blob)
     if fingerprint is not None and h["fingerprint"] != fingerprint:
-        raise KVError(f"KV blob was made for model {h['fingerprint'][:16]}..., this model is "
+        raise KVError(f"KV blob was made for model {str(h['fingerprint'])[:16]}..., this model is "
                       f"{fingerprint[:16]}...; it cannot be admitted")
     for name, want in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim)):
         if want is not None and h[name] != want:
@@ -76,7 +105,7 @@ def unpack(blob: bytes, fingerprint: Optional[str] = None, layers: Optional[int]
     if h["length"] > max_len:
         raise KVError(f"KV blob holds {h['length']} tokens, more than the context of {max_len}")
     raw = blob[h["_offset"]:]
-    want_bytes = int(np.prod(shape_of(h))) * ITEMSIZE[h["dtype"]]
+    want_bytes = math.prod(shape_of(h)) * ITEMSIZE[h["dtype"]]   # exact: np.prod wraps around
     if len(raw) != want_bytes:
         raise KVError(f"truncated or oversized KV blob: {len(raw)} payload bytes, expected {want_bytes}")
     if zlib.crc32(raw) != h["crc32"]:

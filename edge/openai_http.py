@@ -76,6 +76,13 @@ def _num(body: dict, key: str, default, lo, hi, kind=float):
     return kind(v)
 
 
+def _seed(body: dict) -> Optional[int]:
+    v = body.get("seed")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 63):
+        raise BadRequest(f"'seed' must be an integer in [0, 2**63), got {str(v)[:40]}")
+    return v
+
+
 class OpenAIServer:
     """Serve `generate(prompt_ids, max_new, params, stop_ids, on_token) -> GenResult`."""
 
@@ -141,6 +148,9 @@ class OpenAIServer:
                 ids = self.tok.encode(p, add_special=True)
             elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
                 ids = list(p)
+                vocab = getattr(self.tok, "vocab_size", 0)
+                if vocab and not all(0 <= t < vocab for t in ids):   # else the engine fails: a 500
+                    raise BadRequest(f"'prompt' token ids must be in [0, {vocab}) (this model's vocabulary)")
             else:
                 raise BadRequest("'prompt' must be a string or a list of token ids")
         if not ids:
@@ -153,7 +163,7 @@ class OpenAIServer:
         params = SamplingParams(temperature=_num(body, "temperature", 1.0, 0.0, 2.0),
                                 top_p=_num(body, "top_p", 1.0, 1e-6, 1.0),
                                 top_k=_num(body, "top_k", 0, 0, 4096, int),
-                                seed=body.get("seed") if isinstance(body.get("seed"), int) else None)
+                                seed=_seed(body))
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
@@ -226,10 +236,16 @@ class _Handler(BaseHTTPRequestHandler):
             size = int(self.headers.get("Content-Length") or 0)
             if size > MAX_BODY:
                 raise BadRequest(f"request body over {MAX_BODY} bytes")
-            body = json.loads(self.rfile.read(size) or b"{}")
+            if size < 0:                      # read(-1) would wait for the client to close
+                raise BadRequest("Content-Length must not be negative")
+            data = self.rfile.read(size)
+            if len(data) < size:
+                raise BadRequest(f"the body ended after {len(data)} of its {size} bytes (Content-Length)")
+            body = json.loads(data or b"{}")
             ids, max_new, params, stop, model = self.owner.parse(body, chat)
-        except (BadRequest, ValueError) as e:
-            self._error(400, str(e))
+        except (BadRequest, ValueError, RecursionError) as e:   # RecursionError: JSON nested too deep
+            self.close_connection = True      # what is left of the body would be read as a request
+            self._error(400, str(e)[:1000] or "the JSON body is nested too deep")
             return
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         head = {"id": rid, "created": int(time.time()), "model": model}

@@ -1,4 +1,5 @@
-"""StarSD / SUN wire format: the topic table, the message table, the msgpack envelope, HMAC.
+"""StarSD / SUN wire format: the message table (the envelope and HMAC: edge/envelope.py; the
+topic table: edge/topics.py; the field checks: edge/wire_fields.py; all re-exported here).
 
 Every message travels as a msgpack map (an *envelope*):
 
@@ -23,31 +24,27 @@ SUN_CHUNK_BYTES, so every message stays under the one size limit.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets as _secrets
-import struct
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Callable, ClassVar, Optional, Union
+from typing import Optional
 
-import msgpack
+from edge.envelope import (MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Message, SecretSource, _BY_TAG, _mac,  # noqa: F401
+                           decode, encode, message, wire)
 
 from edge.wire_fields import (CODE, FINGERPRINT, GAMMA, ID, ID_OR_EMPTY, MAX_GAMMA, MAX_SEQ,  # noqa: F401
                               MAX_TEMPERATURE, MAX_TOP_K, MAX_VOCAB, MESSAGE_TEXT, SECRET_BYTES, SEQ, TOPIC,
                               VOCAB_SIZE, ProtocolError, QEntry, as_token_list, boolean, check_id,
-                              check_sampling, decode_array, encode_array, id_list, integer, number, one_of,
-                              raw_bytes, secret_bytes, sparse_q, split_q, token_ids, wire_q, _short)
+                              check_sampling, decode_array, encode_array, id_list, integer, number, one_of, optional,
+                              raw_bytes, secret_bytes, sparse_q, split_q, text, token_ids, wire_q, _short)
 
 # the topic table (edge/topics.py) is part of the wire format: its names are used from here too
 from edge.topics import (  # noqa: F401,E402
     DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, SUN_PREFIX, SUN_REQ_SUB, SUN_WORKERS_SUB, TOPICS, down_topic,
     draft_ctl_topic, draft_hello_topic, join_topic, joined_topic, parse_topic, session_up_sub, subscription,
-    sun_ctl_topic, sun_hello_topic, sun_kv_topic, sun_req_topic, sun_stream_sub, sun_stream_topic, topic, up_topic)
+    sun_ctl_topic, sun_hello_topic, sun_kv_topic, sun_req_topic, sun_stream_sub, sun_stream_topic, topic, up_topic,
+    TELEMETRY_SUB, telemetry_topic)
 
-PROTOCOL_VERSION = 1
 
 # ---- message limits (the field limits live with the checkers, edge/wire_fields.py) ----
-MAX_MESSAGE_BYTES = 4 << 20
 MAX_APPEND = 32768             # tokens fed in one request (a whole prompt at first)
 MAX_KEEP = 1 << 20             # longest sequence a draft may be asked to keep
 SUN_CHUNK_BYTES = 2 << 20      # KV bytes per KVChunk (well under MAX_MESSAGE_BYTES)
@@ -57,6 +54,7 @@ MAX_STOP = 64                  # stop token ids per request
 MAX_STREAM_TOKENS = 256        # tokens in one SunTokens message
 JOIN_ROLES = ("target", "prefill", "decoder")  # SUN roles reserved, not served yet
 SUN_ROLES = ("prefill", "decoder")
+TELEMETRY_ROLES = ("target", "draft", "prefill", "decoder", "hub")
 FINISH_REASONS = ("stop", "length", "context")
 
 # Error codes (Error.code).
@@ -91,45 +89,12 @@ GREEDY = sampling()
 # ---- messages: each field declared once, with its checker ----
 
 
-def wire(check: Callable[[str, Any], Any], default: Any = MISSING, factory: Any = MISSING,
-         send: Optional[Callable[[Any], Any]] = None):
-    """A message field: `check` validates its wire value; `send` turns the Python value into it."""
-    return field(default=default, default_factory=factory, metadata={"check": check, "send": send})
-
-
 def _sampling_field():
     return wire(check_sampling, factory=sampling)
 
 
 def _tokens(limit: int, **kw):
     return wire(token_ids(limit), send=as_token_list, **kw)
-
-
-_BY_TAG: dict[str, type] = {}
-
-
-class Message:
-    """Base of every wire message; `@message(tag)` registers a subclass."""
-    TAG: ClassVar[str] = ""
-    SESSION: ClassVar[bool] = False       # signed with the session's (or request's) secret
-    ID_FIELD: ClassVar[str] = "sid"       # the field the envelope's "s" must equal
-    CHECKS: ClassVar[dict] = {}
-
-    def check_rules(self) -> None:
-        """Cross-field rules, after every field checked; raise ProtocolError."""
-
-    def session_id(self) -> str:
-        return getattr(self, self.ID_FIELD) if self.SESSION else ""
-
-
-def message(tag: str, session: bool = False, id_field: str = "sid"):
-    def register(cls):
-        cls = dataclass(cls)
-        cls.TAG, cls.SESSION, cls.ID_FIELD = tag, session, id_field
-        cls.CHECKS = {f.name: f.metadata["check"] for f in fields(cls)}
-        _BY_TAG[tag] = cls
-        return cls
-    return register
 
 
 @message("join")
@@ -239,6 +204,49 @@ class SessionRelease(Message):
     reason: str = wire(MESSAGE_TEXT, "")
 
 
+@message("probe")
+class Probe(Message):
+    """hub / router -> a service or SUN worker on its ctl topic: publish your hello now. A retained
+    hello may be a dead process's (killed before its will, or a broker that kept it); only a hello
+    that answers a probe proves the service is alive (server/liveness.py)."""
+    target: str = wire(ID)
+
+
+def _reading(hi: float):
+    return wire(optional(number(0.0, hi)), None)    # None: this device cannot measure it
+
+
+@message("telemetry")
+class Telemetry(Message):
+    """One device's health and load, retained on ss/dev/{client}/telemetry (edge/telemetry.py).
+
+    Memory in MB; rates over the sender's last interval; None where the device has no such
+    reading (no GPU, no power sensor) or the role does not know it (KV of a target)."""
+    client: str = wire(ID)
+    role: str = wire(one_of(TELEMETRY_ROLES))
+    time: float = wire(number(0.0, 1e12))       # sender's wall clock (the age `edge-hub top` shows)
+    interval: float = wire(number(0.0, 86400.0), 0.0)
+    rss_mb: float = wire(number(0.0, 1e9), 0.0)
+    mem_avail_mb: float = wire(number(0.0, 1e9), 0.0)
+    mem_total_mb: float = wire(number(0.0, 1e9), 0.0)
+    kv_used_mb: Optional[float] = _reading(1e9)
+    kv_budget_mb: Optional[float] = _reading(1e9)
+    cpu_pct: float = wire(number(0.0, 100.0), 0.0)      # whole machine
+    gpu_pct: Optional[float] = _reading(100.0)
+    temp_c: Optional[float] = wire(optional(number(-273.0, 1000.0)), None)   # hottest sensor
+    power_w: Optional[float] = _reading(1e6)
+    tokens: int = wire(SEQ, 0)                          # produced since start
+    tok_s: float = wire(number(0.0, 1e9), 0.0)
+    tok_j: Optional[float] = _reading(1e9)              # tokens per joule: tok_s / power_w
+    sessions: int = wire(integer(0, 1 << 31), 0)
+    acceptance: Optional[float] = _reading(1.0)
+    busy: Optional[float] = _reading(1.0)
+    batch_mean: Optional[float] = _reading(1e6)
+    batch_max: int = wire(integer(0, 1 << 31), 0)
+    dropped: int = wire(SEQ, 0)                         # messages the role dropped (all reasons)
+    source: str = wire(text(None, 64), "")              # where the readings came from: psutil, tegrastats, jtop
+
+
 # ---- SUN messages ----
 
 
@@ -322,95 +330,6 @@ class SunTokens(Message):
     def check_rules(self) -> None:
         if self.done != bool(self.finish_reason):
             raise ProtocolError("sun_tokens: a finish_reason comes with done, and only then")
-
-
-# ---- the envelope ----
-
-
-def _validate(cls: type, body: Any) -> Message:
-    tag, checks = cls.TAG, cls.CHECKS
-    if not isinstance(body, dict) or set(body) != set(checks):
-        got = sorted(body) if isinstance(body, dict) else type(body).__name__
-        raise ProtocolError(f"{tag} must have fields {sorted(checks)}, got {got}")
-    msg = cls(**{k: check(f"{tag}.{k}", body[k]) for k, check in checks.items()})
-    msg.check_rules()
-    return msg
-
-
-def _mac(secret: bytes, version: int, tag: str, sid: str, body: bytes) -> bytes:
-    head = b"starsun\0" + struct.pack(">H", version) + tag.encode() + b"\0" + sid.encode() + b"\0"
-    return hmac.new(secret, head + body, hashlib.sha256).digest()
-
-
-def encode(msg: Message, secret: Optional[bytes] = None) -> bytes:
-    """Validate and pack a message; session messages need the session secret."""
-    if not isinstance(msg, Message) or not msg.TAG:
-        raise TypeError(f"not a protocol message: {type(msg).__name__}")
-    body = {}
-    for f in fields(msg):
-        v = getattr(msg, f.name)
-        send = f.metadata["send"]
-        body[f.name] = send(v) if send is not None else v
-    _validate(type(msg), body)            # a bad message fails at the sender, with its reason
-    if msg.SESSION and not secret:
-        raise ProtocolError(f"{msg.TAG} is a session message: pass the session secret", "auth")
-    raw = msgpack.packb(body, use_bin_type=True)
-    sid = msg.session_id()
-    mac = _mac(secret, PROTOCOL_VERSION, msg.TAG, sid, raw) if secret else b""
-    out = msgpack.packb({"v": PROTOCOL_VERSION, "t": msg.TAG, "s": sid, "b": raw, "h": mac}, use_bin_type=True)
-    if len(out) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"{msg.TAG} is {len(out)} bytes; at most {MAX_MESSAGE_BYTES}", "size")
-    return out
-
-
-SecretSource = Union[bytes, None, Callable[[str], Optional[bytes]]]
-
-
-def _unpack(data: bytes, what: str) -> Any:
-    def no_ext(code: int, data: bytes) -> Any:
-        raise ValueError("msgpack extension types are not allowed")
-    try:
-        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True,
-                               ext_hook=no_ext, timestamp=0)
-    except Exception as exc:  # msgpack raises many types; all mean "not ours"
-        raise ProtocolError(f"{what} is not valid msgpack: {exc or type(exc).__name__}", "format") from None
-
-
-def decode(data: bytes, secret: SecretSource = None) -> Message:
-    """Unpack, check version and HMAC, validate strictly; raise ProtocolError.
-
-    `secret` is the session key, or a function sid -> key (None if unknown) for
-    a receiver serving many sessions. Session messages always need a key;
-    control messages are verified only when a key is given."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ProtocolError("payload must be bytes", "format")
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message of {len(data)} bytes; at most {MAX_MESSAGE_BYTES}", "size")
-    env = _unpack(bytes(data), "envelope")
-    if not isinstance(env, dict) or set(env) != {"v", "t", "s", "b", "h"}:
-        raise ProtocolError("envelope must map exactly v, t, s, b, h", "format")
-    if env["v"] != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {env['v']!r}, this side speaks {PROTOCOL_VERSION}: "
-                            "run the same StarSun release on hub and devices", "version")
-    tag, sid, raw, mac = env["t"], env["s"], env["b"], env["h"]
-    cls = _BY_TAG.get(tag) if isinstance(tag, str) else None
-    if cls is None:
-        raise ProtocolError(f"unknown message type {_short(tag)}", "format")
-    if not isinstance(raw, bytes) or not isinstance(mac, bytes) or not isinstance(sid, str):
-        raise ProtocolError("envelope fields have wrong types", "format")
-    if cls.SESSION:
-        check_id(sid, "session id")
-    elif sid != "":
-        raise ProtocolError(f"{tag} carries no session id", "format")
-    key = secret(sid) if callable(secret) else secret
-    if cls.SESSION and not key:
-        raise ProtocolError(f"no secret for session {sid!r}: unknown or expired session", "auth")
-    if key is not None and not hmac.compare_digest(mac, _mac(key, env["v"], tag, sid, raw)):
-        raise ProtocolError(f"{tag} for session {sid!r} has a bad HMAC: dropped", "auth")
-    msg = _validate(cls, _unpack(raw, tag))
-    if cls.SESSION and msg.session_id() != sid:
-        raise ProtocolError(f"{tag}: body id {msg.session_id()!r} differs from envelope sid {sid!r}")
-    return msg
 
 
 def check_vocab(msg: Message, vocab_size: int) -> None:

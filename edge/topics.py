@@ -22,6 +22,7 @@ TOPICS = {
     "sun_ctl":     "ss/sun/w/{worker}/ctl",        # router -> worker: PrefillJob, DecodeAssign
     "sun_kv":      "ss/sun/w/{worker}/kv",         # prefill -> decoder: KVChunk, Error
     "sun_stream":  "ss/sun/r/{client}/{rid}",      # workers -> client: SunTokens, Error
+    "telemetry":   "ss/dev/{client}/telemetry",    # every agent and the hub, retained: Telemetry
 }
 _ID_NAMES = {"client": "client id", "sid": "session id", "service": "service id", "worker": "worker id",
              "rid": "request id"}
@@ -81,6 +82,8 @@ up_topic, down_topic = _builder("up"), _builder("down")
 draft_hello_topic, draft_ctl_topic = _builder("draft_hello"), _builder("draft_ctl")
 sun_req_topic, sun_stream_topic = _builder("sun_req"), _builder("sun_stream")
 sun_hello_topic, sun_ctl_topic, sun_kv_topic = _builder("sun_hello"), _builder("sun_ctl"), _builder("sun_kv")
+telemetry_topic = _builder("telemetry")
+TELEMETRY_SUB = subscription("telemetry")       # edge-hub top and the hub's /metrics read every device here
 STATUS_TOPIC = TOPICS["status"]
 JOIN_SUB = subscription("join")                 # the hub subscribes here
 DRAFTS_SUB = subscription("draft_hello")        # the hub watches draft services here

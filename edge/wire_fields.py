@@ -65,6 +65,13 @@ def number(lo: float, hi: float) -> Callable[[str, Any], float]:
     return check
 
 
+def optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """`check`, or None: a reading this sender does not have (no power sensor, no GPU)."""
+    def check_optional(name: str, v: Any) -> Any:
+        return None if v is None else check(name, v)
+    return check_optional
+
+
 def boolean(name: str, v: Any) -> bool:
     if type(v) is not bool:
         raise ProtocolError(f"{name} must be true or false, got {_short(v)}")

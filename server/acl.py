@@ -10,6 +10,7 @@ With `acl=True` the hub may do anything; a client (username = its client id) may
 
     write ss/sun/req/{me}           its SUN requests
     read  ss/sun/r/{me}/+           the token streams of its own SUN requests
+    write ss/dev/{me}/telemetry     its own telemetry (retained; the hub reads every device's)
 
 and a remote draft service additionally reads the up topics and writes the
 down topics of the sessions assigned to it (`ss/s/+/+/{me}/up|down`: the
@@ -33,7 +34,7 @@ from paho.mqtt.client import topic_matches_sub
 ROLES = ("hub", "client", "draft", "sun")
 CLIENT_RULES = [("write", "ss/hub/join/%u"), ("read", "ss/c/%u/joined"),
                 ("write", "ss/s/%u/+/+/up"), ("read", "ss/s/%u/+/+/down"), ("read", "ss/hub/status"),
-                ("write", "ss/sun/req/%u"), ("read", "ss/sun/r/%u/+")]
+                ("write", "ss/sun/req/%u"), ("read", "ss/sun/r/%u/+"), ("write", "ss/dev/%u/telemetry")]
 DRAFT_RULES = [("read", "ss/s/+/+/%u/up"), ("write", "ss/s/+/+/%u/down"), ("write", "ss/hub/drafts/%u"),
                ("read", "ss/d/%u/#")]
 SUN_RULES = [("write", "ss/sun/workers/%u"), ("read", "ss/sun/w/%u/#"), ("write", "ss/sun/w/+/kv"),

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import click
 
-from edge.command_options import (ctl_key_option, draft_limits, draft_options, open_model_for_command,
-                                  read_ctl_key, read_password)
+from edge.command_options import (STAR_GAMMA, ctl_key_option, draft_core_for_command, draft_limits, draft_options,
+                                  drafter_options, open_model_for_command,
+                                  read_ctl_key, read_password, start_telemetry_for_command, telemetry_options,
+                                  tls_files)
+from server.plan_command import plan
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,6 +24,9 @@ def main(verbose):
     """StarSun hub: MQTT broker, registry and draft service for a star of devices."""
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+main.add_command(plan)
 
 
 @main.command()
@@ -73,10 +79,12 @@ def main(verbose):
               help="with --sun-http-port: the SUN base model (name or path) whose tokenizer the tasks share")
 @ctl_key_option
 @draft_options
+@drafter_options
+@telemetry_options
 def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, username, password, password_file,
           draft_model, hub_id, dtype, threads, max_len, stats_every, sun_isolated, sun_pools, sun_decoder,
           sun_max_batch, stop_ids, sun_http_port, sun_http_host, sun_tokenizer, ctl_key_file, sun_backend,
-          **limits):
+          telemetry_interval, metrics_port, metrics_host, **limits):
     """Run the hub until Ctrl-C."""
     from server.broker import BrokerError
     from server.hub import Hub
@@ -118,16 +126,28 @@ def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, us
                                              stop_ids=stop_ids, name=f"{hub_id}-decoder", backend=sun_backend)
         except (SunError, OSError, EngineError) as e:
             raise click.ClickException(f"--sun-decoder {sun_decoder}: {e}") from None
-    engine = tok_fp = None
-    if draft_model:
+    engine = tok_fp = core = None
+    drafter, min_score = limits.pop("drafter"), limits.pop("suffix_min_score")
+    if drafter != "model" and not draft_model:
+        raise click.UsageError(f"--drafter {drafter} needs --draft-model (for suffix: only its tokenizer "
+                               "is loaded, to serve the targets that share it)")
+    if draft_model and drafter == "suffix":       # no weights: the tokenizer says whom it serves
+        from edge.command_options import suffix_identity
+        tok, vocab = suffix_identity(draft_model)
+        tok_fp = tok.fingerprint()
+        core = draft_core_for_command("suffix", None, draft_limits(**limits), f"{hub_id}-draft", vocab_size=vocab)
+    elif draft_model:
         engine, tok = open_model_for_command(draft_model, dtype, threads, max_len)
         tok_fp = tok.fingerprint()
+        if drafter == "hybrid":
+            core = draft_core_for_command("hybrid", engine, draft_limits(**limits), f"{hub_id}-draft",
+                                          min_score=min_score)
     else:
         click.echo("no --draft-model: this hub only routes to draft services on devices "
                    "(`edge-agent run --role draft`)", err=True)
     hub = Hub(broker_url=broker_url, broker="mosquitto" if mosquitto else "embedded", port=port, acl=acl,
-              draft_engine=engine, tokenizer_fp=tok_fp or "", limits=draft_limits(**limits), hub_id=hub_id,
-              username=username, password=password, sun_isolated=sun_isolated, sun_pools=pools,
+              draft_engine=engine, draft_core=core, tokenizer_fp=tok_fp or "", limits=draft_limits(**limits),
+              hub_id=hub_id, username=username, password=password, sun_isolated=sun_isolated, sun_pools=pools,
               sun_decoder=decoder, ctl_key=ctl_key, listeners=listeners)
     try:
         hub.start()
@@ -139,7 +159,7 @@ def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, us
         name, role, pw = (spec.split(":") + ["", ""])[:3]
         pw = hub.broker.add_user(name, role or "client", pw or None)
         click.echo(f"user {name} ({role or 'client'}): password {pw}", err=True)
-    click.echo(f"hub {hub_id} serving on {hub.url}" + (f" with draft {draft_model}" if draft_model else "")
+    click.echo(f"hub {hub_id} serving on {hub.url}" + (f" with draft {draft_model} ({drafter})" if draft_model else "")
                + (f" and SUN decoder {hub.sun_node.id}" if hub.sun_node else ""), err=True)
     for ln in listeners:
         click.echo(f"devices: {ln.url}" + ("" if ln.tls or ln.loopback else
@@ -153,6 +173,7 @@ def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, us
             hub.stop()
             raise click.ClickException(f"--sun-http-port {sun_http_port}: {e}") from None
         click.echo(f"SUN tasks on http://{sun_http_host}:{http.port}/v1 (model = task)", err=True)
+    telemetry = _hub_telemetry(hub, ctl_key, telemetry_interval, metrics_host, metrics_port, http)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -161,9 +182,27 @@ def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, us
             if stats_every:
                 click.echo(_stats_line(hub), err=True)
     finally:
+        if telemetry is not None:
+            telemetry.stop()
         if http is not None:
             http.stop()
         hub.stop()
+
+
+def _hub_telemetry(hub, ctl_key, interval, metrics_host, metrics_port, http):
+    """The hub's own telemetry; its /metrics also carries every device's (server/telemetry_board.py)."""
+    board = None
+    if metrics_port:
+        from server.telemetry_board import TelemetryBoard
+        board = TelemetryBoard(hub.link, ctl_key).start()
+    try:
+        return start_telemetry_for_command(hub.link, hub.hub_id, "hub", hub.telemetry, interval, metrics_host,
+                                           metrics_port, ctl_key=ctl_key, board=board)
+    except click.ClickException:
+        if http is not None:
+            http.stop()
+        hub.stop()
+        raise
 
 
 @main.command()
@@ -216,92 +255,48 @@ def _stats_line(hub) -> str:
     return line
 
 
-def _table_arg(spec: str, what: str) -> dict:
-    """'1=40,2=45.5' -> {1: 40.0, 2: 45.5}."""
-    out = {}
-    for kv in (x for x in spec.split(",") if x.strip()):
-        k, sep, v = kv.partition("=")
-        try:
-            out[int(k)] = float(v)
-        except ValueError:
-            raise click.BadParameter(f"{kv!r}: write K=VALUE pairs separated by commas", param_hint=what) from None
-        if not sep:
-            raise click.BadParameter(f"{kv!r}: write K=VALUE pairs separated by commas", param_hint=what)
-    return out
-
-
 @main.command()
-@click.option("--measurements", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="JSON written by benchmarks/starsd_scaling.py: its measured inputs (flags below override)")
-@click.option("--draft-step", default=None, metavar="B=MS,...",
-              help="one batched draft step at batch size B, ms (measured), e.g. 1=40,4=55,16=120")
-@click.option("--draft-feed-ms", type=float, default=None, help="per-request feed cost, ms")
-@click.option("--profile", default=None, help="device profile of the targets (devices/profiles/*.toml)")
-@click.option("--target-step-ms", type=float, default=None, help="one target decode step, ms")
-@click.option("--verify-cost", default=None, metavar="K=COST,...",
-              help="a target call over K tokens in single-step units, e.g. 1=1,3=1.05,5=1.1")
-@click.option("--rtt-ms", type=float, default=None, help="network + protocol round trip, ms")
-@click.option("--alpha", type=float, default=None, help="acceptance rate")
-@click.option("--ns", default="1,2,4,8,16,32,64", show_default=True, help="numbers of targets")
-@click.option("--gammas", default="1,2,3,4,5,6,8", show_default=True, help="γ values tried (best per N)")
-@click.option("--gamma", type=int, default=None, help="fix γ instead of choosing the best")
-def plan(measurements, draft_step, draft_feed_ms, profile, target_step_ms, verify_cost, rtt_ms, alpha, ns,
-         gammas, gamma):
-    """Predict StarSD throughput vs N, N_full and the best γ (the system model of server/planner.py)."""
-    import json
+@click.option("--hub", "hub_url", required=True, metavar="mqtt[s]://HOST:PORT", help="the star's MQTT broker")
+@click.option("--username", default=None,
+              help="broker user allowed to read every device's telemetry: with the hub's ACL a user of role "
+                   "hub (`edge-hub serve --acl --user monitor:hub`)")
+@click.option("--password", default=None, help="its password (visible in ps: prefer --password-file or "
+              "$STARSUN_MQTT_PASSWORD)")
+@click.option("--password-file", default=None, type=click.Path(dir_okay=False), help="file holding the password")
+@click.option("--tls-dir", default=None, type=click.Path(file_okay=False),
+              help="with an mqtts:// --hub: ca.crt and CLIENT_ID.crt/.key from `edge-hub certs`")
+@click.option("--client-id", default=None, help="certificate name for --tls-dir (default: --username, else top)")
+@ctl_key_option
+@click.option("--once", is_flag=True, help="print one snapshot and exit (scripts, tests)")
+@click.option("--refresh", default=2.0, show_default=True, help="seconds between redraws")
+@click.option("--wait", default=3.0, show_default=True,
+              help="seconds to wait at most for the retained reports before the first table")
+def top(hub_url, username, password, password_file, tls_dir, client_id, ctl_key_file, once, refresh, wait):
+    """A live table of every device in the star, from its telemetry (ss/dev/+/telemetry)."""
+    from edge.link import LinkError, MqttLink
+    from server.telemetry_board import TelemetryBoard
+    from server.top import run_top
 
-    from server.planner import SystemInputs, format_table, simulate, sweep
-
-    kw: dict = {}
-    if measurements:
-        try:
-            got = json.loads(open(measurements).read())["planner"]["inputs"]
-        except (ValueError, KeyError, TypeError):
-            raise click.ClickException(f"{measurements} has no planner inputs: write it with "
-                                       "benchmarks/starsd_scaling.py") from None
-        kw = {"draft_step_ms": {int(k): float(v) for k, v in got["draft_step_ms"].items()},
-              "draft_feed_ms": got["draft_feed_ms"], "target_step_ms": got["target_step_ms"],
-              "verify_cost": {int(k): float(v) for k, v in got["verify_cost"].items()},
-              "rtt_ms": got["rtt_ms"], "alpha": got["alpha"]}
-    if profile:
-        from devices.profile import load_profile
-        try:
-            p = load_profile(profile)
-        except ValueError as e:
-            raise click.BadParameter(str(e), param_hint="--profile") from None
-        wb, params = 1_117_320_768, 1.54e9        # Qwen2.5-Coder-1.5B Q4_K_M, the reference target
-        kw["target_step_ms"] = p.call_ms(wb, params, 1)
-        kw["verify_cost"] = {k: p.verify_cost(k, wb, params) for k in range(1, 34)}
-    given = {"draft_step_ms": draft_step and _table_arg(draft_step, "--draft-step"),
-             "draft_feed_ms": draft_feed_ms, "target_step_ms": target_step_ms,
-             "verify_cost": verify_cost and _table_arg(verify_cost, "--verify-cost"), "rtt_ms": rtt_ms,
-             "alpha": alpha}
-    kw.update({k: v for k, v in given.items() if v is not None})
-    kw.setdefault("draft_feed_ms", 0.0)
-    kw.setdefault("rtt_ms", 2.0)
-    missing = [f"--{k.replace('_ms', '').replace('_', '-')}" for k in
-               ("draft_step_ms", "target_step_ms", "verify_cost", "alpha") if not kw.get(k) and kw.get(k) != 0]
-    if missing:
-        raise click.UsageError(f"missing {', '.join(missing)}: pass them, or --measurements FILE from "
-                               "benchmarks/starsd_scaling.py (and/or --profile for the target's costs)")
-    if not 0.0 <= kw["alpha"] <= 1.0:
-        raise click.BadParameter("must be in [0, 1]", param_hint="--alpha")
+    password = read_password(password, password_file)
+    tls = tls_files(tls_dir, client_id or username or "top", hub_url)
     try:
-        n_list = [int(x) for x in ns.split(",") if x.strip()]
-        g_list = [int(x) for x in gammas.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter("write comma-separated integers, e.g. 1,2,4,8") from None
-    inp = SystemInputs(**kw)
-    preds = [simulate(inp, n, gamma) for n in n_list] if gamma else sweep(inp, n_list, g_list)
-    click.echo(f"draft step ms by batch {kw['draft_step_ms']}, target step {kw['target_step_ms']:.1f} ms, "
-               f"rtt {kw['rtt_ms']:.1f} ms, alpha {kw['alpha']:.2f}")
-    click.echo(format_table(preds))
+        link = MqttLink(hub_url, username=username, password=password, tls=tls).connect(10)
+    except LinkError as e:
+        raise click.ClickException(str(e)) from None
+    board = TelemetryBoard(link, read_ctl_key(ctl_key_file)).start()
+    try:
+        run_top(board, once, refresh, wait)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        link.close()
 
 
 @main.command("demo")
 @click.option("--targets", "-N", "n_targets", default=4, show_default=True, help="targets in the star")
 @click.option("--max-new", "-n", default=48, show_default=True, help="new tokens per target")
-@click.option("--gamma", "-g", default=4, show_default=True, help="drafted tokens per verification")
+@click.option("--gamma", "-g", default="4", show_default=True, type=STAR_GAMMA, metavar="γ|auto[:N]",
+              help="the N targets' drafted tokens per verification, or auto[:N] (chosen each round)")
 @click.option("--draft", "-D", default="qwen2.5-coder-0.5b", show_default=True, help="the hub's draft model")
 @click.option("--target", "-T", default="qwen2.5-coder-1.5b", show_default=True, help="every target's model")
 @click.option("--backend", type=click.Choice(["llamacpp", "torch"]), default="llamacpp", show_default=True)
@@ -312,6 +307,10 @@ def plan(measurements, draft_step, draft_feed_ms, profile, target_step_ms, verif
 @click.option("--show-text", is_flag=True, help="print each target's text at the end")
 @click.option("--target-nice", default=5, show_default=True,
               help="lower the targets' priority so they do not starve the hub's draft on shared cores (0: off)")
+@click.option("--two-device/--no-two-device", default=True, show_default=True,
+              help="first: one target alone vs through a star whose hub + draft run on another core")
+@click.option("--two-device-gammas", default="3,auto", show_default=True, metavar="γ,auto",
+              help="the γ modes of the two-device part (integers and/or auto[:N])")
 def demo(**options):
     """StarSD on this machine: one hub + draft service, N targets, each on its own prompt."""
     from server.demos.star_demo import demo_command

@@ -20,11 +20,13 @@ import time
 from typing import Optional
 
 from edge.link import Link, MqttLink
-from edge.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, HubStatus, Join, Joined,
+from edge.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, HubStatus, Join, Joined, Probe,
                            ProtocolError, SessionAssign, SessionRelease, decode, down_topic,
-                           draft_ctl_topic, encode, joined_topic, parse_topic, sun_hello_topic, up_topic)
+                           draft_ctl_topic, draft_hello_topic, encode, joined_topic, parse_topic,
+                           sun_hello_topic, up_topic)
 from edge.roles.draft import DraftLimits, DraftRefused, DraftService
 from edge.roles.draft_node import DraftNode
+from edge.seen_ids import SeenIds
 from server.registry import Refusal, Registry
 from server.sun_router import SunRouter
 
@@ -37,6 +39,7 @@ class Hub:
     def __init__(self, *, broker_url: Optional[str] = None, broker: str = "embedded",
                  port: Optional[int] = None, acl: bool = False, link: Optional[Link] = None,
                  draft_engine=None, tokenizer_fp: str = "", limits: Optional[DraftLimits] = None,
+                 draft_core=None,
                  hub_id: str = "hub", username: Optional[str] = None, password: Optional[str] = None,
                  status_every: float = 2.0, ctl_key: Optional[bytes] = None, sun: bool = True,
                  sun_isolated: bool = False, sun_pools: Optional[dict] = None, sun_decoder=None,
@@ -44,7 +47,7 @@ class Hub:
         """sun: route SUN requests; sun_isolated / sun_pools: one decoder pool per task
         ({task: [decoder ids]}); sun_decoder: a SharedDecoder the hub serves as
         f"{hub_id}-decoder"."""
-        if draft_engine is not None and not tokenizer_fp:
+        if (draft_engine is not None or draft_core is not None) and not tokenizer_fp:
             raise ValueError("the hub's draft service needs the tokenizer fingerprint of its model")
         if sun_pools and not sun_isolated:
             raise ValueError("SUN decoder pools per task (sun_pools) need sun_isolated=True")
@@ -55,10 +58,12 @@ class Hub:
         self.listeners = list(listeners)      # server.broker.Listener: addresses beyond loopback
         self.username, self.password = username, password
         self.draft_engine, self.tokenizer_fp, self.limits = draft_engine, tokenizer_fp, limits
+        self.draft_core = draft_core          # a prebuilt draft core (edge/roles/draft_kinds.py), or None
         self.status_every, self.ctl_key = status_every, ctl_key
         self.link = link
         self.broker = None                    # the broker we run, if any
         self.node: Optional[DraftNode] = None
+        self._draft_link = None               # its own connection, with its own will
         self.sun, self.sun_isolated, self.sun_pools = sun, sun_isolated, sun_pools
         self.sun_decoder = sun_decoder
         self.router: Optional[SunRouter] = None
@@ -66,7 +71,8 @@ class Hub:
         self._sun_link = None                 # its own connection
         self.registry = Registry()
         self.epoch = 0.0
-        self.counters = {"joins": 0, "refused": 0, "bad_join": 0}
+        self.counters = {"joins": 0, "refused": 0, "bad_join": 0, "replayed_join": 0}
+        self._join_nonces = SeenIds()         # (client, nonce) of recent joins: a replay opens no session
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._live = False
@@ -95,6 +101,7 @@ class Hub:
         # announce ourselves only once the draft service is registered, or early
         # joins would be refused for want of a draft service
         self.link.on_connection(lambda up: up and self._live and self.publish_status())
+        self.link.on_connection(lambda up: up and self.registry.liveness.forget_probes())
         self.link.subscribe(JOIN_SUB, self._on_join)
         self.link.subscribe(DRAFTS_SUB, self._on_hello)
         self.link.connect()
@@ -111,10 +118,17 @@ class Hub:
                     self._sun_link.set_will(sun_hello_topic(did), self.sun_node.will())
                     self._sun_link.connect()
                 self.sun_node.start()
-        if self.draft_engine is not None:
-            svc = DraftService(self.draft_engine, self.limits, name=f"{self.hub_id}-draft")
-            self.node = DraftNode(svc, self.link, f"{self.hub_id}-draft", self.tokenizer_fp,
+        if self.draft_engine is not None or self.draft_core is not None:
+            did = f"{self.hub_id}-draft"
+            svc = self.draft_core or DraftService(self.draft_engine, self.limits, name=did)
+            # its own connection and will: a killed hub must not leave an online hello of its
+            # draft service behind (a hub without that service would assign sessions to it)
+            self._draft_link = self._second_link(did)
+            self.node = DraftNode(svc, self._draft_link, did, self.tokenizer_fp,
                                   ctl_key=self.ctl_key, on_closed=self._closed)
+            if self._draft_link is not self.link:
+                self._draft_link.set_will(draft_hello_topic(did), self.node.will())
+                self._draft_link.connect()
             self.registry.update_service(self.node.status(), local=self.node)
             self.node.start()
         self._live = True
@@ -131,6 +145,8 @@ class Hub:
         self._live = False
         if self.node is not None:
             self.node.stop()
+            if self._draft_link is not self.link:
+                self._draft_link.close()
         if self.sun_node is not None:
             self.sun_node.stop()              # announces itself offline (retained)
             if self._sun_link is not self.link:
@@ -148,6 +164,8 @@ class Hub:
         self._live = False
         if self.node is not None:
             self.node.stop(announce=False)
+            if self._draft_link is not self.link:
+                (getattr(self._draft_link, "crash", None) or self._draft_link.close)()
         if self.sun_node is not None:
             self.sun_node.stop(announce=False)
             if self._sun_link is not self.link:
@@ -166,6 +184,19 @@ class Hub:
             from edge.memory_link import MemoryLink
             return MemoryLink(bus)
         return self.link                      # some other Link: share it
+
+    def _revive_broker(self) -> None:
+        """Our Mosquitto died under us (kill -9, the OOM killer): start it again on its port with
+        the same users; every link reconnects by itself and every node says hello again."""
+        proc = getattr(self.broker, "proc", None)
+        if proc is None or proc.poll() is None or self._stop.is_set():
+            return
+        log.warning("hub %s: its Mosquitto died (exit %s); starting it again on %s",
+                    self.hub_id, proc.returncode, self.url)
+        if proc.stderr:
+            proc.stderr.close()
+        self.counters["broker_restarts"] = self.counters.get("broker_restarts", 0) + 1
+        self.broker.start()
 
     def _stop_broker(self) -> None:
         if self.broker is not None:
@@ -189,8 +220,12 @@ class Hub:
     def _status_loop(self) -> None:
         while not self._stop.wait(self.status_every):
             try:
+                self._revive_broker()
                 if self.node is not None:
                     self.registry.update_service(self.node.status(), local=self.node)
+                self.registry.sweep()             # silent or unanswering services: offline
+                if self.router is not None:
+                    self.router.sweep()
                 self.publish_status()
             except Exception:
                 log.exception("hub %s: status update failed", self.hub_id)
@@ -209,6 +244,14 @@ class Hub:
                                          "dropped": dict(self.sun_node.dropped)}
         return out
 
+    def telemetry(self) -> dict:
+        """Counters for the hub's own Telemetry (edge/telemetry.py): its draft service's, if it
+        runs one, with the star's sessions and the joins it dropped."""
+        out = self.node.telemetry() if self.node is not None else {}
+        dropped = dict(out.get("dropped", {}))
+        dropped["bad_join"] = dropped.get("bad_join", 0) + self.counters["bad_join"]
+        return {**out, "sessions": self.registry.count(), "dropped": dropped}
+
     # ---- joins ----
     def _reply(self, client: str, joined: Joined) -> None:
         self.link.publish(joined_topic(client), encode(joined), kind="control")
@@ -223,6 +266,11 @@ class Hub:
             return
         if not isinstance(join, Join) or join.client != ids["client"]:
             self.counters["bad_join"] += 1     # a join must come from its own client's topic
+            return
+        if join.nonce and not self._join_nonces.add((join.client, join.nonce)):
+            self.counters["replayed_join"] += 1   # every join draws a fresh nonce (HubClient.join_async)
+            log.log(logging.WARNING if self.counters["replayed_join"] == 1 else logging.DEBUG,
+                    "hub: dropped a replayed join of %s (nonce %s)", join.client, join.nonce)
             return
         client = join.client
         try:
@@ -263,7 +311,9 @@ class Hub:
             return
         if not isinstance(hello, DraftHello) or hello.service != ids["service"]:
             return
-        self.registry.update_service(hello)
+        if self.registry.update_service(hello):     # a retained hello proves nothing: ask
+            self.link.publish(draft_ctl_topic(hello.service), encode(Probe(hello.service), self.ctl_key),
+                              kind="control")
 
     def _closed(self, sid: str, reason: str) -> None:
         self.registry.release(sid)

@@ -4,6 +4,11 @@ A join is admitted only if some online draft service speaks the target's
 tokenizer (same fingerprint AND vocabulary size) and has room; otherwise it
 is refused with a reason the user can act on. Admitted sessions get a fresh
 session id and secret and go to the least-loaded fitting service.
+
+A service counts as online only while server/liveness.py says it is alive: a
+retained hello alone (maybe a dead process's) is not enough until the service
+answers a probe, and its will, silence or an unanswered assignment ends it
+(its sessions are released then).
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 from edge.protocol import DraftHello, Join, new_secret, new_sid
+from server.liveness import Liveness
 
 
 class Refusal(Exception):
@@ -53,15 +59,18 @@ def _short(fp: str) -> str:
 
 
 class Registry:
-    def __init__(self, max_sessions_per_client: int = 64):
+    def __init__(self, max_sessions_per_client: int = 64, liveness: Optional[Liveness] = None):
         self.max_per_client = max_sessions_per_client
+        self.liveness = liveness or Liveness()
         self.services: Dict[str, ServiceInfo] = {}
         self.sessions: Dict[str, SessionInfo] = {}
         self._lock = threading.Lock()
         self.refusals = 0
 
     # ---- services ----
-    def update_service(self, hello: DraftHello, local: object = None) -> None:
+    def update_service(self, hello: DraftHello, local: object = None) -> bool:
+        """Take a service's hello; True when the caller should probe it (not yet proven alive)."""
+        probe = self.liveness.heard(hello.service, hello.online, local=local is not None)
         with self._lock:
             s = self.services.get(hello.service)
             if s is None or s.model_fp != hello.model_fp or s.vocab_size != hello.vocab_size:
@@ -72,12 +81,30 @@ class Registry:
             s.sessions, s.busy, s.online = hello.sessions, hello.busy, hello.online
             s.recent, s.seen = 0, time.monotonic()
             if not hello.online:
-                for sid in [k for k, v in self.sessions.items() if v.service == s.name]:
-                    del self.sessions[sid]
+                self._drop_sessions(s.name)
+        return probe
+
+    def sweep(self) -> list:
+        """Services found dead (silent, or an assignment unanswered): offline, sessions released."""
+        dead = self.liveness.sweep()
+        with self._lock:
+            for name in dead:
+                s = self.services.get(name)
+                if s is not None:
+                    s.online = False
+                    self._drop_sessions(name)
+        return dead
+
+    def _drop_sessions(self, service: str) -> None:
+        for sid in [k for k, v in self.sessions.items() if v.service == service]:
+            del self.sessions[sid]
+
+    def _alive(self) -> list:
+        return [s for s in self.services.values() if s.online and self.liveness.alive(s.name)]
 
     def online_services(self) -> list:
         with self._lock:
-            return sorted(n for n, s in self.services.items() if s.online)
+            return sorted(s.name for s in self._alive())
 
     # ---- sessions ----
     def admit(self, join: Join) -> tuple:
@@ -92,7 +119,7 @@ class Registry:
     def _admit(self, join: Join) -> tuple:
         if join.role != "target":
             raise Refusal(f"role {join.role!r} is not served by this hub yet: it serves StarSD targets")
-        online = [s for s in self.services.values() if s.online]
+        online = self._alive()
         if not online:
             raise Refusal("no draft service is online at this hub; start one with "
                           "`edge-hub serve --draft-model PATH` or `edge-agent run --role draft`")
@@ -122,6 +149,8 @@ class Registry:
         svc = min(room, key=lambda s: (s.load / max(1, s.max_sessions), s.busy, s.name))
         sid, secret = new_sid(), new_secret()
         svc.recent += 1
+        if svc.local is None:
+            self.liveness.owe(svc.name)           # its next hello must count this session
         self.sessions[sid] = SessionInfo(sid, join.client, svc.name)
         return svc, sid, secret
 
@@ -137,6 +166,8 @@ class Registry:
     def snapshot(self) -> dict:
         with self._lock:
             return {"sessions": len(self.sessions), "refusals": self.refusals,
-                    "services": {n: {"model_fp": s.model_fp, "vocab": s.vocab_size, "online": s.online,
+                    "liveness": self.liveness.snapshot(),
+                    "services": {n: {"model_fp": s.model_fp, "vocab": s.vocab_size,
+                                     "online": s.online and self.liveness.alive(n),
                                      "sessions": s.sessions, "busy": s.busy, "local": s.local is not None}
                                  for n, s in self.services.items()}}

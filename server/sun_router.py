@@ -20,7 +20,12 @@ decoder goes offline). A request that cannot be routed is answered at once,
 on its own topic and signed with its own secret, with an Error saying what to
 start (unknown_task, no_decoder, bad_request). When a decoder goes offline (its
 will) the requests it may still hold are answered with worker_lost at once, so
-their clients can resend instead of waiting out a timeout.
+their clients can resend instead of waiting out a timeout; when a prefill
+worker does, so are the requests it had not yet prefilled, and their decoders'
+reservations are released. A worker is routed to only while
+server/liveness.py says it is alive: a retained hello is not enough until the
+worker answers a probe, and silence or a job it never acknowledges ends it
+like its will (`sweep()`, which the hub runs every status period).
 """
 from __future__ import annotations
 
@@ -32,9 +37,10 @@ from typing import Dict, List, Optional, Tuple
 
 from edge.link import Link
 from edge.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_UNKNOWN_TASK, E_WORKER_LOST, SUN_REQ_SUB,
-                           SUN_WORKERS_SUB, DecodeAssign, Error, PrefillJob, ProtocolError, SunHello, SunRequest,
-                           decode, encode, parse_topic, sun_ctl_topic, sun_stream_topic)
+                           SUN_WORKERS_SUB, DecodeAssign, Error, PrefillJob, Probe, ProtocolError, SunHello,
+                           SunRequest, decode, encode, parse_topic, sun_ctl_topic, sun_kv_topic, sun_stream_topic)
 from edge.seen_ids import SeenIds
+from server.liveness import Liveness
 
 log = logging.getLogger(__name__)
 INFLIGHT_MAX = 4096             # requests remembered per decoder for worker_lost
@@ -73,7 +79,7 @@ class SunRouter:
     """Start with `start()` on the hub's link (its filters do not overlap StarSD's)."""
 
     def __init__(self, link: Link, *, isolated: bool = False, pools: Optional[Dict[str, List[str]]] = None,
-                 ctl_key: Optional[bytes] = None):
+                 ctl_key: Optional[bytes] = None, liveness: Optional[Liveness] = None):
         if pools and not isolated:
             raise ValueError("pools (a decoder pool per task) only apply with isolated=True")
         self.link, self.isolated, self.ctl_key = link, isolated, ctl_key
@@ -86,10 +92,14 @@ class SunRouter:
         # decoder -> {(client, rid): secret}: what it may still be decoding. Cleared when its hello
         # says it took all we sent and runs nothing; failed (worker_lost) when it goes offline.
         self.inflight: Dict[str, Dict[Tuple[str, str], bytes]] = {}
+        # prefill worker -> {(client, rid): (secret, decoder)}: jobs it may not have prefilled yet
+        self.prefilling: Dict[str, Dict[Tuple[str, str], Tuple[bytes, str]]] = {}
+        self.liveness = liveness or Liveness()
         self._lock = threading.RLock()
 
     # ---- lifecycle ----
     def start(self) -> "SunRouter":
+        self.link.on_connection(lambda up: up and self.liveness.forget_probes())
         self.link.subscribe(SUN_WORKERS_SUB, self._on_hello)
         self.link.subscribe(SUN_REQ_SUB, self._on_request)
         return self
@@ -115,26 +125,63 @@ class SunRouter:
 
     def update_worker(self, h: SunHello) -> None:
         """Take a worker's report (also for workers in the hub's own process)."""
-        lost: Dict[Tuple[str, str], bytes] = {}
+        if self.liveness.heard(h.worker, h.online):        # not proven alive yet: ask it
+            self.link.publish(sun_ctl_topic(h.worker), encode(Probe(h.worker), self.ctl_key), kind="control")
+        alive = self.liveness.alive(h.worker)
         with self._lock:
             w = self.workers.get(h.worker)
+            if w is None and not alive:
+                return                                    # a retained hello, maybe a dead worker's
             if w is None or (w.role, w.task, w.fingerprint) != (h.role, h.task, h.fingerprint):
                 w = WorkerInfo(h.worker, h.role, h.task, h.fingerprint, h.vocab_size)
                 self.workers[h.worker] = w
                 self._unbind(h.worker)
             if h.served < w.served or h.served > w.sent:
                 w.sent = h.served                         # it restarted, or we did
-            w.vocab_size, w.online, w.load, w.capacity = h.vocab_size, h.online, h.load, h.capacity
+            was_online = w.online
+            w.vocab_size, w.online, w.load, w.capacity = h.vocab_size, alive, h.load, h.capacity
             w.served, w.seen = h.served, time.monotonic()
-            if not h.online:
-                self._unbind(h.worker)
-                lost = self.inflight.pop(h.worker, {})
-            elif h.load == 0 and h.served >= w.sent:
+            if alive and h.load == 0 and h.served >= w.sent:
                 self.inflight.pop(h.worker, None)         # it took everything we sent and runs nothing
-        for (client, rid), secret in lost.items():        # their tokens will never come: say so now
-            self._count("worker_lost")
-            msg = Error(rid, 0, E_WORKER_LOST, f"decoder {h.worker} went offline mid-request; send it again")
-            self.link.publish(sun_stream_topic(client, rid), encode(msg, secret), kind="control")
+                self.prefilling.pop(h.worker, None)
+        if not alive and (was_online or not h.online):
+            self._lost(h.worker, "went offline")
+
+    def sweep(self) -> List[str]:
+        """Workers found dead by silence or an unacknowledged job: handled like their will."""
+        dead = self.liveness.sweep()
+        for name in dead:
+            with self._lock:
+                w = self.workers.get(name)
+                if w is not None:
+                    w.online = False
+            self._lost(name, "stopped answering")
+        return dead
+
+    def _lost(self, worker: str, how: str) -> None:
+        """`worker` is gone: fail what it held at once (its clients may resend), free reservations."""
+        with self._lock:
+            self._unbind(worker)
+            w = self.workers.get(worker)
+            if w is not None:
+                w.sent = w.served                         # what it had not taken is failed below
+            decoding = self.inflight.pop(worker, {})
+            prefilling = self.prefilling.pop(worker, {})
+            for (client, rid), (_, dec) in prefilling.items():
+                self.inflight.get(dec, {}).pop((client, rid), None)
+        for (client, rid), secret in decoding.items():    # their tokens will never come: say so now
+            self._fail(client, rid, secret, f"decoder {worker} {how} mid-request; send it again")
+        for (client, rid), (secret, dec) in prefilling.items():
+            self._fail(client, rid, secret, f"prefill worker {worker} {how} before the KV cache was "
+                                            "sent; send it again")
+            # the decoder's reservation for this KV: released now, not after its KV timeout
+            err = Error(rid, 0, E_WORKER_LOST, f"prefill worker {worker} {how}")
+            self.link.publish(sun_kv_topic(dec), encode(err, secret), kind="control")
+
+    def _fail(self, client: str, rid: str, secret: bytes, message: str) -> None:
+        self._count("worker_lost")
+        msg = Error(rid, 0, E_WORKER_LOST, message)
+        self.link.publish(sun_stream_topic(client, rid), encode(msg, secret), kind="control")
 
     def _unbind(self, decoder: str) -> None:
         for t in [t for t, d in self.bindings.items() if d == decoder]:
@@ -148,6 +195,8 @@ class SunRouter:
             dec = self._decoder_for(task, prefill.fingerprint)
             prefill.sent += 1
             dec.sent += 1
+            self.liveness.owe(prefill.id)                 # each must acknowledge it in its next hello
+            self.liveness.owe(dec.id)
             return prefill, dec
 
     def tasks(self) -> List[str]:
@@ -156,7 +205,8 @@ class SunRouter:
             return sorted({w.task for w in self._online("prefill")})
 
     def _online(self, role: str) -> List[WorkerInfo]:
-        return sorted((w for w in self.workers.values() if w.online and w.role == role), key=lambda w: w.id)
+        return sorted((w for w in self.workers.values()
+                       if w.online and w.role == role and self.liveness.alive(w.id)), key=lambda w: w.id)
 
     def _prefill_for(self, task: str) -> WorkerInfo:
         pre = self._online("prefill")
@@ -234,6 +284,10 @@ class SunRouter:
             held[(req.client, req.rid)] = req.secret
             if len(held) > INFLIGHT_MAX:                  # a decoder that never reports idle: bound it
                 del held[next(iter(held))]
+            jobs = self.prefilling.setdefault(prefill.id, {})
+            jobs[(req.client, req.rid)] = (req.secret, dec.id)
+            if len(jobs) > INFLIGHT_MAX:
+                del jobs[next(iter(jobs))]
             self.counters["routed"] += 1
             per = self.routed.setdefault(req.task, {})
             per[dec.id] = per.get(dec.id, 0) + 1
@@ -249,7 +303,9 @@ class SunRouter:
 
     def _count(self, what: str) -> None:
         with self._lock:
-            self.counters[what] = self.counters.get(what, 0) + 1
+            n = self.counters[what] = self.counters.get(what, 0) + 1
+        if what.startswith(("bad_request", "replay")):    # a dropped request: the first is worth a warning
+            log.log(logging.WARNING if n == 1 else logging.DEBUG, "sun: dropped a request (%s; %d so far)", what, n)
 
     # ---- reporting ----
     def snapshot(self) -> dict:
@@ -258,6 +314,9 @@ class SunRouter:
             return {"isolated": self.isolated, "counters": dict(self.counters),
                     "routed": {t: dict(d) for t, d in self.routed.items()},
                     "bindings": dict(self.bindings), "pools": {t: list(d) for t, d in self.pools.items()},
+                    "inflight": {d: len(v) for d, v in self.inflight.items() if v},
+                    "prefilling": {p: len(v) for p, v in self.prefilling.items() if v},
+                    "liveness": self.liveness.snapshot(),
                     "workers": {w.id: {"role": w.role, "task": w.task, "fingerprint": w.fingerprint,
                                        "online": w.online, "load": w.load, "est_load": w.est_load,
                                        "capacity": w.capacity} for w in self.workers.values()}}

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from edge.engines.base import Engine, EngineError
+from edge.engines.bundle_manifest import manifest_problem
 from edge.model_spec import resolve_model
 
 if TYPE_CHECKING:
@@ -65,19 +66,28 @@ def read_manifest(directory) -> dict:
         raise BundleError(f"{d} is not a bundle (no {MANIFEST}); make one with `edge-export bundle`")
     try:
         man = json.loads(p.read_text())
-    except ValueError as e:
-        raise BundleError(f"{p} is not valid JSON ({e}); re-copy the bundle or re-run `edge-export bundle`") from None
-    if man.get("format") != BUNDLE_FORMAT:
-        raise BundleError(f"{p} is not a StarSun bundle manifest (format {man.get('format')!r})")
+    except (ValueError, RecursionError) as e:     # RecursionError: nested too deep to parse
+        raise BundleError(f"{p} is not valid JSON ({str(e)[:200] or type(e).__name__}); re-copy the bundle "
+                          "or re-run `edge-export bundle`") from None
+    if not isinstance(man, dict) or man.get("format") != BUNDLE_FORMAT:
+        man = man if isinstance(man, dict) else {}
+        raise BundleError(f"{p} is not a StarSun bundle manifest (format {str(man.get('format'))[:80]!r})")
     if man.get("version") != BUNDLE_VERSION:
         raise BundleError(f"{p} has bundle version {man.get('version')}, this kit reads version "
                           f"{BUNDLE_VERSION}; re-export the bundle with this kit's `edge-export bundle`")
+    bad = manifest_problem(man)
+    if bad:
+        raise BundleError(f"{p} is malformed: {bad}; re-copy the bundle or re-run `edge-export bundle`")
     return man
 
 
 def _check_files(d: Path, files: Sequence[dict], what: str, deep: bool) -> None:
+    root = d.resolve()
     for f in files:
         p = d / f["path"]
+        if not p.resolve().is_relative_to(root):      # a link (file or folder) that leads out of it
+            raise BundleError(f"bundle {d}: {what} file {f['path']} is a link to outside the bundle; "
+                              "copy the file itself into the bundle")
         if not p.is_file():
             raise BundleError(f"bundle {d}: {what} file {f['path']} is missing; re-copy the bundle")
         size = p.stat().st_size
@@ -246,9 +256,10 @@ def open_model(spec, backend: str = "torch", role: Optional[str] = None, dtype=N
 
 def _is_bundle(p: Path) -> bool:
     try:
-        return json.loads((p / MANIFEST).read_text()).get("format") == BUNDLE_FORMAT
-    except ValueError:
+        man = json.loads((p / MANIFEST).read_text())
+    except (ValueError, RecursionError):
         return True  # let read_manifest say what is wrong with it
+    return not isinstance(man, dict) or man.get("format") == BUNDLE_FORMAT
 
 
 def _has_llamacpp() -> bool:

@@ -22,6 +22,7 @@ finishes alone ("error"); the rest of the batch goes on either way.
 from __future__ import annotations
 
 import itertools
+import numbers
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -137,13 +138,16 @@ class SharedDecoder:
         except (KVError, TypeError) as e:
             self.refused += 1
             raise AdmissionError(f"{self.name}: KV blob refused: {e}") from None
-        meta = head.get("meta") or {}
+        # the header's meta is the sender's word: use only values of the types we need
+        meta = {k: v for k, v in (head.get("meta") or {}).items()
+                if (k, type(v)) in (("request_id", str), ("task", str), ("first_token", int))}
         rid = request_id or meta.get("request_id") or f"{self.name}#{next(self._ids)}"
         if rid in self._run:
             self.refused += 1
             raise AdmissionError(f"{self.name}: request {rid!r} is already running")
         first = first_token if first_token is not None else meta.get("first_token")
-        if first is None or not 0 <= int(first) < self.engine.vocab_size:
+        if isinstance(first, bool) or not isinstance(first, numbers.Integral) \
+                or not 0 <= first < self.engine.vocab_size:
             self.refused += 1
             raise AdmissionError(f"{self.name}: request {rid!r} has no valid first token "
                                  "(pass first_token or use a blob from a PrefillWorker)")

@@ -8,7 +8,9 @@ client. Its hello carries its load, which the router's least-loaded choice reads
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -21,6 +23,7 @@ from edge.roles.node import Node
 from edge.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+MAX_ASSIGNED_KEYS = 4096       # recent assignments whose KV may pass a full queue (a bounded memory)
 
 
 @dataclass
@@ -60,6 +63,8 @@ class DecoderNode(Node):
         self._last_sweep = time.monotonic()
         self.tasks_served: set = set()
         self.stats = {"admitted": 0, "refused": 0, "timeouts": 0, "overloaded": 0, "finished": 0}
+        self._queued, self._queued_lock = 0, threading.Lock()    # KV bytes waiting in the loop's queue
+        self._assigned: "OrderedDict[str, bytes]" = OrderedDict()  # rid -> secret of recent assignments
 
     @property
     def load(self) -> int:
@@ -69,6 +74,14 @@ class DecoderNode(Node):
     @property
     def batches(self):
         return self.decoder.batches
+
+    def telemetry(self) -> dict:
+        """The node's counters plus the decoder's: requests held, tokens decoded, batch sizes."""
+        d = self.decoder
+        recent = list(d.batches)
+        return {**super().telemetry(), "sessions": self.load, "tokens": d.tokens_out,
+                "batch_mean": d.rows_out / d.steps if d.steps else 0.0,
+                "batch_max": max(map(len, recent)) if recent else 0}
 
     # ---- the node's hooks ----
     def hello_topic(self) -> str:
@@ -86,7 +99,38 @@ class DecoderNode(Node):
         return self.load, self.served
 
     def subscribe(self) -> None:
-        self.link.subscribe(sun_kv_topic(self.id), lambda t, p: self.put("kv", p))
+        self.link.subscribe(sun_kv_topic(self.id), self._on_kv)
+
+    def _on_kv(self, topic: str, payload: bytes) -> None:
+        """Queue a KV message for the loop, within max_pending bytes queued. Past that (a flood faster
+        than the loop) only chunks signed for an assigned request still queue; the rest are dropped
+        and counted here, so a flood can neither grow the queue nor crowd out the real KV."""
+        with self._queued_lock:
+            room = self._queued + len(payload) <= self.max_pending
+        if not room and not self._signed_for_assigned(payload):
+            self.drop("kv_backlog")
+            return
+        with self._queued_lock:
+            self._queued += len(payload)
+        self.put("kv", payload)
+
+    def put(self, kind: str, msg) -> None:
+        if kind == "ctl" and isinstance(msg, DecodeAssign) and msg.worker == self.id:
+            with self._queued_lock:                       # known before the loop reaches it (see _on_kv)
+                self._assigned[msg.rid] = msg.secret
+                while len(self._assigned) > MAX_ASSIGNED_KEYS:
+                    self._assigned.popitem(last=False)
+        super().put(kind, msg)
+
+    def _signed_for_assigned(self, payload: bytes) -> bool:
+        def key(rid: str) -> Optional[bytes]:
+            with self._queued_lock:
+                return self._assigned.get(rid)
+        try:
+            decode(payload, key)
+            return True
+        except ProtocolError:
+            return False
 
     def tick(self, now: float) -> None:
         if now - self._last_sweep > 0.25:
@@ -103,6 +147,8 @@ class DecoderNode(Node):
             else:
                 self.drop("not_mine")
         else:
+            with self._queued_lock:
+                self._queued -= len(msg)
             self._kv(msg)
 
     def _assign(self, a: DecodeAssign) -> None:
@@ -202,7 +248,10 @@ class DecoderNode(Node):
                 self._fail(p, E_TIMEOUT, f"the KV cache from prefill worker {p.assign.prefill!r} did not "
                                          f"reach decoder {self.id} within {self.kv_timeout:g} s")
         for rid, items in list(self._early.items()):
-            items[:] = [x for x in items if now - x[1] <= self.kv_timeout]
+            kept = [x for x in items if now - x[1] <= self.kv_timeout]
+            for _ in range(len(items) - len(kept)):
+                self.drop("kv_unclaimed")                 # no assignment came: another decoder's, or forged
+            items[:] = kept
             if not items:
                 del self._early[rid]
 

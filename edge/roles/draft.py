@@ -268,9 +268,11 @@ class DraftService:
         if T_len == 0:
             raise DraftRefused("nothing to draft after: keep=0 and an empty append", E_BAD_REQUEST)
         if req.gamma > lim.max_gamma:
+            self.stats.count("bad_gamma")
             raise DraftRefused(f"gamma={req.gamma} exceeds this draft service's limit of "
                                f"{lim.max_gamma}", E_BAD_REQUEST)
         if any(t >= self.vocab_size for t in req.append):
+            self.stats.count("bad_token")
             raise DraftRefused(f"append holds a token id >= the draft's vocabulary of {self.vocab_size}",
                                E_BAD_REQUEST)
         gamma = max(0, min(req.gamma, self.engine.max_len - T_len + 1))

@@ -15,6 +15,7 @@ hello period).
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Callable, Dict, Optional
 
 from edge.link import Link
@@ -25,6 +26,7 @@ from edge.roles.node import Node
 from edge.roles.session import SessionKeys
 
 log = logging.getLogger(__name__)
+DEFER_MAX_BYTES = 8 << 20   # up messages of sessions not known yet, waiting for the loop
 
 
 class DraftNode(Node):
@@ -44,6 +46,7 @@ class DraftNode(Node):
         self._last_evict = service.clock()
         self._busy_mark = (0.0, 0.0)
         self._busy = 0.0
+        self._deferred, self._defer_lock = 0, threading.Lock()   # bytes of not-yet-known sessions' messages
 
     @property
     def dropped(self) -> Dict[str, int]:
@@ -76,6 +79,20 @@ class DraftNode(Node):
         return DraftHello(self.id, self.tokenizer_fp, self.service.vocab_size, online,
                           lim.max_sessions, lim.max_gamma, len(self.service.sessions()),
                           min(1.0, max(0.0, self._busy)))
+
+    def telemetry(self) -> dict:
+        """The node's counters plus the draft's own: busy ratio as the system model counts it
+        (draft-ahead is not busy), drafted tokens, batch sizes, KV in use vs --max-kv-mb."""
+        st, svc = self.service.stats, self.service
+        snap = st.snapshot()
+        out = {**super().telemetry(), "sessions": len(svc.sessions()), "tokens": st.drafted,
+               "busy_s": st.busy_s, "wall_s": st.busy_s + st.idle_s + st.ahead_s,
+               "batch_mean": snap["batch_size_mean"], "batch_max": snap["batch_size_max"]}
+        engine = getattr(svc, "engine", None)        # a model's KV; a suffix-tree drafter holds none
+        if engine is not None:
+            out.update(kv_used_bytes=svc.kv_tokens() * engine.kv_bytes_per_token(),
+                       kv_budget_bytes=svc.limits.max_kv_mb * 1e6)
+        return out
 
     def on_idle(self, seconds: float) -> None:
         self.service.stats.add_idle(seconds)         # T_idle of the StarSD system model
@@ -115,11 +132,29 @@ class DraftNode(Node):
 
     # ---- traffic ----
     def _on_up(self, topic: str, payload: bytes) -> None:
+        parts = topic.split("/")
+        if len(parts) == 6 and parts[3] not in self.keys:
+            # A session's SessionAssign reaches this link before its first request, but the loop
+            # applies it: open the request there, after the assignment (a target on a fast link
+            # otherwise loses its first round). Bounded: a flood of made-up sessions is dropped here.
+            with self._defer_lock:
+                defer = self._deferred + len(payload) <= DEFER_MAX_BYTES
+                self._deferred += len(payload) if defer else 0
+            if defer:
+                self.put("up_raw", (topic, payload))
+                return
         msg = self.keys.open(topic, payload, self.service.vocab_size)
         if msg is not None:
             self.put("up", msg)
 
     def handle(self, kind: str, msg) -> None:
+        if kind == "up_raw":
+            with self._defer_lock:
+                self._deferred -= len(msg[1])
+            msg = self.keys.open(*msg, self.service.vocab_size)
+            if msg is None:
+                return
+            kind = "up"
         if kind == "up":
             if isinstance(msg, DraftRequest):
                 self.service.submit(msg)

@@ -11,6 +11,8 @@ lives here:
   one (a node measures what that hello reports over the period).
 * control messages on the node's ctl topic, decoded with the deployment's
   control key: a bad signature or body is dropped and counted, never queued.
+  A Probe is answered with a fresh hello (the hub's proof that a retained
+  hello is not a dead process's).
 * drop counters by reason, and `fresh(id)`: a job or assignment id seen
   before is a replay, dropped and counted.
 * the loop: network callbacks `put` (kind, message) inputs; `handle` runs
@@ -27,7 +29,7 @@ import time
 from typing import Callable, Dict, Hashable, Optional
 
 from edge.link import Link
-from edge.protocol import ProtocolError, decode, encode
+from edge.protocol import Probe, ProtocolError, decode, encode
 from edge.roles.loop import EngineLoop
 from edge.seen_ids import SeenIds
 
@@ -90,7 +92,10 @@ class Node:
     # ---- drops and replays ----
     def drop(self, why: str) -> None:
         with self._drops_lock:
-            self._drops[why] = self._drops.get(why, 0) + 1
+            n = self._drops[why] = self._drops.get(why, 0) + 1
+        # the first of each reason is worth a warning; a flood of them only a debug line each
+        log.log(logging.WARNING if n == 1 else logging.DEBUG, "%s %s: dropped a message (%s; %d so far)",
+                self.role, self.id, why, n)
 
     @property
     def dropped(self) -> Dict[str, int]:
@@ -142,15 +147,24 @@ class Node:
                 log.debug("%s %s: offline hello not sent", self.role, self.id, exc_info=True)
 
     def telemetry(self) -> dict:
+        """Counters for edge/telemetry.py (its docstring names the keys) and dashboards;
+        roles add theirs (sessions, tokens, batch sizes, KV)."""
+        loop = self.loop.stats.snapshot()
         return {"id": self.id, "role": self.role, "served": self.served, "dropped": self.dropped,
-                "backlog": self.loop.backlog(), "loop": self.loop.stats.snapshot()}
+                "backlog": self.loop.backlog(), "loop": loop,
+                "busy_s": loop["busy_s"], "wall_s": loop["busy_s"] + loop["idle_s"]}
 
     # ---- plumbing ----
     def put(self, kind: str, msg) -> None:
         self.loop.put((kind, msg))
 
     def _handle_input(self, item) -> None:
-        self.handle(*item)
+        kind, msg = item
+        if kind == "ctl" and isinstance(msg, Probe):       # prove we are alive: a fresh hello
+            if msg.target == self.id:
+                self.hello()
+            return
+        self.handle(kind, msg)
 
     def _tick(self, now: float) -> None:
         self.tick(now)

@@ -48,6 +48,10 @@ class PrefillNode(Node):
         """Jobs received and not yet prefilled."""
         return self.loop.backlog() + self.worker.load
 
+    def telemetry(self) -> dict:
+        """The node's counters plus jobs queued; each prefill produces an answer's first token."""
+        return {**super().telemetry(), "sessions": self.load, "tokens": self.stats["jobs"]}
+
     # ---- the node's hooks ----
     def hello_topic(self) -> str:
         return sun_hello_topic(self.id)

@@ -62,7 +62,9 @@ class SessionKeys:
 
     def drop(self, why: str) -> None:
         with self._lock:
-            self.dropped[why] = self.dropped.get(why, 0) + 1
+            n = self.dropped[why] = self.dropped.get(why, 0) + 1
+        # the first of each reason is worth a warning; a flood of them only a debug line each
+        log.log(logging.WARNING if n == 1 else logging.DEBUG, "session message dropped (%s; %d so far)", why, n)
 
     def open(self, topic: str, payload: bytes, vocab_size: Optional[int] = None):
         """A checked session message from an up/down topic, or None (dropped and counted).

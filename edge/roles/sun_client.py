@@ -5,10 +5,17 @@ keys); the prefill worker's token 0 and the decoder's tokens 1.. arrive on
 ss/sun/r/{client}/{rid}, possibly out of order between the two senders, and
 are handed to `on_token` in answer order. Each sender's seq is accepted once,
 so a replayed message is dropped and counted; a forged one fails its HMAC.
+
+When the router says a worker died holding the request (worker_lost), a
+request whose tokens cannot change (greedy, or seeded sampling) is sent again
+under a new id (`retries` times): it is prefilled again and lands on a live
+decoder; the tokens already handed out are not repeated, and the new stream
+must agree with them (else the request fails, it never hands out a changed token).
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -16,9 +23,11 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from edge.link import Link
-from edge.protocol import (GREEDY, Error, ProtocolError, SunRequest, SunTokens, decode, encode, new_secret,
-                           new_sid, parse_topic, sampling, sun_req_topic, sun_stream_sub)
+from edge.protocol import (E_WORKER_LOST, GREEDY, Error, ProtocolError, SunRequest, SunTokens, decode, encode,
+                           new_secret, new_sid, parse_topic, sampling, sun_req_topic, sun_stream_sub)
 from edge.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class SunRequestError(RuntimeError):
@@ -43,8 +52,11 @@ class SunResult:
 class SunHandle:
     """One request in flight; tokens arrive in order through on_token, wait() gives the result."""
 
-    def __init__(self, req: SunRequest, on_token: Optional[Callable[[int, int], None]]):
+    def __init__(self, req: SunRequest, on_token: Optional[Callable[[int, int], None]], retries: int = 0,
+                 resend: Optional[Callable[["SunHandle"], None]] = None):
         self.req, self.on_token = req, on_token
+        self.retries, self._resend = retries, resend
+        self.resent = 0                   # times it was sent again after a lost worker
         self.rid, self.task = req.rid, req.task
         self.t0 = time.perf_counter()
         self.t_first: Optional[float] = None
@@ -60,6 +72,13 @@ class SunHandle:
     def _take(self, msg) -> bool:
         """False for a replay (a seq seen before)."""
         if isinstance(msg, Error):
+            if msg.code == E_WORKER_LOST and self.retries > 0 and self._resend and self._replayable():
+                self.retries -= 1
+                self.resent += 1
+                self._seqs, self._workers, self._total = set(), [], None
+                self._tokens = {i: t for i, t in self._tokens.items() if i < self._told}
+                self._resend(self)                        # a new id: the old stream's late tokens are dropped
+                return True
             self._error = SunRequestError(msg.code, msg.message)
             self._done.set()
             return True
@@ -69,6 +88,11 @@ class SunHandle:
         if msg.worker and msg.worker not in self._workers:
             self._workers.append(msg.worker)
         for i, t in enumerate(msg.tokens, msg.index):
+            if self.resent and i < self._told and self._tokens[i] != t:
+                self._error = SunRequestError("diverged", f"request {self.rid} was sent again after a lost "
+                                              f"worker and its token {i} differs from the one handed out")
+                self._done.set()
+                return True
             self._tokens.setdefault(i, t)                 # the decoder may echo token 0 when it ends at once
         if self.t_first is None and 0 in self._tokens:
             self.t_first = time.perf_counter()
@@ -81,6 +105,11 @@ class SunHandle:
         if self._total is not None and self._told >= self._total:
             self._done.set()
         return True
+
+    def _replayable(self) -> bool:
+        """Sent again, it gives the same tokens: greedy, or sampling with a seed."""
+        sp = self.req.sampling
+        return not self._told or float(sp.get("temperature", 0.0)) == 0.0 or sp.get("seed") is not None
 
     def wait(self, timeout: float = 60.0) -> SunResult:
         if not self._done.wait(timeout):
@@ -97,8 +126,9 @@ class SunHandle:
 class SunClient:
     """Sends SunRequests for `client_id` and collects their signed token streams."""
 
-    def __init__(self, link: Link, client_id: str):
-        self.link, self.client = link, client_id
+    def __init__(self, link: Link, client_id: str, retries: int = 2):
+        """retries: how often a request is sent again after the router says its worker died."""
+        self.link, self.client, self.retries = link, client_id, retries
         self._handles: Dict[str, SunHandle] = {}
         self._lock = threading.Lock()
         self.dropped: Dict[str, int] = {}
@@ -116,11 +146,22 @@ class SunClient:
         req = SunRequest(self.client, f"{new_sid()}{next(self._ids)}", task, [int(t) for t in prompt],
                          max_new, dict(sampling or GREEDY), [int(s) for s in stop], new_secret())
         payload = encode(req)                              # raises ProtocolError for a bad request
-        h = SunHandle(req, on_token)
+        h = SunHandle(req, on_token, self.retries, self._resend)
         with self._lock:
             self._handles[req.rid] = h
         self.link.publish(sun_req_topic(self.client), payload, kind="control")
         return h
+
+    def _resend(self, h: SunHandle) -> None:
+        """Send `h` again under a new id and secret (the router prefills it anew, on live workers)."""
+        old = h.req
+        req = SunRequest(self.client, f"{new_sid()}{next(self._ids)}", old.task, old.prompt, old.max_new,
+                         old.sampling, old.stop, new_secret())
+        with self._lock:
+            self._handles.pop(old.rid, None)
+            self._handles[req.rid] = h
+            h.req, h.rid = req, req.rid
+        self.link.publish(sun_req_topic(self.client), encode(req), kind="control")
 
     def generate(self, task: str, prompt: Sequence[int], max_new: int = 64, timeout: float = 60.0,
                  **kw) -> SunResult:
@@ -160,7 +201,10 @@ class SunClient:
             self._handles.pop(rid, None)
 
     def _drop(self, why: str) -> None:
-        self.dropped[why] = self.dropped.get(why, 0) + 1
+        n = self.dropped[why] = self.dropped.get(why, 0) + 1
+        # the first of each reason is worth a warning; a flood of them only a debug line each
+        log.log(logging.WARNING if n == 1 else logging.DEBUG, "sun client %s: dropped a stream message (%s; "
+                "%d so far)", self.client, why, n)
 
     def _on_stream(self, topic: str, payload: bytes) -> None:
         try:

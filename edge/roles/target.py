@@ -32,6 +32,7 @@ from edge.drafter import Drafter
 from edge.engines.base import Engine
 from edge.generate import GenResult, generate_speculative
 from edge.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, MAX_GAMMA, DraftResponse, Error)
+from edge.remote_gamma import RemoteGamma, RoundTrips, Wait
 from edge.roles.session import HubClient, JoinRefused, Session
 from edge.sampling import GREEDY, SamplingParams, SparseDist
 
@@ -95,6 +96,8 @@ class RemoteDrafter(Drafter):
         self._busy_until = 0.0          # an overloaded draft service: no requests before this
         self._busy_backoff = BUSY_BACKOFF_S[0]
         self._base = (0, 0, ())     # (keep, L, drafts): the draft holds ctx[:keep], or ctx[:L] + drafts[:-1]
+        self.waits = RoundTrips()   # what each round's wait cost this target: the adaptive γ reads it
+        self._wait: Optional[Wait] = None
         self.stats = {"rounds": 0, "answered": 0, "late_used": 0, "timeouts": 0, "alone": 0,
                       "errors": 0, "overloaded": 0, "joins": 0, "rejoins": 0, "refused": 0,
                       "answered_since_join": 0,
@@ -178,9 +181,23 @@ class RemoteDrafter(Drafter):
                                  math.inf if primed else now + max(4 * d, 0.05), len(context) - keep)
         return True
 
+    def gamma_policy(self, max_gamma: int) -> RemoteGamma:
+        """γ from the running acceptance, the target's verify costs and the waits seen here."""
+        return RemoteGamma(max_gamma, self.waits)
+
     def draft(self, context: Sequence[int], gamma: int, rng: np.random.Generator):
+        t = time.monotonic()
+        self._wait = None
         self.stats["rounds"] += 1
-        context = list(context)
+        try:
+            return self._draft(list(context), gamma, rng)
+        finally:
+            w = self._wait              # set only when this call sent a request and waited for it
+            if w is not None:
+                w.wall_s = time.monotonic() - t
+                self.waits.add(w)
+
+    def _draft(self, context: List[int], gamma: int, rng: np.random.Generator, retry: bool = True):
         s = self._ready()
         if s is None:
             self.stats["alone"] += 1
@@ -190,7 +207,10 @@ class RemoteDrafter(Drafter):
         if out is not None and out.deadline == math.inf:        # primed: its clock starts now
             d = self.deadline.value
             out.deadline, out.give_up = now + d, now + max(4 * d, 0.05)
+        got = None
         if out is not None and now >= out.give_up:
+            got = s.wait(out.seq, 0.0)             # it may have come while this target decoded alone
+        if out is not None and now >= out.give_up and got is None:
             self._out = out = None
             self.stats["timeouts"] += 1
             self.deadline.timed_out()
@@ -209,7 +229,9 @@ class RemoteDrafter(Drafter):
                 self.stats["alone"] += 1
                 return [], []
             out = self._out
-        got = s.wait(out.seq, out.deadline)
+            self._wait = Wait(gamma, 0.0, None, short=out.fed <= SHORT_FEED)
+        if got is None:
+            got = s.wait(out.seq, out.deadline)
         if got is None:
             self.stats["alone"] += 1
             return [], []
@@ -237,11 +259,15 @@ class RemoteDrafter(Drafter):
         if out.fed <= SHORT_FEED:                  # round trip minus the draft's own time
             self.stats["overhead_s"].append(max(0.0, t_recv - out.sent - msg.compute_us * 1e-6))
         self.stats["answered_since_join"] += 1
+        if self._wait is not None:
+            self._wait.compute_s, self._wait.tokens = msg.compute_us * 1e-6, len(msg.tokens)
         if msg.tokens:
             self._base = (out.keep, out.length, tuple(msg.tokens))
         skip = len(context) - out.length
-        if skip and msg.tokens[:skip] != context[out.length:]:
-            return [], []                          # late, and the target went another way
+        if skip and msg.tokens[:skip] != context[out.length:]:   # late, and the target went another way:
+            if retry and self._wait is None:       # ask again now (after plain steps of γ auto: a probe)
+                return self._draft(context, gamma, rng, retry=False)
+            return [], []
         if skip:
             self.stats["late_used"] += 1
         toks = [int(t) for t in msg.tokens[skip:skip + gamma]]
@@ -263,14 +289,24 @@ class StarTarget:
     requests); each generation has its own hub session.
     """
 
-    def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, join_timeout: float = 3.0):
+    def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, join_timeout: float = 3.0,
+                 adaptive: bool = False):
+        """gamma: drafted tokens per round; with adaptive=True the largest γ, each round choosing
+        one in 0..gamma (edge/remote_gamma.py)."""
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1 for a StarSD target, got {gamma}")
-        self.engine, self.hub, self.gamma = engine, hub, gamma
+        self.engine, self.hub, self.gamma, self.adaptive = engine, hub, gamma, adaptive
         self.join_timeout = join_timeout
         self.lock = threading.Lock()
         self.last_drafter: Optional[RemoteDrafter] = None
+        # telemetry (edge/telemetry.py): tokens as they are committed, acceptance per generation
+        self.counts = {"generations": 0, "tokens": 0, "accepted": 0, "drafted": 0, "busy_s": 0.0}
+        self._t0 = time.monotonic()
         hub.start()
+
+    def telemetry(self) -> dict:
+        return {**self.counts, "sessions": int(self.lock.locked()), "wall_s": time.monotonic() - self._t0,
+                "dropped": dict(self.hub.keys.dropped)}
 
     def check_join(self, params: SamplingParams = GREEDY) -> None:
         """Join once and leave: raises JoinRefused (with the hub's reason) or TimeoutError."""
@@ -288,14 +324,26 @@ class StarTarget:
             self.last_drafter = drafter
             try:
                 drafter.connect(self.join_timeout)
-                drafter.prime(prompt_ids, min(self.gamma, max(0, max_new - 1)))
+                first = drafter.gamma_policy(self.gamma).first_gamma if self.adaptive else self.gamma
+                drafter.prime(prompt_ids, min(first, max(0, max_new - 1)))
             except JoinRefused as e:
                 log.warning("%s; decoding without a draft", e)
                 drafter.refusal = e.reason
             except TimeoutError as e:
                 log.warning("%s; decoding without a draft until the hub answers", e)
+            def counted(t: int) -> None:
+                self.counts["tokens"] += 1
+                if on_token is not None:
+                    on_token(t)
+            t0 = time.monotonic()
             try:
-                return generate_speculative(self.engine, drafter, prompt_ids, max_new, self.gamma,
-                                            params=params, stop_ids=stop_ids, on_token=on_token)
+                res = generate_speculative(self.engine, drafter, prompt_ids, max_new, self.gamma,
+                                           params=params, stop_ids=stop_ids, on_token=counted,
+                                           adaptive=self.adaptive)
+                self.counts["accepted"] += res.n_accepted
+                self.counts["drafted"] += res.n_drafted
+                self.counts["generations"] += 1
+                return res
             finally:
+                self.counts["busy_s"] += time.monotonic() - t0
                 drafter.close()

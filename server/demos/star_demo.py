@@ -42,6 +42,19 @@ DEMO_PROMPTS = [
 
 
 
+MIN_RATE_S = 1.0        # no live rate over a shorter span
+
+
+def _rate(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _snippet(text: Optional[str], width: int = 96) -> str:
+    """One line of a target's text: newlines shown as ⏎, cut at `width`."""
+    one = " ⏎ ".join(ln.strip() for ln in (text or "").strip().splitlines() if ln.strip())
+    return one if len(one) <= width else one[:width - 1] + "…"
+
+
 class _Target:
     def __init__(self, name: str, engine: Engine, prompt: List[int], label: str):
         self.name, self.engine, self.prompt, self.label = name, CountingEngine(engine), prompt, label
@@ -58,10 +71,14 @@ class _Target:
         self.t_last = now
         self.tokens.append(int(t))
 
-    def tps(self) -> float:
-        if self.t_first is None or self.t_last is None or len(self.tokens) < 2:
-            return 0.0
-        return (len(self.tokens) - 1) / max(1e-9, self.t_last - self.t_first)
+    def tps(self) -> Optional[float]:
+        """Decode tok/s: the generation's own once it is done; live, over at least MIN_RATE_S (drafts
+        accepted in one round arrive microseconds apart: a rate over them would read 300000)."""
+        if self.result is not None:
+            return self.result.tokens_per_s
+        if self.t_first is None or self.t_last is None or self.t_last - self.t_first < MIN_RATE_S:
+            return None
+        return (len(self.tokens) - 1) / (self.t_last - self.t_first)
 
 
 def _local_hub(draft_engine: Engine, tokenizer_fp: str, broker: str, gamma: int):
@@ -103,7 +120,7 @@ def _table(targets: List[_Target], d: dict, max_new: int, t: float, head: str) -
         acc = f"{e.accepted / e.drafted:.2f}" if e.drafted else "-"
         tpr = f"{len(x.tokens) / e.rounds:.2f}" if e.rounds else "-"
         state = "done" if x.result is not None else ("ERROR" if x.error else "")
-        rows.append(f"{x.name:<9}{x.label[:40]:<42}{len(x.tokens):>4}/{max_new:<4}{x.tps():>8.2f}{acc:>8}"
+        rows.append(f"{x.name:<9}{x.label[:40]:<42}{len(x.tokens):>4}/{max_new:<4}{_rate(x.tps()):>8}{acc:>8}"
                     f"{tpr:>10} {state}")
     if d.get("span"):
         busy = (f"busy {d['busy']:4.0%} (last {d['span']:.0f}s), {d['busy_total']:4.0%} overall   batch "
@@ -116,15 +133,17 @@ def _table(targets: List[_Target], d: dict, max_new: int, t: float, head: str) -
 
 def run_star_demo(draft_engine: Engine, target_engines: Sequence[Engine], tokenizer_fp: str,
                   prompts: Sequence[Sequence[int]], *, labels: Optional[Sequence[str]] = None, max_new: int = 48,
-                  gamma: int = 4, stop_ids: Sequence[int] = (), check: bool = False,
+                  gamma: int = 4, adaptive: bool = False, stop_ids: Sequence[int] = (), check: bool = False,
                   plot_path: Optional[os.PathLike] = None, live: bool = True, refresh_s: float = 0.5,
                   out=None, broker: str = "embedded", head: str = "StarSD demo",
                   decode: Optional[Callable[[List[int]], str]] = None,
-                  start_hub: Optional[Callable] = None, target_nice: int = 0) -> dict:
+                  start_hub: Optional[Callable] = None, target_nice: int = 0, notes: Sequence[str] = ()) -> dict:
     """Run N targets (one per engine, prompt i % len(prompts)) against one hub; returns a report dict.
 
     target_nice > 0 lowers the targets' thread priority: in a real star the hub is another
-    machine; here the N targets would otherwise starve the one draft of these few cores."""
+    machine; here the N targets would otherwise starve the one draft of these few cores.
+    `notes` are printed under the final table (the demo's draft-memory line); with `decode`,
+    one line of each target's text follows."""
     from edge.generate import generate_plain
     from edge.link import MqttLink
     from edge.roles.session import HubClient
@@ -140,7 +159,8 @@ def run_star_demo(draft_engine: Engine, target_engines: Sequence[Engine], tokeni
         for x in targets:      # one at a time: amqtt 0.12.1 may drop a client connecting during a SUBSCRIBE
             link = MqttLink(hub.url, client_id=f"{x.name}-{os.getpid()}").connect(10)
             links.append(link)
-            x.star = StarTarget(x.engine, HubClient(link, x.name, tokenizer_fp, x.engine.vocab_size), gamma=gamma)
+            x.star = StarTarget(x.engine, HubClient(link, x.name, tokenizer_fp, x.engine.vocab_size), gamma=gamma,
+                                adaptive=adaptive)
 
         def work(x: _Target) -> None:
             _nice(target_nice)
@@ -172,7 +192,9 @@ def run_star_demo(draft_engine: Engine, target_engines: Sequence[Engine], tokeni
         final = _table(targets, {**d, "span": None}, max_new, wall, head)
         if tty and shown:
             out.write(f"\x1b[{shown}F\x1b[J")
-        out.write("\n".join(final) + "\n")
+        out.write("\n".join([*final, *notes]) + "\n")
+        if decode:
+            out.write("".join(f"  {x.name}: {_snippet(decode(x.tokens))}\n" for x in targets))
         draft = hub.service.stats.snapshot()
     finally:
         for x in targets:
@@ -182,6 +204,7 @@ def run_star_demo(draft_engine: Engine, target_engines: Sequence[Engine], tokeni
             ln.close()
         hub.stop()
     report = {"wall_s": wall, "gamma": gamma, "max_new": max_new, "draft": draft, "timeline": timeline,
+              "notes": list(notes),
               "targets": [{"name": x.name, "label": x.label, "tokens": x.tokens, "tok_s": x.tps(),
                            "acceptance": x.engine.accepted / x.engine.drafted if x.engine.drafted else None,
                            "tokens_per_round": len(x.tokens) / x.engine.rounds if x.engine.rounds else None,
@@ -228,7 +251,7 @@ def _check(targets, report, max_new, stop_ids, out, generate_plain, nice: int = 
             why = (f"\n    differs from token {same} on: the target's logits for its two candidates there differ "
                    f"by {gap:.3f} (a near-tie: one-token and multi-token {x.engine.name} calls round differently)")
         out.write(f"  {x.name}: {'identical' if equal else 'not identical'} ({len(x.tokens)} tokens); "
-                  f"StarSD {rep['tok_s']:.2f} tok/s vs alone {r.tokens_per_s:.2f} tok/s{why}\n")
+                  f"StarSD {_rate(rep['tok_s'])} tok/s vs alone {r.tokens_per_s:.2f} tok/s{why}\n")
     report["all_equal"] = all(t.get("equal") for t in report["targets"])
 
 
@@ -253,7 +276,7 @@ def _plot(report: dict, path: Path, head: str) -> Path:
         ts = [x[0] for x in tl]
         for i, t in enumerate(report["targets"]):
             acc = "-" if t["acceptance"] is None else f"{t['acceptance']:.2f}"
-            a0.plot(ts, [x[1][i] for x in tl], label=f"{t['name']}: {t['tok_s']:.2f} tok/s, accept {acc}")
+            a0.plot(ts, [x[1][i] for x in tl], label=f"{t['name']}: {_rate(t['tok_s'])} tok/s, accept {acc}")
         a1.plot(ts, [100 * x[2] for x in tl], color="tab:red", label="draft busy %")
         a1b = a1.twinx()
         a1b.plot(ts, [x[3] for x in tl], color="tab:blue", label="mean batch (last 4 s)")
@@ -312,31 +335,60 @@ def _default_plot() -> Path:
     return here / "star_demo.png" if here.parent.is_dir() else Path("star_demo.png")
 
 
+TWO_DEVICE_PROMPTS = (1, 3)     # a coding and a prose prompt of DEMO_PROMPTS
+RUNS = Path(__file__).resolve().parent.parent.parent / "runs" / "demo-star"
+
+
 def demo_command(n_targets, max_new, gamma, draft, target, backend, broker, check, plot_path, live, show_text,
-                 target_nice):
-    """`edge-hub demo` (its options are in server/cli.py): StarSD on this machine, one hub + draft
-    service, N targets, each on its own prompt."""
+                 target_nice, two_device=True, two_device_gammas="3,auto"):
+    """`edge-hub demo` (its options are in server/cli.py): StarSD on this machine. First the
+    two-device layout (one target on its own core, alone and through a star whose hub + draft run
+    on another core: same text, the speedup), then one hub + draft service serving N targets at
+    once, with the draft memory N co-located pairs would need and a line of each target's text."""
     import logging
     from edge.engines.base import EngineError
+    from edge.model_spec import resolve_model
+    from server.demos.draft_memory import draft_memory, memory_lines
+    from server.demos.two_device import parse_modes, run_two_device
     logging.getLogger("amqtt").setLevel(logging.ERROR)     # its PUBACK chatter is not ours to show
+    logging.getLogger("edge.roles.session").setLevel(logging.ERROR)   # a late answer to a closed session
+    gamma, adaptive = gamma if isinstance(gamma, tuple) else (gamma, False)
     if n_targets < 1 or gamma < 1:
         raise click.BadParameter("--targets and --gamma must be at least 1")
+    try:
+        modes = parse_modes(two_device_gammas)
+    except (click.BadParameter, ValueError) as e:
+        raise click.BadParameter(str(e), param_hint="--two-device-gammas") from None
     click.echo(f"loading {draft} (hub's draft) and {n_targets} x {target} ({backend}) ...", err=True)
     try:
         d, ts, tok = load_star_models(draft, target, n_targets, backend)
     except (ValueError, EngineError) as e:
         raise click.ClickException(str(e)) from None
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in DEMO_PROMPTS]
+    stops = sorted(tok.eos_ids)
+    if two_device:
+        click.echo(f"\n== 1. what the star buys: one {target} target, alone vs with the draft on another "
+                   f"device ==", err=True)
+        try:
+            run_two_device(ts[0], tok.fingerprint(), [prompts[i] for i in TWO_DEVICE_PROMPTS],
+                           [DEMO_PROMPTS[i] for i in TWO_DEVICE_PROMPTS], str(resolve_model(draft)), modes=modes,
+                           max_new=max_new, backend=backend, stop_ids=stops, logdir=RUNS,
+                           dtype=None if backend == "llamacpp" else "float32")
+        except RuntimeError as e:        # a star process that did not come up: its log says why
+            raise click.ClickException(str(e)) from None
+        click.echo(f"\n== 2. one draft for many: {n_targets} targets share the hub's draft on these same cores ==",
+                   err=True)
+    mem = memory_lines(draft_memory(str(resolve_model(draft)), backend, n_targets, ts[0].max_len), draft)
+    label = "auto" if adaptive else gamma
     rep = run_star_demo(d, ts, tok.fingerprint(), prompts, labels=DEMO_PROMPTS, max_new=max_new, gamma=gamma,
-                        stop_ids=sorted(tok.eos_ids), check=check, plot_path=plot_path or _default_plot(),
+                        adaptive=adaptive, stop_ids=stops, check=check, plot_path=plot_path or _default_plot(),
                         live=live, broker=broker, decode=lambda ids: tok.decode(ids, skip_special=True),
-                        target_nice=target_nice,
+                        target_nice=target_nice, notes=mem,
                         head=f"StarSD: 1 x {draft} draft at the hub, {n_targets} x {target} targets "
-                             f"({backend}), γ={gamma}")
+                             f"({backend}), γ={label}")
     if show_text:
         for t in rep["targets"]:
             click.echo(f"\n--- {t['name']}: {t['label']}\n{t['text']}", err=True)
     errors = [t["error"] for t in rep["targets"] if t["error"]]
     if errors:
         raise click.ClickException(f"{len(errors)} target(s) failed: {errors[0]}")
-

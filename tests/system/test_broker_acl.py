@@ -16,6 +16,16 @@ QUIET = 0.4     # how long "nothing arrives" is watched; deliveries here take ~1
 
 
 @pytest.fixture(scope="module")
+def mosquitto_acl():
+    """A Mosquitto of this module's own: other modules' hubs leave retained (offline) hellos and
+    statuses on the shared one, and these tests count every message a topic delivers."""
+    from server.broker import MosquittoBroker
+    broker = MosquittoBroker(acl=True).start()
+    yield broker
+    broker.close()
+
+
+@pytest.fixture(scope="module")
 def embedded_acl():
     broker = EmbeddedBroker(acl=True).start()
     yield broker

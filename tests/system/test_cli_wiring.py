@@ -249,3 +249,5 @@ def test_cli_usage_errors():
     assert r.exit_code == 2 and "--module" in r.output
     r = CliRunner().invoke(run, ["--role", "target", "--hub", "mqtt://127.0.0.1:1"])
     assert r.exit_code == 2 and "--model" in r.output
+    r = CliRunner().invoke(run, ["--role", "target", "--hub", "mqtt://127.0.0.1:1", "--gamma", "often"])
+    assert r.exit_code == 2 and "`auto`" in r.output

@@ -42,11 +42,12 @@ def broker(request):
     b.close()
 
 
-def star_target(url, client, model, gamma=3, fp=TOK, **link_kw):
+def star_target(url, client, model, gamma=3, fp=TOK, adaptive=False, **link_kw):
     # connect and subscribe one client at a time: amqtt 0.12.1 can drop a client whose
     # connect overlaps another client's SUBSCRIBE ("dictionary changed size during iteration")
     link = MqttLink(url, **link_kw).connect(5)
-    return StarTarget(TorchEngine(model, fingerprint="target"), HubClient(link, client, fp, 256), gamma=gamma)
+    return StarTarget(TorchEngine(model, fingerprint="target"), HubClient(link, client, fp, 256), gamma=gamma,
+                      adaptive=adaptive)
 
 
 def prompt(i):
@@ -80,6 +81,30 @@ def test_eight_targets_share_one_draft_and_stay_lossless(broker, models):
         snap = hub.snapshot()["draft"]
         assert answered > 8 and accepted > 0
         assert snap["batch_size_max"] > 1, snap["s_of_d"]
+    finally:
+        for s in stars:
+            s.hub.link.close()
+        hub.stop()
+
+
+def test_auto_gamma_targets_stay_lossless_over_the_broker(broker, models):
+    """γ auto (edge/remote_gamma.py): each round picks 0..8 from the waits this target sees;
+    three targets at once, every text its own plain greedy output."""
+    target_model, draft_model = models
+    hub = Hub(broker_url=broker.url, draft_engine=TorchEngine(draft_model, "draft"), tokenizer_fp=TOK).start()
+    stars = [star_target(broker.url, f"a{i}", target_model, gamma=8, adaptive=True) for i in range(3)]
+    got = [None] * 3
+    try:
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, stars[i].generate(prompt(i), 40)))
+                   for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for i, s in enumerate(stars):
+            assert got[i].tokens == generate_plain(s.engine, prompt(i), 40).tokens, f"target {i}"
+            assert got[i].gammas[0] == 1 and max(got[i].gammas) <= 8
+            assert s.last_drafter.waits.samples > 0 and s.last_drafter.stats["answered"] > 0
     finally:
         for s in stars:
             s.hub.link.close()

@@ -20,7 +20,8 @@ import torch
 
 from edge.engines.torch_engine import TorchEngine
 from edge.link import MqttLink
-from edge.protocol import SunHello, SunTokens, encode, sun_hello_topic, sun_stream_sub, sun_stream_topic
+from edge.protocol import (SunHello, SunTokens, encode, sun_ctl_topic, sun_hello_topic, sun_stream_sub,
+                           sun_stream_topic)
 from edge.roles.decoder import SharedDecoder
 from edge.roles.prefill import PrefillWorker
 from edge.roles.sun_client import SunClient, SunRequestError
@@ -202,13 +203,20 @@ def test_isolated_pools_give_each_task_its_own_decoder(mosquitto, models):
         star.close()
 
 
+def _stuck_prefill(link, fp):
+    """A prefill worker that is alive (it answers the router's probes with its hello) and never prefills."""
+    hello = encode(SunHello("prefill-stuck", "prefill", "stuck", fp, 256), KEY)
+    link.subscribe(sun_ctl_topic("prefill-stuck"),
+                   lambda t, p: link.publish(sun_hello_topic("prefill-stuck"), hello, kind="status"))
+    link.publish(sun_hello_topic("prefill-stuck"), hello, kind="status")
+
+
 def test_least_loaded_decoder_gets_the_work(mosquitto, models):
     star = Star(mosquitto.url, models, tasks=("maths",))
     stuck = star.link("prefill-stuck")               # announces a task, never answers: KV stays awaited
     try:
         stuck.connect(5)
-        stuck.publish(sun_hello_topic("prefill-stuck"),
-                      encode(SunHello("prefill-stuck", "prefill", "stuck", star.fp, 256), KEY), kind="status")
+        _stuck_prefill(stuck, star.fp)
         assert _wait(lambda: "prefill-stuck" in star.router.workers)
         for p in prompts(3, seed=2):
             star.client.submit("stuck", p, max_new=8)
@@ -234,9 +242,9 @@ def test_decoder_lost_mid_request_fails_its_requests_at_once(mosquitto, models):
         assert star.client.generate("maths", p, max_new=6, timeout=20).tokens == star.expect("maths", p, 6)
         assert _wait(lambda: "dec-a" not in star.router.inflight)     # its idle hello cleared it
         stuck.connect(5)
-        stuck.publish(sun_hello_topic("prefill-stuck"),
-                      encode(SunHello("prefill-stuck", "prefill", "stuck", star.fp, 256), KEY), kind="status")
+        _stuck_prefill(stuck, star.fp)
         assert _wait(lambda: "prefill-stuck" in star.router.workers)
+        star.client.retries = 0                       # no resend (test_process_faults covers it)
         handles = [star.client.submit("stuck", q, max_new=8) for q in prompts(3, seed=6)]
         a = star.decoders["dec-a"]
         assert _wait(lambda: a.load == 3 and len(star.router.inflight.get("dec-a", {})) == 3)

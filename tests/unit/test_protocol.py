@@ -38,6 +38,7 @@ MESSAGES = [
     P.DraftHello(service="jetson-1", model_fp="tok:abc123", vocab_size=49152, busy=0.5),
     P.SessionAssign(service="jetson-1", client="dev-1", sid="s1", secret=SECRET, gamma=4),
     P.SessionRelease(service="jetson-1", sid="s1", reason="bye"),
+    P.Probe(target="jetson-1"),
 ]
 
 

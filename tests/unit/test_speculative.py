@@ -7,7 +7,8 @@ import pytest
 
 from edge.engines.base import EngineError
 from edge.drafter import Drafter
-from edge.generate import AdaptiveGamma, ModelDrafter, generate_plain, generate_speculative
+from edge.adaptive import AdaptiveGamma
+from edge.generate import ModelDrafter, generate_plain, generate_speculative
 from edge.ngram import NgramDrafter
 from edge.sampling import SamplingParams, SparseDist
 from edge.speculative import (AcceptanceTracker, CostTracker, choose_gamma, expected_tokens,

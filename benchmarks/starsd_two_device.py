@@ -21,6 +21,7 @@ Writes benchmarks/results/starsd_two_device.{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -50,6 +51,12 @@ def main() -> None:
     ap.add_argument("--ahead", action="store_true", help="let the draft service draft ahead while idle")
     ap.add_argument("--rounds", type=int, default=3, help="repeats per prompt and mode (medians)")
     ap.add_argument("--out", type=Path, default=OUT, help="results path without suffix (a smoke run: elsewhere)")
+    ap.add_argument("--drafter", default="model", choices=["model", "suffix", "hybrid"],
+                    help="the remote draft service's drafter (edge-agent run --drafter)")
+    ap.add_argument("--hub", default=None, metavar="mqtt[s]://HOST:PORT",
+                    help="a real hub elsewhere (its draft services draft): this process is the device")
+    ap.add_argument("--tls-dir", default=None, help="with an mqtts:// --hub: ca.crt and this device's certificate")
+    ap.add_argument("--client-id", default="dev0", help="this device's client id at --hub")
     args = ap.parse_args()
     os.sched_setaffinity(0, {0})                    # this process is the target device
     from benchmarks.datasets import mtbench_first_turns
@@ -65,12 +72,22 @@ def main() -> None:
     modes = parse_modes(args.gammas)
     gammas = [m[0] for m in modes]
     engine, tok = open_model(args.target, backend="llamacpp", threads=1, max_len=2048)
-    broker = MosquittoBroker().start()
+    broker = None if args.hub else MosquittoBroker().start()
     logdir = args.out.parent / (args.out.name + "_logs.tmp")
     rows = []
     try:
-        with RemoteStar(args.draft, logdir, core=1, broker_url=broker.url, ahead=args.ahead):
-            star = StarTarget(engine, HubClient(MqttLink(broker.url).connect(10), "dev0", tok.fingerprint(),
+        if args.hub:                    # the star is elsewhere: this device only verifies
+            from edge.command_options import tls_files
+            url, star_ctx = args.hub, contextlib.nullcontext()
+            link = MqttLink(url, tls=tls_files(args.tls_dir, args.client_id, url))
+            args.setup = f"this device's target (core 0) against the hub at {url}"
+        else:
+            url = broker.url
+            star_ctx = RemoteStar(args.draft, logdir, core=1, broker_url=url, ahead=args.ahead,
+                                  drafter=args.drafter)
+            link = MqttLink(url)
+        with star_ctx:
+            star = StarTarget(engine, HubClient(link.connect(10), args.client_id, tok.fingerprint(),
                                                 engine.vocab_size), gamma=max(m[1] for m in modes))
             warm = tok.encode(tok.apply_chat_template([{"role": "user", "content": "hello"}]))
             star.generate(warm, 8)              # the first session pays joins and the draft's warm-up
@@ -82,15 +99,17 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
-        broker.close()
+        if broker is not None:
+            broker.close()
     write(rows, gammas, args)
 
 
 def write(rows, gammas, args) -> None:
     res = {"machine": platform.machine(), "cpu": _cpu(), "target": args.target, "draft": args.draft,
            "new_tokens": args.new, "rounds": args.rounds, "threads_per_device": 1, "ahead": args.ahead,
-           "setup": "target on core 0 (this process); hub + remote draft service on core 1; Mosquitto; "
-                    "memory bandwidth shared", "rows": rows}
+           "drafter": args.drafter,
+           "setup": getattr(args, "setup", None) or "target on core 0 (this process); hub + remote draft service "
+                    f"({args.drafter}) on core 1; Mosquitto; memory bandwidth shared", "rows": rows}
     for g in gammas:
         res[f"median_speedup_g{g}"] = statistics.median(r[f"g{g}"]["speedup"] for r in rows)
     args.out.with_suffix(".json").write_text(json.dumps(res, indent=1))

@@ -54,10 +54,11 @@ class RemoteStar:
 
     def __init__(self, draft: str, logdir: Path, core: int = 1, backend: str = "llamacpp",
                  broker_url: Optional[str] = None, threads: int = 1, ahead: bool = True,
-                 dtype: Optional[str] = None, timeout: float = 180.0):
+                 dtype: Optional[str] = None, timeout: float = 180.0, drafter: str = "model"):
         self.draft, self.logdir, self.core, self.backend = draft, Path(logdir), core, backend
         self.url = broker_url
         self.threads, self.ahead, self.dtype, self.timeout = threads, ahead, dtype, timeout
+        self.drafter = drafter            # edge-agent run --drafter: model, suffix or hybrid
         self.procs: List[subprocess.Popen] = []
 
     def _start(self, name: str, *argv) -> subprocess.Popen:
@@ -89,6 +90,7 @@ class RemoteStar:
                 self._start("hub", BIN / "edge-hub", "serve", "--broker", self.url, "--stats-every", "0")
             self._wait_for("hub", "serving on")
             extra = (["--dtype", self.dtype] if self.dtype else []) + ([] if self.ahead else ["--no-ahead"])
+            extra += [] if self.drafter == "model" else ["--drafter", self.drafter]
             self._start("draft", BIN / "edge-agent", "run", "--role", "draft", "-b", self.backend, "-m", self.draft,
                         "--threads", self.threads, "--hub", self.url, "--client-id", "draft1", *extra)
             self._wait_for("draft", "registered at")

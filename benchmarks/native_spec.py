@@ -53,7 +53,8 @@ def run_tool(cmd: list, timeout: float = 900) -> str:
 def target_only(bin_dir: Path, target: Path, prompt_file: Path, new: int) -> dict:
     log = run_tool([str(bin_dir / "llama-completion"), "-m", str(target), "-f", str(prompt_file), "-n", str(new),
                     "-no-cnv", "--ignore-eos", *COMMON, *PIN])
-    m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs.*?([\d.]+) tokens per second", log.split("prompt eval")[-1])
+    line = next((ln for ln in log.splitlines() if "eval time =" in ln and "prompt eval" not in ln), "")
+    m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs.*?([\d.]+) tokens per second", line)
     if not m:
         raise RuntimeError("no eval timing in llama-completion's output:\n" + log[-800:])
     return {"tok_s": float(m.group(3)), "tokens": int(m.group(2)) + 1}

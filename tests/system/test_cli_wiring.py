@@ -24,28 +24,13 @@ import torch
 from edge.link import MqttLink
 from edge.model import Transformer, tiny_config
 from edge.roles.sun_client import SunClient, SunRequestError
+from tiny_hf import tokenizer_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 PW = "pw-for-tests"
 PROMPT = "the the he"
 MAX_NEW = 24
-
-
-def _tokenizer_dir(d: Path) -> None:
-    """A byte-level BPE (256 bytes, 3 merges, 3 specials) as edge.tokenizer saves it."""
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as HF
-
-    from edge.tokenizer import Tokenizer
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"] + specials
-    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
-    hf = HF(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    Tokenizer(hf, bos_id=tokens.index("<|im_start|>"), eos_id=tokens.index("<|im_end|>")).save(d)
 
 
 def _hf_model(d: Path) -> Path:
@@ -58,7 +43,7 @@ def _hf_model(d: Path) -> Path:
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps(m.cfg.to_hf()))
     save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(d / "model.safetensors"))
-    _tokenizer_dir(d)
+    tokenizer_dir(d)
     return d
 
 
@@ -67,7 +52,7 @@ def _sun_dirs(root: Path) -> tuple[Path, Path]:
     from edge.sun import save_module, weights_fingerprint
     from export.tune import save_decoder
     torch.manual_seed(0)
-    base = Transformer(tiny_config(vocab_size=262)).double().eval()   # _tokenizer_dir's vocabulary (a GGUF needs it)
+    base = Transformer(tiny_config(vocab_size=262)).double().eval()   # tokenizer_dir's vocabulary (a GGUF needs it)
     for p in base.parameters():
         p.data.normal_(0, 0.2)
     spec = copy.deepcopy(base)                     # a stand-in for a tuned prefill module

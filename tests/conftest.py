@@ -195,7 +195,7 @@ _BROKER = {"test_draft_service", "test_seed_streams", "test_seed_streams_sun", "
            "test_broker_lifecycle", "test_cli_backends", "test_cli_wiring", "test_hub_faults", "test_hub_tls",
            "test_link", "test_hostile_clients", "test_openai_http", "test_starsd_mqtt", "test_sun_http", "test_sun_mqtt",
            "test_star_demo", "test_sun_demo", "test_telemetry_star", "test_star_namespaces", "test_process_faults",
-           "test_suffix_seed_streams", "test_suffix_star", "test_flash_jetson"}
+           "test_process_faults_sun", "test_suffix_seed_streams", "test_suffix_star", "test_flash_jetson"}
 _LLAMACPP = {"test_bundle", "test_engines_matrix", "test_gguf_export", "test_gguf_smoke", "test_llamacpp_kv",
              "test_model_reference", "test_torch_free_roles", "test_cli_backends", "test_cli_generate",
              "test_memory_plan_cli", "test_memory_plan", "test_tokenizer", "test_flash_jetson"}
@@ -206,7 +206,7 @@ _SLOW = _REAL_MODEL | {"test_sun_tuning", "test_cli_wiring", "test_cli_backends"
                        "test_seed_streams", "test_seed_streams_sun", "test_star_demo", "test_sun_demo",
                        "test_hub_faults", "test_engines_matrix", "test_bundle", "test_sun_mqtt", "test_telemetry_star",
                        "test_star_namespaces", "test_suffix_seed_streams", "test_suffix_star", "test_flash_jetson",
-                       "test_process_faults"}
+                       "test_process_faults", "test_process_faults_sun"}
 
 
 def pytest_configure(config):

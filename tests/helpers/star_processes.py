@@ -12,6 +12,7 @@ import ctypes
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "system"))
@@ -45,3 +46,13 @@ class Procs(_Procs):
         p = self.procs[name]
         p.kill()
         p.wait(10)
+
+
+def wait_until(cond, timeout=10.0):
+    """True once cond() holds (polled every 20 ms), else cond() at the timeout."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()

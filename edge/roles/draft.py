@@ -36,18 +36,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
-import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
 from edge.common_prefix import common_prefix
 from edge.engines.base import Engine, EngineError
-from edge.protocol import (E_BAD_KEEP, E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, E_UNKNOWN_SESSION,
-                           DraftRequest, DraftResponse, Error)
+from edge.protocol import E_INTERNAL, E_OVERLOADED, DraftRequest, DraftResponse, Error
 from edge.roles.draft_limits import DraftLimits, DraftRefused
-from edge.roles.draft_stats import DraftStats
+from edge.roles.draft_sessions import DraftSessions
 from edge.roles.isolated_step import step_isolated
 from edge.sampling import Role, SamplingParams, pick, role_rng
 
@@ -98,65 +96,38 @@ class _Work:
         s.ahead_cap = 0                      # and no draft-ahead until its next request
 
 
-class DraftService:
+class DraftService(DraftSessions):
     """The draft core: open/close/submit from any thread (a hub admits sessions from its own);
     the engine is used only by `step`, which one loop calls."""
 
     def __init__(self, engine: Engine, limits: Optional[DraftLimits] = None,
                  clock: Callable[[], float] = time.monotonic, name: str = "draft"):
-        self.engine = engine
-        self.limits = limits or DraftLimits()
+        limits = limits or DraftLimits()
         cap = getattr(engine, "capacity", None)
-        if cap is not None and cap < self.limits.max_sessions:
+        if cap is not None and cap < limits.max_sessions:
             # an engine that holds a fixed number of sequences (llama.cpp's n_seq_max): a session
             # past it would fail mid-request, so the service refuses it at open (and its hello says so)
-            self.limits = dataclasses.replace(self.limits, max_sessions=int(cap))
-        self.clock = clock
-        self.name = name
-        self.vocab_size = engine.vocab_size
+            limits = dataclasses.replace(limits, max_sessions=int(cap))
+        super().__init__(limits, clock, name, engine.vocab_size)
+        self.engine = engine
         self.fingerprint = getattr(engine, "fingerprint", "")
         self._per_token = engine.kv_bytes_per_token()
-        self._sessions: Dict[str, _Session] = {}
-        self._pending: Dict[str, Tuple[DraftRequest, float]] = {}
         self._to_free: List[int] = []
-        self._outbox: List[Tuple[str, object]] = []   # replies the next step returns
-        self._lock = threading.RLock()
-        self.stats = DraftStats(clock)
         self._streams = itertools.count()       # stream numbers: no two sessions' streams coincide
 
-    # ---- sessions ----
-    def open(self, sid: str) -> None:
-        with self._lock:
-            if sid in self._sessions:
-                return
-            if len(self._sessions) >= self.limits.max_sessions:
-                self.stats.count("refused_sessions")
-                raise DraftRefused(f"draft service {self.name!r} already serves its limit of "
-                                   f"{self.limits.max_sessions} sessions; add a draft service "
-                                   f"(`edge-agent run --role draft`) or raise --max-sessions")
-            if self._kv_used() >= self._kv_limit():
-                self.stats.count("refused_sessions")
-                raise DraftRefused(f"draft service {self.name!r} has used its KV memory limit of "
-                                   f"{self.limits.max_kv_mb:g} MB; raise --max-kv-mb or add a draft service")
-            self._sessions[sid] = _Session(sid, self.clock())
-            self.stats.count("opened")
+    # ---- sessions (the table and Q_in: edge/roles/draft_sessions.py) ----
+    def _new_session(self, sid: str) -> _Session:
+        return _Session(sid, self.clock())
 
-    def close(self, sid: str, reason: str = "bye") -> bool:
-        """Drop a session and free its KV (at the next step). False if unknown."""
-        with self._lock:
-            s = self._sessions.pop(sid, None)
-            self._pending.pop(sid, None)
-            if s is None:
-                return False
-            s.closed = True                        # a batch in flight skips it from now on
-            if s.seq is not None:
-                self._to_free.append(s.seq)        # freed by step, between batches
-            self.stats.count(f"closed_{reason}")
-        return True
+    def _check_open(self) -> None:
+        if self._kv_used() >= self._kv_limit():
+            self.stats.count("refused_sessions")
+            raise DraftRefused(f"draft service {self.name!r} has used its KV memory limit of "
+                               f"{self.limits.max_kv_mb:g} MB; raise --max-kv-mb or add a draft service")
 
-    def sessions(self) -> List[str]:
-        with self._lock:
-            return list(self._sessions)
+    def _release(self, s: _Session) -> None:
+        if s.seq is not None:
+            self._to_free.append(s.seq)            # freed by step, between batches
 
     def kv_tokens(self) -> int:
         with self._lock:
@@ -167,42 +138,6 @@ class DraftService:
 
     def _kv_limit(self) -> float:
         return self.limits.max_kv_mb * 1e6
-
-    # ---- Q_in ----
-    def submit(self, req: DraftRequest) -> None:
-        """Queue a request; replaces an older pending one of the same session."""
-        with self._lock:
-            s = self._sessions.get(req.sid)
-            if s is None:
-                self.stats.count("unknown_session")
-                self._reply(req.sid, Error(req.sid, req.seq, E_UNKNOWN_SESSION,
-                                           "this draft service has no such session (evicted or "
-                                           "restarted): join the hub again"))
-                return
-            old = self._pending.get(req.sid)
-            if req.seq <= s.last_seq or (old and req.seq <= old[0].seq):
-                self.stats.count("stale")
-                return
-            if old:
-                self.stats.count("replaced")
-            s.last_seen = self.clock()
-            self._pending[req.sid] = (req, s.last_seen)
-
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._pending)
-
-    def _reply(self, sid: str, msg) -> None:
-        with self._lock:
-            self._outbox.append((sid, msg))
-
-    def evict_silent(self, now: Optional[float] = None) -> List[str]:
-        """Close the sessions silent for longer than limits.evict_after_s; returns their ids."""
-        now = self.clock() if now is None else now
-        with self._lock:
-            old = [sid for sid, s in self._sessions.items()
-                   if now - s.last_seen > self.limits.evict_after_s and sid not in self._pending]
-        return [sid for sid in old if self.close(sid, "timeout")]
 
     # ---- the core's step ----
     def has_work(self) -> bool:
@@ -217,9 +152,7 @@ class DraftService:
         self._free_closed()
         if not self._serve_pending() and self.limits.ahead:
             self._ahead_step()
-        with self._lock:
-            out, self._outbox = self._outbox, []
-        return out
+        return self._replies()
 
     def _free_closed(self) -> None:
         with self._lock:
@@ -229,10 +162,7 @@ class DraftService:
 
     def _serve_pending(self) -> int:
         """Serve everything pending as one batch; returns the number of requests served."""
-        with self._lock:
-            taken = [(self._sessions.get(sid), req, t) for sid, (req, t) in self._pending.items()]
-            self._pending.clear()
-        taken = [(s, r, t) for s, r, t in taken if s is not None and not s.closed]
+        taken = self._take()
         if not taken:
             return 0
         t0 = self.clock()
@@ -259,22 +189,8 @@ class DraftService:
     # ---- one request ----
     def _prepare(self, s: _Session, req: DraftRequest, t_in: float) -> Optional[_Work]:
         lim = self.limits
-        s.last_seq = req.seq
-        if req.keep > len(s.fed):
-            self.stats.count("bad_keep")
-            raise DraftRefused(f"keep={req.keep} but this draft holds only {len(s.fed)} tokens of the "
-                               f"session: resend with keep <= {len(s.fed)}", E_BAD_KEEP)
+        self._check_request(s, req, len(s.fed))
         T_len = req.keep + len(req.append)
-        if T_len == 0:
-            raise DraftRefused("nothing to draft after: keep=0 and an empty append", E_BAD_REQUEST)
-        if req.gamma > lim.max_gamma:
-            self.stats.count("bad_gamma")
-            raise DraftRefused(f"gamma={req.gamma} exceeds this draft service's limit of "
-                               f"{lim.max_gamma}", E_BAD_REQUEST)
-        if any(t >= self.vocab_size for t in req.append):
-            self.stats.count("bad_token")
-            raise DraftRefused(f"append holds a token id >= the draft's vocabulary of {self.vocab_size}",
-                               E_BAD_REQUEST)
         gamma = max(0, min(req.gamma, self.engine.max_len - T_len + 1))
         params = SamplingParams.from_wire(req.sampling)
         k = self._q_k(params)

@@ -62,7 +62,7 @@ class HybridDraftService(SuffixDraftService):
             try:
                 self._context(s, req)
             except DraftRefused as e:
-                self._outbox.append((s.sid, Error(s.sid, req.seq, e.code, e.reason)))
+                self._reply(s.sid, Error(s.sid, req.seq, e.code, e.reason))
                 continue
             p = s.ctx.propose(req.gamma)
             if p.tokens and p.score >= self.min_score:
@@ -77,9 +77,7 @@ class HybridDraftService(SuffixDraftService):
         if self.model.has_work():
             for sid, msg in self.model.step():
                 self._from_model(sid, msg)
-        with self._lock:
-            out, self._outbox = self._outbox, []
-        return out
+        return self._replies()
 
     def _from_model(self, sid: str, msg) -> None:
         s = self._sessions.get(sid)
@@ -94,5 +92,4 @@ class HybridDraftService(SuffixDraftService):
             self.answer(s, msg.seq, msg.q is None, context, msg.tokens, t_in, msg.q)
         elif isinstance(msg, Error):
             s.model_held = []             # unknown now: the next model request resends everything
-            with self._lock:
-                self._outbox.append((sid, msg))
+            self._reply(sid, msg)

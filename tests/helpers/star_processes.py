@@ -12,13 +12,13 @@ import ctypes
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "system"))
 
 from test_cli_wiring import BIN, ROOT, _hf_model as hf_model, _sun_dirs as sun_dirs  # noqa: E402,F401
 from test_cli_wiring import Procs as _Procs  # noqa: E402
+from waiting import wait_until  # noqa: E402,F401  (re-exported for the fault tests)
 
 
 def _die_with_parent() -> None:
@@ -46,13 +46,3 @@ class Procs(_Procs):
         p = self.procs[name]
         p.kill()
         p.wait(10)
-
-
-def wait_until(cond, timeout=10.0):
-    """True once cond() holds (polled every 20 ms), else cond() at the timeout."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()

@@ -1,6 +1,4 @@
 """The one engine loop and the node base every networked role stands on."""
-import time
-
 import torch
 
 from edge.engines.torch_engine import TorchEngine
@@ -12,18 +10,10 @@ from edge.roles.prefill import PrefillWorker
 from edge.roles.prefill_node import PrefillNode
 
 from tiny_models import random_model
+from waiting import wait_until
 
 torch.set_num_threads(1)
 KEY = b"k" * 32
-
-
-def wait_until(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 class Doubler:

@@ -17,6 +17,7 @@ from server.broker import find_free_port
 from server.hub import Hub
 
 from tiny_models import tiny_model
+from waiting import wait_until
 
 torch.set_num_threads(1)
 TOK = "tok-tiny"
@@ -26,15 +27,6 @@ TOK = "tok-tiny"
 def models():
     target = tiny_model(0)
     return target, tiny_model(1, noise=0.05, base=target)
-
-
-def wait_until(cond, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 @pytest.mark.parametrize("kind", ["mosquitto", "embedded"])

@@ -20,13 +20,16 @@ import msgpack
 
 from edge.wire_fields import ProtocolError, _short, check_id
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2          # 2: SUN KV topics name their sender (ss/sun/w/{decoder}/kv/{sender})
 MAX_MESSAGE_BYTES = 4 << 20
 
 def wire(check: Callable[[str, Any], Any], default: Any = MISSING, factory: Any = MISSING,
-         send: Optional[Callable[[Any], Any]] = None):
-    """A message field: `check` validates its wire value; `send` turns the Python value into it."""
-    return field(default=default, default_factory=factory, metadata={"check": check, "send": send})
+         send: Optional[Callable[[Any], Any]] = None, kw_only: bool = False):
+    """A message field: `check` validates its wire value; `send` turns the Python value into it.
+    A default must pass `check`. `kw_only`: a field with no valid default declared after fields
+    with one: required, and given by name (its place on the wire is unchanged)."""
+    return field(default=default, default_factory=factory, kw_only=kw_only,
+                 metadata={"check": check, "send": send})
 
 
 _BY_TAG: dict[str, type] = {}

@@ -40,8 +40,8 @@ from edge.wire_fields import (CODE, FINGERPRINT, GAMMA, ID, ID_OR_EMPTY, MAX_GAM
 from edge.topics import (  # noqa: F401,E402
     DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, SUN_PREFIX, SUN_REQ_SUB, SUN_WORKERS_SUB, TOPICS, down_topic,
     draft_ctl_topic, draft_hello_topic, join_topic, joined_topic, parse_topic, session_up_sub, subscription,
-    sun_ctl_topic, sun_hello_topic, sun_kv_topic, sun_req_topic, sun_stream_sub, sun_stream_topic, topic, up_topic,
-    TELEMETRY_SUB, telemetry_topic)
+    sun_ctl_topic, sun_hello_topic, sun_kv_sub, sun_kv_topic, sun_req_topic, sun_stream_sub, sun_stream_topic,
+    topic, up_topic, TELEMETRY_SUB, telemetry_topic)
 
 
 # ---- message limits (the field limits live with the checkers, edge/wire_fields.py) ----
@@ -259,7 +259,7 @@ class SunRequest(Message):
     max_new: int = wire(integer(1, MAX_NEW_TOKENS), 64)   # answer tokens, the prefill's first included
     sampling: dict = _sampling_field()
     stop: list[int] = _tokens(MAX_STOP, factory=list)
-    secret: bytes = wire(secret_bytes(empty=False), b"")  # the request's key: signs its KV and tokens
+    secret: bytes = wire(secret_bytes(empty=False), factory=new_secret)   # the request's key: signs its KV and tokens
 
 
 @message("sun_hello")
@@ -288,7 +288,7 @@ class PrefillJob(Message):
     task: str = wire(ID)
     prompt: list[int] = _tokens(MAX_APPEND)
     sampling: dict = _sampling_field()
-    decoder: str = wire(ID, "")                 # where the KV goes
+    decoder: str = wire(ID, kw_only=True)       # where the KV goes (no default: "" is no worker)
 
 
 @message("sun_assign")
@@ -301,7 +301,7 @@ class DecodeAssign(Message):
     max_new: int = wire(integer(1, MAX_NEW_TOKENS), 64)
     sampling: dict = _sampling_field()
     stop: list[int] = _tokens(MAX_STOP, factory=list)
-    prefill: str = wire(ID, "")                 # who sends the KV (for error messages)
+    prefill: str = wire(ID, kw_only=True)       # who sends the KV (the decoder holds only its early KV)
 
 
 @message("sun_kv", session=True, id_field="rid")

@@ -20,12 +20,13 @@ TOPICS = {
     "sun_req":     "ss/sun/req/{client}",          # client -> router: SunRequest
     "sun_hello":   "ss/sun/workers/{worker}",      # SUN worker -> router, retained: SunHello
     "sun_ctl":     "ss/sun/w/{worker}/ctl",        # router -> worker: PrefillJob, DecodeAssign
-    "sun_kv":      "ss/sun/w/{worker}/kv",         # prefill -> decoder: KVChunk, Error
+    "sun_kv":      "ss/sun/w/{worker}/kv/{sender}",   # prefill -> decoder: KVChunk, Error (the ACL:
+                                                      # a worker writes only as its own sender)
     "sun_stream":  "ss/sun/r/{client}/{rid}",      # workers -> client: SunTokens, Error
     "telemetry":   "ss/dev/{client}/telemetry",    # every agent and the hub, retained: Telemetry
 }
 _ID_NAMES = {"client": "client id", "sid": "session id", "service": "service id", "worker": "worker id",
-             "rid": "request id"}
+             "rid": "request id", "sender": "sender id"}
 _PATTERNS = {kind: pat.split("/") for kind, pat in TOPICS.items()}
 SUN_PREFIX = "ss/sun"                     # reserved: SUN prefill/decoder routing
 
@@ -94,6 +95,11 @@ SUN_WORKERS_SUB = subscription("sun_hello")     # the router watches SUN workers
 def session_up_sub(service: str) -> str:
     """What a draft service subscribes to: the up topics of the sessions assigned to it."""
     return subscription("up", service=service)
+
+
+def sun_kv_sub(worker: str) -> str:
+    """What a decoder subscribes to: its KV from every sender (the topic names the sender)."""
+    return subscription("sun_kv", worker=worker)
 
 
 def sun_stream_sub(client: str) -> str:

@@ -18,7 +18,8 @@ session topics name their service, so it never sees another service's
 traffic), announces itself on ss/hub/drafts/{me} and reads its assignments
 on ss/d/{me}/#. A SUN worker (role `sun`: prefill worker or
 shared decoder) announces itself on ss/sun/workers/{me}, reads its jobs and
-incoming KV on ss/sun/w/{me}/#, sends KV to any decoder (ss/sun/w/+/kv) and
+incoming KV on ss/sun/w/{me}/#, sends KV to any decoder under its own name
+(ss/sun/w/+/kv/{me}: the decoder holds early KV per sender, edge/roles/early_kv.py) and
 tokens to any client (ss/sun/r/#). Mosquitto gets these as an ACL file
 (patterns with %u) plus a password file; amqtt gets them as in-process plugins.
 """
@@ -37,7 +38,7 @@ CLIENT_RULES = [("write", "ss/hub/join/%u"), ("read", "ss/c/%u/joined"),
                 ("write", "ss/sun/req/%u"), ("read", "ss/sun/r/%u/+"), ("write", "ss/dev/%u/telemetry")]
 DRAFT_RULES = [("read", "ss/s/+/+/%u/up"), ("write", "ss/s/+/+/%u/down"), ("write", "ss/hub/drafts/%u"),
                ("read", "ss/d/%u/#")]
-SUN_RULES = [("write", "ss/sun/workers/%u"), ("read", "ss/sun/w/%u/#"), ("write", "ss/sun/w/+/kv"),
+SUN_RULES = [("write", "ss/sun/workers/%u"), ("read", "ss/sun/w/%u/#"), ("write", "ss/sun/w/+/kv/%u"),
              ("write", "ss/sun/r/#")]
 HUB_RULES = [("readwrite", "#")]
 EXTRA_RULES = {"hub": HUB_RULES, "draft": DRAFT_RULES, "sun": SUN_RULES}   # beyond CLIENT_RULES

@@ -3,7 +3,9 @@
 
 Both isolate sessions with the same access table (server/acl.py) when
 `acl=True`: Mosquitto gets it as an ACL file (patterns with %u) plus a
-password file; amqtt gets it as in-process plugins.
+password file; amqtt gets it as in-process plugins. Both serve TLS listeners the same
+way: a client certificate of the star's CA is required, and its CN is the client's
+username (Mosquitto's use_identity_as_username; here server/amqtt_tls.py).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from amqtt.contexts import Action
 from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 
 from server.acl import Acl
+from server.amqtt_tls import listener_config, require_client_cert, session_identity
 from server.broker_base import (BrokerError, Listener, _BrokerBase, _check_port_free,  # noqa: F401
                                 find_free_port, is_loopback)
 from server.mosquitto import MosquittoBroker  # noqa: F401
@@ -32,6 +35,9 @@ class AclAuthPlugin(BaseAuthPlugin):
         acl: Any = None
 
     async def authenticate(self, *, session) -> bool:
+        cn = getattr(session, "tls_cn", None)    # set per connection by _TrackedBroker
+        if cn is not None:                         # TLS: the verified certificate is the proof
+            return bool(cn) and cn in self.config.acl.users
         return self.config.acl.check_password(session.username, session.password)
 
 
@@ -86,6 +92,19 @@ class _TrackedBroker(Broker):
         if any(s.client_id == session.client_id for s, _ in subs):
             await super()._publish_retained_messages_for_subscription(subscription, session)
 
+    # amqtt 0.12.1 makes TLS listeners with verify_mode CERT_OPTIONAL and never looks at
+    # the certificate: require one (signed by the listener's CA) ...
+    @staticmethod
+    def _create_ssl_context(listener):
+        return require_client_cert(Broker._create_ssl_context(listener))
+
+    # ... and make its CN the session's username, as Mosquitto does (set on every connection:
+    # amqtt reuses a non-clean session's object, which must not keep an earlier one's identity)
+    async def _handle_client_session(self, reader, writer, client_session, handler, server, listener_name) -> None:
+        tls = bool(self.listeners_config[listener_name].get("ssl", False))
+        session_identity(client_session, writer, tls)
+        await super()._handle_client_session(reader, writer, client_session, handler, server, listener_name)
+
     async def stream_connected(self, reader, writer, listener_name: str) -> None:
         self.writers.add(writer)
         try:
@@ -118,7 +137,7 @@ class EmbeddedBroker(_BrokerBase):
     def __init__(self, port: Optional[int] = None, host: str = "127.0.0.1", acl: bool = False,
                  hub_user: str = "hub", listeners=()) -> None:
         self.host, self.port = host, port or find_free_port(host)
-        self.listeners = list(listeners)          # plain TCP only (start_broker checks)
+        self.listeners = list(listeners)          # plain TCP, or TLS (Listener.tls)
         self.acl = Acl() if acl else None
         self.hub_user = hub_user
         self.hub_password = self.acl.add(hub_user, "hub") if self.acl else ""
@@ -135,7 +154,7 @@ class EmbeddedBroker(_BrokerBase):
             plugins["amqtt.plugins.authentication.AnonymousAuthPlugin"] = {"allow_anonymous": True}
         listen = {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}}
         for i, ln in enumerate(self.listeners):
-            listen[f"extra{i}"] = {"type": "tcp", "bind": f"{ln.host}:{ln.port}"}
+            listen[f"extra{i}"] = listener_config(ln)
         return {"listeners": listen, "plugins": plugins}
 
     def start(self, timeout: float = 10.0) -> "EmbeddedBroker":
@@ -193,7 +212,4 @@ def start_broker(kind: str = "auto", port: Optional[int] = None, acl: bool = Fal
         raise BrokerError(f"broker kind must be mosquitto, embedded or auto, got {kind!r}")
     if kind == "mosquitto":
         return MosquittoBroker(port=port, acl=acl, listeners=listeners).start()
-    if any(ln.tls is not None for ln in listeners):
-        raise BrokerError("TLS listeners need Mosquitto (the embedded broker cannot map a client "
-                          "certificate to its ACL identity): add --mosquitto")
     return EmbeddedBroker(port=port, acl=acl, listeners=listeners).start()

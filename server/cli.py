@@ -36,7 +36,7 @@ main.add_command(plan)
 @click.option("--port", default=1883, show_default=True, help="loopback port of the broker started here")
 @click.option("--listen", "listen", multiple=True, metavar="ADDR[:PORT]",
               help="also listen here for devices (repeatable; default: loopback only). Beyond loopback "
-                   "this needs --acl and --tls-dir (Mosquitto), unless --insecure")
+                   "this needs --acl and --tls-dir, unless --insecure")
 @click.option("--tls-dir", default=None, type=click.Path(file_okay=False),
               help="certificates from `edge-hub certs`: --listen addresses speak mqtts:// and take "
                    "only clients with a certificate of this star (CN = client id)")
@@ -47,6 +47,8 @@ main.add_command(plan)
 @click.option("--user", "users", multiple=True, metavar="NAME[:ROLE[:PASSWORD]]",
               help="with --acl: register a client (role client), a draft service (role draft) "
                    "or a SUN worker (role sun)")
+@click.option("--client-share", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True),
+              help="the most of the draft slots that fit its model one client may hold (others keep room)")
 @click.option("--username", default=None, help="hub's username on an external --broker")
 @click.option("--password", default=None, help="hub's password on an external --broker (visible in ps: "
               "prefer --password-file or $STARSUN_MQTT_PASSWORD)")
@@ -81,9 +83,9 @@ main.add_command(plan)
 @draft_options
 @drafter_options
 @telemetry_options
-def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, username, password, password_file,
-          draft_model, hub_id, dtype, threads, max_len, stats_every, sun_isolated, sun_pools, sun_decoder,
-          sun_max_batch, stop_ids, sun_http_port, sun_http_host, sun_tokenizer, ctl_key_file, sun_backend,
+def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, client_share, username, password,
+          password_file, draft_model, hub_id, dtype, threads, max_len, stats_every, sun_isolated, sun_pools,
+          sun_decoder, sun_max_batch, stop_ids, sun_http_port, sun_http_host, sun_tokenizer, ctl_key_file, sun_backend,
           telemetry_interval, metrics_port, metrics_host, **limits):
     """Run the hub until Ctrl-C."""
     from server.broker import BrokerError
@@ -148,7 +150,7 @@ def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, us
     hub = Hub(broker_url=broker_url, broker="mosquitto" if mosquitto else "embedded", port=port, acl=acl,
               draft_engine=engine, draft_core=core, tokenizer_fp=tok_fp or "", limits=draft_limits(**limits),
               hub_id=hub_id, username=username, password=password, sun_isolated=sun_isolated, sun_pools=pools,
-              sun_decoder=decoder, ctl_key=ctl_key, listeners=listeners)
+              sun_decoder=decoder, ctl_key=ctl_key, listeners=listeners, client_share=client_share)
     try:
         hub.start()
     except BrokerError as e:
@@ -224,7 +226,7 @@ def certs(out, hosts, devices):
     if not written:
         click.echo(f"{out}: every certificate asked for is already there", err=True)
     click.echo(f"copy ca.crt and clients/NAME.* to each device; keep ca.key here. Serve with "
-               f"`edge-hub serve --mosquitto --acl --tls-dir {out} --listen ADDR`", err=True)
+               f"`edge-hub serve [--mosquitto] --acl --tls-dir {out} --listen ADDR --user CLIENT_ID ...`", err=True)
 
 
 def _parse_pools(specs) -> dict:

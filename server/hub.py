@@ -27,7 +27,7 @@ from edge.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, HubSt
 from edge.roles.draft import DraftLimits, DraftRefused, DraftService
 from edge.roles.draft_node import DraftNode
 from edge.seen_ids import SeenIds
-from server.registry import Refusal, Registry
+from server.registry import CLIENT_SHARE, Refusal, Registry
 from server.sun_router import SunRouter
 
 log = logging.getLogger(__name__)
@@ -43,10 +43,10 @@ class Hub:
                  hub_id: str = "hub", username: Optional[str] = None, password: Optional[str] = None,
                  status_every: float = 2.0, ctl_key: Optional[bytes] = None, sun: bool = True,
                  sun_isolated: bool = False, sun_pools: Optional[dict] = None, sun_decoder=None,
-                 listeners=()):
+                 listeners=(), client_share: float = CLIENT_SHARE):
         """sun: route SUN requests; sun_isolated / sun_pools: one decoder pool per task
         ({task: [decoder ids]}); sun_decoder: a SharedDecoder the hub serves as
-        f"{hub_id}-decoder"."""
+        f"{hub_id}-decoder"; client_share: the most of the fitting draft slots one client may hold."""
         if (draft_engine is not None or draft_core is not None) and not tokenizer_fp:
             raise ValueError("the hub's draft service needs the tokenizer fingerprint of its model")
         if sun_pools and not sun_isolated:
@@ -69,7 +69,7 @@ class Hub:
         self.router: Optional[SunRouter] = None
         self.sun_node = None                  # DecoderNode of sun_decoder
         self._sun_link = None                 # its own connection
-        self.registry = Registry()
+        self.registry = Registry(client_share=client_share)
         self.epoch = 0.0
         self.counters = {"joins": 0, "refused": 0, "bad_join": 0, "replayed_join": 0}
         self._join_nonces = SeenIds()         # (client, nonce) of recent joins: a replay opens no session

@@ -5,6 +5,10 @@ tokenizer (same fingerprint AND vocabulary size) and has room; otherwise it
 is refused with a reason the user can act on. Admitted sessions get a fresh
 session id and secret and go to the least-loaded fitting service.
 
+No client may hold more than `client_share` of the session slots of the services that could
+serve it (and never more than `max_sessions_per_client`): else one greedy client, joining
+until refused, would take every draft slot and every other client would be refused as "full".
+
 A service counts as online only while server/liveness.py says it is alive: a
 retained hello alone (maybe a dead process's) is not enough until the service
 answers a probe, and its will, silence or an unanswered assignment ends it
@@ -58,9 +62,21 @@ def _short(fp: str) -> str:
     return fp if len(fp) <= 20 else fp[:16] + "…"
 
 
+CLIENT_SHARE = 0.5            # default: a client may hold half the slots that fit its model
+
+
+def client_limit(share: float, capacity: int, cap: int) -> int:
+    """Sessions one client may hold among fitting services with `capacity` slots in all."""
+    return max(1, min(cap, int(share * capacity)))
+
+
 class Registry:
-    def __init__(self, max_sessions_per_client: int = 64, liveness: Optional[Liveness] = None):
+    def __init__(self, max_sessions_per_client: int = 64, liveness: Optional[Liveness] = None,
+                 client_share: float = CLIENT_SHARE):
+        if not 0.0 < client_share <= 1.0:
+            raise ValueError(f"client_share must be in (0, 1], got {client_share}")
         self.max_per_client = max_sessions_per_client
+        self.client_share = client_share
         self.liveness = liveness or Liveness()
         self.services: Dict[str, ServiceInfo] = {}
         self.sessions: Dict[str, SessionInfo] = {}
@@ -139,9 +155,13 @@ class Registry:
             raise Refusal(f"gamma={join.gamma} is more than the draft services allow "
                           f"({max(s.max_gamma for s in same_tok)}); use a smaller --gamma")
         mine = sum(1 for v in self.sessions.values() if v.client == join.client)
-        if mine >= self.max_per_client:
-            raise Refusal(f"client {join.client!r} already holds {mine} sessions (the limit per client); "
-                          "close some (they end with bye) or wait for their eviction")
+        capacity = sum(s.max_sessions for s in fits)
+        limit = client_limit(self.client_share, capacity, self.max_per_client)
+        if mine >= limit:
+            raise Refusal(f"client {join.client!r} already holds {mine} sessions, the most one client may "
+                          f"hold ({self.client_share:.0%} of the {capacity} draft slots for its model, at most "
+                          f"{self.max_per_client}) so that other clients find room; close some (they end "
+                          "with bye) or wait for their eviction")
         room = [s for s in fits if s.load < s.max_sessions]
         if not room:
             raise Refusal(f"every fitting draft service is full ({sum(s.load for s in fits)} sessions); "

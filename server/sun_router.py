@@ -176,7 +176,8 @@ class SunRouter:
                                             "sent; send it again")
             # the decoder's reservation for this KV: released now, not after its KV timeout
             err = Error(rid, 0, E_WORKER_LOST, f"prefill worker {worker} {how}")
-            self.link.publish(sun_kv_topic(dec), encode(err, secret), kind="control")
+            # (as the lost prefill worker's sender: the KV the decoder awaits is that worker's)
+            self.link.publish(sun_kv_topic(dec, worker), encode(err, secret), kind="control")
 
     def _fail(self, client: str, rid: str, secret: bytes, message: str) -> None:
         self._count("worker_lost")
@@ -275,9 +276,10 @@ class SunRouter:
                               encode(Error(req.rid, 0, r.code, r.reason[:1024]), req.secret), kind="control")
             return
         assign = DecodeAssign(dec.id, req.rid, req.client, req.secret, req.task, req.max_new, req.sampling,
-                              req.stop, prefill.id)
+                              req.stop, prefill=prefill.id)
         self.link.publish(sun_ctl_topic(dec.id), encode(assign, self.ctl_key), kind="control")
-        job = PrefillJob(prefill.id, req.rid, req.client, req.secret, req.task, req.prompt, req.sampling, dec.id)
+        job = PrefillJob(prefill.id, req.rid, req.client, req.secret, req.task, req.prompt, req.sampling,
+                         decoder=dec.id)
         self.link.publish(sun_ctl_topic(prefill.id), encode(job, self.ctl_key), kind="control")
         with self._lock:
             held = self.inflight.setdefault(dec.id, {})

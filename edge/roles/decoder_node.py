@@ -2,7 +2,7 @@
 
 It reserves a slot on the router's DecodeAssign, collects the request's signed
 KV chunks (chunks that overtake their assignment are held, bounded in bytes
-and time), admits the KV into its SharedDecoder and streams tokens 1.. to the
+and time, per sender: edge/roles/early_kv.py), admits the KV into its SharedDecoder and streams tokens 1.. to the
 client. Its hello carries its load, which the router's least-loaded choice reads.
 """
 from __future__ import annotations
@@ -16,14 +16,16 @@ from typing import Dict, List, Optional
 
 from edge.link import Link
 from edge.protocol import (E_INTERNAL, E_OVERLOADED, E_REFUSED, E_TIMEOUT, DecodeAssign, Error, KVChunk,
-                           ProtocolError, SunHello, SunTokens, decode, sun_ctl_topic, sun_hello_topic,
-                           sun_kv_topic, sun_stream_topic)
+                           ProtocolError, SunHello, SunTokens, decode, parse_topic, sun_ctl_topic,
+                           sun_hello_topic, sun_kv_sub, sun_stream_topic)
 from edge.roles.decoder import AdmissionError, SharedDecoder, TokenEvent
+from edge.roles.early_kv import EarlyKV
 from edge.roles.node import Node
 from edge.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 MAX_ASSIGNED_KEYS = 4096       # recent assignments whose KV may pass a full queue (a bounded memory)
+EARLY_QUOTA = 64 << 20         # early KV one sender may have held (at most max_pending / 4)
 
 
 @dataclass
@@ -58,7 +60,8 @@ class DecoderNode(Node):
         self.decoder, self.kv_timeout = decoder, kv_timeout
         self.max_pending = int(max_pending_mb * (1 << 20))
         self._pending: Dict[str, _Pending] = {}
-        self._early: Dict[str, List[tuple]] = {}          # KV that overtook its assignment
+        # KV that overtook its assignment, per sender; all senders together within max_pending
+        self._early = EarlyKV(min(self.max_pending // 4, EARLY_QUOTA), self.max_pending)
         self._live: Dict[str, _Live] = {}
         self._last_sweep = time.monotonic()
         self.tasks_served: set = set()
@@ -99,12 +102,19 @@ class DecoderNode(Node):
         return self.load, self.served
 
     def subscribe(self) -> None:
-        self.link.subscribe(sun_kv_topic(self.id), self._on_kv)
+        self.link.subscribe(sun_kv_sub(self.id), self._on_kv)
 
     def _on_kv(self, topic: str, payload: bytes) -> None:
         """Queue a KV message for the loop, within max_pending bytes queued. Past that (a flood faster
         than the loop) only chunks signed for an assigned request still queue; the rest are dropped
         and counted here, so a flood can neither grow the queue nor crowd out the real KV."""
+        try:
+            kind, ids = parse_topic(topic)                # the sender is the topic's last level
+        except ProtocolError:
+            kind, ids = "", {}
+        if kind != "sun_kv" or ids.get("worker") != self.id:
+            self.drop("invalid")
+            return
         with self._queued_lock:
             room = self._queued + len(payload) <= self.max_pending
         if not room and not self._signed_for_assigned(payload):
@@ -112,7 +122,7 @@ class DecoderNode(Node):
             return
         with self._queued_lock:
             self._queued += len(payload)
-        self.put("kv", payload)
+        self.put("kv", (ids["sender"], payload))
 
     def put(self, kind: str, msg) -> None:
         if kind == "ctl" and isinstance(msg, DecodeAssign) and msg.worker == self.id:
@@ -147,19 +157,24 @@ class DecoderNode(Node):
             else:
                 self.drop("not_mine")
         else:
+            sender, payload = msg
             with self._queued_lock:
-                self._queued -= len(msg)
-            self._kv(msg)
+                self._queued -= len(payload)
+            self._kv(payload, sender)
 
     def _assign(self, a: DecodeAssign) -> None:
         if not self.fresh(a.rid):
             return
         self.served += 1
         self._pending[a.rid] = _Pending(a, time.monotonic())
-        for payload, _ in self._early.pop(a.rid, []):
-            self._kv(payload)
+        self._early.vouch(a.prefill)                      # the router's prefill worker: a quota of its own
+        mine, others = self._early.claim(a.rid, a.prefill)
+        for _ in range(others):
+            self.drop("kv_wrong_sender")                  # held for this request, but not from its prefill
+        for payload in mine:
+            self._kv(payload, a.prefill)
 
-    def _kv(self, payload: bytes) -> None:
+    def _kv(self, payload: bytes, sender: str) -> None:
         asked: List[str] = []
 
         def key(rid: str) -> Optional[bytes]:
@@ -171,7 +186,7 @@ class DecoderNode(Node):
         except ProtocolError as e:
             rid = asked[0] if asked else None
             if e.code == "auth" and rid and rid not in self._pending and rid not in self.seen:
-                self._hold_early(rid, payload)            # its assignment has not arrived yet
+                self._hold_early(sender, rid, payload)    # its assignment has not arrived yet
             else:
                 self.drop(e.code)
             return
@@ -197,12 +212,9 @@ class DecoderNode(Node):
             del self._pending[msg.rid]
             self._admit(p)
 
-    def _hold_early(self, rid: str, payload: bytes) -> None:
-        held = sum(len(x) for v in self._early.values() for x, _ in v)
-        if held + len(payload) > min(self.max_pending, 64 << 20) or len(self._early) > 1024:
-            self.drop("early_overflow")
-            return
-        self._early.setdefault(rid, []).append((payload, time.monotonic()))
+    def _hold_early(self, sender: str, rid: str, payload: bytes) -> None:
+        if not self._early.hold(sender, rid, payload, time.monotonic()):
+            self.drop("early_overflow")                   # this sender's quota is full
 
     def _pending_bytes(self) -> int:
         return sum(p.nbytes for p in self._pending.values())
@@ -247,13 +259,8 @@ class DecoderNode(Node):
                 self.stats["timeouts"] += 1
                 self._fail(p, E_TIMEOUT, f"the KV cache from prefill worker {p.assign.prefill!r} did not "
                                          f"reach decoder {self.id} within {self.kv_timeout:g} s")
-        for rid, items in list(self._early.items()):
-            kept = [x for x in items if now - x[1] <= self.kv_timeout]
-            for _ in range(len(items) - len(kept)):
-                self.drop("kv_unclaimed")                 # no assignment came: another decoder's, or forged
-            items[:] = kept
-            if not items:
-                del self._early[rid]
+        for _ in range(self._early.expire(now, self.kv_timeout)):
+            self.drop("kv_unclaimed")                     # no assignment came: another decoder's, or forged
 
     def _fail(self, p: _Pending, code: str, message: str) -> None:
         a = p.assign

@@ -102,7 +102,7 @@ class PrefillNode(Node):
         blob, n = out.blob, self.chunk_bytes
         total = max(1, math.ceil(len(blob) / n))
         for i in range(total):
-            self.send(sun_kv_topic(job.decoder),
+            self.send(sun_kv_topic(job.decoder, self.id),
                       KVChunk(job.rid, i, total, out.first_token, blob[i * n:(i + 1) * n]), job.secret)
         self.stats["kv_bytes"] += len(blob)
         self.stats["chunks"] += total
@@ -111,4 +111,4 @@ class PrefillNode(Node):
         self.stats["failed"] += 1
         err = Error(job.rid, 0, code, message[:1024])
         self.send(sun_stream_topic(job.client, job.rid), err, job.secret)
-        self.send(sun_kv_topic(job.decoder), err, job.secret)   # frees the decoder's reservation
+        self.send(sun_kv_topic(job.decoder, self.id), err, job.secret)   # frees the decoder's reservation

@@ -21,14 +21,14 @@ def test_kv_queue_is_bounded_in_bytes_and_drains():
                        MemoryLink(bus, "dec").connect(), "dec", max_pending_mb=1.0)
     chunk = P.encode(P.KVChunk("r-x", 0, 1, 1, b"k" * (200 << 10)), b"f" * 32)    # ~200 KiB, forged
     for _ in range(20):                      # the loop is not running yet: everything queues
-        node._on_kv(P.sun_kv_topic("dec"), chunk)
+        node._on_kv(P.sun_kv_topic("dec", "evil"), chunk)
     fits = (1 << 20) // len(chunk)
     assert node.loop.backlog() == fits and node.dropped == {"kv_backlog": 20 - fits}
     # the real KV of an assigned request still gets in: the flood cannot crowd it out
     secret = b"s" * 32
     # (the assignment still waits in the queue too: the network thread knows it as it arrives)
     node.put("ctl", P.DecodeAssign("dec", "r-real", "client", secret, "maths", prefill="prefill-maths"))
-    node._on_kv(P.sun_kv_topic("dec"), P.encode(P.KVChunk("r-real", 0, 2, 1, b"k" * (200 << 10)), secret))
+    node._on_kv(P.sun_kv_topic("dec", "prefill-maths"), P.encode(P.KVChunk("r-real", 0, 2, 1, b"k" * (200 << 10)), secret))
     assert node.loop.backlog() == fits + 2 and node.dropped == {"kv_backlog": 20 - fits}
     node.start()
     try:
@@ -39,7 +39,7 @@ def test_kv_queue_is_bounded_in_bytes_and_drains():
         while time.monotonic() < end and not reached():
             time.sleep(0.01)
         assert reached() and node.loop.backlog() == 0 and node._queued == 0
-        node._on_kv(P.sun_kv_topic("dec"), chunk)                # room again
+        node._on_kv(P.sun_kv_topic("dec", "evil"), chunk)                # room again
         assert node.dropped["kv_backlog"] == 20 - fits
     finally:
         node.stop()

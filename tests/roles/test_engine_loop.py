@@ -4,7 +4,7 @@ import torch
 from edge.engines.torch_engine import TorchEngine
 from edge.memory_link import MemoryBus, MemoryLink
 from edge.protocol import (DecodeAssign, KVChunk, PrefillJob, SunTokens, decode, encode, new_secret, sampling,
-                           sun_ctl_topic, sun_hello_topic, sun_kv_topic, sun_stream_topic)
+                           sun_ctl_topic, sun_hello_topic, sun_kv_sub, sun_stream_topic)
 from edge.roles.loop import EngineLoop
 from edge.roles.prefill import PrefillWorker
 from edge.roles.prefill_node import PrefillNode
@@ -93,15 +93,15 @@ def test_a_node_checks_control_messages_drops_replays_and_says_goodbye():
     spy.subscribe(sun_hello_topic("prefill-maths"), lambda t, p: hellos.append(decode(p, KEY)))
     secret = new_secret()
     spy.subscribe(sun_stream_topic("app", "r1"), lambda t, p: got.append(decode(p, secret)))
-    spy.subscribe(sun_kv_topic("dec"), lambda t, p: got.append(decode(p, secret)))
+    spy.subscribe(sun_kv_sub("dec"), lambda t, p: got.append(decode(p, secret)))
     try:
-        job = PrefillJob("prefill-maths", "r1", "app", secret, "maths", [3, 4, 5], sampling(), "dec")
+        job = PrefillJob("prefill-maths", "r1", "app", secret, "maths", [3, 4, 5], sampling(), decoder="dec")
         ctl = sun_ctl_topic("prefill-maths")
         spy.publish(ctl, encode(job, KEY))
         spy.publish(ctl, encode(job, KEY))                                       # replayed
         spy.publish(ctl, encode(job, b"x" * 32))                                 # forged
         spy.publish(ctl, encode(PrefillJob("prefill-maths", "r2", "app", secret, "code", [3], sampling(),
-                                           "dec"), KEY))                         # not its task
+                                           decoder="dec"), KEY))                         # not its task
         spy.publish(ctl, encode(DecodeAssign("prefill-maths", "r3", "app", secret, "maths", 4,
                                              prefill="pf"), KEY))
         assert wait_until(lambda: sum(node.dropped.values()) == 4), node.dropped

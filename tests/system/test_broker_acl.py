@@ -167,8 +167,9 @@ def test_acl_table_and_file():
     may = acl.allows
     assert may("bob", "ss/sun/req/bob", "write") and not may("bob", "ss/sun/req/alice", "write")
     assert may("bob", "ss/sun/r/bob/+", "subscribe") and not may("bob", "ss/sun/r/+/+", "subscribe")
-    assert may("dec-1", "ss/sun/w/dec-1/#", "subscribe") and may("dec-1", "ss/sun/w/dec-2/kv", "write")
-    assert not may("dec-1", "ss/sun/w/dec-2/ctl", "write") and not may("dec-1", "ss/sun/w/+/kv", "read")
+    assert may("dec-1", "ss/sun/w/dec-1/#", "subscribe") and may("dec-1", "ss/sun/w/dec-2/kv/dec-1", "write")
+    assert not may("dec-1", "ss/sun/w/dec-2/ctl", "write") and not may("dec-1", "ss/sun/w/+/kv/+", "read")
+    assert not may("dec-1", "ss/sun/w/dec-2/kv/prefill-1", "write")   # KV only under its own name
     assert may("dec-1", "ss/sun/r/bob/r1", "write") and not may("dec-1", "ss/sun/r/bob/r1", "read")
     assert not may("dec-1", "ss/s/bob/s1/dec-1/up", "read")    # a SUN worker is no draft service
     text = acl.mosquitto_acl()
@@ -204,7 +205,7 @@ def test_clients_cannot_read_other_clients_sun_results(star, inbox):
     # the legitimate paths of one request: request, job, KV, tokens, hellos
     alice.publish(P.sun_req_topic("alice"), b"req", "control")
     hub.publish(P.sun_ctl_topic("dec-1"), b"assign", "control")
-    pre.publish(P.sun_kv_topic("dec-1"), b"kv", "control")
+    pre.publish(P.sun_kv_topic("dec-1", "prefill-1"), b"kv", "control")
     pre.publish(P.sun_stream_topic("bob", "r1"), b"token 0", "control")
     dec.publish(P.sun_stream_topic("bob", "r1"), b"token 1", "control")
     pre.publish(P.sun_hello_topic("prefill-1"), b"hello", "control")
@@ -214,6 +215,7 @@ def test_clients_cannot_read_other_clients_sun_results(star, inbox):
     connect("alice").publish(P.sun_stream_topic("bob", "r1"), b"forged token", "control")
     connect("prefill-1", "sun").publish(P.sun_hello_topic("dec-1"), b"impostor", "control")
     connect("prefill-1", "sun").publish(P.sun_ctl_topic("dec-1"), b"forged job", "control")
+    connect("prefill-1", "sun").publish(P.sun_kv_topic("dec-1", "prefill-2"), b"as prefill-2", "control")
     time.sleep(QUIET)
     assert spy_exact.items == [] and spy_wild.items == [] and spy_all.items == [] and other_ctl.items == []
     assert reqs.payloads() == [b"req"] and hellos.payloads() == [b"hello"]

@@ -250,7 +250,7 @@ def test_sun_refuses_every_attack_and_keeps_serving(broker, sun_models, tmp_path
         dec_b = star.add_decoder("dec-b", kv_timeout=2.0, max_pending_mb=PENDING_MB)
         c, prompt = star.client, [5, 9, 13, 2]
         want = star.expect("maths", prompt, 12)
-        kv, req = Capture(broker, "ss/sun/w/+/kv", count=1), Capture(broker, P.sun_req_topic("client"))
+        kv, req = Capture(broker, "ss/sun/w/+/kv/+", count=1), Capture(broker, P.sun_req_topic("client"))
         assert c.generate("maths", prompt, 12, timeout=20).tokens == want      # the no-attack run
         (topic, chunk), = kv.get()
         (_, genuine_req), = req.get()
@@ -262,8 +262,8 @@ def test_sun_refuses_every_attack_and_keeps_serving(broker, sun_models, tmp_path
             wait_for(grew(counters, before, reason, repeat), f"{reason}: {counters()} (before {before})")
 
         # the KV blob meant for one decoder, sent to the other (it has no assignment: held, then dropped)
-        attack(chunk, P.sun_kv_topic(other.id), "kv_unclaimed", lambda: other.dropped)
-        attack(chunk, P.sun_kv_topic(served.id), "auth", lambda: served.dropped)            # replayed to its own
+        attack(chunk, P.sun_kv_topic(other.id, "prefill-maths"), "kv_unclaimed", lambda: other.dropped)
+        attack(chunk, P.sun_kv_topic(served.id, "prefill-maths"), "auth", lambda: served.dropped)            # replayed to its own
         forged = P.DecodeAssign(served.id, "r-x", "client", b"s" * 32, "maths", prefill="prefill-maths")
         attack(P.encode(forged, b"w" * 32), P.sun_ctl_topic(served.id), "ctl_auth", lambda: served.dropped)
         attack(P.encode(forged, star.key), P.sun_ctl_topic(other.id), "not_mine", lambda: other.dropped)  # insider
@@ -277,7 +277,7 @@ def test_sun_refuses_every_attack_and_keeps_serving(broker, sun_models, tmp_path
         body = msgpack.unpackb(msgpack.unpackb(P.encode(bad))["b"])
         attack(P.encode(P.SunRequest("client", "r-vocab", "maths", [10_000], secret=b"s" * 32)),
                P.sun_req_topic("client"), "refused_bad_request", router)                    # token id past the vocab
-        attack(msgpack.packb({"v": 1, "t": "sun_req", "s": "", "h": b"",
+        attack(msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "sun_req", "s": "", "h": b"",
                               "b": msgpack.packb({**body, "max_new": P.MAX_NEW_TOKENS + 1})}),
                P.sun_req_topic("client"), "bad_request_invalid", router)                    # max_new out of range
         attack(P.encode(bad), P.sun_req_topic("someone-else"), "bad_request", router)        # another client's topic
@@ -291,8 +291,8 @@ def test_sun_refuses_every_attack_and_keeps_serving(broker, sun_models, tmp_path
         held = lambda rid: len(served._early.get(rid, ()))  # noqa: E731
 
         def flood():
-            pub(broker, P.sun_kv_topic(served.id), small, tmp_path, repeat=FLOOD)
-            pub(broker, P.sun_kv_topic(served.id), big, tmp_path, repeat=BIG_FLOOD)
+            pub(broker, P.sun_kv_topic(served.id, "intruder"), small, tmp_path, repeat=FLOOD)
+            pub(broker, P.sun_kv_topic(served.id, "intruder"), big, tmp_path, repeat=BIG_FLOOD)
         with PeakRss() as mem:
             attacker = threading.Thread(target=flood)
             attacker.start()

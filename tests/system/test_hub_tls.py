@@ -1,8 +1,10 @@
 """The hub beyond loopback: `edge-hub certs`, `edge-hub serve --listen ... --tls-dir`, and an
-`edge-agent run` target over mqtts:// with its client certificate -- real processes, a real
-Mosquitto. A client without a certificate, with a certificate of another CA, or with another
-device's certificate gets nothing of this device's session. (127.0.0.2 is a loopback address
-that is not the hub's own 127.0.0.1 listener, so the TLS listener is the only way in.)"""
+`edge-agent run` target over mqtts:// with its client certificate -- real processes, with a
+real Mosquitto (`--mosquitto`) and with the embedded amqtt broker (each test that takes the star
+runs on both). A client without a certificate, with a certificate of another CA, with plain
+MQTT on the TLS port, or with another device's certificate or password gets nothing of this
+device's session. (127.0.0.2 is a loopback address that is not the hub's own 127.0.0.1
+listener, so the TLS listener is the only way in.)"""
 from __future__ import annotations
 
 import subprocess
@@ -19,9 +21,9 @@ from test_cli_wiring import BIN, MAX_NEW, PROMPT, Procs, _hf_model
 ADDR = "127.0.0.2"
 
 
-@pytest.fixture(scope="module")
-def tls_star(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tls")
+@pytest.fixture(scope="module", params=["mosquitto", "embedded"])
+def tls_star(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"tls-{request.param}")
     model = _hf_model(root / "tiny-hf")
     certs = root / "certs"
     r = subprocess.run([BIN / "edge-hub", "certs", "--out", certs, "--host", ADDR, "--device", "dev1",
@@ -31,7 +33,8 @@ def tls_star(tmp_path_factory):
     ps = Procs(root)
     common = ["--threads", "1", "--dtype", "float64"]
     try:
-        ps.start("hub", BIN / "edge-hub", "serve", "--mosquitto", "--acl", "--port", find_free_port(),
+        kind = ["--mosquitto"] if request.param == "mosquitto" else []
+        ps.start("hub", BIN / "edge-hub", "serve", *kind, "--acl", "--port", find_free_port(),
                  "--tls-dir", certs, "--listen", f"{ADDR}:{port}", "--draft-model", model,
                  "--stats-every", "0", "--user", "dev1", "--user", "dev2", *common)
         ps.wait_for("hub", f"devices: mqtts://{ADDR}:{port}")
@@ -67,19 +70,24 @@ def test_a_target_over_tls_decodes_its_plain_greedy_text(tls_star):
 
 
 def test_without_the_right_certificate_a_client_gets_nothing(tls_star, tmp_path, inbox):
-    _, url, certs, _, _ = tls_star
+    ps, url, certs, _, _ = tls_star
     ca = str(certs / "ca.crt")
+    dev1_pw = ps.err("hub").split("user dev1 (client): password ")[1].split()[0]
     with pytest.raises(LinkError):                                       # no client certificate
         MqttLink(url, tls=(ca, None, None)).connect(3)
+    with pytest.raises(LinkError):                                       # dev1's password is no certificate
+        MqttLink(url, username="dev1", password=dev1_pw, tls=(ca, None, None)).connect(3)
     other = tmp_path / "other-ca"
     make_certs(other, [ADDR], ["dev1"])                                 # same CN, another CA
     with pytest.raises(LinkError):
         MqttLink(url, tls=(ca, str(other / "clients" / "dev1.crt"), str(other / "clients" / "dev1.key"))).connect(3)
     with pytest.raises(LinkError):                                       # plain MQTT on the TLS port
         MqttLink(url.replace("mqtts://", "mqtt://")).connect(3)
-    # dev2's own certificate: admitted, but dev1's session topics never reach it
+    # dev2's own certificate, claiming dev1's name and password: admitted as dev2 (the CN), and
+    # dev1's session topics never reach it
     spy = inbox()
-    link = MqttLink(url, tls=(ca, str(certs / "clients" / "dev2.crt"), str(certs / "clients" / "dev2.key"))).connect(5)
+    link = MqttLink(url, username="dev1", password=dev1_pw,
+                    tls=(ca, str(certs / "clients" / "dev2.crt"), str(certs / "clients" / "dev2.key"))).connect(5)
     try:
         link.subscribe("ss/s/dev1/#", spy)
         link.subscribe("ss/c/dev1/joined", spy)

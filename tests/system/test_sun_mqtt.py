@@ -309,7 +309,7 @@ def test_kv_that_overtakes_its_assignment_is_held_and_a_missing_kv_times_out(mem
         n = 4
         for i in range(n):                            # every chunk before the assignment
             part = out.blob[i * len(out.blob) // n:(i + 1) * len(out.blob) // n]
-            bus.publish(sun_kv_topic("dec-m"), encode(KVChunk(h.rid, i, n, out.first_token, part), h.req.secret))
+            bus.publish(sun_kv_topic("dec-m", "pf"), encode(KVChunk(h.rid, i, n, out.first_token, part), h.req.secret))
         assert _wait(lambda: h.rid in node._early and len(node._early[h.rid]) == n)
         for x in handles:
             bus.publish(sun_ctl_topic("dec-m"), encode(DecodeAssign("dec-m", x.rid, "client", x.req.secret,
@@ -319,7 +319,7 @@ def test_kv_that_overtakes_its_assignment_is_held_and_a_missing_kv_times_out(mem
             handles[1].wait(10)                       # its KV never comes
         assert e.value.code == "timeout" and node.load == 0 and not node._early
         forged = encode(KVChunk(h.rid, 0, 1, 1, b"x"), new_secret())
-        bus.publish(sun_kv_topic("dec-m"), forged)    # after the fact, with a wrong key: dropped
+        bus.publish(sun_kv_topic("dec-m", "pf"), forged)    # after the fact, with a wrong key: dropped
         assert _wait(lambda: node.dropped.get("auth") == 1), node.dropped
     finally:
         node.stop()

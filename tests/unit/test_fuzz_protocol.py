@@ -114,7 +114,7 @@ def test_arbitrary_bytes_are_refused_or_decoded(data):
 @fuzz(150)
 @given(st.dictionaries(st.sampled_from(["v", "t", "s", "b", "h", "x"]),
                        st.one_of(MSGPACK_VALUES, st.sampled_from(TAGS)), max_size=6))
-@example({"v": 1, "t": "bye", "s": "s1", "b": b"\x81\xa3sid\xa2s1", "h": b""})   # unsigned session message
+@example({"v": P.PROTOCOL_VERSION, "t": "bye", "s": "s1", "b": b"\x81\xa3sid\xa2s1", "h": b""})   # unsigned session message
 def test_arbitrary_envelopes_are_refused_or_decoded(env):
     _decode_or_refuse(msgpack.packb(env, use_bin_type=True))
 

@@ -188,7 +188,7 @@ BAD = {
     "joined naming another service's topics": _signed("joined", {
         "client": "alice", "accepted": True, "reason": "", "sid": "s1", "secret": SECRET, "draft": "hub",
         "up": "ss/s/alice/s1/j2/up", "down": "ss/s/alice/s1/j2/down", "nonce": ""}, sid=""),
-    "ext type": _pack({"v": 1, "t": "bye", "s": "", "b": msgpack.ExtType(1, b"x"), "h": b""}),
+    "ext type": _pack({"v": P.PROTOCOL_VERSION, "t": "bye", "s": "", "b": msgpack.ExtType(1, b"x"), "h": b""}),
     "oversized": b"\x00" * (P.MAX_MESSAGE_BYTES + 1),
     "deep nesting": b"\x91" * 100_000 + b"\x00",
 }

@@ -35,6 +35,8 @@ from edge.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, MAX_GAMM
 from edge.remote_gamma import RemoteGamma, RoundTrips, Wait
 from edge.roles.session import HubClient, JoinRefused, Session
 from edge.sampling import GREEDY, SamplingParams, SparseDist
+from edge.speculative import CostTracker
+from edge.verify_costs import KS, measure_verify_costs
 
 log = logging.getLogger(__name__)
 SHORT_FEED = 4          # a request feeding more than this is a prefill, not a round-trip sample
@@ -43,7 +45,11 @@ BUSY_BACKOFF_S = (0.05, 2.0)   # after 'overloaded': decode alone this long, dou
 
 
 class Deadline:
-    """How long to wait for a draft answer: srtt + 4·rttvar (RFC 6298 style), clamped."""
+    """How long to wait for a draft answer: srtt + 4·rttvar (RFC 6298 style), clamped.
+
+    A request for γ drafts takes the draft γ times its per-token time, so with adaptive γ
+    (requests of different sizes) the samples are normalised to one draft and `for_gamma`
+    adds the per-token time back: a deep request after shallow ones is not given up on early."""
 
     def __init__(self, initial: float = 0.5, lo: float = 0.002, hi: float = 1.0):
         self.lo, self.hi = lo, hi
@@ -51,13 +57,17 @@ class Deadline:
         self.rttvar = 0.0
         self.value = initial
 
-    def sample(self, rtt: float) -> None:
+    def sample(self, rtt: float, gamma: int = 1, per_token_s: float = 0.0) -> None:
+        rtt = max(0.0, rtt - max(0, gamma - 1) * per_token_s)
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
         self.value = min(self.hi, max(self.lo, self.srtt + 4 * self.rttvar))
+
+    def for_gamma(self, gamma: int, per_token_s: float = 0.0) -> float:
+        return min(self.hi, self.value + max(0, gamma - 1) * 1.25 * per_token_s)
 
     def timed_out(self) -> None:
         self.value = min(self.hi, self.value * 1.5)
@@ -72,14 +82,19 @@ class _Outstanding:
     deadline: float
     give_up: float
     fed: int               # len(append): long ones (a prompt) cost the draft a prefill
+    gamma: int = 1         # drafts asked for
 
 
 class RemoteDrafter(Drafter):
     """A Drafter (see edge.generate) whose draft model runs behind the hub."""
 
     def __init__(self, hub: HubClient, sampling: dict, max_gamma: int = 4,
-                 deadline: Optional[Deadline] = None, rejoin_s: tuple = (0.2, 5.0)):
+                 deadline: Optional[Deadline] = None, rejoin_s: tuple = (0.2, 5.0),
+                 verify_costs: Optional[dict] = None):
+        """verify_costs: {k: seconds of a target call over k tokens} measured beforehand
+        (edge/verify_costs.py), seeding the adaptive γ's cost model."""
         self.hub = hub
+        self.verify_costs = verify_costs or {}
         self.sampling = sampling
         self.max_gamma = max_gamma
         self.vocab_size = hub.vocab_size
@@ -176,14 +191,18 @@ class RemoteDrafter(Drafter):
         if not s.request(seq, keep, context[keep:], min(gamma, MAX_GAMMA), self.sampling):
             return False
         self._base = (keep, 0, ())
-        d = self.deadline.value
+        d = self.deadline.for_gamma(gamma, self.waits.per_token_s)
         self._out = _Outstanding(seq, keep, len(context), now, math.inf if primed else now + d,
-                                 math.inf if primed else now + max(4 * d, 0.05), len(context) - keep)
+                                 math.inf if primed else now + max(4 * d, 0.05), len(context) - keep,
+                                 min(gamma, MAX_GAMMA))
         return True
 
     def gamma_policy(self, max_gamma: int) -> RemoteGamma:
         """γ from the running acceptance, the target's verify costs and the waits seen here."""
-        return RemoteGamma(max_gamma, self.waits)
+        costs = CostTracker()
+        for k, seconds in sorted(self.verify_costs.items()):
+            costs.add_target(k, seconds)
+        return RemoteGamma(max_gamma, self.waits, costs=costs)
 
     def draft(self, context: Sequence[int], gamma: int, rng: np.random.Generator):
         t = time.monotonic()
@@ -205,7 +224,7 @@ class RemoteDrafter(Drafter):
         now = time.monotonic()
         out = self._out
         if out is not None and out.deadline == math.inf:        # primed: its clock starts now
-            d = self.deadline.value
+            d = self.deadline.for_gamma(out.gamma, self.waits.per_token_s)
             out.deadline, out.give_up = now + d, now + max(4 * d, 0.05)
         got = None
         if out is not None and now >= out.give_up:
@@ -239,7 +258,7 @@ class RemoteDrafter(Drafter):
         self._out = None
         self._misses = 0
         if out.fed <= SHORT_FEED:                  # a long feed (a prompt) is no round-trip sample
-            self.deadline.sample(t_recv - out.sent)
+            self.deadline.sample(t_recv - out.sent, out.gamma, self.waits.per_token_s)
             self.stats["rtt_s"].append(t_recv - out.sent)
         if isinstance(msg, Error):
             self.stats["errors"] += 1
@@ -297,6 +316,7 @@ class StarTarget:
             raise ValueError(f"gamma must be >= 1 for a StarSD target, got {gamma}")
         self.engine, self.hub, self.gamma, self.adaptive = engine, hub, gamma, adaptive
         self.join_timeout = join_timeout
+        self.verify_costs: Optional[dict] = None    # measured at the first adaptive generation
         self.lock = threading.Lock()
         self.last_drafter: Optional[RemoteDrafter] = None
         # telemetry (edge/telemetry.py): tokens as they are committed, acceptance per generation
@@ -320,7 +340,10 @@ class StarTarget:
                  stop_ids: Iterable[int] = (), on_token: Optional[Callable[[int], None]] = None,
                  deadline: Optional[Deadline] = None) -> GenResult:
         with self.lock:
-            drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline)
+            if self.adaptive and self.verify_costs is None:
+                self.verify_costs = measure_verify_costs(self.engine, [k for k in KS if k <= self.gamma + 1])
+            drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline,
+                                    verify_costs=self.verify_costs if self.adaptive else None)
             self.last_drafter = drafter
             try:
                 drafter.connect(self.join_timeout)

@@ -118,3 +118,48 @@ def test_the_star_gamma_option_takes_integers_and_auto():
     for bad in ("0", "auto:0", "x", "3:4"):
         with pytest.raises(click.BadParameter, match="auto"):
             STAR_GAMMA.convert(bad, None, None)
+
+
+def simulate_curve(policy, rounds, alpha_true, curve, step_s=0.1, overhead_s=0.003, draft_s=0.03, seed=0):
+    """As simulate(), with the verify cost over k tokens from `curve` {k: steps} (step-like)."""
+    rng = np.random.default_rng(seed)
+    ks = sorted(curve)
+    gammas = []
+    for i in range(rounds):
+        g = policy.next_gamma()
+        gammas.append(g)
+        if g > 0:
+            ok = rng.random(g) < alpha_true
+            n = g if ok.all() else int(np.argmin(ok))
+            policy.waits.add(Wait(g, overhead_s + draft_s * g, draft_s * g, tokens=g))
+            policy.acceptance.update(g, n)
+        if i > 0:
+            policy.costs.add_target(g + 1, step_s * float(np.interp(g + 1, ks, [curve[k] for k in ks])))
+    return gammas
+
+
+# A memory-bound target (F16 weights on one core): two tokens cost 1.5 steps, four only 1.7.
+STEP_CURVE = {1: 1.0, 2: 1.5, 3: 1.6, 4: 1.7, 6: 2.1, 8: 2.6, 9: 2.8}
+
+
+def test_a_seeded_verify_curve_lets_a_memory_bound_target_speculate_deep():
+    from edge.speculative import CostTracker
+    seeded = CostTracker()
+    for k, v in STEP_CURVE.items():
+        seeded.add_target(k, 0.1 * v)
+    deep = simulate_curve(RemoteGamma(8, costs=seeded), 200, 0.95, STEP_CURVE)
+    assert np.median(deep[20:]) >= 4                    # further than the fixed γ=3
+    # Unseeded, a line through v(1)=1 and v(2)=1.5 prices four tokens at 2.5 steps: shallower.
+    shallow = simulate_curve(RemoteGamma(8), 200, 0.95, STEP_CURVE)
+    assert np.median(shallow[2:12]) < np.median(deep[2:12])
+
+
+def test_a_deep_request_after_shallow_ones_gets_time_for_its_extra_drafts():
+    from edge.roles.target import Deadline
+    d = Deadline()
+    for _ in range(8):
+        d.sample(0.07, gamma=1, per_token_s=0.06)       # γ=1 round trips: 7 ms + one 60 ms draft
+    assert d.for_gamma(1, 0.06) < 0.07 + 3 * 0.06       # a γ=1 request: as before
+    assert d.for_gamma(4, 0.06) > 0.07 + 3 * 0.06       # a γ=4 one: three more drafts' time
+    d.sample(0.25, gamma=4, per_token_s=0.06)            # samples at γ=4 are normalised to one draft
+    assert abs(d.srtt - 0.07) < 0.01

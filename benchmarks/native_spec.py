@@ -81,7 +81,8 @@ def ours(args, work: Path) -> dict:
     """benchmarks/starsd_two_device.py on the same prompts (its own target-only alongside)."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "starsd_two_device.py"), "--target", args.target,
            "--draft", args.draft, "--mtbench", str(args.mtbench), "--code", str(args.code), "--new", str(args.new),
-           "--rounds", str(args.rounds), "--gammas", args.gammas, "--out", str(work / "ours")]
+           "--rounds", str(args.rounds), "--gammas", args.gammas, "--out", str(work / "ours"),
+           "--target-format", args.target_format]
     subprocess.run(cmd, check=True, timeout=7200)
     return json.loads((work / "ours.json").read_text())
 
@@ -96,13 +97,18 @@ def main() -> None:
     ap.add_argument("--gammas", default="3", help="γ for both systems (ours also accepts auto)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-ours", action="store_true", help="only llama.cpp's tools")
+    ap.add_argument("--target-format", default="native", choices=["native", "F16", "Q8_0"],
+                    help="the target's GGUF as fetched or the same weights as F16 / Q8_0, for every system "
+                         "(benchmarks/target_format.py)")
+    ap.add_argument("--out", type=Path, default=OUT, help="results path without suffix")
     args = ap.parse_args()
     from benchmarks.datasets import mtbench_first_turns
     from benchmarks.starsd_two_device import _cpu, code_prompts
     from edge.fetch import model_path
     from edge.tokenizer import Tokenizer
     bin_dir = tools()
-    target, draft = model_path(args.target), model_path(args.draft)
+    from benchmarks.target_format import target_gguf
+    target, draft = target_gguf(args.target, args.target_format), model_path(args.draft)
     tok = Tokenizer.from_gguf(target)
     prompts = [("mtbench", p) for p in mtbench_first_turns(args.mtbench)] + \
               [("code", p) for p in code_prompts(args.code)]
@@ -136,11 +142,12 @@ def main() -> None:
                     row[m]["speedup"] = row[m]["tok_s"] / base
             rows.append(row)
             print(json.dumps(row), flush=True)
-        res = {"cpu": _cpu(), "target": args.target, "draft": args.draft, "new_tokens": args.new,
+        res = {"cpu": _cpu(), "target": args.target, "target_format": args.target_format,
+               "draft": args.draft, "new_tokens": args.new,
                "rounds": args.rounds, "tools": str(bin_dir), "native": rows}
         if not args.no_ours:
             res["ours"] = ours(args, work)
-    write(res, native_gammas)
+    write(res, native_gammas, args.out)
 
 
 def _median(xs):
@@ -148,10 +155,11 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def write(res: dict, gammas: list) -> None:
-    OUT.with_suffix(".json").write_text(json.dumps(res, indent=1))
+def write(res: dict, gammas: list, out: Path = OUT) -> None:
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     modes = [f"draft_g{g}" for g in gammas] + ["ngram_mod"]
-    lines = [f"# llama.cpp's own speculation vs the StarSD star: {res['target']} target, {res['draft']} draft, "
+    fmt = "" if res.get("target_format", "native") == "native" else f" (as {res['target_format']})"
+    lines = [f"# llama.cpp's own speculation vs the StarSD star: {res['target']}{fmt} target, {res['draft']} draft, "
              f"{res['new_tokens']} greedy tokens, medians of {res['rounds']}", "",
              f"CPU: {res['cpu']}. Target thread on core 0 in every system; llama.cpp's draft thread on core 1 "
              "(-Cd); ours: the hub + draft service on core 1.", "",
@@ -179,17 +187,17 @@ def write(res: dict, gammas: list) -> None:
             for g in gs:
                 summary[kind][f"ours_{g}"] = _median(r[g]["speedup"] for r in rs)
     res["summary"] = summary
-    OUT.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     lines += ["", "## Medians per set (speedup over each system's own target-only)", "",
               "| set | llama.cpp alone tok/s | ours alone tok/s | " + " | ".join(
                   [f"llama.cpp {m}" for m in modes] + [k for k in summary["code"] if k.startswith("ours_g")]) + " |",
               "|" + "---|" * (3 + len(modes) + len([k for k in summary["code"] if k.startswith("ours_g")]))]
-    fmt = (lambda x: "-" if x is None else f"{x:.2f}")
+    num = (lambda x: "-" if x is None else f"{x:.2f}")
     for kind, s in summary.items():
         ours_cols = [k for k in s if k.startswith("ours_g")]
-        lines.append(f"| {kind} | {fmt(s['alone_tok_s'])} | {fmt(s.get('ours_alone_tok_s'))} | "
-                     + " | ".join(fmt(s[m]) for m in modes + ours_cols) + " |")
-    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        lines.append(f"| {kind} | {num(s['alone_tok_s'])} | {num(s.get('ours_alone_tok_s'))} | "
+                     + " | ".join(num(s[m]) for m in modes + ours_cols) + " |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -202,7 +210,7 @@ def write(res: dict, gammas: list) -> None:
     ax.set_ylabel("speedup over own target-only")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(OUT.with_suffix(".png"), dpi=120)
+    fig.savefig(out.with_suffix(".png"), dpi=120)
     print("\n".join(lines))
 
 

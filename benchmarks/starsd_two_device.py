@@ -44,11 +44,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--target-format", default="native", choices=["native", "F16", "Q8_0"],
+                    help="the target's GGUF as fetched (Q4_K_M: compute-bound on one core here) or the "
+                         "same weights as F16 / Q8_0 (memory-bound, a Jetson GPU's regime); "
+                         "benchmarks/target_format.py")
     ap.add_argument("--mtbench", type=int, default=4, help="MT-bench first turns")
     ap.add_argument("--code", type=int, default=4, help="HumanEval prompts")
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--gammas", default="3", help="γ modes, comma-separated: integers and/or auto[:N]")
-    ap.add_argument("--ahead", action="store_true", help="let the draft service draft ahead while idle")
+    ap.add_argument("--no-ahead", dest="ahead", action="store_false",
+                    help="no draft-ahead in the draft service's idle time (edge-agent run's default is on)")
     ap.add_argument("--rounds", type=int, default=3, help="repeats per prompt and mode (medians)")
     ap.add_argument("--out", type=Path, default=OUT, help="results path without suffix (a smoke run: elsewhere)")
     ap.add_argument("--drafter", default="model", choices=["model", "suffix", "hybrid"],
@@ -71,7 +76,9 @@ def main() -> None:
               [("code", p) for p in code_prompts(args.code)]
     modes = parse_modes(args.gammas)
     gammas = [m[0] for m in modes]
-    engine, tok = open_model(args.target, backend="llamacpp", threads=1, max_len=2048)
+    from benchmarks.target_format import target_gguf
+    engine, tok = open_model(str(target_gguf(args.target, args.target_format)), backend="llamacpp",
+                             threads=1, max_len=2048)
     broker = None if args.hub else MosquittoBroker().start()
     logdir = args.out.parent / (args.out.name + "_logs.tmp")
     rows = []
@@ -105,7 +112,8 @@ def main() -> None:
 
 
 def write(rows, gammas, args) -> None:
-    res = {"machine": platform.machine(), "cpu": _cpu(), "target": args.target, "draft": args.draft,
+    res = {"machine": platform.machine(), "cpu": _cpu(), "target": args.target,
+           "target_format": args.target_format, "draft": args.draft,
            "new_tokens": args.new, "rounds": args.rounds, "threads_per_device": 1, "ahead": args.ahead,
            "drafter": args.drafter,
            "setup": getattr(args, "setup", None) or "target on core 0 (this process); hub + remote draft service "
@@ -115,7 +123,8 @@ def write(rows, gammas, args) -> None:
     args.out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     head = "| set | prompt | alone tok/s | " + " | ".join(
         f"γ={g} tok/s | × | accept | tok/verify | mean γ | split (margin)" for g in gammas) + " |"
-    lines = [f"# StarSD on two cores as two devices: {args.target} target (core 0), {args.draft} remote "
+    fmt = "" if args.target_format == "native" else f" stored as {args.target_format}"
+    lines = [f"# StarSD on two cores as two devices: {args.target}{fmt} target (core 0), {args.draft} remote "
              f"draft (core 1), {args.new} greedy tokens, medians of {args.rounds}", "",
              f"CPU: {res['cpu']}. Memory bandwidth is shared between the two cores.", "", head,
              "|" + "---|" * (3 + 6 * len(gammas))]

@@ -69,10 +69,11 @@ class LocalHybrid(Drafter):
         self.model.close()
 
 
-def load(name: str, threads: int):
+def load(name: str, threads: int, fmt: str = "native"):
+    from benchmarks.target_format import target_gguf
     from edge.engines.llamacpp_engine import LlamaCppEngine
     from edge.tokenizer import Tokenizer
-    return (LlamaCppEngine(model_path(name), max_len=4096, n_seq_max=2, threads=threads),
+    return (LlamaCppEngine(target_gguf(name, fmt), max_len=4096, n_seq_max=2, threads=threads),
             Tokenizer.from_gguf(model_path(name)))
 
 
@@ -154,14 +155,16 @@ def summarise(rows):
 def write(table, rows, fleets, args):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = dict(machine=platform.processor() or platform.machine(), cores=os.cpu_count(),
+    stem = "suffix_draft" + ("" if args.target_format == "native" else f"_{args.target_format.lower()}")
+    as_fmt = "" if args.target_format == "native" else f" stored as {args.target_format}"
+    meta = dict(target_format=args.target_format, machine=platform.processor() or platform.machine(), cores=os.cpu_count(),
                 loadavg=os.getloadavg(), prompts=args.prompts, max_new=args.max_new, gamma=args.gamma,
                 threads=args.threads, min_score=args.min_score, min_prob=args.min_prob,
                 date=time.strftime("%F %T"), note=args.note)
-    (out / "suffix_draft.json").write_text(json.dumps(dict(meta=meta, table=table, fleets=fleets, rows=rows),
+    (out / f"{stem}.json").write_text(json.dumps(dict(meta=meta, table=table, fleets=fleets, rows=rows),
                                                       indent=1, default=str))
     f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-    lines = [f"# Suffix draft vs n-gram vs the 0.5B model draft (llama.cpp, Qwen2.5-Coder-1.5B target, "
+    lines = [f"# Suffix draft vs n-gram vs the 0.5B model draft (llama.cpp, Qwen2.5-Coder-1.5B{as_fmt} target, "
              f"greedy, γ={args.gamma}, {args.max_new} new tokens, {args.threads} threads, medians over "
              f"{args.prompts} prompts a workload)\n",
              f"Load average at the end: {', '.join(f'{x:.1f}' for x in meta['loadavg'])}. {args.note}\n",
@@ -173,7 +176,7 @@ def write(table, rows, fleets, args):
                      f"{f(t['tpv'])} | {f(t['draft_ms'])} | {t['same']}/{t['n']} |")
     lines.append("\nFleet trees at the end (suffix mode): " + ", ".join(
         f"{w}: {v['fleet_nodes']} nodes over {v['fleet_sequences']} sequences" for w, v in fleets.items()))
-    (out / "suffix_draft.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -187,11 +190,11 @@ def write(table, rows, fleets, args):
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(works))], works)
     ax.set_ylabel("speedup vs target-only (median)")
-    ax.set_title(f"Co-located drafting, llama.cpp 1.5B target, γ={args.gamma}")
+    ax.set_title(f"Co-located drafting, llama.cpp 1.5B{as_fmt} target, γ={args.gamma}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "suffix_draft.png", dpi=110)
-    print((out / "suffix_draft.md").read_text())
+    fig.savefig(out / f"{stem}.png", dpi=110)
+    print((out / f"{stem}.md").read_text())
 
 
 def main():
@@ -200,6 +203,9 @@ def main():
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4, help="the most tokens any drafter proposes a round")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--target-format", default="native", choices=["native", "F16", "Q8_0"],
+                    help="the target's GGUF as fetched (Q4_K_M) or the same weights as F16 / Q8_0 "
+                         "(memory-bound: a verify over k tokens costs little more than one step)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {','.join(WORKLOADS)}")
     ap.add_argument("--modes", default=",".join(MODES), help=f"some of {','.join(MODES)}")
     ap.add_argument("--min-score", type=float, default=1.5, help="hybrid: suffix answers at this score")
@@ -213,7 +219,7 @@ def main():
     bad = [x for x in args.modes if x not in MODES] + [w for w in works if w not in WORKLOADS]
     if bad:
         ap.error(f"unknown {', '.join(bad)}: modes are {', '.join(MODES)}, workloads {', '.join(WORKLOADS)}")
-    target, tok = load("qwen2.5-coder-1.5b", args.threads)
+    target, tok = load("qwen2.5-coder-1.5b", args.threads, args.target_format)
     draft = load("qwen2.5-coder-0.5b", args.threads)[0] if {"model", "hybrid"} & set(args.modes) else None
     rows, fleets = [], {}
     for w in works:

@@ -339,11 +339,17 @@ def export_gguf(src: str | Path, out: str | Path, ftype: str = "Q4_0", float_typ
     return write_gguf(out, ckpt.config, ckpt.state_dict, tokenizer, ftype=ftype, float_type=float_type, name=name)
 
 
-def quantize_with_llamacpp(src: str | Path, out: str | Path, ftype: str, threads: int = 0) -> Path:
-    """Requantise a F16/F32 GGUF to a K-quant with llama.cpp's `llama_model_quantize`."""
+def quantize_with_llamacpp(src: str | Path, out: str | Path, ftype: str, threads: int = 0,
+                           requantize: bool = False) -> Path:
+    """Quantise a F16/F32 GGUF to a K-quant with llama.cpp's `llama_model_quantize`.
+
+    requantize: also accept an already-quantised `src` and the plain types (F16, Q8_0, Q4_0);
+    llama.cpp dequantises each tensor first, so a Q4_K_M model stored as F16 has the same weights
+    up to F16 rounding (the benchmarks use that for a memory-bound target)."""
     import ctypes
-    if ftype not in KQUANTS:
-        raise GGUFExportError(f"{ftype!r} is not a K-quant; choose one of {', '.join(KQUANTS)}")
+    allowed = KQUANTS + (("F16", "Q8_0", "Q4_0") if requantize else ())
+    if ftype not in allowed:
+        raise GGUFExportError(f"{ftype!r} is not a K-quant; choose one of {', '.join(allowed)}")
     try:
         import llama_cpp
     except ImportError:
@@ -352,6 +358,7 @@ def quantize_with_llamacpp(src: str | Path, out: str | Path, ftype: str, threads
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.nthread = threads
+    params.allow_requantize = bool(requantize)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))

@@ -98,6 +98,8 @@ def main() -> None:
                                                 engine.vocab_size), gamma=max(m[1] for m in modes))
             warm = tok.encode(tok.apply_chat_template([{"role": "user", "content": "hello"}]))
             star.generate(warm, 8)              # the first session pays joins and the draft's warm-up
+            if any(m[2] for m in modes):
+                star.calibrate()                # the verify-cost curve auto uses, outside the timed runs
             for kind, text in prompts:
                 ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
                 row = {"kind": kind, "prompt": text[:60],

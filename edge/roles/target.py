@@ -323,10 +323,24 @@ class StarTarget:
         self.counts = {"generations": 0, "tokens": 0, "accepted": 0, "drafted": 0, "busy_s": 0.0}
         self._t0 = time.monotonic()
         hub.start()
+        if adaptive:
+            self.calibrate()
 
     def telemetry(self) -> dict:
         return {**self.counts, "sessions": int(self.lock.locked()), "wall_s": time.monotonic() - self._t0,
                 "dropped": dict(self.hub.keys.dropped)}
+
+    def calibrate(self) -> dict:
+        """Measure this engine's verify-cost curve now (seconds per call over k tokens), so that
+        the first adaptive generation does not pay for it; an adaptive target does at start."""
+        with self.lock:
+            return self._calibrate()
+
+    def _calibrate(self) -> dict:
+        self.verify_costs = c = measure_verify_costs(self.engine, [k for k in KS if k <= max(self.gamma, 8) + 1])
+        log.info("verify cost over k tokens, in one-token steps (%.1f ms): %s", 1e3 * c[1],
+                 " ".join(f"{k}:{v / c[1]:.2f}" for k, v in sorted(c.items())))
+        return c
 
     def check_join(self, params: SamplingParams = GREEDY) -> None:
         """Join once and leave: raises JoinRefused (with the hub's reason) or TimeoutError."""
@@ -341,7 +355,7 @@ class StarTarget:
                  deadline: Optional[Deadline] = None) -> GenResult:
         with self.lock:
             if self.adaptive and self.verify_costs is None:
-                self.verify_costs = measure_verify_costs(self.engine, [k for k in KS if k <= self.gamma + 1])
+                self._calibrate()
             drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline,
                                     verify_costs=self.verify_costs if self.adaptive else None)
             self.last_drafter = drafter

@@ -217,6 +217,8 @@ def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], 
                           gamma=max(m[1] for m in modes))
         try:
             star.generate(list(prompts[0]), 4)        # the first session pays the join and warm-ups
+            if any(m[2] for m in modes):
+                star.calibrate()                      # γ=auto's verify-cost curve, outside the timed runs
             for ids, label in zip(prompts, labels):
                 rows.append({"label": label, **measure_prompt(engine, star, ids, max_new, modes, 1, stop_ids)})
         finally:

@@ -346,7 +346,8 @@ def main(argv=None) -> None:
             "partition_s": a.partition_s}
     rows = []
     with tempfile.TemporaryDirectory(prefix="ss-faults-") as tmp:
-        star = NamespaceStar(Path(tmp), sun=not a.no_sun, model=a.model, dtype=a.dtype)
+        star = NamespaceStar(Path(tmp), sun=not a.no_sun, model=a.model, dtype=a.dtype,
+                             telemetry_s=1.0)    # the services' dropped counts (faults_hostile.py)
         with star:
             b = Bench(star, a.requests, a.max_new, a.partition_s)
             b.long_partition_s = a.long_partition_s

@@ -7,6 +7,8 @@ set-up of benchmarks/faults.py.
     draft  edge-agent run --role draft  (client id draft1)
     t1, t2 edge-agent run --role target (dev1 via the proxy, dev2 direct), OpenAI HTTP on :8000
     pre, dec  (sun=True) edge-agent run --role prefill / --role decoder (pre1, dec1)
+    pre2, dec2  (sun=True) hosts, certificates and users for a second prefill worker and decoder,
+           started by start_spares() (re-routing when pre1 or dec1 dies), stopped by stop_spares()
 
 The test process (root namespace) reaches every host over its management link, never over the
 switch: its monitor (role hub: sees every session's answers, which says when drafting works
@@ -76,9 +78,12 @@ class Monitor:
 
 class NamespaceStar:
     def __init__(self, root: Path, sun: bool = False, proxy_profile: str = "none", model: Optional[str] = None,
-                 dtype: str = "float64") -> None:
-        """model: a model name or path for the draft and both targets (default: the tiny llama)."""
+                 dtype: str = "float64", telemetry_s: float = 0.0) -> None:
+        """model: a model name or path for the draft and both targets (default: the tiny llama).
+        telemetry_s: the draft service and SUN workers publish telemetry this often (their dropped
+        counts: what benchmarks/faults_hostile.py reads); 0: off."""
         self.root, self.sun, self.proxy_profile = Path(root), sun, proxy_profile
+        self.telemetry = ["--telemetry-interval", str(telemetry_s)] if telemetry_s else []
         self.model = model
         self.common = ["--threads", "1", "--dtype", dtype]
         self.lab: Optional[NetLab] = None
@@ -98,10 +103,11 @@ class NamespaceStar:
     def _start(self) -> None:
         from server.broker import find_free_port
         self.lab = lab = NetLab()
-        self.hosts = {n: lab.add(n) for n in ["hub", "draft", "t1", "t2"] + (["pre", "dec"] if self.sun else [])}
+        sun = ["pre", "dec", "pre2", "dec2"] if self.sun else []
+        self.hosts = {n: lab.add(n) for n in ["hub", "draft", "t1", "t2"] + sun}
         hub = self.hosts["hub"]
         self.certs = self.root / "certs"
-        names = ["dev1", "dev2", "draft1", "monitor", "app", "pre1", "dec1"]
+        names = ["dev1", "dev2", "draft1", "monitor", "app", "pre1", "dec1", "pre2", "dec2"]
         r = subprocess.run([BIN / "edge-hub", "certs", "--out", self.certs, "--host", hub.ip,
                             *[x for n in names for x in ("--device", n)]], capture_output=True, text=True)
         if r.returncode:
@@ -112,7 +118,7 @@ class NamespaceStar:
         signed = ["--ctl-key-file", key]
         self.tls_port, self.proxy_port = find_free_port(), find_free_port()   # free here: pid files are per port
         self.url = f"mqtts://{hub.ip}:{self.tls_port}"
-        users = ["dev1", "dev2", "draft1:draft", "monitor:hub", "app", "pre1:sun", "dec1:sun"]
+        users = ["dev1", "dev2", "draft1:draft", "monitor:hub", "app", "pre1:sun", "dec1:sun", "pre2:sun", "dec2:sun"]
         self.ps.start("hub", *hub.cmd(BIN / "edge-hub", "serve", "--mosquitto", "--acl", "--port", find_free_port(),
                                       "--tls-dir", self.certs, "--listen", f"{hub.ip}:{self.tls_port}",
                                       "--stats-every", "0", *signed, *self.common,
@@ -128,16 +134,12 @@ class NamespaceStar:
             self.dec_dir, self.maths_dir = _sun_dirs(self.root)
         self.ps.wait_for("hub", f"devices: {self.url}", timeout=90)
         agent = [BIN / "edge-agent", "run", "--tls-dir", self.certs]
+        self.signed = signed
         self.ps.start("draft", *self.hosts["draft"].cmd(*agent, "--hub", self.url, "--role", "draft",
                                                          "--client-id", "draft1", "--model", self.model,
-                                                         *signed, *self.common))
+                                                         *signed, *self.common, *self.telemetry))
         if self.sun:
-            self.ps.start("pre", *self.hosts["pre"].cmd(*agent, "--hub", self.url, "--role", "prefill",
-                                                         "--client-id", "pre1", "--module", self.maths_dir,
-                                                         "--task", "maths", "--threads", "1", *signed))
-            self.ps.start("dec", *self.hosts["dec"].cmd(*agent, "--hub", self.url, "--role", "decoder",
-                                                         "--client-id", "dec1", "--module", self.dec_dir,
-                                                         "--max-batch", "8", "--threads", "1", *signed))
+            self._start_sun("pre", "dec", "1")
         for name, dev in DEVICES.items():
             url = self.url if name == "t2" else f"mqtts://{hub.ip}:{self.proxy_port}"
             self.ps.start(name, *self.hosts[name].cmd(*agent, "--hub", url, "--role", "target", "--client-id",
@@ -153,6 +155,27 @@ class NamespaceStar:
         for name in DEVICES:          # up: each target drafted for (it may have started before the draft)
             if self.recovery(name, "the", 8, since=0.0, timeout=60) is None:
                 raise RuntimeError(f"{name} was never drafted for:\n{self.ps.err(name)}\n{self.ps.err('draft')}")
+
+    def _start_sun(self, pre: str, dec: str, n: str) -> None:
+        agent = [BIN / "edge-agent", "run", "--tls-dir", self.certs, "--hub", self.url, "--threads", "1",
+                 *self.signed, *self.telemetry]
+        self.ps.start(pre, *self.hosts[pre].cmd(*agent, "--role", "prefill", "--client-id", f"pre{n}",
+                                                "--module", self.maths_dir, "--task", "maths"))
+        self.ps.start(dec, *self.hosts[dec].cmd(*agent, "--role", "decoder", "--client-id", f"dec{n}",
+                                                "--module", self.dec_dir, "--max-batch", "8"))
+
+    def start_spares(self, timeout: float = 120.0) -> None:
+        """Start the second prefill worker (pre2) and decoder (dec2); returns once both are up
+        (the router routes to them once they answered its probe: a hello or two later)."""
+        self._start_sun("pre2", "dec2", "2")
+        for name in ("pre2", "dec2"):
+            self.ps.wait_for(name, "up at", timeout=timeout)
+
+    def stop_spares(self) -> None:
+        """Stop pre2 and dec2 cleanly (their offline hellos take them off the router)."""
+        for name in ("pre2", "dec2"):
+            if name in self.ps.procs:
+                self.ps.stop(name)
 
     def tls(self, name: str) -> tuple:
         c = self.certs
@@ -206,11 +229,10 @@ class NamespaceStar:
         t = self.monitor.answers(client, since)
         return t[0][0] - since if t else None
 
-    def peak_rss_mb(self) -> Dict[str, float]:
-        """VmHWM of each live process of the star (MiB), Mosquitto included."""
-        out = {}
+    def pids(self) -> Dict[str, int]:
+        """The pid of each live process of the star, the hub's Mosquitto child as 'mosquitto'."""
         pids = {n: p.pid for n, p in self.ps.procs.items() if p.poll() is None}
-        for n, pid in list(pids.items()):
+        for pid in list(pids.values()):
             try:
                 kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
             except OSError:
@@ -218,14 +240,23 @@ class NamespaceStar:
             for k in kids:
                 if Path(f"/proc/{k}/comm").read_text().strip() == "mosquitto":
                     pids["mosquitto"] = int(k)
-        for n, pid in pids.items():
+        return pids
+
+    def status_mb(self, field: str = "VmHWM") -> Dict[str, float]:
+        """A /proc/PID/status memory field (VmHWM: peak, VmRSS: now) of each live process, MiB."""
+        out = {}
+        for n, pid in self.pids().items():
             try:
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmHWM:"):
+                    if line.startswith(field + ":"):
                         out[n] = int(line.split()[1]) / 1024
             except OSError:
                 pass
         return out
+
+    def peak_rss_mb(self) -> Dict[str, float]:
+        """VmHWM of each live process of the star (MiB), Mosquitto included."""
+        return self.status_mb("VmHWM")
 
     def close(self) -> None:
         if self.monitor is not None:

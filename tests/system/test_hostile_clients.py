@@ -12,7 +12,6 @@ flood's bytes. (tests/system/test_starsd_mqtt.py has the Python-spy version of f
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 import time
@@ -33,12 +32,12 @@ from edge.sun import weights_fingerprint
 from server.hub import Hub
 from server.mosquitto import MosquittoBroker
 
+from mosquitto_clients import PUB, SUB, MosquittoClients, signed
 from test_sun_mqtt import Star
 from tiny_models import random_model, specialist, tiny_model
 
 torch.set_num_threads(1)
 TOK = "tok-tiny"
-PUB, SUB = shutil.which("mosquitto_pub"), shutil.which("mosquitto_sub")
 FLOOD = 3000                   # small forged messages per flood
 BIG_FLOOD = 160                # and ~1 MiB ones: 160 MiB, far above what any node may hold
 JOIN_FLOOD = 64                # distinct joins of one intruder
@@ -59,32 +58,12 @@ def broker():
 
 def pub(broker, topic: str, payload: bytes, tmp_path, repeat: int = 1) -> None:
     """Publish like any third-party client would (QoS 1: the broker takes every copy)."""
-    f = tmp_path / "payload.bin"
-    f.write_bytes(payload)
-    cmd = [PUB, "-h", broker.host, "-p", str(broker.port), "-q", "1", "-t", topic, "-f", str(f)]
-    if repeat > 1:
-        cmd += ["--repeat", str(repeat)]
-    subprocess.run(cmd, check=True, timeout=60, capture_output=True)
+    MosquittoClients(broker.host, broker.port, tmp_path).pub(topic, payload, repeat)
 
 
-class Capture:
-    """`mosquitto_sub` listening on a topic filter: the first `count` messages, as (topic, bytes)."""
-
-    def __init__(self, broker, topic: str, count: int = 1):
-        self.proc = subprocess.Popen([SUB, "-h", broker.host, "-p", str(broker.port), "-t", topic, "-C", str(count),
-                                      "-W", "20", "-F", "%t %x"], stdout=subprocess.PIPE, text=True)
-        time.sleep(0.3)                                      # let it subscribe before traffic starts
-
-    def get(self):
-        out, _ = self.proc.communicate(timeout=30)
-        return [(t, bytes.fromhex(h)) for t, h in (line.split(" ", 1) for line in out.splitlines() if line)]
-
-
-def signed(tag: str, sid: str, body: dict, secret: bytes) -> bytes:
-    """An envelope with a correct HMAC around any body (what only a key holder can make)."""
-    raw = msgpack.packb(body, use_bin_type=True)
-    return msgpack.packb({"v": P.PROTOCOL_VERSION, "t": tag, "s": sid, "b": raw,
-                          "h": P._mac(secret, P.PROTOCOL_VERSION, tag, sid, raw)}, use_bin_type=True)
+def Capture(broker, topic: str, count: int = 1):
+    """`mosquitto_sub` listening on a topic filter: `.get()` gives the first `count` messages."""
+    return MosquittoClients(broker.host, broker.port, ".").capture(topic, count=count, wait_s=20)
 
 
 def wait_for(cond, what, timeout=15.0):

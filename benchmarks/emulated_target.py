@@ -34,7 +34,7 @@ from edge.drafter import Drafter
 from edge.engines.base import Engine, EngineError
 from edge.link import Link
 from edge.protocol import DraftResponse, Error
-from edge.roles.session import HubClient, JoinRefused, Session
+from edge.roles.session import HubClient, Session
 
 # Weights of the real pair (DATA.md): bytes of the Q4_K_M files, parameter counts.
 TARGET_BYTES, TARGET_PARAMS = 1_117_320_768, 1.54e9      # Qwen2.5-Coder-1.5B-Instruct Q4_K_M
@@ -274,13 +274,8 @@ class MeasuringHubClient(HubClient):
         self.answers: List[tuple] = []
         self.first_answer = threading.Event()
 
-    def finish_join(self, pj) -> Optional[Session]:
-        j = pj.joined
-        if j is None:
-            return None
-        if not j.accepted:
-            raise JoinRefused(j.reason)
-        s = _TimedSession(self, j, pj.epoch)
+    def _open_session(self, j, epoch) -> Session:
+        s = _TimedSession(self, j, epoch)
         with self._lock:
             self.sessions[s.sid] = s
         self.keys.add(s.sid, self.client, s.secret)

@@ -147,9 +147,10 @@ def markdown(out: dict) -> str:
                      f"{p['gap_max']} ({p['gap_bound']}) | {p['peak_rss_mb']:.0f} | {p['peak_pending_kb']:.0f} | "
                      f"{p['refused_at_limit']} of {p['asked_past_limit']} | {p['wrong']} |")
     lines += ["", "Peak RSS is this process's (the draft service, or the SUN router, prefill workers and decoder, "
-              "plus torch); the targets and Mosquitto run in other processes. KV (alloc) is what the torch "
-              "engine holds (it grows each sequence in doubling chunks from 64 tokens), beside the live tokens "
-              "--max-kv-mb counts. Times on a shared CPU are noisy: read ratios, not absolutes."]
+              "plus torch); the targets and Mosquitto run in other processes. KV is what --max-kv-mb counts "
+              "(what the engine holds, reserved ahead of each batch), KV (alloc) what the torch engine holds "
+              "(it grows each sequence in doubling chunks from 64 tokens). Times on a shared CPU are noisy: "
+              "read ratios, not absolutes."]
     return "\n".join(lines) + "\n"
 
 

@@ -86,7 +86,7 @@ class LoadConfig:
     n: int = 256                      # targets, one session each at a time
     procs: int = 4                    # worker processes they are spread over
     max_sessions: int = 256           # the draft service's --max-sessions
-    max_kv_mb: float = 1024.0         # ... and --max-kv-mb (live tokens' KV)
+    max_kv_mb: float = 1024.0         # ... and --max-kv-mb (the KV the engine allocates)
     ahead: bool = True                # draft-ahead in idle time
     gamma: int = 3
     max_new: int = 40
@@ -136,9 +136,8 @@ class LoadStar:
 
     def probes(self) -> Dict[str, Callable[[], float]]:
         svc, node, eng = self.service, self.node, self.engine
-        per = eng.kv_bytes_per_token()
         return {"sessions": lambda: len(svc.sessions()), "pending": svc.pending, "backlog": node.loop.backlog,
-                "kv_mb": lambda: svc.kv_tokens() * per / 1e6, "kv_alloc_mb": lambda: eng.kv_bytes() / 1e6,
+                "kv_mb": lambda: svc.kv_bytes() / 1e6, "kv_alloc_mb": lambda: eng.kv_bytes() / 1e6,
                 "engine_seqs": lambda: eng.active_sequences, "registry": self.hub.registry.count,
                 "keys": lambda: len(node.keys._keys), "arrivals": lambda: len(svc._arrived),
                 "rss_mb": rss_mb}

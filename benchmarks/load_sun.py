@@ -4,8 +4,9 @@ soak and benchmarks/load.py.
 
 Real parts, each on its own MQTT link: the router (server/sun_router.py), one prefill worker
 per task (a specialist of a tiny float64 base), one shared decoder node with its limits
-(`max_batch` rows per engine step, `max_pending_mb` of KV in transit) and a few clients. The
-reference for every answer is the one-process split generation (edge.sun.split_generate).
+(`max_batch` rows per engine step, `max_pending_mb` of KV in transit, `max_sequences`
+running + waiting) and a few clients. The reference for every answer is the one-process
+split generation (edge.sun.split_generate).
 
 `RowCountingDecoder` is the real SharedDecoder with one more count: how many of its steps
 passed between a request's admission (or its last row) and its next row. Round-robin over the
@@ -35,6 +36,7 @@ from edge.roles.decoder_node import DecoderNode  # noqa: E402
 from edge.roles.prefill import PrefillWorker  # noqa: E402
 from edge.roles.prefill_node import PrefillNode  # noqa: E402
 from edge.roles.sun_client import SunClient, SunRequestError  # noqa: E402
+from edge.roles.sun_limits import DEFAULT_MAX_SEQUENCES  # noqa: E402
 from edge.sun import split_generate, weights_fingerprint  # noqa: E402
 from server.sun_router import SunRouter  # noqa: E402
 from waiting import wait_until  # noqa: E402
@@ -88,11 +90,12 @@ def sun_models():
     return base, weights_fingerprint(base), {t: specialist(base, i + 10) for i, t in enumerate(TASKS)}
 
 
-def jobs(n: int, seed: int = 0) -> List[Tuple[str, List[int], int]]:
-    """n mixed requests: (task, prompt of 3..12 tokens, max_new 6..16), tasks interleaved."""
+def jobs(n: int, seed: int = 0, max_new: Optional[int] = None) -> List[Tuple[str, List[int], int]]:
+    """n mixed requests: (task, prompt of 3..12 tokens, max_new 6..16 or the one given), tasks interleaved."""
     rng = np.random.default_rng(seed)
-    return [(TASKS[int(rng.integers(len(TASKS)))], rng.integers(3, 256, size=int(rng.integers(3, 13))).tolist(),
-             int(rng.integers(6, 17))) for _ in range(n)]
+    out = [(TASKS[int(rng.integers(len(TASKS)))], rng.integers(3, 256, size=int(rng.integers(3, 13))).tolist(),
+            int(rng.integers(6, 17))) for _ in range(n)]
+    return out if max_new is None else [(t, p, max_new) for t, p, _ in out]
 
 
 def big_jobs(n: int, seed: int = 1) -> List[Tuple[str, List[int], int]]:
@@ -103,7 +106,8 @@ def big_jobs(n: int, seed: int = 1) -> List[Tuple[str, List[int], int]]:
 
 class SunPool:
     def __init__(self, url: str, models=None, max_batch: int = 8, max_pending_mb: float = 0.25,
-                 clients: int = 4, chunk_bytes: int = 4096, tasks: Sequence[str] = TASKS):
+                 clients: int = 4, chunk_bytes: int = 4096, tasks: Sequence[str] = TASKS,
+                 max_sequences: int = DEFAULT_MAX_SEQUENCES):
         self.url = url
         self.base, self.fp, self.specs = models or sun_models()
         self.links: List[MqttLink] = []
@@ -113,7 +117,7 @@ class SunPool:
             PrefillWorker(TorchEngine(self.specs[t], fingerprint=self.fp), t, kv_dtype="float64"), ln,
             f"prefill-{t}", KEY, chunk_bytes=chunk_bytes)) for t in tasks}
         self.decoder = RowCountingDecoder(TorchEngine(self.base, fingerprint=self.fp), max_batch=max_batch,
-                                          name="dec")
+                                          name="dec", max_sequences=max_sequences)
         self.dnode = self._start("dec", lambda ln: DecoderNode(self.decoder, ln, "dec", KEY,
                                                                max_pending_mb=max_pending_mb))
         self.max_pending = self.dnode.max_pending
@@ -174,7 +178,8 @@ class SunPool:
         d, n, r = self.decoder, self.dnode, self.router
         return {"dec_pending_bytes": n._pending_bytes, "dec_pending": lambda: len(n._pending),
                 "dec_early": lambda: len(n._early), "dec_queued_bytes": lambda: n._queued,
-                "dec_backlog": n.loop.backlog, "dec_load": lambda: d.load, "dec_live": lambda: len(n._live),
+                "dec_backlog": n.loop.backlog, "dec_load": lambda: d.load, "dec_node_load": lambda: n.load,
+                "dec_live": lambda: len(n._live),
                 "dec_results": lambda: len(d.results), "dec_engine_seqs": lambda: d.engine.active_sequences,
                 "router_inflight": lambda: sum(len(v) for v in list(r.inflight.values())),
                 "router_prefilling": lambda: sum(len(v) for v in list(r.prefilling.values())),

@@ -31,13 +31,13 @@ import threading
 import time
 from collections import Counter, deque
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edge.protocol import DraftResponse, Error  # noqa: E402
-from edge.roles.session import HubClient, JoinRefused, Session  # noqa: E402
+from edge.roles.session import HubClient, Session  # noqa: E402
 
 LATENCIES_KEPT = 4096          # per target: a soak must not grow the worker without bound
 
@@ -63,13 +63,8 @@ class RecordingHubClient(HubClient):
         self.errors: Counter = Counter()
         self.messages: Dict[str, str] = {}             # error code -> one message (the reason)
 
-    def finish_join(self, pj) -> Optional[Session]:
-        j = pj.joined                                  # HubClient.finish_join, with a recording session
-        if j is None:
-            return None
-        if not j.accepted:
-            raise JoinRefused(j.reason)
-        s = _RecordingSession(self, j, pj.epoch)
+    def _open_session(self, j, epoch) -> Session:
+        s = _RecordingSession(self, j, epoch)          # HubClient._open_session, with a recording session
         with self._lock:
             self.sessions[s.sid] = s
             self.sid_gen[s.sid] = self.gen

@@ -23,6 +23,7 @@ from edge.command_options import (STAR_GAMMA, ctl_key_option, draft_core_for_com
                                   draft_options, drafter_options, open_model_for_command, read_ctl_key,
                                   read_password, start_telemetry_for_command, telemetry_options, tls_files)
 from edge.plan_command import check_before_load, memory_options
+from edge.roles.sun_limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
 
 
 def _wait_for_signal() -> None:
@@ -42,6 +43,10 @@ def _wait_for_signal() -> None:
               help="prefill/decoder: the specialist or shared-decoder directory (edge-export tune)")
 @click.option("--task", default=None, help="prefill: the task it serves (default: the manifest's)")
 @click.option("--max-batch", default=64, show_default=True, help="decoder: sequences per engine step")
+@click.option("--max-sequences", default=DEFAULT_MAX_SEQUENCES, show_default=True,
+              help="decoder: sequences it holds, running and waiting; past it requests are refused (overloaded)")
+@click.option("--max-queue", default=DEFAULT_MAX_QUEUE, show_default=True,
+              help="prefill: prompts waiting; past it requests are refused (overloaded)")
 @click.option("--stop-id", "stop_ids", multiple=True, type=int,
               help="decoder: extra end-of-sequence token ids (repeatable)")
 @click.option("--client-id", default=None, help="this device's id (default: the host name)")
@@ -76,7 +81,8 @@ def _wait_for_signal() -> None:
 @draft_options
 @drafter_options
 @telemetry_options
-def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, username, password,
+def run(role, hub_url, model, module_dir, task, max_batch, max_sequences, max_queue, stop_ids, client_id,
+        username, password,
         password_file, tls_dir, gamma,
         http_host, http_port, prompt, max_new, temperature, backend, dtype, threads, max_len, verbose,
         ctl_key_file, profile, memory_budget, telemetry_interval, metrics_port, metrics_host, **limits):
@@ -106,7 +112,8 @@ def run(role, hub_url, model, module_dir, task, max_batch, stop_ids, client_id, 
         check_before_load(role, module_dir, "torch" if backend == "auto" else backend, None, profile,
                           memory_budget, max_batch=max_batch)   # a role that does not fit is refused here
         _run_sun(role, MqttLink(hub_url, username=username, password=password, tls=tls), module_dir, client_id,
-                 task, threads, max_batch, stop_ids, backend, ctl_key, tele=tele)
+                 task, threads, max_batch, stop_ids, backend, ctl_key, tele=tele,
+                 limits=dict(max_sequences=max_sequences, max_queue=max_queue))
         return
     if not model:
         raise click.UsageError(f"--role {role} needs --model")
@@ -166,14 +173,15 @@ def _run_draft(core, tok, link, service_id, limits=None, ctl_key=None, tele=None
 
 
 def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_ids, backend,
-             ctl_key=None, tele=None) -> None:
+             ctl_key=None, tele=None, limits=None) -> None:
     from edge.engines.base import EngineError
     from edge.link import LinkError
     from edge.sun_error import SunError
 
     try:
         node = open_node(role, link, directory, worker_id, task=task, threads=threads, max_batch=max_batch,
-                         stop_ids=stop_ids, backend="torch" if backend == "auto" else backend, ctl_key=ctl_key)
+                         stop_ids=stop_ids, backend="torch" if backend == "auto" else backend, ctl_key=ctl_key,
+                         **(limits or {}))
     except (SunError, OSError, EngineError) as e:
         raise click.ClickException(f"--module {directory}: {e}") from None
     except LinkError as e:
@@ -194,7 +202,7 @@ def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_id
 
 
 def open_node(role, link, directory, worker_id, task=None, threads=None, max_batch=64, stop_ids=(),
-              ctl_key=None, backend="torch"):
+              ctl_key=None, backend="torch", max_sequences=DEFAULT_MAX_SEQUENCES, max_queue=DEFAULT_MAX_QUEUE):
     """The node factory of `edge-agent run --role prefill|decoder`: load the specialist (prefill) or
     the shared decoder (decoder) from its directory, set the node's will on `link`, connect, start."""
     from edge.protocol import sun_hello_topic
@@ -202,13 +210,13 @@ def open_node(role, link, directory, worker_id, task=None, threads=None, max_bat
     if role == "prefill":
         from edge.roles.prefill import PrefillWorker
         from edge.roles.prefill_node import PrefillNode
-        node = PrefillNode(PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend), link,
-                           worker_id, ctl_key=ctl_key)
+        node = PrefillNode(PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend,
+                                                  max_queue=max_queue), link, worker_id, ctl_key=ctl_key)
     elif role == "decoder":
         from edge.roles.decoder import SharedDecoder
         from edge.roles.decoder_node import DecoderNode
         dec = SharedDecoder.from_dir(directory, threads=threads, max_batch=max_batch, stop_ids=stop_ids,
-                                     name=worker_id, backend=backend)
+                                     name=worker_id, backend=backend, max_sequences=max_sequences)
         node = DecoderNode(dec, link, worker_id, ctl_key=ctl_key)
     else:
         raise ValueError(f"role must be 'prefill' or 'decoder', got {role!r}")

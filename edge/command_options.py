@@ -12,7 +12,9 @@ import click
 
 _draft_opts = [
     click.option("--max-sessions", default=64, show_default=True, help="sessions one draft service takes"),
-    click.option("--max-kv-mb", default=1024.0, show_default=True, help="KV memory of all sessions"),
+    click.option("--max-kv-mb", default=1024.0, show_default=True,
+                 help="KV memory the draft engine holds for all sessions, as it allocates it (torch: "
+                      "64-token chunks that double and are kept after a rollback); MB = 10^6 bytes"),
     click.option("--max-gamma", default=16, show_default=True, help="largest γ a session may ask for"),
     click.option("--evict-after", default=60.0, show_default=True, help="seconds of silence before eviction"),
     click.option("--ahead/--no-ahead", default=True, show_default=True,

@@ -20,7 +20,7 @@ import msgpack
 
 from edge.wire_fields import ProtocolError, _short, check_id
 
-PROTOCOL_VERSION = 2          # 2: SUN KV topics name their sender (ss/sun/w/{decoder}/kv/{sender})
+PROTOCOL_VERSION = 3          # 2: SUN KV topics name their sender; 3: SunHello carries max_load
 MAX_MESSAGE_BYTES = 4 << 20
 
 def wire(check: Callable[[str, Any], Any], default: Any = MISSING, factory: Any = MISSING,

@@ -17,13 +17,14 @@ import torch
 from edge import kv_blob
 from edge.kv_blob import MAGIC, VERSION, KVError  # noqa: F401  (the blob format lives in kv_blob)
 
+INITIAL_CAPACITY = 64      # tokens a new sequence's cache is allocated for
 _DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
            "bfloat16": torch.bfloat16}
 
 
 class SequenceKV:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype=torch.float32,
-                 max_len: int = 2048, capacity: int = 64):
+                 max_len: int = 2048, capacity: int = INITIAL_CAPACITY):
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.max_len = max_len
         self.dtype = dtype
@@ -34,6 +35,15 @@ class SequenceKV:
     def capacity(self) -> int:
         return self.data.shape[3]
 
+    @staticmethod
+    def grown(cap: int, need: int, max_len: int) -> int:
+        """The capacity `reserve` leaves for `need` tokens from capacity `cap` (it never shrinks)."""
+        if need <= cap:
+            return cap
+        while cap < need:
+            cap *= 2
+        return min(cap, max_len)
+
     def reserve(self, n: int) -> None:
         """Make room for n more tokens (doubling), or fail if past max_len."""
         need = self.length + n
@@ -41,10 +51,7 @@ class SequenceKV:
             raise KVError(f"KV cache full: {self.length} + {n} tokens exceeds the context of {self.max_len}")
         if need <= self.capacity:
             return
-        cap = self.capacity
-        while cap < need:
-            cap *= 2
-        cap = min(cap, self.max_len)
+        cap = self.grown(self.capacity, need, self.max_len)
         grown = torch.zeros(*self.data.shape[:3], cap, self.head_dim, dtype=self.dtype)
         grown[:, :, :, : self.length] = self.data[:, :, :, : self.length]
         self.data = grown

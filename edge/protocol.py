@@ -273,6 +273,7 @@ class SunHello(Message):
     load: int = wire(integer(0, 1 << 20), 0)    # decoder: running + awaited; prefill: queued jobs
     capacity: int = wire(integer(0, 1 << 20), 64)   # decoder: max batch
     served: int = wire(SEQ, 0)                  # jobs / assignments received (in-flight accounting)
+    max_load: int = wire(integer(0, 1 << 20), 0)   # the load past which it refuses (0: not said)
 
     def check_rules(self) -> None:
         if (self.role == "prefill") != bool(self.task):

@@ -15,6 +15,7 @@ from edge.command_options import (STAR_GAMMA, ctl_key_option, draft_core_for_com
                                   drafter_options, open_model_for_command,
                                   read_ctl_key, read_password, start_telemetry_for_command, telemetry_options,
                                   tls_files)
+from edge.roles.sun_limits import DEFAULT_MAX_SEQUENCES
 from server.plan_command import plan
 
 
@@ -70,6 +71,9 @@ main.add_command(plan)
 @click.option("--sun-decoder", default=None, metavar="DIR",
               help="SUN: also run this shared decoder inside the hub (export.tune.save_decoder dir; a bundle with --sun-backend)")
 @click.option("--sun-max-batch", default=64, show_default=True, help="--sun-decoder: sequences per step")
+@click.option("--sun-max-sequences", default=DEFAULT_MAX_SEQUENCES, show_default=True,
+              help="--sun-decoder: sequences it holds, running and waiting; past it requests are refused "
+                   "(overloaded)")
 @click.option("--sun-backend", default="torch", show_default=True, type=click.Choice(["torch", "onnx", "llamacpp", "auto"]),
               help="--sun-decoder: runtime (onnx/llamacpp take a bundle, e.g. a Q4_0 GGUF of the int4 decoder)")
 @click.option("--stop-id", "stop_ids", multiple=True, type=int,
@@ -85,7 +89,7 @@ main.add_command(plan)
 @telemetry_options
 def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, client_share, username, password,
           password_file, draft_model, hub_id, dtype, threads, max_len, stats_every, sun_isolated, sun_pools,
-          sun_decoder, sun_max_batch, stop_ids, sun_http_port, sun_http_host, sun_tokenizer, ctl_key_file, sun_backend,
+          sun_decoder, sun_max_batch, sun_max_sequences, stop_ids, sun_http_port, sun_http_host, sun_tokenizer, ctl_key_file, sun_backend,
           telemetry_interval, metrics_port, metrics_host, **limits):
     """Run the hub until Ctrl-C."""
     from server.broker import BrokerError
@@ -125,7 +129,8 @@ def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, cl
         from edge.sun import SunError
         try:
             decoder = SharedDecoder.from_dir(sun_decoder, threads=threads, max_batch=sun_max_batch,
-                                             stop_ids=stop_ids, name=f"{hub_id}-decoder", backend=sun_backend)
+                                             stop_ids=stop_ids, name=f"{hub_id}-decoder", backend=sun_backend,
+                                             max_sequences=sun_max_sequences)
         except (SunError, OSError, EngineError) as e:
             raise click.ClickException(f"--sun-decoder {sun_decoder}: {e}") from None
     engine = tok_fp = core = None

@@ -10,6 +10,9 @@ the client (edge/roles/prefill_node.py has the flow). For each SunRequest it
    prefill module was tuned for (model-agnostic otherwise): the least loaded,
    load = what the decoder last reported (running + awaited sequences) plus
    assignments sent since that it had not yet counted (SunHello.served);
+   a decoder at the limit its hello names (max_load: its max_sequences) is
+   passed over, and with every fitting one there the request is refused
+   `overloaded` at once (the decoder refuses past it too: the backstop);
 3. sends DecodeAssign to the decoder first, then PrefillJob to the prefill
    worker, so the reservation normally reaches the decoder before the KV.
 
@@ -26,6 +29,13 @@ reservations are released. A worker is routed to only while
 server/liveness.py says it is alive: a retained hello is not enough until the
 worker answers a probe, and silence or a job it never acknowledges ends it
 like its will (`sweep()`, which the hub runs every status period).
+
+A router routes only the pool it can authenticate: a hello signed with a control key it does not
+have (or, with a key, one not signed with it) is another deployment's worker -- counted, neither
+probed nor routed to (a keyed worker drops what it cannot check). Until it has heard a worker of its own, a router that
+has heard such foreign ones leaves SUN requests unanswered: their own router answers them, and a
+second one would refuse each as unknown_task first (a StarSD hub on a broker it shares with a
+keyed SUN pool). With no hello at all it refuses them as before, saying what to start.
 """
 from __future__ import annotations
 
@@ -35,15 +45,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+import msgpack
+
 from edge.link import Link
-from edge.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_UNKNOWN_TASK, E_WORKER_LOST, SUN_REQ_SUB,
-                           SUN_WORKERS_SUB, DecodeAssign, Error, PrefillJob, Probe, ProtocolError, SunHello,
+from edge.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_OVERLOADED, E_UNKNOWN_TASK, E_WORKER_LOST,
+                           SUN_REQ_SUB, SUN_WORKERS_SUB, DecodeAssign, Error, PrefillJob, Probe, ProtocolError, SunHello,
                            SunRequest, decode, encode, parse_topic, sun_ctl_topic, sun_kv_topic, sun_stream_topic)
 from edge.seen_ids import SeenIds
 from server.liveness import Liveness
 
 log = logging.getLogger(__name__)
 INFLIGHT_MAX = 4096             # requests remembered per decoder for worker_lost
+FOREIGN_MAX = 1024              # foreign workers remembered (a flood of hellos must not grow it)
+
+
+def _signed(payload: bytes) -> bool:
+    """Whether a (decoded, so well-formed) control message carries an HMAC."""
+    env = msgpack.unpackb(payload, raw=False)
+    return isinstance(env, dict) and bool(env.get("h"))
 
 
 class SunRefusal(Exception):
@@ -62,6 +81,7 @@ class WorkerInfo:
     online: bool = True
     load: int = 0                 # as last reported
     capacity: int = 1
+    max_load: int = 0             # it refuses past this load (0: it said no limit)
     served: int = 0               # jobs it had taken when it last reported
     sent: int = 0                 # jobs we sent it (the same count on our side)
     seen: float = field(default_factory=time.monotonic)
@@ -95,6 +115,8 @@ class SunRouter:
         # prefill worker -> {(client, rid): (secret, decoder)}: jobs it may not have prefilled yet
         self.prefilling: Dict[str, Dict[Tuple[str, str], Tuple[bytes, str]]] = {}
         self.liveness = liveness or Liveness()
+        self.foreign: set = set()                         # hello topics of workers we cannot authenticate
+        self._own = False                                 # heard a worker of our own pool
         self._lock = threading.RLock()
 
     # ---- lifecycle ----
@@ -117,11 +139,27 @@ class SunRouter:
             h = decode(payload, self.ctl_key)
         except ProtocolError as e:
             self._count(f"bad_hello_{e.code}")
+            if e.code == "auth":
+                self._foreign(topic)
             return
         if not isinstance(h, SunHello) or h.worker != ids.get("worker"):
             self._count("bad_hello")
             return
+        if self.ctl_key is None and _signed(payload):
+            self._foreign(topic)
+            return
         self.update_worker(h)
+
+    def _foreign(self, topic: str) -> None:
+        with self._lock:
+            new = topic not in self.foreign and len(self.foreign) < FOREIGN_MAX
+            if new:
+                self.foreign.add(topic)
+        self._count("foreign_hello")
+        if new:
+            log.warning("sun: %s is signed with another control key than this router's (%s): not routed to; "
+                        "its own router serves it, or give both the same --ctl-key-file", topic,
+                        "none" if self.ctl_key is None else "a key")
 
     def update_worker(self, h: SunHello) -> None:
         """Take a worker's report (also for workers in the hub's own process)."""
@@ -129,6 +167,7 @@ class SunRouter:
             self.link.publish(sun_ctl_topic(h.worker), encode(Probe(h.worker), self.ctl_key), kind="control")
         alive = self.liveness.alive(h.worker)
         with self._lock:
+            self._own = True
             w = self.workers.get(h.worker)
             if w is None and not alive:
                 return                                    # a retained hello, maybe a dead worker's
@@ -140,6 +179,7 @@ class SunRouter:
                 w.sent = h.served                         # it restarted, or we did
             was_online = w.online
             w.vocab_size, w.online, w.load, w.capacity = h.vocab_size, alive, h.load, h.capacity
+            w.max_load = h.max_load
             w.served, w.seen = h.served, time.monotonic()
             if alive and h.load == 0 and h.served >= w.sent:
                 self.inflight.pop(h.worker, None)         # it took everything we sent and runs nothing
@@ -229,7 +269,12 @@ class SunRouter:
                                            f"that decoder, or re-tune the specialist for one of them")
         if self.isolated:
             fits = self._pool(task, fits)
-        return min(fits, key=lambda d: (d.est_load, -d.capacity, d.id))
+        room = [d for d in fits if not d.max_load or d.est_load < d.max_load]
+        if not room:
+            held = ", ".join(f"{d.id} {d.est_load}/{d.max_load}" for d in fits)
+            raise SunRefusal(E_OVERLOADED, f"every decoder for task {task!r} holds its limit of sequences "
+                                           f"({held}); retry later or add a decoder")
+        return min(room, key=lambda d: (d.est_load, -d.capacity, d.id))
 
     def _pool(self, task: str, fits: List[WorkerInfo]) -> List[WorkerInfo]:
         if task in self.pools:
@@ -253,6 +298,11 @@ class SunRouter:
 
     def _on_request(self, topic: str, payload: bytes) -> None:
         self._count("requests")
+        with self._lock:
+            other = self.foreign and not self._own
+        if other:
+            self._count("left_to_their_router")          # a pool of another key: its router answers
+            return
         try:
             _, ids = parse_topic(topic)
             req = decode(payload)
@@ -321,4 +371,5 @@ class SunRouter:
                     "liveness": self.liveness.snapshot(),
                     "workers": {w.id: {"role": w.role, "task": w.task, "fingerprint": w.fingerprint,
                                        "online": w.online, "load": w.load, "est_load": w.est_load,
-                                       "capacity": w.capacity} for w in self.workers.values()}}
+                                       "capacity": w.capacity, "max_load": w.max_load}
+                                for w in self.workers.values()}}

@@ -70,6 +70,13 @@ class Engine(ABC):
         c = self.cfg
         return c.num_layers * 2 * c.num_kv_heads * c.head_dim * self.kv_itemsize
 
+    def seq_kv_bytes(self, seq: Optional[int], length: Optional[int] = None) -> int:
+        """KV bytes the engine holds for `seq` (None: a new sequence) now, or once it has held
+        `length` tokens: what a memory limit must count. Default: the tokens' own bytes; engines
+        that allocate ahead (torch: chunks, never given back on truncate) say more."""
+        n = (self.length(seq) if seq is not None else 0) if length is None else length
+        return n * self.kv_bytes_per_token()
+
     @abstractmethod
     def truncate(self, seq: int, n: int) -> None:
         """Keep the first n tokens (rollback after a rejection)."""

@@ -49,6 +49,9 @@ class CountingEngine(Engine):
     def active_sequences(self) -> int:
         return self.inner.active_sequences
 
+    def seq_kv_bytes(self, seq, length=None) -> int:
+        return self.inner.seq_kv_bytes(seq, length)
+
     def step(self, seqs, tokens) -> np.ndarray:
         return self.inner.step(seqs, tokens)
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from edge.engines.base import Engine, EngineError
-from edge.kv import BatchCache, KVError, SequenceKV, gather, scatter_new
+from edge.kv import INITIAL_CAPACITY, BatchCache, KVError, SequenceKV, gather, scatter_new
 from edge.model import SKINNY_MAX_ROWS, Transformer
 
 
@@ -94,6 +94,13 @@ class TorchEngine(Engine):
 
     def kv_bytes(self) -> int:
         return sum(s.data.numel() * s.data.element_size() for s in self._seqs.values())
+
+    def seq_kv_bytes(self, seq: Optional[int], length: Optional[int] = None) -> int:
+        """Allocated, not used: a cache starts at INITIAL_CAPACITY tokens and doubles (edge/kv.py)."""
+        cap = self._get(seq).capacity if seq is not None else min(INITIAL_CAPACITY, self.max_len)
+        if length is not None:
+            cap = SequenceKV.grown(cap, length, self.max_len)
+        return cap * self.kv_bytes_per_token()
 
     # -- compute -----------------------------------------------------------------
     def _out(self, logits: torch.Tensor) -> np.ndarray:

@@ -18,6 +18,10 @@ The decoder is a core for edge/roles/loop.py (the SUN decoder node runs it):
 `admit` is its submit, `step` its step, `cancel` drops a request. A sequence
 whose context is full finishes ("context"); one the engine refuses in a batch
 finishes alone ("error"); the rest of the batch goes on either way.
+
+`max_sequences` bounds what it holds, running and waiting together: past it `admit` raises
+`DecoderFull` (the node answers `overloaded`), so a flood queues nowhere without bound -- not
+in the engine (torch/onnx hold any number of sequences) nor in llama.cpp's waiting line.
 """
 from __future__ import annotations
 
@@ -33,11 +37,16 @@ import numpy as np
 from edge.engines.base import Engine, EngineError
 from edge.kv_blob import KVError, read_header
 from edge.roles.isolated_step import step_isolated
+from edge.roles.sun_limits import DEFAULT_MAX_SEQUENCES
 from edge.sampling import GREEDY, Role, SamplingParams, pick, role_rng
 
 
 class AdmissionError(ValueError):
     """A KV blob this decoder will not serve (other decoder, truncated, wrong shapes, bad request)."""
+
+
+class DecoderFull(AdmissionError):
+    """The decoder holds max_sequences already: retry later or elsewhere."""
 
 
 @dataclass
@@ -78,11 +87,13 @@ class _Running:
 
 class SharedDecoder:
     def __init__(self, engine: Engine, max_batch: int = 64, stop_ids: Sequence[int] = (),
-                 name: str = "decoder", clock: Callable[[], float] = time.perf_counter):
-        if max_batch < 1:
-            raise ValueError("max_batch must be >= 1")
+                 name: str = "decoder", clock: Callable[[], float] = time.perf_counter,
+                 max_sequences: int = DEFAULT_MAX_SEQUENCES):
+        if max_batch < 1 or max_sequences < 1:
+            raise ValueError("max_batch and max_sequences must be >= 1")
         self.engine = engine
         self.max_batch = max_batch
+        self.max_sequences = max_sequences      # running + waiting
         self.stop_ids = frozenset(int(s) for s in stop_ids)
         self.name = name
         self.clock = clock
@@ -132,7 +143,12 @@ class SharedDecoder:
               params: SamplingParams = GREEDY, first_token: Optional[int] = None,
               stop_ids: Optional[Sequence[int]] = None, task: Optional[str] = None,
               on_token: Optional[Callable[[TokenEvent], None]] = None) -> str:
-        """Queue a prefilled sequence; returns its request id. Raises AdmissionError when refused."""
+        """Queue a prefilled sequence; returns its request id. Raises AdmissionError when refused
+        (DecoderFull when it holds max_sequences)."""
+        if self.load >= self.max_sequences:
+            self.refused += 1
+            raise DecoderFull(f"{self.name}: holds its limit of {self.max_sequences} sequences (running and "
+                              "waiting); retry later or add a decoder")
         try:
             head = read_header(bytes(blob))
         except (KVError, TypeError) as e:

@@ -3,7 +3,9 @@
 It reserves a slot on the router's DecodeAssign, collects the request's signed
 KV chunks (chunks that overtake their assignment are held, bounded in bytes
 and time, per sender: edge/roles/early_kv.py), admits the KV into its SharedDecoder and streams tokens 1.. to the
-client. Its hello carries its load, which the router's least-loaded choice reads.
+client. Its hello carries its load, which the router's least-loaded choice reads, and the
+decoder's max_sequences: an assignment past it (running, waiting and awaited KV together) is
+answered `overloaded` at once, before its KV is on the way.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from edge.link import Link
 from edge.protocol import (E_INTERNAL, E_OVERLOADED, E_REFUSED, E_TIMEOUT, DecodeAssign, Error, KVChunk,
                            ProtocolError, SunHello, SunTokens, decode, parse_topic, sun_ctl_topic,
                            sun_hello_topic, sun_kv_sub, sun_stream_topic)
-from edge.roles.decoder import AdmissionError, SharedDecoder, TokenEvent
+from edge.roles.decoder import AdmissionError, DecoderFull, SharedDecoder, TokenEvent
 from edge.roles.early_kv import EarlyKV
 from edge.roles.node import Node
 from edge.sampling import SamplingParams
@@ -26,6 +28,14 @@ from edge.sampling import SamplingParams
 log = logging.getLogger(__name__)
 MAX_ASSIGNED_KEYS = 4096       # recent assignments whose KV may pass a full queue (a bounded memory)
 EARLY_QUOTA = 64 << 20         # early KV one sender may have held (at most max_pending / 4)
+
+
+def size(n: int) -> str:
+    """Bytes as a person reads them (a limit under 1 MiB is not "0 MiB")."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{round(n / (1 << shift), 2):g} {unit}"
+    return f"{n} bytes"
 
 
 @dataclass
@@ -68,6 +78,7 @@ class DecoderNode(Node):
         self.stats = {"admitted": 0, "refused": 0, "timeouts": 0, "overloaded": 0, "finished": 0}
         self._queued, self._queued_lock = 0, threading.Lock()    # KV bytes waiting in the loop's queue
         self._assigned: "OrderedDict[str, bytes]" = OrderedDict()  # rid -> secret of recent assignments
+        self._turned_away: "OrderedDict[str, None]" = OrderedDict()  # refused at assignment: KV dropped
 
     @property
     def load(self) -> int:
@@ -96,7 +107,7 @@ class DecoderNode(Node):
     def status(self, online: bool = True) -> SunHello:
         d = self.decoder
         return SunHello(self.id, "decoder", "", d.fingerprint, d.engine.vocab_size, online, self.load,
-                        d.max_batch, self.served)
+                        d.max_batch, self.served, d.max_sequences)
 
     def status_key(self):
         return self.load, self.served
@@ -165,7 +176,18 @@ class DecoderNode(Node):
     def _assign(self, a: DecodeAssign) -> None:
         if not self.fresh(a.rid):
             return
-        self.served += 1
+        self.served += 1                                  # taken, refused or not (the router counts it)
+        if self.load >= self.decoder.max_sequences:       # the KV it would send has nowhere to go
+            self.stats["overloaded"] += 1
+            self._turned_away[a.rid] = None
+            with self._queued_lock:                       # its KV may not pass a full queue either
+                self._assigned.pop(a.rid, None)
+            while len(self._turned_away) > MAX_ASSIGNED_KEYS:
+                self._turned_away.popitem(last=False)
+            self._fail(_Pending(a, time.monotonic()), E_OVERLOADED,
+                       f"decoder {self.id} holds its limit of {self.decoder.max_sequences} sequences (running, "
+                       "waiting and on their way); retry or add a decoder")
+            return
         self._pending[a.rid] = _Pending(a, time.monotonic())
         self._early.vouch(a.prefill)                      # the router's prefill worker: a quota of its own
         mine, others = self._early.claim(a.rid, a.prefill)
@@ -187,6 +209,8 @@ class DecoderNode(Node):
             rid = asked[0] if asked else None
             if e.code == "auth" and rid and rid not in self._pending and rid not in self.seen:
                 self._hold_early(sender, rid, payload)    # its assignment has not arrived yet
+            elif rid in self._turned_away:
+                self.drop("kv_turned_away")               # the KV of a request refused as overloaded
             else:
                 self.drop(e.code)
             return
@@ -204,7 +228,7 @@ class DecoderNode(Node):
         if self._pending_bytes() + len(msg.data) > self.max_pending:
             self.stats["overloaded"] += 1
             self._fail(p, E_OVERLOADED, f"decoder {self.id} has no room for more KV in transit "
-                                        f"({self.max_pending >> 20} MiB); retry or add a decoder")
+                                        f"({size(self.max_pending)}); retry or add a decoder")
             return
         p.chunks[msg.index] = msg.data
         p.nbytes += len(msg.data)
@@ -226,6 +250,10 @@ class DecoderNode(Node):
             rid = self.decoder.admit(blob, request_id=a.rid, max_new=a.max_new, params=SamplingParams.from_wire(a.sampling),
                                      first_token=p.first, stop_ids=self.decoder.stop_ids | set(a.stop),
                                      task=a.task)
+        except DecoderFull as e:                          # held by sequences admitted some other way
+            self.stats["overloaded"] += 1
+            self._fail(p, E_OVERLOADED, str(e))
+            return
         except AdmissionError as e:
             self.stats["refused"] += 1
             self._fail(p, E_REFUSED, str(e))

@@ -73,6 +73,7 @@ class _Session:
         self.last_seen = now
         self.last_served = 0.0
         self.ahead_cap = 0                   # chain end draft-ahead aims for
+        self.kv = 0                          # KV bytes the engine holds for it (reserved ahead of a step)
         self.closed = False
 
 
@@ -113,6 +114,7 @@ class DraftService(DraftSessions):
         self.fingerprint = getattr(engine, "fingerprint", "")
         self._per_token = engine.kv_bytes_per_token()
         self._to_free: List[int] = []
+        self._freeing = 0                       # bytes of those, held until step frees them
         self._streams = itertools.count()       # stream numbers: no two sessions' streams coincide
 
     # ---- sessions (the table and Q_in: edge/roles/draft_sessions.py) ----
@@ -128,13 +130,30 @@ class DraftService(DraftSessions):
     def _release(self, s: _Session) -> None:
         if s.seq is not None:
             self._to_free.append(s.seq)            # freed by step, between batches
+            self._freeing += s.kv
 
     def kv_tokens(self) -> int:
         with self._lock:
             return sum(len(s.fed) for s in self._sessions.values())
 
+    def kv_bytes(self) -> int:
+        """What --max-kv-mb counts: the KV the engine holds (allocated, not only live tokens) for
+        every session, reservations of the batch being served and closed ones not yet freed."""
+        with self._lock:
+            return sum(s.kv for s in self._sessions.values()) + self._freeing
+
     def _kv_used(self) -> int:
-        return self._per_token * self.kv_tokens()
+        return self.kv_bytes()
+
+    def _held(self, s: _Session, length: Optional[int] = None) -> int:
+        return self.engine.seq_kv_bytes(s.seq, length)
+
+    def _settle(self, work: List["_Work"]) -> None:
+        """After steps: each session's reservation becomes what the engine now holds for it."""
+        with self._lock:
+            for w in work:
+                if not w.sess.closed and w.sess.seq is not None:
+                    w.sess.kv = self._held(w.sess)
 
     def _kv_limit(self) -> float:
         return self.limits.max_kv_mb * 1e6
@@ -156,7 +175,7 @@ class DraftService(DraftSessions):
 
     def _free_closed(self) -> None:
         with self._lock:
-            seqs, self._to_free = self._to_free, []
+            seqs, self._to_free, self._freeing = self._to_free, [], 0
         for q in seqs:
             self.engine.free(q)
 
@@ -180,6 +199,7 @@ class DraftService(DraftSessions):
             if w is not None:
                 work.append(w)
         steps = self._extend(work)
+        self._settle(work)
         now = self.clock()
         for w in work:
             self._answer(w, now)
@@ -197,11 +217,15 @@ class DraftService(DraftSessions):
         mode = (params.temperature, params.top_k, params.top_p, k) if not params.greedy else ("greedy",)
         if gamma == 0:                             # nothing to draft: the state stays as it is
             return _Work(s, req, [], 0, params, k, t_in)
-        growth = T_len + gamma - len(s.fed)
-        if growth > 0 and self._kv_used() + growth * self._per_token > self._kv_limit():
-            self.stats.count("refused_kv")
-            raise DraftRefused(f"the draft's KV memory limit of {lim.max_kv_mb:g} MB is reached; "
-                               "decode alone or raise --max-kv-mb", E_OVERLOADED)
+        # the most it holds while served: T + drafts[:-1], as the engine allocates it. Reserved
+        # now, so the next request of this batch is checked against this one's growth too
+        need = self._held(s, max(len(s.fed), T_len + gamma - 1))
+        with self._lock:
+            if need > s.kv and self._kv_used() + need - s.kv > self._kv_limit():
+                self.stats.count("refused_kv")
+                raise DraftRefused(f"the draft's KV memory limit of {lim.max_kv_mb:g} MB is reached; "
+                                   "decode alone or raise --max-kv-mb", E_OVERLOADED)
+            s.kv = max(s.kv, need)
         if s.seq is None:
             s.seq = self.engine.new_sequence()
         if s.rng is None or s.mode != mode:      # a new stream, never an earlier one replayed
@@ -295,7 +319,8 @@ class DraftService(DraftSessions):
                             and now - s.last_served < self.limits.ahead_recent_s
                             and s.anchor + len(s.chain) < min(s.ahead_cap, self.engine.max_len)),
                            key=lambda s: -s.last_served)[: self.limits.ahead_sessions]
-        if not cands or self._kv_used() + len(cands) * self._per_token > self._kv_limit():
+        grow = sum(max(0, self._held(s, len(s.fed) + 1) - s.kv) for s in cands)   # one token each
+        if not cands or self._kv_used() + grow > self._kv_limit():
             return []
         return [_Work(s, None, [], min(s.ahead_cap, self.engine.max_len), s.params, s.k) for s in cands]
 
@@ -305,6 +330,10 @@ class DraftService(DraftSessions):
         if not work:
             return 0
         t0 = self.clock()
+        with self._lock:                           # reserved, as for requests
+            for w in work:
+                w.sess.kv = max(w.sess.kv, self._held(w.sess, len(w.sess.fed) + 1))
         steps = self._extend(work, max_steps=1)
+        self._settle(work)
         self.stats.add_ahead(steps * len(work), self.clock() - t0)
         return steps

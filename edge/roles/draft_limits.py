@@ -17,7 +17,7 @@ class DraftRefused(RuntimeError):
 @dataclass
 class DraftLimits:
     max_sessions: int = 64
-    max_kv_mb: float = 1024.0        # KV memory of all sessions' live tokens
+    max_kv_mb: float = 1024.0        # KV memory the engine holds for all sessions, as allocated (MB = 1e6 B)
     max_gamma: int = 16
     evict_after_s: float = 60.0      # a session silent this long is evicted
     q_top_k: int = 32                # entries of q per drafted token when sampling

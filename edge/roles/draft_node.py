@@ -90,7 +90,7 @@ class DraftNode(Node):
                "batch_mean": snap["batch_size_mean"], "batch_max": snap["batch_size_max"]}
         engine = getattr(svc, "engine", None)        # a model's KV; a suffix-tree drafter holds none
         if engine is not None:
-            out.update(kv_used_bytes=svc.kv_tokens() * engine.kv_bytes_per_token(),
+            out.update(kv_used_bytes=svc.kv_bytes(),    # as --max-kv-mb counts it (allocated)
                        kv_budget_bytes=svc.limits.max_kv_mb * 1e6)
         return out
 

@@ -9,7 +9,8 @@ continue the sequence; every other decoder refuses the blob.
 `prefill` serves one prompt now. As a core for edge/roles/loop.py (the SUN
 prefill node) the worker queues prompts with `submit` and `step` prefills the
 oldest one, returning its PrefillOutput -- or a PrefillFailed: one bad prompt
-fails alone.
+fails alone. At most `max_queue` prompts wait: `submit` past it raises QueueFull (the node
+answers `overloaded`), so a burst faster than the prefills cannot grow the queue without bound.
 """
 from __future__ import annotations
 
@@ -23,9 +24,14 @@ from typing import Deque, List, Optional, Sequence, Union
 import numpy as np
 
 from edge.engines.base import Engine
+from edge.roles.sun_limits import DEFAULT_MAX_QUEUE
 from edge.sampling import GREEDY, Role, SamplingParams, pick, role_rng
 
 log = logging.getLogger(__name__)
+
+
+class QueueFull(RuntimeError):
+    """max_queue prompts wait already: retry later or elsewhere."""
 
 
 @dataclass
@@ -49,7 +55,8 @@ class PrefillFailed:
 class PrefillWorker:
     """Serves one task. The engine's fingerprint must be the target decoder's fingerprint."""
 
-    def __init__(self, engine: Engine, task: str, kv_dtype: str = "float16", name: str = ""):
+    def __init__(self, engine: Engine, task: str, kv_dtype: str = "float16", name: str = "",
+                 max_queue: int = DEFAULT_MAX_QUEUE):
         if not engine.fingerprint:
             raise ValueError("a prefill engine needs the fingerprint of the decoder it was tuned for "
                              "(the specialist manifest's decoder_fingerprint)")
@@ -57,6 +64,9 @@ class PrefillWorker:
         self.task = task
         self.kv_dtype = kv_dtype
         self.name = name or f"prefill/{task}"
+        if max_queue < 1:
+            raise ValueError("max_queue must be >= 1")
+        self.max_queue = max_queue
         self._ids = itertools.count(1)
         self._queue: Deque[tuple] = deque()     # (request id, prompt, params) for step
 
@@ -66,7 +76,8 @@ class PrefillWorker:
 
     @classmethod
     def from_dir(cls, directory, task: Optional[str] = None, threads: Optional[int] = None,
-                 kv_dtype: str = "float16", backend: str = "torch") -> "PrefillWorker":
+                 kv_dtype: str = "float16", backend: str = "torch",
+                 max_queue: int = DEFAULT_MAX_QUEUE) -> "PrefillWorker":
         """Load a specialist written by `edge-export tune` (SUN, QSUN or full-FT), or its prefill
         artifact from a bundle (`edge-export bundle DIR OUT --onnx prefill`) on backend onnx/llamacpp."""
         from edge.sun_error import SunError
@@ -76,7 +87,7 @@ class PrefillWorker:
             if not fp:
                 raise SunError(f"{directory}: artifact {engine.artifact['name']!r} is not a SUN prefill module "
                                "(no decoder fingerprint); bundle the specialist's directory")
-            return cls(engine, task or engine.artifact.get("task") or "task", kv_dtype=kv_dtype)
+            return cls(engine, task or engine.artifact.get("task") or "task", kv_dtype=kv_dtype, max_queue=max_queue)
         from edge.engines.torch_engine import TorchEngine
         from edge.sun import load_module
         model, man = load_module(directory)
@@ -84,7 +95,7 @@ class PrefillWorker:
         if not fp:
             raise SunError(f"{directory}: the manifest names no decoder_fingerprint; re-run the tuning")
         engine = TorchEngine(model, fingerprint=fp, threads=threads)
-        return cls(engine, task or man.get("task", "task"), kv_dtype=kv_dtype)
+        return cls(engine, task or man.get("task", "task"), kv_dtype=kv_dtype, max_queue=max_queue)
 
     def prefill(self, prompt: Sequence[int], request_id: Optional[str] = None,
                 params: SamplingParams = GREEDY, rng: Optional[np.random.Generator] = None) -> PrefillOutput:
@@ -108,7 +119,10 @@ class PrefillWorker:
     # ---- the core ----
     def submit(self, prompt: Sequence[int], request_id: Optional[str] = None,
                params: SamplingParams = GREEDY) -> str:
-        """Queue a prompt for `step`; returns its request id."""
+        """Queue a prompt for `step`; returns its request id. Raises QueueFull past max_queue."""
+        if len(self._queue) >= self.max_queue:
+            raise QueueFull(f"{self.name}: {self.max_queue} prompts are queued already, its limit; "
+                            "retry later or add a prefill worker for this task")
         rid = request_id or f"{self.name}#{next(self._ids)}"
         self._queue.append((rid, list(prompt), params))
         return rid

@@ -21,10 +21,10 @@ import math
 from typing import Dict, Optional
 
 from edge.link import Link
-from edge.protocol import (E_BAD_REQUEST, E_INTERNAL, SUN_CHUNK_BYTES, Error, KVChunk, PrefillJob, SunHello,
-                           SunTokens, sun_ctl_topic, sun_hello_topic, sun_kv_topic, sun_stream_topic)
+from edge.protocol import (E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, SUN_CHUNK_BYTES, Error, KVChunk, PrefillJob,
+                           SunHello, SunTokens, sun_ctl_topic, sun_hello_topic, sun_kv_topic, sun_stream_topic)
 from edge.roles.node import Node
-from edge.roles.prefill import PrefillFailed, PrefillOutput, PrefillWorker
+from edge.roles.prefill import PrefillFailed, PrefillOutput, PrefillWorker, QueueFull
 from edge.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class PrefillNode(Node):
             raise ValueError(f"chunk_bytes must be in 1..{SUN_CHUNK_BYTES}")
         super().__init__(worker, link, worker_id, ctl_key, hello_every, idle_wait=hello_every)
         self.worker, self.chunk_bytes = worker, chunk_bytes
-        self.stats = {"jobs": 0, "failed": 0, "kv_bytes": 0, "chunks": 0, "prefill_s": 0.0}
+        self.stats = {"jobs": 0, "failed": 0, "overloaded": 0, "kv_bytes": 0, "chunks": 0, "prefill_s": 0.0}
         self._jobs: Dict[str, PrefillJob] = {}            # taken, not yet answered
 
     @property
@@ -62,7 +62,7 @@ class PrefillNode(Node):
     def status(self, online: bool = True) -> SunHello:
         w = self.worker
         return SunHello(self.id, "prefill", w.task, w.decoder_fingerprint, w.engine.vocab_size, online,
-                        self.load, 1, self.served)
+                        self.load, 1, self.served, w.max_queue)
 
     def status_key(self):
         return self.load, self.served
@@ -74,8 +74,13 @@ class PrefillNode(Node):
             self.drop("wrong_task")
         elif self.fresh(msg.rid):
             self.served += 1
+            try:
+                self.worker.submit(msg.prompt, msg.rid, SamplingParams.from_wire(msg.sampling))
+            except QueueFull as e:                        # tells the client and frees the decoder's slot
+                self.stats["overloaded"] += 1
+                self._fail(msg, E_OVERLOADED, str(e))
+                return
             self._jobs[msg.rid] = msg
-            self.worker.submit(msg.prompt, msg.rid, SamplingParams.from_wire(msg.sampling))
 
     def publish(self, out) -> None:
         job = self._jobs.pop(out.request_id, None)

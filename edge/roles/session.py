@@ -9,6 +9,10 @@ ss/c/{me}/joined) and the owner of its sessions' down topics. It watches the
 hub's retained status: the hub stamps it with its start time (`time`), so a
 new stamp or `online=False` (the last will) means the hub's registry and the
 draft KV are gone — the sessions are marked lost and their users rejoin.
+
+A join nobody waits for any more (its waiter gave up: `abandon`, a blocking `join` that timed
+out, or one left unanswered for `join_ttl_s`) is forgotten; if the hub accepts it anyway, the
+session is closed at once (bye) instead of holding a slot at the draft until eviction.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import logging
 import secrets as _secrets
 import threading
 import time
+from collections import OrderedDict
 from typing import Callable, Dict, Optional
 
 from edge.link import Link
@@ -26,6 +31,8 @@ from edge.protocol import (STATUS_TOPIC, Bye, DraftRequest, DraftResponse, Error
 from edge.roles.replay_guard import ReplayGuard
 
 log = logging.getLogger(__name__)
+JOIN_TTL_S = 60.0       # an unanswered join is forgotten after this (the draft evicts after 60 s too)
+LATE_KEPT = 1024        # nonces of forgotten joins remembered, so that a late acceptance is closed
 
 
 class SessionKeys:
@@ -173,21 +180,28 @@ class Session:
 
 
 class _PendingJoin:
-    def __init__(self) -> None:
+    def __init__(self, expires: float = float("inf")) -> None:
         self.done = threading.Event()
         self.joined: Optional[Joined] = None
         self.epoch: Optional[float] = None
+        self.expires = expires
+        self.claimed = False        # finish_join took it: the session is in use
+        self.abandoned = False      # nobody will finish it: an acceptance is closed at once
 
 
 class HubClient:
     """A device's handshake with the hub and the home of its sessions."""
 
-    def __init__(self, link: Link, client_id: str, model_fp: str, vocab_size: int):
+    def __init__(self, link: Link, client_id: str, model_fp: str, vocab_size: int,
+                 join_ttl_s: float = JOIN_TTL_S):
         self.link, self.client = link, client_id
         self.model_fp, self.vocab_size = model_fp, vocab_size
+        self.join_ttl_s = join_ttl_s
         self.keys = SessionKeys()
         self.sessions: Dict[str, Session] = {}
         self._joins: Dict[str, _PendingJoin] = {}
+        self._late: "OrderedDict[str, None]" = OrderedDict()   # nonces of joins forgotten unanswered
+        self.join_counts = {"orphans_closed": 0, "expired": 0}
         self._lock = threading.Lock()
         self.status: Optional[HubStatus] = None
         self.epoch: Optional[float] = None
@@ -214,10 +228,14 @@ class HubClient:
         return self.link.is_connected() and (self.status is None or self.status.online)
 
     # ---- join ----
-    def join_async(self, gamma: int, sampling: dict) -> _PendingJoin:
+    def join_async(self, gamma: int, sampling: dict, wait_s: float = 0.0) -> _PendingJoin:
+        """Send a join; its answer completes the returned handle. Pass the handle to finish_join,
+        or to abandon when no longer waiting. wait_s: how long a caller may wait (past join_ttl_s)."""
         nonce = _secrets.token_hex(6)
-        pj = _PendingJoin()
+        now = time.monotonic()
+        pj = _PendingJoin(now + max(self.join_ttl_s, wait_s))
         with self._lock:
+            self._prune(now)
             self._joins[nonce] = pj
         msg = Join(self.client, self.model_fp, self.vocab_size, gamma, sampling, "target", nonce)
         sent = self.link.is_connected() and self.link.publish(join_topic(self.client), encode(msg), "control")
@@ -228,29 +246,66 @@ class HubClient:
         return pj
 
     def finish_join(self, pj: _PendingJoin) -> Optional[Session]:
-        """The Session of a completed join; raises JoinRefused; None if it failed."""
-        j = pj.joined
-        if j is None:
-            return None
+        """The Session of a completed join; raises JoinRefused; None if it failed (or was abandoned)."""
+        with self._lock:
+            if pj.claimed or pj.abandoned or pj.joined is None:
+                return None
+            pj.claimed = True
+            j = pj.joined
         if not j.accepted:
             raise JoinRefused(j.reason)
-        s = Session(self, j, pj.epoch)
+        return self._open_session(j, pj.epoch)
+
+    def _open_session(self, j: Joined, epoch: Optional[float]) -> Session:
+        s = Session(self, j, epoch)
         with self._lock:
             self.sessions[s.sid] = s
         self.keys.add(s.sid, self.client, s.secret)
         return s
+
+    def abandon(self, pj: Optional[_PendingJoin]) -> None:
+        """Nobody will finish this join: a session the hub grants for it is closed at once."""
+        if pj is None:
+            return
+        with self._lock:
+            if pj.claimed or pj.abandoned:
+                return
+            pj.abandoned = True
+            j = pj.joined                               # answered already, never finished
+        if j is not None and j.accepted:
+            self._close_orphan(j)
+
+    def _close_orphan(self, j: Joined) -> None:
+        with self._lock:
+            self.join_counts["orphans_closed"] += 1
+        Session(self, j, self.epoch).close()            # bye: the draft frees its slot and KV now
+
+    def _prune(self, now: float) -> None:
+        """Forget joins unanswered past their time (caller holds the lock); a late answer is closed."""
+        for nonce in [n for n, pj in self._joins.items() if now >= pj.expires]:
+            pj = self._joins.pop(nonce)
+            pj.abandoned = True
+            pj.done.set()
+            self.join_counts["expired"] += 1
+            self._late[nonce] = None
+            while len(self._late) > LATE_KEPT:
+                self._late.popitem(last=False)
 
     def join(self, gamma: int, sampling: dict, timeout: float = 5.0) -> Session:
         """Join and wait; raises JoinRefused (with the hub's reason) or TimeoutError."""
         end = time.monotonic() + timeout
         while not self.link.is_connected() and time.monotonic() < end:
             time.sleep(0.01)                           # a join sent before we subscribed is lost
-        pj = self.join_async(gamma, sampling)
+        pj = self.join_async(gamma, sampling, wait_s=timeout)
         if not pj.done.wait(max(0.0, end - time.monotonic())) or pj.joined is None:
+            self.abandon(pj)                           # an acceptance after this is closed at once
             where = getattr(self.link, "url", "?")
             raise TimeoutError(f"no answer from the hub within {timeout:g} s "
                                f"(is `edge-hub serve` running and reachable at {where}?)")
-        return self.finish_join(pj)
+        s = self.finish_join(pj)
+        if s is None:
+            raise TimeoutError("the join was given up on before its answer arrived")
+        return s
 
     def _forget(self, s: Session) -> None:
         with self._lock:
@@ -268,11 +323,18 @@ class HubClient:
             self.keys.drop("invalid")
             return
         with self._lock:
+            self._prune(time.monotonic())
             pj = self._joins.pop(j.nonce, None)
-        if pj is None:
-            return                                     # a stale or foreign answer
-        pj.joined, pj.epoch = j, self.epoch
-        pj.done.set()
+            late = pj is None and j.nonce in self._late    # forgotten unanswered (_prune)
+            if late:
+                del self._late[j.nonce]
+            if pj is not None:
+                pj.joined, pj.epoch = j, self.epoch
+            orphan = late or (pj is not None and pj.abandoned)
+        if pj is not None:
+            pj.done.set()
+        if orphan and j.accepted:
+            self._close_orphan(j)                      # granted, but nobody waits for it any more
 
     def _on_down(self, topic: str, payload: bytes) -> None:
         msg = self.keys.open(topic, payload, self.vocab_size)
@@ -319,5 +381,8 @@ class HubClient:
     def close(self) -> None:
         with self._lock:
             sessions = list(self.sessions.values())
+            joins = list(self._joins.values())
+        for pj in joins:
+            self.abandon(pj)
         for s in sessions:
             s.close()

@@ -161,10 +161,14 @@ class RemoteDrafter(Drafter):
             self._next_join = now + self._join_backoff
             self._join_backoff = min(self.rejoin_s[1], self._join_backoff * 2)
         elif self._pending_join is not None and now >= self._next_join:
-            self._pending_join = None                # no answer: try again next round
+            self.hub.abandon(self._pending_join)     # no answer: try again next round; a late
+            self._pending_join = None                # acceptance of this one is closed (bye) at once
         return None
 
     def close(self) -> None:
+        if self._pending_join is not None:           # a join still on its way: nobody will use it
+            self.hub.abandon(self._pending_join)
+            self._pending_join = None
         if self.session is not None:
             self.session.close()
             self.session = None
@@ -202,7 +206,9 @@ class RemoteDrafter(Drafter):
         costs = CostTracker()
         for k, seconds in sorted(self.verify_costs.items()):
             costs.add_target(k, seconds)
-        return RemoteGamma(max_gamma, self.waits, costs=costs)
+        # With the cost curve measured, the primed first request (answered while the target
+        # prefills: free) is the only exploring round; a second one costs a round at low α.
+        return RemoteGamma(max_gamma, self.waits, costs=costs, explore=1 if self.verify_costs else 2)
 
     def draft(self, context: Sequence[int], gamma: int, rng: np.random.Generator):
         t = time.monotonic()

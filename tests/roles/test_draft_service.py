@@ -137,7 +137,7 @@ def test_newer_request_replaces_the_pending_one():
 
 
 def test_session_and_kv_limits():
-    svc, out = service(DraftLimits(ahead=False, max_sessions=2, max_kv_mb=0.05))
+    svc, out = service(DraftLimits(ahead=False, max_sessions=2, max_kv_mb=0.1))
     svc.open("a")
     svc.open("b")
     with pytest.raises(DraftRefused, match="limit of 2 sessions"):
@@ -146,7 +146,9 @@ def test_session_and_kv_limits():
     svc.submit(DraftRequest("a", 1, 0, list(range(40)), 4))
     step(svc, out)
     assert isinstance(out["a"][-1], DraftResponse)
-    svc.submit(DraftRequest("b", 1, 0, list(range(50000 // per_token + 1)), 4))
+    # the limit counts what the engine allocates: 64 tokens per sequence at first (edge/kv.py)
+    assert svc.kv_bytes() == 64 * per_token and 2 * 64 * per_token > 0.1e6
+    svc.submit(DraftRequest("b", 1, 0, list(range(10)), 4))
     step(svc, out)
     assert out["b"][-1].code == E_OVERLOADED and "KV memory limit" in out["b"][-1].message
 

@@ -35,13 +35,13 @@ torch.set_num_threads(1)
 pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.broker]
 SOAK_S = float(os.environ.get("STARSUN_SOAK_S", "1800"))
 N = int(os.environ.get("STARSUN_SOAK_N", "256"))
-# Room for each target's next session while its last one's bye is still on the way, and a KV
-# limit that does not bind: a refused join is retried in the background, and a retry the target
-# gives up on before the hub's acceptance arrives leaves a session nobody closes until eviction
-# (edge/roles/target.py RemoteDrafter._ready; reported). STARSUN_SOAK_SESSIONS=256 or
-# STARSUN_SOAK_KV_MB=8 (test_load.py's limits) reproduce it: the session table fills with them.
-SESSIONS = int(os.environ.get("STARSUN_SOAK_SESSIONS", str(2 * N)))
-KV_MB = float(os.environ.get("STARSUN_SOAK_KV_MB", "1024"))
+# Exactly N sessions and a KV limit that binds hard (8 MB holds 122 of the engine's 64-token
+# buffers): joins are refused (a target's next one may come before its last bye, or the KV is
+# full) and retried in the background all the time. A retry the target gave up on, or one still
+# on its way when its generation ended, used to leave an accepted session nobody closed until
+# eviction, until the table was full of them; now such an acceptance is closed at once (bye).
+SESSIONS = int(os.environ.get("STARSUN_SOAK_SESSIONS", str(N)))
+KV_MB = float(os.environ.get("STARSUN_SOAK_KV_MB", "8"))
 SUN_ROUND, SUN_SEEDS = 32, 8          # requests per round; rounds repeat 8 request sets
 
 

@@ -81,10 +81,10 @@ def ours(args, work: Path) -> dict:
     """benchmarks/starsd_two_device.py on the same prompts (its own target-only alongside)."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "starsd_two_device.py"), "--target", args.target,
            "--draft", args.draft, "--mtbench", str(args.mtbench), "--code", str(args.code), "--new", str(args.new),
-           "--rounds", str(args.rounds), "--gammas", args.gammas, "--out", str(work / "ours"),
+           "--rounds", str(args.rounds), "--gammas", args.gammas, "--out", str(args.ours_out or work / "ours"),
            "--target-format", args.target_format]
     subprocess.run(cmd, check=True, timeout=7200)
-    return json.loads((work / "ours.json").read_text())
+    return json.loads(Path(str(args.ours_out or work / "ours") + ".json").read_text())
 
 
 def main() -> None:
@@ -101,6 +101,8 @@ def main() -> None:
                     help="the target's GGUF as fetched or the same weights as F16 / Q8_0, for every system "
                          "(benchmarks/target_format.py)")
     ap.add_argument("--out", type=Path, default=OUT, help="results path without suffix")
+    ap.add_argument("--ours-out", type=Path, default=None,
+                    help="keep ours' run as starsd_two_device results here (path without suffix)")
     args = ap.parse_args()
     from benchmarks.datasets import mtbench_first_turns
     from benchmarks.starsd_two_device import _cpu, code_prompts

@@ -93,6 +93,12 @@ class SshDevice:
     def _device_python_has_deps(self) -> None:
         """The user's site directory sees this checkout's .venv packages (not the kit itself)."""
         venv_site = Path(sysconfig.get_paths()["purelib"])
+        for parent in venv_site.parents:        # e.g. a checkout under /root (mode 700)
+            if not parent.stat().st_mode & 0o001:
+                raise RuntimeError(f"the device's user cannot reach this checkout's packages in {venv_site}: "
+                                   f"{parent} is closed to other users (mode {parent.stat().st_mode & 0o777:o}); "
+                                   f"run the tests from a checkout outside it (e.g. /work or /srv), "
+                                   f"or `chmod o+x {parent}`")
         deps = self.base / "system-site"
         deps.mkdir()
         for p in venv_site.iterdir():

@@ -33,7 +33,7 @@ from server.hub import Hub
 from server.mosquitto import MosquittoBroker
 
 from mosquitto_clients import PUB, SUB, MosquittoClients, signed
-from test_sun_mqtt import Star
+from sun_star import Star
 from tiny_models import random_model, specialist, tiny_model
 
 torch.set_num_threads(1)

@@ -22,7 +22,8 @@ from edge.sun import split_generate, weights_fingerprint
 from server.hub import Hub
 from server.sun_http import start_sun_http
 from test_openai_http import byte_tokenizer, post
-from test_sun_mqtt import KEY, _wait
+from sun_star import KEY
+from waiting import wait_until as _wait
 from tiny_models import random_model, specialist
 
 torch.set_num_threads(1)

@@ -296,10 +296,11 @@ def test_target_process_killed_its_session_and_kv_are_freed(mosquitto, files, pr
                 "--client-id", f"tgt-{PID}", "--prompt", "the the he", "-g", "3", "-n", "3000")
     star = None
     try:
-        assert wait_until(lambda: svc.sessions() and svc.engine.active_sequences > 0, 60), procs.err("target")
+        # KV fed, not only a sequence opened: the engine opens it before the batch feeds it
+        assert wait_until(lambda: svc.sessions() and svc.kv_tokens() > 0, 60), procs.err("target")
         procs.pause("target")                     # mid-generation: its session holds KV
         (victim,) = svc.sessions()
-        assert svc.kv_tokens() > 0 and list(hub.registry.sessions) == [victim]
+        assert wait_until(lambda: svc.kv_tokens() > 0) and list(hub.registry.sessions) == [victim]
         procs.kill9("target")
         # silent: evicted after evict_after_s, its KV freed, the hub's registry told
         assert wait_until(lambda: not svc.sessions() and svc.engine.active_sequences == 0, 10)

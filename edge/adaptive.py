@@ -25,6 +25,7 @@ class AdaptiveGamma:
     rounds (every 8 until the single-step window is full) keeps the
     single-step time -- the unit of every cost -- measured.
     """
+    background = False      # a co-located draft's probe costs the device its compute: real rounds
 
     def __init__(self, max_gamma: int, margin: float = 0.05, probe_start: int = 8, warmup: int = 2,
                  refresh: int = 32, acceptance: Optional[AcceptanceTracker] = None,

@@ -34,6 +34,13 @@ class Drafter(ABC):
         edge/adaptive.py's, which prices the draft by its compute on this device."""
         return AdaptiveGamma(max_gamma)
 
+    def observe(self, context: Sequence[int], gamma: int) -> Optional[Tuple[int, int]]:
+        """At a plain step of adaptive γ: ask for `gamma` drafts after `context` in the background
+        (0: ask nothing), without waiting. Returns (drafted, accepted) once an earlier background
+        answer can be scored against the tokens the target decoded itself, else None. By default
+        a drafter cannot probe in the background (its policy probes with real rounds)."""
+        return None
+
     def prefill(self, prompt: Sequence[int]) -> bool:
         """Get ready for `prompt` before the first round; True if that cost time worth timing."""
         return False

@@ -335,6 +335,10 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             if n < len(drafts):
                 target.truncate(run.seq, fed + n)   # drop the rejected drafts' KV
             run.commit(drafts[:n] + [nxt])
+            if policy and policy.background and res.gammas[-1] == 0:
+                scored = drafter.observe(run.context, policy.probe)   # never waits
+                if scored is not None:
+                    policy.observed(*scored)
     except BaseException:
         target.free(run.seq)
         raise

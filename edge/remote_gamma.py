@@ -111,13 +111,17 @@ class RemoteGamma:
     after `probe_start` plain steps, then at doubling intervals (at most `max_interval` apart
     while speculation could pay at an optimistic α; x4 each time where not even that pays, so a
     machine where it never pays loses almost nothing) re-measures α and W so it can recover.
+    With `background` (a drafter that can probe without the target waiting: greedy through the
+    star) the probe is not a round: next_gamma() stays 0 and `probe` says how many drafts to ask
+    for in the background; `observed()` then feeds what they would have accepted, so a prompt
+    where the draft agrees little costs the target nothing to keep measuring.
     While speculating, a plain step every `refresh` rounds keeps t1 measured.
     """
 
     def __init__(self, max_gamma: int, waits: Optional[RoundTrips] = None, margin: float = 0.05,
                  explore: int = 2, explore_gamma: int = 1, probe_start: int = 16, max_interval: int = 64,
                  refresh: int = 32, explore_alpha: float = 0.8, acceptance: Optional[AcceptanceTracker] = None,
-                 costs: Optional[CostTracker] = None):
+                 costs: Optional[CostTracker] = None, background: bool = False, probe_gamma: int = 4):
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1 for adaptive γ, got {max_gamma!r}")
         self.max_gamma, self.margin, self.explore_alpha = max_gamma, margin, explore_alpha
@@ -130,6 +134,8 @@ class RemoteGamma:
         self._probe_start = self._interval = probe_start
         self._zeros = 0
         self._since_plain = 0
+        self.background, self.probe_gamma = background, min(max_gamma, probe_gamma)
+        self.probe = 0                    # drafts a background probe asks for now (0: none due)
 
     @property
     def first_gamma(self) -> int:
@@ -153,9 +159,14 @@ class RemoteGamma:
         return self.choose(self.explore_alpha) > 0
 
     def next_gamma(self) -> int:
+        self.probe = 0
         g = self._next()
         self._asked += g > 0
         return g
+
+    def observed(self, drafted: int, accepted: int) -> None:
+        """A background probe's drafts scored against the tokens the target decoded itself."""
+        self.acceptance.update(drafted, accepted)
 
     def _next(self) -> int:
         if self.waits.samples == 0 or (self.acceptance.rounds < self.explore and self._asked < 2 * self.explore):
@@ -177,5 +188,8 @@ class RemoteGamma:
             pays = self.choose(self.explore_alpha) > 0
             self._zeros = 0
             self._interval = min(self._interval * 2, self.max_interval) if pays else self._interval * 4
+            if self.background:
+                self.probe = self.probe_gamma
+                return 0
             return 1
         return 0

@@ -68,6 +68,32 @@ def test_it_recovers_when_the_draft_starts_agreeing():
     assert np.median(gammas[-50:]) >= 3             # back on, further than before, once it agrees
 
 
+def test_background_probes_never_make_a_round_and_still_bring_speculation_back():
+    """Greedy through the star: at γ=0 a probe is asked for in the background (next_gamma() stays
+    0, `probe` says how many drafts) and its score comes back through observed()."""
+    p = RemoteGamma(8, background=True)
+    rng = np.random.default_rng(0)
+    gammas, probes = [], []
+    for i in range(400):
+        g = p.next_gamma()
+        gammas.append(g)
+        a = 0.05 if i < 200 else 0.98
+        if g > 0:
+            ok = rng.random(g) < a
+            p.waits.add(Wait(g, 0.01 + 0.003 * g, 0.003 * g, tokens=g))
+            p.acceptance.update(g, g if ok.all() else int(np.argmin(ok)))
+        elif p.probe:
+            probes.append(i)
+            ok = rng.random(p.probe) < a           # scored against the target's own tokens
+            p.observed(p.probe, p.probe if ok.all() else int(np.argmin(ok)))
+        if i > 0:
+            p.costs.add_target(g + 1, 0.05 * (1 + 0.05 * g))
+    off = gammas[40:200]
+    assert off.count(0) == len(off)                 # no probing round while the draft disagrees ...
+    assert 2 <= sum(40 <= i < 200 for i in probes) <= 8   # ... probes in the background instead
+    assert np.median(gammas[-50:]) >= 3             # and speculation back once it agrees
+
+
 def test_requests_rarely_answered_in_time_fall_to_zero():
     """Agreeing, cheap to verify, but 9 requests in 10 time out after a target step's wait: a round
     mostly yields the one plain token, late."""

@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--no-ours", action="store_true", help="only llama.cpp's tools")
     ap.add_argument("--target-format", default="native", choices=["native", "F16", "Q8_0"],
                     help="the target's GGUF as fetched or the same weights as F16 / Q8_0, for every system "
-                         "(benchmarks/target_format.py)")
+                         "(export/target_format.py)")
     ap.add_argument("--out", type=Path, default=OUT, help="results path without suffix")
     ap.add_argument("--ours-out", type=Path, default=None,
                     help="keep ours' run as starsd_two_device results here (path without suffix)")

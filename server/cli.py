@@ -309,7 +309,7 @@ def top(hub_url, username, password, password_file, tls_dir, client_id, ctl_key_
 @click.option("--backend", type=click.Choice(["llamacpp", "torch"]), default="llamacpp", show_default=True)
 @click.option("--broker", type=click.Choice(["embedded", "mosquitto"]), default="embedded", show_default=True)
 @click.option("--check", is_flag=True, help="then decode alone and compare each target's output")
-@click.option("--plot", "plot_path", default=None, help="plot path [default: benchmarks/results/star_demo.png]")
+@click.option("--plot", "plot_path", default=None, help="plot path [default: runs/demo-star/star_demo.png]")
 @click.option("--live/--no-live", default=True, show_default=True, help="refresh the table in place")
 @click.option("--show-text", is_flag=True, help="print each target's text at the end")
 @click.option("--target-nice", default=5, show_default=True,
@@ -318,6 +318,10 @@ def top(hub_url, username, password, password_file, tls_dir, client_id, ctl_key_
               help="first: one target alone vs through a star whose hub + draft run on another core")
 @click.option("--two-device-gammas", default="3,auto", show_default=True, metavar="γ,auto",
               help="the γ modes of the two-device part (integers and/or auto[:N])")
+@click.option("--two-device-format", default=None, type=click.Choice(["native", "F16", "Q8_0"]),
+              help="the two-device target's GGUF: as fetched (Q4_K_M: compute-bound on a CPU, no draft pays) or "
+                   "the same weights stored as F16 / Q8_0 (memory-bound, a Jetson GPU's regime; written once "
+                   "to models/)  [default: F16 with llama.cpp, native with torch]")
 def demo(**options):
     """StarSD on this machine: one hub + draft service, N targets, each on its own prompt."""
     from server.demos.star_demo import demo_command

@@ -39,9 +39,6 @@ DEMO_PROMPTS = [
     "of quantum entanglement?",
 ]
 
-
-
-
 MIN_RATE_S = 1.0        # no live rate over a shorter span
 
 
@@ -330,26 +327,26 @@ def load_star_models(draft: str, target: str, n_targets: int, backend: str = "ll
     return d, [TorchEngine(tm, tck.fingerprint, max_len=max_len) for _ in range(n_targets)], tok
 
 
-def _default_plot() -> Path:
-    here = Path("benchmarks/results")
-    return here / "star_demo.png" if here.parent.is_dir() else Path("star_demo.png")
-
-
 TWO_DEVICE_PROMPTS = (1, 3)     # a coding and a prose prompt of DEMO_PROMPTS
 RUNS = Path(__file__).resolve().parent.parent.parent / "runs" / "demo-star"
 
 
+def _default_plot() -> Path:
+    return RUNS / "star_demo.png"       # a run's output, not a tracked result: git status stays clean
+
+
 def demo_command(n_targets, max_new, gamma, draft, target, backend, broker, check, plot_path, live, show_text,
-                 target_nice, two_device=True, two_device_gammas="3,auto"):
+                 target_nice, two_device=True, two_device_gammas="3,auto", two_device_format=None):
     """`edge-hub demo` (its options are in server/cli.py): StarSD on this machine. First the
     two-device layout (one target on its own core, alone and through a star whose hub + draft run
-    on another core: same text, the speedup), then one hub + draft service serving N targets at
-    once, with the draft memory N co-located pairs would need and a line of each target's text."""
+    on another core: same text, the speedup; llama.cpp: the target stored as F16 by default, see
+    two_device_format), then one hub + draft service serving N targets at once, with the draft
+    memory N co-located pairs would need and a line of each target's text."""
     import logging
     from edge.engines.base import EngineError
     from edge.model_spec import resolve_model
     from server.demos.draft_memory import draft_memory, memory_lines
-    from server.demos.two_device import parse_modes, run_two_device
+    from server.demos.two_device import parse_modes, run_two_device, two_device_part_format, two_device_target
     logging.getLogger("amqtt").setLevel(logging.ERROR)     # its PUBACK chatter is not ours to show
     logging.getLogger("edge.roles.session").setLevel(logging.ERROR)   # a late answer to a closed session
     gamma, adaptive = gamma if isinstance(gamma, tuple) else (gamma, False)
@@ -359,6 +356,7 @@ def demo_command(n_targets, max_new, gamma, draft, target, backend, broker, chec
         modes = parse_modes(two_device_gammas)
     except (click.BadParameter, ValueError) as e:
         raise click.BadParameter(str(e), param_hint="--two-device-gammas") from None
+    two_device_format = two_device_part_format(two_device_format, backend)
     click.echo(f"loading {draft} (hub's draft) and {n_targets} x {target} ({backend}) ...", err=True)
     try:
         d, ts, tok = load_star_models(draft, target, n_targets, backend)
@@ -370,12 +368,13 @@ def demo_command(n_targets, max_new, gamma, draft, target, backend, broker, chec
         click.echo(f"\n== 1. what the star buys: one {target} target, alone vs with the draft on another "
                    f"device ==", err=True)
         try:
-            run_two_device(ts[0], tok.fingerprint(), [prompts[i] for i in TWO_DEVICE_PROMPTS],
-                           [DEMO_PROMPTS[i] for i in TWO_DEVICE_PROMPTS], str(resolve_model(draft)), modes=modes,
-                           max_new=max_new, backend=backend, stop_ids=stops, logdir=RUNS,
-                           dtype=None if backend == "llamacpp" else "float32")
-        except RuntimeError as e:        # a star process that did not come up: its log says why
-            raise click.ClickException(str(e)) from None
+            with two_device_target(target, two_device_format, ts[0]) as (engine, baseline):
+                run_two_device(engine, tok.fingerprint(), [prompts[i] for i in TWO_DEVICE_PROMPTS],
+                               [DEMO_PROMPTS[i] for i in TWO_DEVICE_PROMPTS], str(resolve_model(draft)),
+                               modes=modes, max_new=max_new, backend=backend, stop_ids=stops, logdir=RUNS,
+                               dtype=None if backend == "llamacpp" else "float32", baseline=baseline)
+        except (RuntimeError, ValueError, EngineError) as e:   # a star process that did not come up: its log
+            raise click.ClickException(str(e)) from None        # says why; a format llama.cpp cannot write
         click.echo(f"\n== 2. one draft for many: {n_targets} targets share the hub's draft on these same cores ==",
                    err=True)
     mem = memory_lines(draft_memory(str(resolve_model(draft)), backend, n_targets, ts[0].max_len), draft)

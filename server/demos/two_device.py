@@ -11,6 +11,7 @@ real second device gives. `edge-hub demo` and benchmarks/starsd_two_device.py bo
 from __future__ import annotations
 
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -113,6 +114,50 @@ class RemoteStar:
         self.procs = []
 
 
+def format_name(path: Path) -> str:
+    """A GGUF's storage format from its file name (qwen...-q4_k_m.gguf: Q4_K_M), else the name."""
+    m = re.search(r"[-.]((?:q|iq|f|bf)\d\w*)$", Path(path).stem, re.IGNORECASE)
+    return m.group(1).upper() if m else Path(path).name
+
+
+def two_device_part_format(fmt: Optional[str], backend: str) -> str:
+    """--two-device-format: default F16 on llama.cpp (the Q4_K_M target decodes compute-bound on a
+    CPU, where no draft pays; F16 is memory-bound, a Jetson GPU's regime), native on torch."""
+    import click
+    from export.target_format import NATIVE
+    if fmt is None:
+        return "F16" if backend == "llamacpp" else NATIVE
+    if fmt != NATIVE and backend != "llamacpp":
+        raise click.BadParameter(f"{fmt} is a GGUF storage format: it needs --backend llamacpp",
+                                 param_hint="--two-device-format")
+    return fmt
+
+
+@contextmanager
+def two_device_target(target: str, fmt: str, shared, out=None) -> Iterator[Tuple[object, Optional[tuple]]]:
+    """(engine part one measures, baseline for run_two_device). native: `shared` (the demo's first
+    target), no baseline. Else the same weights stored as `fmt` (export/target_format.py writes the
+    file once) in a llama.cpp engine of its own, one thread, closed on exit so that part two does
+    not hold its memory; the baseline is `shared`, the file as fetched."""
+    from export.target_format import NATIVE, target_gguf
+    if fmt == NATIVE:
+        yield shared, None
+        return
+    from edge.engines.llamacpp_engine import LlamaCppEngine
+    from edge.model_spec import resolve_model
+    src, path = resolve_model(target), target_gguf(target, fmt)
+    native = format_name(src)
+    (out or sys.stderr).write(
+        f"target stored as {fmt} ({path.name}): the same weights as {src.name} (dequantised); {fmt} decodes "
+        f"memory-bound, as on a Jetson's GPU, where a verify over k tokens costs well under k steps. The {native} "
+        f"file as fetched is timed alone below, for scale (on CPUs it is usually the faster file)\n")
+    engine = LlamaCppEngine(path, max_len=shared.max_len, n_seq_max=1, threads=1)
+    try:
+        yield engine, (native, shared)
+    finally:
+        engine.close()
+
+
 def parse_modes(text: str) -> List[Tuple[str, int, bool]]:
     """'3,auto,auto:12' -> [(label, γ or largest γ, adaptive)]."""
     from edge.command_options import STAR_GAMMA
@@ -193,9 +238,14 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
 def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], labels: Sequence[str], draft: str,
                    *, modes, max_new: int = 48, backend: str = "llamacpp", dtype: Optional[str] = None,
                    stop_ids: Sequence[int] = (), logdir: Path = Path("runs/two_device"), out=None,
-                   broker_url: Optional[str] = None, ahead: bool = True) -> dict:
+                   broker_url: Optional[str] = None, ahead: bool = True,
+                   baseline: Optional[Tuple[str, object]] = None) -> dict:
     """`edge-hub demo`'s first part: `engine` (one thread) on one core, alone and through a star
-    whose hub and `draft` service run on another core; a table per prompt and mode; the rows."""
+    whose hub and `draft` service run on another core; a table per prompt and mode; the rows.
+
+    baseline (name, engine): another file of the same model (the demo: the fetched Q4_K_M when
+    `engine` is its F16 copy), timed alone on the same core and prompts before the star starts, so
+    the table can say what the speedup is worth in absolute tok/s."""
     from edge.link import MqttLink
     from edge.roles.session import HubClient
     from edge.roles.target import StarTarget
@@ -210,6 +260,7 @@ def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], 
               f"service on core {h_core} (processes, over MQTT); memory bandwidth is still shared ...\n")
     out.flush()
     rows = []
+    base = _time_alone(baseline[1], prompts, max_new, stop_ids, t_core) if baseline else [None] * len(prompts)
     with RemoteStar(draft, logdir, core=h_core, backend=backend, broker_url=broker_url, dtype=dtype,
                     ahead=ahead) as rs, pinned(t_core):
         link = MqttLink(rs.url, client_id=f"device0-{os.getpid()}").connect(10)
@@ -224,13 +275,25 @@ def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], 
         finally:
             star.hub.close()
             link.close()
-    for line in two_device_table(rows, modes):
+    for row, tps in zip(rows, base):
+        row["baseline_tok_s"] = tps
+    for line in two_device_table(rows, modes, baseline[0] if baseline else ""):
         out.write(line + "\n")
     return {"rows": rows, "cores": [t_core, h_core]}
 
 
-def two_device_table(rows: List[dict], modes) -> List[str]:
-    """Per prompt: alone tok/s, then per mode the star's tok/s, speedup, acceptance, mean γ, text check."""
+def _time_alone(engine, prompts, max_new: int, stop_ids, core: int) -> List[float]:
+    """tok/s of `engine` alone per prompt on `core`, before the star starts: with the other core idle,
+    as the device would run it with no star at all."""
+    from edge.generate import generate_plain
+    with pinned(core):
+        generate_plain(engine, list(prompts[0]), 4)          # the first call pays the warm-ups
+        return [generate_plain(engine, ids, max_new, stop_ids=tuple(stop_ids)).tokens_per_s for ids in prompts]
+
+
+def two_device_table(rows: List[dict], modes, baseline_name: str = "") -> List[str]:
+    """Per prompt: alone tok/s, then per mode the star's tok/s, speedup, acceptance, mean γ, text check;
+    with rows' baseline_tok_s, a line of the baseline file alone next to the star's best."""
     head = f"{'prompt':<42}{'alone tok/s':>12}"
     for m in modes:
         head += f" | {'γ=' + m[0] + ' tok/s':>12}{'×':>6}{'accept':>7}{'mean γ':>7}  {'text':<15}"
@@ -251,7 +314,21 @@ def two_device_table(rows: List[dict], modes) -> List[str]:
         lines.append(f"γ={m[0]}: median {sp:.2f}× the target alone (greedy: the same text, or a split at a near-tie)")
     if rows:
         lines.append(_why(rows, modes))
+    if rows and all(r.get("baseline_tok_s") for r in rows):
+        lines.append(_baseline_line(rows, modes, baseline_name))
     return lines
+
+
+def _baseline_line(rows: List[dict], modes, name: str) -> str:
+    """The baseline file alone next to the star's best mode, per prompt, and which is faster."""
+    alone = [r["baseline_tok_s"] for r in rows]
+    best = [max(r[f"g{m[0]}"]["tok_s"] for m in modes) for r in rows]
+    line = (f"for scale: the {name} file alone decodes {' / '.join(f'{x:.2f}' for x in alone)} tok/s on the same "
+            f"core and prompts, the other core idle (the star's best above: {' / '.join(f'{x:.2f}' for x in best)})")
+    if statistics.median(alone) > statistics.median(best):
+        return line + (f"; {name} is the faster file on this CPU: it decodes compute-bound, where a draft cannot "
+                       "pay (--two-device-format native shows it)")
+    return line
 
 
 def _why(rows: List[dict], modes) -> str:

@@ -83,7 +83,8 @@ def test_two_devices_target_alone_vs_the_star_on_another_core(tmp_path):
     prompts = [tok.encode("the the he", add_special=True), tok.encode("hello there", add_special=True)]
     out = io.StringIO()
     rep = run_two_device(engine, tok.fingerprint(), prompts, ["a", "b"], str(draft_dir), modes=parse_modes("2,auto"),
-                         max_new=16, backend="torch", dtype="float64", logdir=tmp_path / "logs", out=out)
+                         max_new=16, backend="torch", dtype="float64", logdir=tmp_path / "logs", out=out,
+                         baseline=("same", engine))      # the demo's Q4_K_M next to its F16 copy; here itself
     text = out.getvalue()
     if two_cores() is None:
         assert rep["skipped"] and "needs two" in text
@@ -95,3 +96,4 @@ def test_two_devices_target_alone_vs_the_star_on_another_core(tmp_path):
         assert r["g2"]["gamma_mean"] == 2 and 0 <= r["gauto"]["gamma_mean"] <= 8
         assert r["verify_steps"][1] == 1.0 and 3 in r["verify_steps"]
     assert "γ=auto" in text and "median" in text and "why:" in text and "same" in text
+    assert all(r["baseline_tok_s"] > 0 for r in rep["rows"]) and "for scale: the same file alone" in text

@@ -12,7 +12,8 @@ texts may split at a near-tie; each split is reported with its position and the 
 top-1 vs top-2 logit margin there. The layout and the per-prompt measurement are
 server/demos/two_device.py's (`edge-hub demo` shows the same comparison).
 
-  python benchmarks/starsd_two_device.py [--mtbench 4] [--code 4] [--new 64] [--gammas 3,auto] [--rounds 3]
+  python benchmarks/starsd_two_device.py [--mtbench 4] [--code 4] [--bfcl N --edits N --multiturn N]
+      [--new 64] [--gammas 3,auto] [--rounds 3] [--target-format F16] [--drafter model|suffix|hybrid]
 
 `--gammas` takes fixed γ values and `auto` (γ 0..8 chosen each round, edge/remote_gamma.py;
 `auto:N` for 0..N).
@@ -47,9 +48,14 @@ def main() -> None:
     ap.add_argument("--target-format", default="native", choices=["native", "F16", "Q8_0"],
                     help="the target's GGUF as fetched (Q4_K_M: compute-bound on one core here) or the "
                          "same weights as F16 / Q8_0 (memory-bound, a Jetson GPU's regime); "
-                         "benchmarks/target_format.py")
+                         "export/target_format.py")
     ap.add_argument("--mtbench", type=int, default=4, help="MT-bench first turns")
     ap.add_argument("--code", type=int, default=4, help="HumanEval prompts")
+    ap.add_argument("--bfcl", type=int, default=0, help="BFCL function-calling cases (text repeats: the schema)")
+    ap.add_argument("--edits", type=int, default=0, help="code edits with the function in the prompt")
+    ap.add_argument("--multiturn", type=int, default=0, help="MT-bench second turns (the first answered "
+                                                            "by the target itself)")
+    ap.add_argument("--turn1-tokens", type=int, default=96, help="multiturn: length of the first answer")
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--gammas", default="3", help="γ modes, comma-separated: integers and/or auto[:N]")
     ap.add_argument("--no-ahead", dest="ahead", action="store_false",
@@ -72,13 +78,14 @@ def main() -> None:
     from server.demos.two_device import RemoteStar, measure_prompt, parse_modes
     from server.mosquitto import MosquittoBroker
 
-    prompts = [("mtbench", p) for p in mtbench_first_turns(args.mtbench)] + \
-              [("code", p) for p in code_prompts(args.code)]
     modes = parse_modes(args.gammas)
     gammas = [m[0] for m in modes]
     from benchmarks.target_format import target_gguf
     engine, tok = open_model(str(target_gguf(args.target, args.target_format)), backend="llamacpp",
-                             threads=1, max_len=2048)
+                             threads=1, max_len=4096)
+    chat = [("mtbench", p) for p in mtbench_first_turns(args.mtbench)] + [("code", p) for p in code_prompts(args.code)]
+    prompts = [(kind, text, tok.encode(tok.apply_chat_template([{"role": "user", "content": text}])))
+               for kind, text in chat] + repetitive_prompts(engine, tok, args)
     broker = None if args.hub else MosquittoBroker().start()
     logdir = args.out.parent / (args.out.name + "_logs.tmp")
     rows = []
@@ -100,8 +107,7 @@ def main() -> None:
             star.generate(warm, 8)              # the first session pays joins and the draft's warm-up
             if any(m[2] for m in modes):
                 star.calibrate()                # the verify-cost curve auto uses, outside the timed runs
-            for kind, text in prompts:
-                ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
+            for kind, text, ids in prompts:
                 row = {"kind": kind, "prompt": text[:60],
                        **measure_prompt(engine, star, ids, args.new, modes, args.rounds, tok.eos_ids)}
                 row.pop("alone_tokens")
@@ -111,6 +117,19 @@ def main() -> None:
         if broker is not None:
             broker.close()
     write(rows, gammas, args)
+
+
+def repetitive_prompts(engine, tok, args):
+    """(kind, label, ids) of the workloads where text repeats (benchmarks/repetitive_workloads.py),
+    templated as benchmarks/suffix_draft.py does (tools in the template for BFCL)."""
+    from benchmarks.suffix_draft import prompts_of
+    out = []
+    for kind in ("bfcl", "edits", "multiturn"):
+        n = getattr(args, kind)
+        for ids in (prompts_of(kind, n, engine, tok, args) if n else []):
+            last_user = tok.decode(ids, skip_special=True).rsplit("user\n", 1)[-1].rsplit("\nassistant", 1)[0]
+            out.append((kind, last_user.strip(), ids))
+    return out
 
 
 def write(rows, gammas, args) -> None:

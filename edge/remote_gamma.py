@@ -51,15 +51,26 @@ class Wait:
 
 
 class RoundTrips:
-    """The wait W(γ) = o + d·γ a target sees for a remote draft, from its last `window` rounds.
+    """The wait W(γ) a target sees for a remote draft, from its last `window` rounds.
 
-    d: median of compute/tokens over answered short-feed rounds (a long feed -- a catch-up
-    after plain steps -- also paid a prefill). o: median of wall − compute (an unanswered
-    round: wall − d·γ, the time it waited in vain), never below 0."""
+    A draft service that drafts ahead (edge-agent run's default) has the next answer ready when
+    the target accepted every draft and its bonus token is the draft's own next one: a hit,
+    answered at once. Otherwise (a miss) it drafts γ tokens fresh. So
+
+        W(γ) = o + d·γ·(1 − h·α^(γ+1))
+
+    d: median of compute/tokens over the answered short-feed misses (a long feed -- a catch-up
+    after plain steps -- also paid a prefill; a hit, compute/tokens under a quarter of the
+    window's largest, is no sample of it). h: the hits seen over the hits α^(γ+1) predicts for
+    the rounds in the window, (1 + seen) / (1 + predicted) at most 1, so a service that does not
+    draft ahead soon counts as one. Without α (wait_s(γ)) no hits are assumed. o: median of
+    wall − compute (an unanswered round: wall − d·γ, the time it waited in vain), never below 0."""
+
+    HIT = 0.25                         # compute/tokens under this share of the window's largest: a hit
 
     def __init__(self, window: int = 16):
         self._rounds: deque = deque(maxlen=window)
-        self._od: Optional[tuple] = None     # cached (o, d): the policy asks for every γ each round
+        self._od: Optional[tuple] = None     # cached (o, d, rates): the policy asks for every γ each round
 
     def add(self, w: Wait) -> None:
         if w.gamma < 1 or w.wall_s < 0:
@@ -77,35 +88,52 @@ class RoundTrips:
         n = len(self._rounds)
         return sum(w.compute_s is not None for w in self._rounds) / n if n else 1.0
 
+    def _rates(self) -> list:
+        """(γ, compute/tokens) of the answered short-feed rounds."""
+        return [(w.gamma, w.compute_s / w.tokens) for w in self._rounds
+                if w.compute_s is not None and w.tokens and w.short]
+
     @property
     def per_token_s(self) -> float:
-        xs = [w.compute_s / w.tokens for w in self._rounds if w.compute_s is not None and w.tokens and w.short]
-        return float(np.median(xs)) if xs else 0.0
+        return self._cached()[1]
 
     @property
     def overhead_s(self) -> float:
-        if not self._rounds:
-            return 0.0
-        d = self.per_token_s
-        xs = [w.wall_s - (w.compute_s if w.compute_s is not None else d * w.gamma) for w in self._rounds]
-        return max(0.0, float(np.median(xs)))
+        return self._cached()[0]
 
-    def wait_s(self, gamma: int) -> float:
+    def _cached(self) -> tuple:
+        if self._od is None:
+            rates = self._rates()
+            top = max((r for _, r in rates), default=0.0)
+            misses = [r for _, r in rates if r >= self.HIT * top]
+            d = float(np.median(misses)) if misses else 0.0
+            xs = [w.wall_s - (w.compute_s if w.compute_s is not None else d * w.gamma) for w in self._rounds]
+            o = max(0.0, float(np.median(xs))) if xs else 0.0
+            self._od = (o, d, [(g, r < self.HIT * top) for g, r in rates])
+        return self._od
+
+    def hit_share(self, alpha: float, gamma: int) -> float:
+        """Expected share of rounds of `gamma` drafts the service answers from its ahead chain."""
+        hits = self._cached()[2]
+        seen, predicted = sum(h for _, h in hits), sum(alpha ** (g + 1) for g, _ in hits)
+        return min(1.0, (1.0 + seen) / (1.0 + predicted)) * alpha ** (gamma + 1)
+
+    def wait_s(self, gamma: int, alpha: Optional[float] = None) -> float:
         if gamma < 1:
             return 0.0
-        if self._od is None:
-            self._od = (self.overhead_s, self.per_token_s)
-        return self._od[0] + self._od[1] * gamma
+        o, d, _ = self._cached()
+        miss = 1.0 if alpha is None else 1.0 - self.hit_share(alpha, gamma)
+        return o + d * gamma * miss
 
 
 class RemoteGamma:
     """γ per round for a RemoteDrafter; the loop of edge/generate.py feeds `costs` (target calls)
     and `acceptance`, the drafter feeds `waits`.
 
-    It opens with `explore` rounds at γ=`explore_gamma` (the answer to the primed first request
-    is already on its way) and one plain step, so α, W, v(2) and t1 are all measured; γ=1 because
-    where a verify over k tokens costs ~k steps (CPUs) each longer exploring round would cost the
-    target steps it never wins back. Then γ from best_gamma() with the measured α (v(k) beyond
+    It opens with `explore` rounds at γ=`first_gamma` (the answer to the primed first request
+    is already on its way) and one plain step, so α, W, v(2) and t1 are all measured; γ=1 unless
+    the verify-cost curve is seeded, because where a verify over k tokens costs ~k steps (CPUs)
+    each longer exploring round would cost the target steps it never wins back. Then γ from best_gamma() with the measured α (v(k) beyond
     the measured k extrapolated along the last slope) and a `margin` so noise does not tip a
     near-tie into speculation. At γ=0 the session stays joined and nothing is sent; a γ=1 probe
     after `probe_start` plain steps, then at doubling intervals (at most `max_interval` apart
@@ -139,20 +167,29 @@ class RemoteGamma:
 
     @property
     def first_gamma(self) -> int:
-        return min(self.max_gamma, self.explore_gamma)
+        """γ of the exploring rounds: with the verify-cost curve measured (seeded), the γ that would
+        pay best at the optimistic α with no wait -- deep on a memory-bound target, where a verify
+        over k tokens costs far less than k steps; else `explore_gamma`."""
+        g = min(self.max_gamma, self.explore_gamma)
+        if self.costs.samples(g + 2) == 0:
+            return g
+        deep = best_gamma(self.explore_alpha, lambda k: self.costs.verify_cost(k + 1), self.max_gamma, self.margin)
+        return max(g, deep)
 
-    def round_cost(self, gamma: int) -> float:
+    def round_cost(self, gamma: int, alpha: Optional[float] = None) -> float:
         """Target single steps one round of `gamma` drafts costs (measured, or priors); a request
-        not answered in time costs its wait and a plain step."""
+        not answered in time costs its wait and a plain step. With α: the wait as it is when the
+        service drafts ahead (RoundTrips.wait_s)."""
         if gamma < 1:
             return self.costs.verify_cost(1)
         p = self.waits.answered
         v = p * self.costs.verify_cost(gamma + 1) + (1.0 - p) * self.costs.verify_cost(1)
         t1 = self.costs.target_seconds(1)
-        return v + (self.waits.wait_s(gamma) / t1 if t1 else 0.0)
+        return v + (self.waits.wait_s(gamma, alpha) / t1 if t1 else 0.0)
 
     def choose(self, alpha: float) -> int:
-        return best_gamma(alpha, self.round_cost, self.max_gamma, self.margin, self.waits.answered)
+        return best_gamma(alpha, lambda g: self.round_cost(g, alpha), self.max_gamma, self.margin,
+                          self.waits.answered)
 
     def could_pay(self) -> bool:
         """Would speculation win at the optimistic α, with the waits and costs measured so far?"""

@@ -213,8 +213,11 @@ class RemoteDrafter(Drafter):
         # prefills: free) is the only exploring round; a second one costs a round at low α.
         # Greedy: a probe's drafts are scored against the target's own tokens, so probing does
         # not make the target wait (sampling has no such score: its probes are real rounds).
+        # Background probes cost the target nothing: they start after 4 plain steps, not 16.
+        background = SamplingParams.from_wire(self.sampling).greedy
         return RemoteGamma(max_gamma, self.waits, costs=costs, explore=1 if self.verify_costs else 2,
-                           background=SamplingParams.from_wire(self.sampling).greedy)
+                           background=background, probe_start=4 if background else 16,
+                           max_interval=32 if background else 64)
 
     def observe(self, context: Sequence[int], gamma: int):
         """A background probe (edge.drafter.Drafter.observe): poll, never wait."""
@@ -318,6 +321,7 @@ class RemoteDrafter(Drafter):
         if out is not None and out.deadline == math.inf:        # primed: its clock starts now
             d = self.deadline.for_gamma(out.gamma, self.waits.per_token_s)
             out.deadline, out.give_up = now + d, now + max(4 * d, 0.05)
+            self._wait = Wait(out.gamma, 0.0, None, short=out.fed <= SHORT_FEED)   # a round like any
         got = None
         if out is not None and now >= out.give_up:
             got = s.wait(out.seq, 0.0)             # it may have come while this target decoded alone

@@ -46,7 +46,8 @@ def test_auto_gamma_falls_to_plain_decoding_with_a_draft_that_disagrees():
     target = tiny_model(0)
     got, want, drafter, joined = star(tiny_model(7), target, n=100)     # unrelated weights: ~no agreement
     assert got.tokens == want.tokens
-    assert got.gammas[:2] == [1, 1]                             # it explored ...
+    assert got.gammas[0] >= 1                                   # it explored (as deep as the measured
+    #                                                             verify costs say could pay) ...
     late = got.gammas[4:]
     assert late.count(0) == len(late)                           # ... then decoded alone, never waiting:
     assert 1 <= drafter.stats["probes"] <= 4                    # greedy probes go in the background

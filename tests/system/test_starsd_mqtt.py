@@ -103,7 +103,7 @@ def test_auto_gamma_targets_stay_lossless_over_the_broker(broker, models):
             t.join(60)
         for i, s in enumerate(stars):
             assert got[i].tokens == generate_plain(s.engine, prompt(i), 40).tokens, f"target {i}"
-            assert got[i].gammas[0] == 1 and max(got[i].gammas) <= 8
+            assert got[i].gammas[0] >= 1 and max(got[i].gammas) <= 8     # it explored, within bounds
             assert s.last_drafter.waits.samples > 0 and s.last_drafter.stats["answered"] > 0
     finally:
         for s in stars:

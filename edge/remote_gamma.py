@@ -70,13 +70,13 @@ class RoundTrips:
 
     def __init__(self, window: int = 16):
         self._rounds: deque = deque(maxlen=window)
-        self._od: Optional[tuple] = None     # cached (o, d, rates): the policy asks for every γ each round
+        self._stats: Optional[tuple] = None     # cached (o, d, hits): the policy asks for every γ each round
 
     def add(self, w: Wait) -> None:
         if w.gamma < 1 or w.wall_s < 0:
             raise ValueError(f"a round trip needs gamma >= 1 and wall_s >= 0, got {w}")
         self._rounds.append(w)
-        self._od = None
+        self._stats = None
 
     @property
     def samples(self) -> int:
@@ -102,15 +102,15 @@ class RoundTrips:
         return self._cached()[0]
 
     def _cached(self) -> tuple:
-        if self._od is None:
+        if self._stats is None:
             rates = self._rates()
             top = max((r for _, r in rates), default=0.0)
             misses = [r for _, r in rates if r >= self.HIT * top]
             d = float(np.median(misses)) if misses else 0.0
             xs = [w.wall_s - (w.compute_s if w.compute_s is not None else d * w.gamma) for w in self._rounds]
             o = max(0.0, float(np.median(xs))) if xs else 0.0
-            self._od = (o, d, [(g, r < self.HIT * top) for g, r in rates])
-        return self._od
+            self._stats = (o, d, [(g, r < self.HIT * top) for g, r in rates])
+        return self._stats
 
     def hit_share(self, alpha: float, gamma: int) -> float:
         """Expected share of rounds of `gamma` drafts the service answers from its ahead chain."""
@@ -133,8 +133,8 @@ class RemoteGamma:
     It opens with `explore` rounds at γ=`first_gamma` (the answer to the primed first request
     is already on its way) and one plain step, so α, W, v(2) and t1 are all measured; γ=1 unless
     the verify-cost curve is seeded, because where a verify over k tokens costs ~k steps (CPUs)
-    each longer exploring round would cost the target steps it never wins back. Then γ from best_gamma() with the measured α (v(k) beyond
-    the measured k extrapolated along the last slope) and a `margin` so noise does not tip a
+    each longer exploring round would cost the target steps it never wins back. Then γ from
+    best_gamma() with the measured α (v(k) beyond the measured k extrapolated along the last slope) and a `margin` so noise does not tip a
     near-tie into speculation. At γ=0 the session stays joined and nothing is sent; a γ=1 probe
     after `probe_start` plain steps, then at doubling intervals (at most `max_interval` apart
     while speculation could pay at an optimistic α; x4 each time where not even that pays, so a

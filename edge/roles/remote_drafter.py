@@ -84,6 +84,7 @@ class _Outstanding:
     give_up: float
     fed: int               # len(append): long ones (a prompt) cost the draft a prefill
     gamma: int = 1         # drafts asked for
+    background: bool = False   # a probe observe() sent: nobody waits for it
 
 
 class RemoteDrafter(Drafter):
@@ -227,20 +228,29 @@ class RemoteDrafter(Drafter):
         out, now = self._out, time.monotonic()
         if out is not None:
             if out.deadline == math.inf:               # primed: its clock starts now
-                out.deadline = out.give_up = now + max(4 * self.deadline.for_gamma(out.gamma), 0.05)
+                self._start_clock(out, now)
             got = s.wait(out.seq, 0.0)
+            # a round's own request was already counted in the waits by draft(); a probe is here
             if got is not None:
                 msg = self._book(s, out, got)
                 if msg is not None and msg.tokens:
-                    self.waits.add(Wait(out.gamma, got[1] - out.sent, msg.compute_us * 1e-6, len(msg.tokens),
-                                        short=out.fed <= SHORT_FEED))
+                    if out.background:
+                        self.waits.add(Wait(out.gamma, got[1] - out.sent, msg.compute_us * 1e-6,
+                                            len(msg.tokens), short=out.fed <= SHORT_FEED))
                     self._probe = (out.length, tuple(int(t) for t in msg.tokens[:out.gamma]))
             elif now >= out.give_up:
-                self.waits.add(Wait(out.gamma, now - out.sent, None))
+                if out.background:
+                    self.waits.add(Wait(out.gamma, now - out.sent, None))
                 self._expire(s)
         elif gamma > 0 and self._probe is None and now >= self._busy_until:
-            self.stats["probes"] += self._send(s, list(context), gamma, now)
+            if self._send(s, list(context), gamma, now):
+                self._out.background = True
+                self.stats["probes"] += 1
         return self._score(context)
+
+    def _start_clock(self, out: _Outstanding, now: float) -> None:
+        d = self.deadline.for_gamma(out.gamma, self.waits.per_token_s)
+        out.deadline, out.give_up = now + d, now + max(4 * d, 0.05)
 
     def _score(self, context: Sequence[int]):
         """(drafted, accepted) of the background answer once the target decoded past a mismatch
@@ -319,8 +329,7 @@ class RemoteDrafter(Drafter):
         now = time.monotonic()
         out = self._out
         if out is not None and out.deadline == math.inf:        # primed: its clock starts now
-            d = self.deadline.for_gamma(out.gamma, self.waits.per_token_s)
-            out.deadline, out.give_up = now + d, now + max(4 * d, 0.05)
+            self._start_clock(out, now)
             self._wait = Wait(out.gamma, 0.0, None, short=out.fed <= SHORT_FEED)   # a round like any
         got = None
         if out is not None and now >= out.give_up:

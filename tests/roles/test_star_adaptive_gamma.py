@@ -49,8 +49,10 @@ def test_auto_gamma_falls_to_plain_decoding_with_a_draft_that_disagrees():
     assert got.gammas[0] >= 1                                   # it explored (as deep as the measured
     #                                                             verify costs say could pay) ...
     late = got.gammas[4:]
-    assert late.count(0) == len(late)                           # ... then decoded alone, never waiting:
-    assert 1 <= drafter.stats["probes"] <= 4                    # greedy probes go in the background
+    # ... then decoded alone: no probing rounds (greedy probes go in the background); a round
+    # only where a probe agreed by chance and α said to try again
+    assert late.count(0) >= 0.95 * len(late)
+    assert 1 <= drafter.stats["probes"] <= 8          # from 4 plain steps on, doubling to 32 apart
     assert all(joined) and drafter.stats["rejoins"] == 0 and drafter.stats["errors"] == 0   # still joined
 
 

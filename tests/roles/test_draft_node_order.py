@@ -3,7 +3,6 @@ the session's first request (the target got its Joined at the same moment and is
 link). The node must answer that request, not drop it as an unknown session: found by
 tests/system/test_star_namespaces.py, where a target on a plain veth lost its whole first
 round (its 0.5 s initial deadline) to this race in every other generation."""
-import time
 
 import torch
 
@@ -14,6 +13,7 @@ from edge.roles.draft import DraftLimits, DraftService
 from edge.roles.draft_node import DraftNode
 
 from test_draft_service import make_engine
+from waiting import wait_until
 
 torch.set_num_threads(1)
 
@@ -32,9 +32,7 @@ def test_the_first_request_right_behind_its_assignment_is_answered():
             peer.publish(draft_ctl_topic("d1"), encode(SessionAssign("d1", "dev", sid, secret, 3, sampling())))
             peer.publish(up_topic("dev", sid, "d1"), encode(DraftRequest(sid, 1, 0, [5, 6, 7], 3, sampling()),
                                                             secret), "draft")
-        end = time.monotonic() + 10
-        while len({m.sid for m in got}) < 20 and time.monotonic() < end:
-            time.sleep(0.01)
+        wait_until(lambda: len({m.sid for m in got}) >= 20, 10)
         assert {m.sid for m in got if isinstance(m, DraftResponse)} == {f"s{i}" for i in range(20)}
         assert node.dropped.get("unknown_session", 0) == 0, node.dropped
     finally:

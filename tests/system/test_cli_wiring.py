@@ -25,6 +25,7 @@ from edge.link import MqttLink
 from edge.model import Transformer, tiny_config
 from edge.roles.sun_client import SunClient, SunRequestError
 from tiny_hf import tokenizer_dir
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
@@ -87,12 +88,11 @@ class Procs:
         return (self.root / f"{name}.out").read_bytes().decode("utf-8")
 
     def wait_for(self, name: str, text: str, timeout: float = 60.0) -> None:
-        end = time.monotonic() + timeout
-        while text not in self.err(name):
+        def said() -> bool:
             p = self.procs[name]
-            assert p.poll() is None, f"{name} exited {p.returncode}:\n{self.err(name)}"
-            assert time.monotonic() < end, f"{name} did not say {text!r}:\n{self.err(name)}"
-            time.sleep(0.05)
+            assert p.poll() is None or text in self.err(name), f"{name} exited {p.returncode}:\n{self.err(name)}"
+            return text in self.err(name)
+        assert wait_until(said, timeout), f"{name} did not say {text!r}:\n{self.err(name)}"
 
     def stop(self, name: str, timeout: float = 20.0) -> int:
         p = self.procs[name]
@@ -190,11 +190,9 @@ def test_sun_request_through_agent_prefill_and_both_decoders(star):
                   lambda t, p: p and hellos.__setitem__(t.rsplit("/", 1)[1], decode(p, ps.ctl_key)))
     client = SunClient(MqttLink(url, username="app", password=PW).connect(10), "app").start()
     try:
-        end = time.monotonic() + 30
         workers = ("hub-decoder", "dec-agent", "prefill-maths")
-        while not all(hellos.get(w) and hellos[w].online for w in workers):
-            assert time.monotonic() < end, f"workers seen: {hellos}\n{ps.err('hub')}"
-            time.sleep(0.05)
+        assert wait_until(lambda: all(hellos.get(w) and hellos[w].online for w in workers), 30), \
+            f"workers seen: {hellos}\n{ps.err('hub')}"
         time.sleep(0.2)                            # the router reads the same hellos
         # a long request holds one decoder, so the next one goes to the other (least loaded)
         handles = [client.submit("maths", p, max_new=n) for p, n in zip(prompts, (150, 12))]

@@ -64,6 +64,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT, help="results path without suffix (a smoke run: elsewhere)")
     ap.add_argument("--drafter", default="model", choices=["model", "suffix", "hybrid"],
                     help="the remote draft service's drafter (edge-agent run --drafter)")
+    ap.add_argument("--draft-p-min", type=float, default=None,
+                    help="the draft service's --draft-p-min (default: edge-agent run's; 0 drafts every γ)")
     ap.add_argument("--hub", default=None, metavar="mqtt[s]://HOST:PORT",
                     help="a real hub elsewhere (its draft services draft): this process is the device")
     ap.add_argument("--tls-dir", default=None, help="with an mqtts:// --hub: ca.crt and this device's certificate")
@@ -98,7 +100,7 @@ def main() -> None:
         else:
             url = broker.url
             star_ctx = RemoteStar(args.draft, logdir, core=1, broker_url=url, ahead=args.ahead,
-                                  drafter=args.drafter)
+                                  drafter=args.drafter, p_min=args.draft_p_min)
             link = MqttLink(url)
         with star_ctx:
             star = StarTarget(engine, HubClient(link.connect(10), args.client_id, tok.fingerprint(),
@@ -136,7 +138,7 @@ def write(rows, gammas, args) -> None:
     res = {"machine": platform.machine(), "cpu": _cpu(), "target": args.target,
            "target_format": args.target_format, "draft": args.draft,
            "new_tokens": args.new, "rounds": args.rounds, "threads_per_device": 1, "ahead": args.ahead,
-           "drafter": args.drafter,
+           "drafter": args.drafter, "draft_p_min": args.draft_p_min,
            "setup": getattr(args, "setup", None) or "target on core 0 (this process); hub + remote draft service "
                     f"({args.drafter}) on core 1; Mosquitto; memory bandwidth shared", "rows": rows}
     for g in gammas:
@@ -147,6 +149,9 @@ def write(rows, gammas, args) -> None:
     fmt = "" if args.target_format == "native" else f" stored as {args.target_format}"
     lines = [f"# StarSD on two cores as two devices: {args.target}{fmt} target (core 0), {args.draft} remote "
              f"draft (core 1), {args.new} greedy tokens, medians of {args.rounds}", "",
+             f"Draft service: --drafter {args.drafter}, --draft-p-min "
+             f"{'(edge-agent run default)' if args.draft_p_min is None else args.draft_p_min}, "
+             f"draft-ahead {'on' if args.ahead else 'off'}.", "",
              f"CPU: {res['cpu']}. Memory bandwidth is shared between the two cores.", "", head,
              "|" + "---|" * (3 + 6 * len(gammas))]
     for r in rows:
@@ -158,6 +163,10 @@ def write(rows, gammas, args) -> None:
                       f"{x['tokens_per_verify']:.2f}", f"{x['gamma_mean']:.1f}", split]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [""] + [f"Median speedup at γ={g}: **{res[f'median_speedup_g{g}']:.2f}×**" for g in gammas]
+    for kind in dict.fromkeys(r["kind"] for r in rows):       # per prompt set: median and worst
+        for g in gammas:
+            sp = [r[f"g{g}"]["speedup"] for r in rows if r["kind"] == kind]
+            lines.append(f"- {kind}, γ={g}: median {statistics.median(sp):.2f}×, worst {min(sp):.2f}×")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
     matplotlib.use("Agg")

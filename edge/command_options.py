@@ -21,6 +21,9 @@ _draft_opts = [
                  help="draft ahead for recently served sessions while idle"),
     click.option("--q-top-k", default=32, show_default=True,
                  help="entries of q sent per drafted token when sampling"),
+    click.option("--draft-p-min", default=0.75, show_default=True, type=click.FloatRange(0.0, 1.0, max_open=True),
+                 help="stop a draft at a token the draft model gives less than this probability (as "
+                      "llama.cpp's --draft-p-min); 0 always drafts the γ asked for"),
 ]
 
 
@@ -31,10 +34,10 @@ def draft_options(f):
     return f
 
 
-def draft_limits(max_sessions, max_kv_mb, max_gamma, evict_after, ahead, q_top_k):
+def draft_limits(max_sessions, max_kv_mb, max_gamma, evict_after, ahead, q_top_k, draft_p_min=0.0):
     from edge.roles.draft import DraftLimits
     return DraftLimits(max_sessions=max_sessions, max_kv_mb=max_kv_mb, max_gamma=max_gamma,
-                       evict_after_s=evict_after, ahead=ahead, q_top_k=q_top_k)
+                       evict_after_s=evict_after, ahead=ahead, q_top_k=q_top_k, p_min=draft_p_min)
 
 
 def drafter_options(f):

@@ -17,6 +17,12 @@ if T runs along the chain, the drafts that follow it are reused as they are
 the rest fed. After an answer the session always holds T + drafts[:-1], which
 is what the target assumes when it computes its next `keep`.
 
+Confidence (`DraftLimits.p_min`, llama.cpp's --draft-p-min): a chain stops at a token the
+draft gives less than p_min probability, and that token is not sent. Where the draft is unsure
+the target verifies fewer tokens it would mostly reject, gets its answer sooner, and the
+draft's core stays idle instead of drafting ahead on a guess. Which tokens are proposed then
+depends only on the draft's own distributions, so the output is still exactly the target's.
+
 Draft-ahead (beyond the paper): when Q_in is empty, a step extends the
 chains of recently served sessions as if the target accepted everything
 (bonus = the draft's own next token) by one batched step, so the loop checks
@@ -47,9 +53,21 @@ from edge.protocol import E_INTERNAL, E_OVERLOADED, DraftRequest, DraftResponse,
 from edge.roles.draft_limits import DraftLimits, DraftRefused
 from edge.roles.draft_sessions import DraftSessions
 from edge.roles.isolated_step import step_isolated
-from edge.sampling import Role, SamplingParams, pick, role_rng
+from edge.sampling import Role, SamplingParams, SparseDist, pick, role_rng
 
 FEED_BY_STEP = 2        # appends up to this long are fed inside the batched steps
+
+
+def _confidence(row: np.ndarray, q) -> float:
+    """The draft's top probability at this position: of its softmax over `row` (greedy), or of q,
+    the distribution the token is drawn from. A function of the distribution, never of the token
+    drawn: stopping on the drawn token's probability would send only the tokens q makes likely,
+    so what is sent would no longer be distributed as q and the output would not be the target's
+    (tests/roles/test_seed_streams.py measures exactly that)."""
+    if q is None:
+        z = row.astype(np.float64) - float(row.max())
+        return float(1.0 / np.exp(z).sum())
+    return float(np.max(q.probs if isinstance(q, SparseDist) else q))
 
 
 def _sid_key(sid: str) -> int:
@@ -64,7 +82,8 @@ class _Session:
         self.seq: Optional[int] = None       # engine handle, made by step
         self.fed: List[int] = []             # tokens in the KV (mirrors engine.tokens)
         self.anchor = 0                      # chain[i] proposes position anchor + i
-        self.chain: List[Tuple[int, object]] = []   # (token, SparseDist or None)
+        self.chain: List[Tuple[int, object, float]] = []   # (token, SparseDist or None, confidence)
+        self.start = 0                       # context length of the last request: its drafts follow
         self.mode: Optional[tuple] = None    # sampling the chain was made with
         self.params: SamplingParams = SamplingParams()   # ... as parameters, for draft-ahead
         self.k = 0                           # ... and its q's entries
@@ -76,6 +95,11 @@ class _Session:
         self.kv = 0                          # KV bytes the engine holds for it (reserved ahead of a step)
         self.closed = False
 
+    def unsure(self, p_min: float) -> bool:
+        """The chain ends in a draft for the last request's positions (or beyond) that the draft
+        gives less than p_min: nothing past it would be sent, so nothing past it is drafted."""
+        return bool(self.chain) and self.chain[-1][2] < p_min and self.anchor + len(self.chain) > self.start
+
 
 class _Work:
     """One session's part of a batch: tokens still to feed, chain length wanted."""
@@ -85,9 +109,13 @@ class _Work:
         self.sess, self.req, self.feed, self.want = sess, req, feed, want
         self.params, self.k, self.t_in = params, k, t_in
 
-    def needs_step(self) -> bool:
+    def needs_step(self, p_min: float = 0.0) -> bool:
         s = self.sess
-        return bool(self.feed) or (s.chain and s.anchor + len(s.chain) < self.want)
+        if self.feed:
+            return True
+        if not s.chain or s.anchor + len(s.chain) >= self.want:
+            return False
+        return not s.unsure(p_min)
 
     def stop(self) -> None:
         """No more steps (a full context, a sequence the engine refused): answer with the chain so far."""
@@ -231,8 +259,9 @@ class DraftService(DraftSessions):
         if s.rng is None or s.mode != mode:      # a new stream, never an earlier one replayed
             s.rng = role_rng(params.seed, Role.DRAFT, s.key, next(self._streams))
         s.ahead_cap = T_len + 2 * gamma + 1        # full acceptance + bonus, then gamma more
+        s.start = T_len
         # does T run along fed + chain? then the chain's continuation is valid as it is
-        virtual = s.fed[:s.anchor] + [t for t, _ in s.chain] if s.chain else s.fed
+        virtual = s.fed[:s.anchor] + [c[0] for c in s.chain] if s.chain else s.fed
         along = (s.mode == mode and s.chain and s.anchor <= T_len <= len(virtual)
                  and virtual[req.keep:T_len] == list(req.append))
         if along:
@@ -268,7 +297,7 @@ class DraftService(DraftSessions):
                 if len(w.sess.fed) >= self.engine.max_len and w.needs_step():
                     self.stats.count("context_full")
                     w.stop()
-            group = [w for w in work if w.needs_step() and not w.sess.closed]
+            group = [w for w in work if w.needs_step(self.limits.p_min) and not w.sess.closed]
             if not group:
                 break
             toks = [w.feed.pop(0) if w.feed else w.sess.chain[-1][0] for w in group]
@@ -281,7 +310,8 @@ class DraftService(DraftSessions):
                     continue
                 w.sess.fed.append(t)
                 if not w.feed:
-                    w.sess.chain.append(pick(row, w.params, w.sess.rng, w.k))
+                    x, q = pick(row, w.params, w.sess.rng, w.k)
+                    w.sess.chain.append((x, q, _confidence(row, q) if self.limits.p_min else 1.0))
         return steps
 
     def _answer(self, w: _Work, now: float) -> None:
@@ -291,8 +321,12 @@ class DraftService(DraftSessions):
         T_len = req.keep + len(req.append)
         start = T_len - s.anchor
         got = s.chain[start:start + max(0, w.want - T_len)] if s.chain and start >= 0 else []
-        tokens = [t for t, _ in got]
-        q = None if w.params.greedy else [(d.indices, d.probs) for _, d in got]
+        sure = next((i for i, c in enumerate(got) if c[2] < self.limits.p_min), len(got))
+        if sure < len(got):
+            self.stats.count("unsure_stops")
+            got = got[:sure]
+        tokens = [c[0] for c in got]
+        q = None if w.params.greedy else [(c[1].indices, c[1].probs) for c in got]
         s.last_served = now
         s.last_seen = max(s.last_seen, now)  # silence counts from our answer: a slow batch must not evict
         compute_us = int(max(0.0, now - w.t_in) * 1e6)
@@ -317,7 +351,8 @@ class DraftService(DraftSessions):
             cands = sorted((s for s in self._sessions.values()
                             if s.chain and s.seq is not None and not s.closed
                             and now - s.last_served < self.limits.ahead_recent_s
-                            and s.anchor + len(s.chain) < min(s.ahead_cap, self.engine.max_len)),
+                            and s.anchor + len(s.chain) < min(s.ahead_cap, self.engine.max_len)
+                            and not s.unsure(self.limits.p_min)),
                            key=lambda s: -s.last_served)[: self.limits.ahead_sessions]
         grow = sum(max(0, self._held(s, len(s.fed) + 1) - s.kv) for s in cands)   # one token each
         if not cands or self._kv_used() + grow > self._kv_limit():

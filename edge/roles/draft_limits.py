@@ -24,4 +24,9 @@ class DraftLimits:
     ahead: bool = True               # draft-ahead in idle time
     ahead_sessions: int = 8          # most recently served sessions considered
     ahead_recent_s: float = 5.0      # ... served within this many seconds
+    p_min: float = 0.0               # a draft stops at a token it gives less than this probability
+
+    def __post_init__(self):
+        if not 0.0 <= self.p_min < 1.0:
+            raise ValueError(f"draft p_min must be in [0, 1) (0: always draft γ tokens), got {self.p_min!r}")
 

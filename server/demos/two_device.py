@@ -55,11 +55,13 @@ class RemoteStar:
 
     def __init__(self, draft: str, logdir: Path, core: int = 1, backend: str = "llamacpp",
                  broker_url: Optional[str] = None, threads: int = 1, ahead: bool = True,
-                 dtype: Optional[str] = None, timeout: float = 180.0, drafter: str = "model"):
+                 dtype: Optional[str] = None, timeout: float = 180.0, drafter: str = "model",
+                 p_min: Optional[float] = None):
         self.draft, self.logdir, self.core, self.backend = draft, Path(logdir), core, backend
         self.url = broker_url
         self.threads, self.ahead, self.dtype, self.timeout = threads, ahead, dtype, timeout
         self.drafter = drafter            # edge-agent run --drafter: model, suffix or hybrid
+        self.p_min = p_min                # edge-agent run --draft-p-min (None: its default)
         self.procs: List[subprocess.Popen] = []
 
     def _start(self, name: str, *argv) -> subprocess.Popen:
@@ -92,6 +94,7 @@ class RemoteStar:
             self._wait_for("hub", "serving on")
             extra = (["--dtype", self.dtype] if self.dtype else []) + ([] if self.ahead else ["--no-ahead"])
             extra += [] if self.drafter == "model" else ["--drafter", self.drafter]
+            extra += [] if self.p_min is None else ["--draft-p-min", self.p_min]
             self._start("draft", BIN / "edge-agent", "run", "--role", "draft", "-b", self.backend, "-m", self.draft,
                         "--threads", self.threads, "--hub", self.url, "--client-id", "draft1", *extra)
             self._wait_for("draft", "registered at")
@@ -238,14 +241,15 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
 def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], labels: Sequence[str], draft: str,
                    *, modes, max_new: int = 48, backend: str = "llamacpp", dtype: Optional[str] = None,
                    stop_ids: Sequence[int] = (), logdir: Path = Path("runs/two_device"), out=None,
-                   broker_url: Optional[str] = None, ahead: bool = True,
+                   broker_url: Optional[str] = None, ahead: bool = True, p_min: Optional[float] = None,
                    baseline: Optional[Tuple[str, object]] = None) -> dict:
     """`edge-hub demo`'s first part: `engine` (one thread) on one core, alone and through a star
     whose hub and `draft` service run on another core; a table per prompt and mode; the rows.
 
     baseline (name, engine): another file of the same model (the demo: the fetched Q4_K_M when
     `engine` is its F16 copy), timed alone on the same core and prompts before the star starts, so
-    the table can say what the speedup is worth in absolute tok/s."""
+    the table can say what the speedup is worth in absolute tok/s. p_min: the draft service's
+    --draft-p-min (None: its default)."""
     from edge.link import MqttLink
     from edge.roles.session import HubClient
     from edge.roles.target import StarTarget
@@ -262,7 +266,7 @@ def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], 
     rows = []
     base = _time_alone(baseline[1], prompts, max_new, stop_ids, t_core) if baseline else [None] * len(prompts)
     with RemoteStar(draft, logdir, core=h_core, backend=backend, broker_url=broker_url, dtype=dtype,
-                    ahead=ahead) as rs, pinned(t_core):
+                    ahead=ahead, p_min=p_min) as rs, pinned(t_core):
         link = MqttLink(rs.url, client_id=f"device0-{os.getpid()}").connect(10)
         star = StarTarget(engine, HubClient(link, "device0", tokenizer_fp, engine.vocab_size),
                           gamma=max(m[1] for m in modes))

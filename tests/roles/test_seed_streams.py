@@ -42,13 +42,13 @@ def shared_stream(monkeypatch):
         monkeypatch.setattr(mod, "role_rng", bare)
 
 
-def star_fit(net, n, q_top_k, length=3, gamma=2, ahead=False):
+def star_fit(net, n, q_top_k, length=3, gamma=2, ahead=False, p_min=0.0):
     """n seeded generations through a hub's draft service -> (chi2, df, critical, stats).
     net: (the Hub's keyword arguments for its link or broker, a factory of the target's link)."""
     where, link_of = net
     target, draft = models()
     hub = Hub(**where, draft_engine=draft, tokenizer_fp=TOK, status_every=60.0,
-              limits=DraftLimits(q_top_k=q_top_k, ahead=ahead)).start()
+              limits=DraftLimits(q_top_k=q_top_k, ahead=ahead, p_min=p_min)).start()
     counts, drafted, accepted = {}, 0, 0
     try:
         star = StarTarget(target, HubClient(link_of("t1"), "t1", TOK, target.vocab_size), gamma=gamma)
@@ -142,6 +142,16 @@ def test_seeded_star_with_draft_ahead_is_lossless():
     print(f"star draft-ahead: chi2={stat:.1f} df={df} crit={crit:.1f} ahead hits={hits}")
     assert hits > 0, st
     assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): draft-ahead breaks seeded sampling"
+
+
+def test_seeded_star_with_confidence_stops_is_lossless():
+    # p_min: a chain stops at a draft the draft model gives less than 0.45 (here about a third
+    # of them), draft-ahead on: which drafts are sent depends on q alone, so still lossless
+    stat, df, crit, st = star_fit(memory_links(), N, 4, length=4, gamma=2, ahead=True, p_min=0.45)
+    stops = st["counters"].get("unsure_stops", 0)
+    print(f"star p_min: chi2={stat:.1f} df={df} crit={crit:.1f} unsure stops={stops} {st['accepted']}/{st['drafted']}")
+    assert stops > N // 10 and st["drafted"] > N // 2, st
+    assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): confidence stops break seeded sampling"
 
 
 @pytest.mark.parametrize("q_top_k", [4, 2], ids=["dense-q", "sparse-top2-q"])

@@ -93,7 +93,8 @@ def star(tmp_path_factory):
         ps.wait_for("hub", "serving on")
         ps.start("draft", BIN / "edge-agent", "run", "--role", "draft", "--hub", url, "--model", model,
                  "--username", "drafter", "--password-file", pw, "--threads", "1", "--dtype", "float64",
-                 "--max-len", "256", "--telemetry-interval", INTERVAL, "--metrics-port", draft_metrics)
+                 "--max-len", "256", "--telemetry-interval", INTERVAL, "--metrics-port", draft_metrics,
+                 "--draft-p-min", "0")          # a tiny random draft is never sure: draft every γ
         ps.wait_for("draft", "registered")
         yield ps, url, model, pw, f"http://127.0.0.1:{hub_metrics}/metrics", f"http://127.0.0.1:{draft_metrics}/metrics"
     finally:

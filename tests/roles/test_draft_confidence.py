@@ -1,0 +1,87 @@
+"""The draft service's confidence stop (DraftLimits.p_min): a chain ends at a draft the draft
+model gives less than p_min, that draft is not sent, nothing past it is drafted (nor drafted
+ahead), and a target that continues through it anyway is served from the same chain.
+The sampling case is measured in tests/roles/test_seed_streams.py (chi-square)."""
+import numpy as np
+import pytest
+
+from edge.generate import generate_plain
+from edge.memory_link import MemoryBus, MemoryLink
+from edge.protocol import DraftRequest, DraftResponse
+from edge.roles.draft import DraftLimits, DraftService
+from edge.roles.session import HubClient
+from edge.roles.target import StarTarget
+from server.hub import Hub
+
+from test_draft_service import make_engine, reference, step
+
+
+def greedy_path(ctx, n, seed=0):
+    """The draft's greedy tokens after ctx and its top probability at each (float64)."""
+    eng = make_engine(seed=seed)
+    toks = reference(ctx, n, seed)
+    logits = eng.forward(eng.new_sequence(), ctx + toks[:-1])[len(ctx) - 1:]
+    z = logits - logits.max(axis=1, keepdims=True)
+    top = 1.0 / np.exp(z).sum(axis=1)
+    return toks, top.tolist()
+
+
+def cut_for(top):
+    """A p_min that keeps the first drafts and stops at a later one: (p_min, tokens kept)."""
+    for j in range(1, len(top)):
+        if top[j] < min(top[:j]):
+            return (top[j] + min(top[:j])) / 2, j
+    raise AssertionError(f"the fixture's greedy probabilities never fall below an earlier one: {top}")
+
+
+def test_a_chain_stops_at_an_unsure_draft_and_goes_no_further():
+    ctx = [9, 8, 7, 6, 5]
+    toks, top = greedy_path(ctx, 8)
+    p_min, j = cut_for(top)
+    svc = DraftService(make_engine(), DraftLimits(ahead=True, p_min=p_min))
+    out = {}
+    svc.open("a")
+    svc.submit(DraftRequest("a", 1, 0, ctx, 8))
+    step(svc, out)
+    r = out["a"][-1]
+    assert isinstance(r, DraftResponse) and r.tokens == toks[:j]        # the unsure one is not sent
+    st = svc.stats.snapshot()
+    assert st["counters"]["unsure_stops"] == 1 and st["s_of_d"]["1"]["steps"] == j + 1
+    assert not svc.has_work()                                            # no draft-ahead past it
+    # the target accepted them all and its own next token is the one the draft was unsure of:
+    # the chain runs on from there, drafting exactly what a fresh draft would
+    unsure = toks[j]
+    svc.submit(DraftRequest("a", 2, len(ctx), toks[:j] + [unsure], 3))
+    step(svc, out)
+    assert svc.stats.snapshot()["counters"].get("ahead_partial") == 1
+    want, wtop = greedy_path(ctx + toks[:j + 1], 3)
+    sure = next((i for i, p in enumerate(wtop) if p < p_min), 3)
+    assert out["a"][-1].tokens == want[:sure]
+
+
+def test_p_min_zero_always_drafts_gamma_and_bad_values_are_refused():
+    svc = DraftService(make_engine(), DraftLimits(ahead=False))
+    out = {}
+    svc.open("a")
+    svc.submit(DraftRequest("a", 1, 0, [1, 2, 3], 6))
+    step(svc, out)
+    assert out["a"][-1].tokens == reference([1, 2, 3], 6)
+    for bad in (-0.1, 1.0, 2.0):
+        with pytest.raises(ValueError, match="p_min must be in"):
+            DraftLimits(p_min=bad)
+
+
+def test_star_with_confidence_stops_is_lossless_greedy():
+    """Drafts cut short at many rounds (a high p_min on a tiny model): the target's greedy text."""
+    bus = MemoryBus()
+    hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=make_engine(seed=1), tokenizer_fp="tok",
+              limits=DraftLimits(p_min=0.3)).start()
+    try:
+        target = make_engine(seed=0)
+        star = StarTarget(target, HubClient(MemoryLink(bus, "t1"), "t1", "tok", 256), gamma=4)
+        for prompt in ([1, 2, 3, 4], [7, 7, 7], [200, 3, 90, 41, 5]):
+            got = star.generate(prompt, 30)
+            assert got.tokens == generate_plain(target, prompt, 30).tokens
+        assert hub.service.stats.snapshot()["counters"].get("unsure_stops", 0) > 0
+    finally:
+        hub.stop()

@@ -330,8 +330,11 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
                 n, nxt = verify_stochastic(drafts, qs, to_probs(logits, params), rng)
             res.n_drafted += len(drafts)
             res.n_accepted += n
-            if policy:
-                policy.acceptance.update(len(drafts), n)
+            if policy and drafts:
+                # drafts asked for and not sent (a remote service unsure of them: --draft-p-min)
+                # failed as far as the yield of asking g goes; a round with no drafts at all is
+                # the round-trip model's to count (RoundTrips.answered)
+                policy.acceptance.update(max(g, len(drafts)), n)
             if n < len(drafts):
                 target.truncate(run.seq, fed + n)   # drop the rejected drafts' KV
             run.commit(drafts[:n] + [nxt])

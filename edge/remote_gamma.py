@@ -84,9 +84,11 @@ class RoundTrips:
 
     @property
     def answered(self) -> float:
-        """Share of the recorded requests answered in time (1.0 with none recorded)."""
+        """Share of the recorded requests answered in time with at least one draft (1.0 with none
+        recorded). An answer without drafts (the service unsure of its first one: --draft-p-min)
+        is a round like an unanswered one: the target waited and decodes its plain token."""
         n = len(self._rounds)
-        return sum(w.compute_s is not None for w in self._rounds) / n if n else 1.0
+        return sum(w.compute_s is not None and w.tokens > 0 for w in self._rounds) / n if n else 1.0
 
     def _rates(self) -> list:
         """(γ, compute/tokens) of the answered short-feed rounds."""

@@ -115,7 +115,7 @@ class RemoteDrafter(Drafter):
         self._base = (0, 0, ())     # (keep, L, drafts): the draft holds ctx[:keep], or ctx[:L] + drafts[:-1]
         self.waits = RoundTrips()   # what each round's wait cost this target: the adaptive γ reads it
         self._wait: Optional[Wait] = None
-        self._probe: Optional[tuple] = None    # (L, drafts): a background answer not yet scored
+        self._probe: Optional[tuple] = None    # (L, drafts, asked): a background answer not yet scored
         self.stats = {"rounds": 0, "answered": 0, "late_used": 0, "timeouts": 0, "alone": 0, "probes": 0,
                       "errors": 0, "overloaded": 0, "joins": 0, "rejoins": 0, "refused": 0,
                       "answered_since_join": 0,
@@ -233,11 +233,11 @@ class RemoteDrafter(Drafter):
             # a round's own request was already counted in the waits by draft(); a probe is here
             if got is not None:
                 msg = self._book(s, out, got)
+                if msg is not None and out.background:   # an empty answer too: a round would get nothing
+                    self.waits.add(Wait(out.gamma, got[1] - out.sent, msg.compute_us * 1e-6,
+                                        len(msg.tokens), short=out.fed <= SHORT_FEED))
                 if msg is not None and msg.tokens:
-                    if out.background:
-                        self.waits.add(Wait(out.gamma, got[1] - out.sent, msg.compute_us * 1e-6,
-                                            len(msg.tokens), short=out.fed <= SHORT_FEED))
-                    self._probe = (out.length, tuple(int(t) for t in msg.tokens[:out.gamma]))
+                    self._probe = (out.length, tuple(int(t) for t in msg.tokens[:out.gamma]), out.gamma)
             elif now >= out.give_up:
                 if out.background:
                     self.waits.add(Wait(out.gamma, now - out.sent, None))
@@ -253,16 +253,17 @@ class RemoteDrafter(Drafter):
         out.deadline, out.give_up = now + d, now + max(4 * d, 0.05)
 
     def _score(self, context: Sequence[int]):
-        """(drafted, accepted) of the background answer once the target decoded past a mismatch
-        or past all of its drafts: what a greedy verify of them would have accepted."""
+        """(asked, accepted) of the background answer once the target decoded past a mismatch
+        or past all of its drafts: what a greedy verify of them would have accepted. Drafts
+        asked for and not sent (the service unsure of them) count as a rejection, as in a round."""
         if self._probe is None:
             return None
-        L, drafts = self._probe
+        L, drafts, asked = self._probe
         seen = list(context[L:L + len(drafts)])
         n = common_prefix(list(drafts), seen)
         if n < len(seen) or len(seen) == len(drafts):
             self._probe = None
-            return len(drafts), n
+            return max(asked, len(drafts)), n
         return None
 
     def _expire(self, s: Session) -> bool:

@@ -111,6 +111,26 @@ def test_requests_rarely_answered_in_time_fall_to_zero():
     assert p.waits.answered < 0.3 and p.choose(p.acceptance.alpha) == 0
 
 
+def test_answers_without_drafts_count_as_rounds_that_yield_the_plain_token():
+    """A service unsure of its first draft (--draft-p-min) answers at once but with nothing: the
+    target waited for it all the same. 9 rounds in 10 like that: speculation does not pay."""
+    p = RemoteGamma(8)
+    for i in range(40):
+        g = p.next_gamma()
+        if g > 0:
+            sure = i % 10 == 0
+            p.waits.add(Wait(g, 0.02, 0.015, tokens=g if sure else 0))
+            if sure:
+                p.acceptance.update(g, g)
+        if i > 0:
+            p.costs.add_target(g + 1, 0.05 * (1 + 0.05 * g))
+    assert p.waits.answered <= 0.5 and p.choose(p.acceptance.alpha) == 0
+    w = RoundTrips()
+    w.add(Wait(2, 0.03, 0.02, tokens=2))
+    w.add(Wait(2, 0.03, 0.02, tokens=0))
+    assert w.answered == pytest.approx(0.5)
+
+
 def test_round_trips_split_overhead_and_per_token_time():
     w = RoundTrips()
     for g in (2, 4, 4):

@@ -17,11 +17,13 @@ if T runs along the chain, the drafts that follow it are reused as they are
 the rest fed. After an answer the session always holds T + drafts[:-1], which
 is what the target assumes when it computes its next `keep`.
 
-Confidence (`DraftLimits.p_min`, llama.cpp's --draft-p-min): a chain stops at a token the
-draft gives less than p_min probability, and that token is not sent. Where the draft is unsure
-the target verifies fewer tokens it would mostly reject, gets its answer sooner, and the
-draft's core stays idle instead of drafting ahead on a guess. Which tokens are proposed then
-depends only on the draft's own distributions, so the output is still exactly the target's.
+Confidence (`DraftLimits.p_min`, llama.cpp's --draft-p-min): an answer stops before a draft
+the draft model gives less than p_min (its top probability there), and drafting for the request
+stops there too. Where the draft is unsure the target verifies fewer tokens it would mostly
+reject and gets its answer sooner. Draft-ahead still runs past it in idle time: the unsure
+token is the draft's guess of the target's bonus, and when the target agrees the next answer
+is ready at once. Which tokens are sent depends only on the draft's own distributions, so
+the output is still exactly the target's.
 
 Draft-ahead (beyond the paper): when Q_in is empty, a step extends the
 chains of recently served sessions as if the target accepted everything
@@ -96,9 +98,9 @@ class _Session:
         self.closed = False
 
     def unsure(self, p_min: float) -> bool:
-        """The chain ends in a draft for the last request's positions (or beyond) that the draft
-        gives less than p_min: nothing past it would be sent, so nothing past it is drafted."""
-        return bool(self.chain) and self.chain[-1][2] < p_min and self.anchor + len(self.chain) > self.start
+        """The chain holds a draft for the last request's positions that the draft gives less
+        than p_min: nothing past it is sent, so the request drafts no further."""
+        return any(c[2] < p_min for c in self.chain[max(0, self.start - self.anchor):])
 
 
 class _Work:
@@ -297,7 +299,8 @@ class DraftService(DraftSessions):
                 if len(w.sess.fed) >= self.engine.max_len and w.needs_step():
                     self.stats.count("context_full")
                     w.stop()
-            group = [w for w in work if w.needs_step(self.limits.p_min) and not w.sess.closed]
+            # requests stop at an unsure draft; draft-ahead (no request) goes on past it
+            group = [w for w in work if w.needs_step(self.limits.p_min if w.req else 0.0) and not w.sess.closed]
             if not group:
                 break
             toks = [w.feed.pop(0) if w.feed else w.sess.chain[-1][0] for w in group]
@@ -351,8 +354,7 @@ class DraftService(DraftSessions):
             cands = sorted((s for s in self._sessions.values()
                             if s.chain and s.seq is not None and not s.closed
                             and now - s.last_served < self.limits.ahead_recent_s
-                            and s.anchor + len(s.chain) < min(s.ahead_cap, self.engine.max_len)
-                            and not s.unsure(self.limits.p_min)),
+                            and s.anchor + len(s.chain) < min(s.ahead_cap, self.engine.max_len)),
                            key=lambda s: -s.last_served)[: self.limits.ahead_sessions]
         grow = sum(max(0, self._held(s, len(s.fed) + 1) - s.kv) for s in cands)   # one token each
         if not cands or self._kv_used() + grow > self._kv_limit():

@@ -24,7 +24,9 @@ class DraftLimits:
     ahead: bool = True               # draft-ahead in idle time
     ahead_sessions: int = 8          # most recently served sessions considered
     ahead_recent_s: float = 5.0      # ... served within this many seconds
-    p_min: float = 0.0               # a draft stops at a token it gives less than this probability
+    # a chain stops at a draft the model gives less than this (its top probability there); 0 here
+    # drafts every γ asked for, the command line's --draft-p-min defaults to 0.75 (as llama-server)
+    p_min: float = 0.0
 
     def __post_init__(self):
         if not 0.0 <= self.p_min < 1.0:

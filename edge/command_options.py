@@ -22,8 +22,8 @@ _draft_opts = [
     click.option("--q-top-k", default=32, show_default=True,
                  help="entries of q sent per drafted token when sampling"),
     click.option("--draft-p-min", default=0.75, show_default=True, type=click.FloatRange(0.0, 1.0, max_open=True),
-                 help="stop a draft at a token the draft model gives less than this probability (as "
-                      "llama.cpp's --draft-p-min); 0 always drafts the γ asked for"),
+                 help="end each answer before a position where the draft model's top probability is "
+                      "below this (as llama.cpp's --draft-p-min); 0 sends every γ asked for"),
 ]
 
 

@@ -156,6 +156,8 @@ def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, cl
               draft_engine=engine, draft_core=core, tokenizer_fp=tok_fp or "", limits=draft_limits(**limits),
               hub_id=hub_id, username=username, password=password, sun_isolated=sun_isolated, sun_pools=pools,
               sun_decoder=decoder, ctl_key=ctl_key, listeners=listeners, client_share=client_share)
+    stop = threading.Event()              # SIGTERM leaves cleanly from before devices can see the hub
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         hub.start()
     except BrokerError as e:
@@ -181,7 +183,6 @@ def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, cl
             raise click.ClickException(f"--sun-http-port {sun_http_port}: {e}") from None
         click.echo(f"SUN tasks on http://{sun_http_host}:{http.port}/v1 (model = task)", err=True)
     telemetry = _hub_telemetry(hub, ctl_key, telemetry_interval, metrics_host, metrics_port, http)
-    stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:

@@ -16,8 +16,6 @@ import socket
 import sys
 import threading
 
-from typing import Optional
-
 import click
 
 from edge.agent_config import config_option
@@ -37,9 +35,8 @@ def _leave_on_sigterm() -> threading.Event:
     return stop
 
 
-def _wait_for_signal(stop: Optional[threading.Event] = None) -> None:
-    """Until SIGINT or SIGTERM (Ctrl-C while the model loads still interrupts at once)."""
-    stop = stop or _leave_on_sigterm()
+def _wait_for_signal(stop: threading.Event) -> None:
+    """Until SIGINT or SIGTERM sets `stop` (Ctrl-C while the model loads still interrupts at once)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(3600):

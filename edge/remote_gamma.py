@@ -132,19 +132,19 @@ class RemoteGamma:
     """γ per round for a RemoteDrafter; the loop of edge/generate.py feeds `costs` (target calls)
     and `acceptance`, the drafter feeds `waits`.
 
-    It opens with `explore` rounds at γ=`first_gamma` (the answer to the primed first request
-    is already on its way) and one plain step, so α, W, v(2) and t1 are all measured; γ=1 unless
-    the verify-cost curve is seeded, because where a verify over k tokens costs ~k steps (CPUs)
-    each longer exploring round would cost the target steps it never wins back. Then γ from
-    best_gamma() with the measured α (v(k) beyond the measured k extrapolated along the last slope) and a `margin` so noise does not tip a
-    near-tie into speculation. At γ=0 the session stays joined and nothing is sent; a γ=1 probe
-    after `probe_start` plain steps, then at doubling intervals (at most `max_interval` apart
-    while speculation could pay at an optimistic α; x4 each time where not even that pays, so a
-    machine where it never pays loses almost nothing) re-measures α and W so it can recover.
-    With `background` (a drafter that can probe without the target waiting: greedy through the
-    star) the probe is not a round: next_gamma() stays 0 and `probe` says how many drafts to ask
-    for in the background; `observed()` then feeds what they would have accepted, so a prompt
-    where the draft agrees little costs the target nothing to keep measuring.
+    It opens with `explore` rounds at γ=`first_gamma` (the answer to the primed first request is
+    already on its way) and one plain step, so α, W, v(2) and t1 are all measured; γ=1 unless the
+    verify-cost curve is seeded, because where a verify over k tokens costs ~k steps (CPUs) each
+    longer exploring round would cost the target steps it never wins back. Then γ from best_gamma()
+    with the measured α (v(k) beyond the measured k extrapolated along the last slope) and a
+    `margin` so noise does not tip a near-tie into speculation. At γ=0 the session stays joined and
+    nothing is sent; a γ=1 probe after `probe_start` plain steps, then at doubling intervals (at
+    most `max_interval` apart while speculation could pay at an optimistic α; x4 each time where not
+    even that pays, so a machine where it never pays loses almost nothing) re-measures α and W so it
+    can recover. With `background` (a drafter that can probe without the target waiting: greedy
+    through the star) the probe is not a round: next_gamma() stays 0 and `probe` says how many
+    drafts to ask for in the background; `observed()` then feeds what they would have accepted, so a
+    prompt where the draft agrees little costs the target nothing to keep measuring.
     While speculating, a plain step every `refresh` rounds keeps t1 measured.
     """
 

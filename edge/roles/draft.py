@@ -72,6 +72,11 @@ def _confidence(row: np.ndarray, q) -> float:
     return float(np.max(q.probs if isinstance(q, SparseDist) else q))
 
 
+def _sure_prefix(entries, p_min: float) -> int:
+    """How many chain entries (token, q, confidence) come before the first one below p_min."""
+    return next((i for i, c in enumerate(entries) if c[2] < p_min), len(entries))
+
+
 def _sid_key(sid: str) -> int:
     """A stable integer of a session id, for the session's spawn key."""
     return int.from_bytes(hashlib.blake2b(sid.encode(), digest_size=8).digest(), "little")
@@ -100,7 +105,8 @@ class _Session:
     def unsure(self, p_min: float) -> bool:
         """The chain holds a draft for the last request's positions that the draft gives less
         than p_min: nothing past it is sent, so the request drafts no further."""
-        return any(c[2] < p_min for c in self.chain[max(0, self.start - self.anchor):])
+        ours = self.chain[max(0, self.start - self.anchor):]
+        return _sure_prefix(ours, p_min) < len(ours)
 
 
 class _Work:
@@ -324,7 +330,7 @@ class DraftService(DraftSessions):
         T_len = req.keep + len(req.append)
         start = T_len - s.anchor
         got = s.chain[start:start + max(0, w.want - T_len)] if s.chain and start >= 0 else []
-        sure = next((i for i, c in enumerate(got) if c[2] < self.limits.p_min), len(got))
+        sure = _sure_prefix(got, self.limits.p_min)
         if sure < len(got):
             self.stats.count("unsure_stops")
             got = got[:sure]

@@ -7,7 +7,6 @@ test plays the router and the prefill worker over a real Mosquitto with the hub'
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 
@@ -21,6 +20,7 @@ from edge.roles.sun_client import SunClient
 from edge.sun import split_generate, weights_fingerprint
 
 from tiny_models import random_model, specialist
+from waiting import wait_until
 
 torch.set_num_threads(1)
 KEY = b"k" * 32                  # the deployment's ctl key (signs the router's assignments)
@@ -30,10 +30,7 @@ MAX_NEW = 6
 
 
 def _until(cond, what: str, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, what
-        time.sleep(0.01)
+    assert wait_until(cond, timeout), what
 
 
 def test_a_flood_of_foreign_early_kv_does_not_disturb_a_legit_one(mosquitto_acl):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 
 import msgpack
 import numpy as np
@@ -35,6 +34,7 @@ from server.mosquitto import MosquittoBroker
 from mosquitto_clients import PUB, SUB, MosquittoClients, signed
 from sun_star import Star
 from tiny_models import random_model, specialist, tiny_model
+from waiting import wait_until
 
 torch.set_num_threads(1)
 TOK = "tok-tiny"
@@ -67,10 +67,7 @@ def Capture(broker, topic: str, count: int = 1):
 
 
 def wait_for(cond, what, timeout=15.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and not cond():
-        time.sleep(0.02)
-    assert cond(), what
+    assert wait_until(cond, timeout), what
 
 
 def rss_mb() -> float:
@@ -103,9 +100,7 @@ class PeakRss:
 
 def until(cond, timeout=20.0) -> None:
     """Wait for cond (no assertion: the caller checks the outcome)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and not cond():
-        time.sleep(0.005)
+    wait_until(cond, timeout)
 
 
 def grew(counters, before: dict, reason: str, n: int = 1):
@@ -128,7 +123,7 @@ def test_starsd_refuses_every_attack_and_keeps_serving(broker, tmp_path):
         cap = Capture(broker, up)
         assert session.request(1, 0, [1, 2, 3], 2, P.sampling())
         genuine = cap.get()[0][1]
-        assert session.wait(1, time.monotonic() + 5) is not None
+        assert wait_until(lambda: session.wait(1, 0.0) is not None, 5)
 
         def attack(payload, topic, reason, counters=lambda: node.dropped, repeat=1):
             before = counters()

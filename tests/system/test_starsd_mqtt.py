@@ -17,6 +17,7 @@ from edge.roles.target import StarTarget
 from server.hub import Hub
 
 from tiny_models import tiny_model
+from waiting import wait_until
 
 torch.set_num_threads(1)
 TOK = "tok-tiny"
@@ -145,32 +146,19 @@ def test_forged_and_replayed_messages_are_dropped_and_counted(broker, models, in
         forged = encode(DraftRequest(session.sid, 1, 0, [1, 2], 2), b"x" * 32)    # wrong key
         spy.publish(up, forged, "draft")
         assert session.request(1, 0, [1, 2, 3], 2, star.last_drafter.sampling)
-        assert session.wait(1, time.monotonic() + 5) is not None
+        assert wait_until(lambda: session.wait(1, 0.0) is not None, 5)
         # the spy's copy of the genuine request may arrive after the hub's reply: wait for it
-        genuine: list[bytes] = []
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not genuine:
-            genuine = [p for t, p in list(ups.items) if t == up and p != forged]
-            time.sleep(0.02)
-        assert genuine, "the spy never saw the genuine request"
-        replay = genuine[-1]
-        spy.publish(up, replay, "draft")                      # a genuine request, sent again
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not {"auth", "replay"} <= set(node.dropped):
-            time.sleep(0.02)
+        genuine = lambda: [p for t, p in list(ups.items) if t == up and p != forged]  # noqa: E731
+        assert wait_until(genuine, 5), "the spy never saw the genuine request"
+        spy.publish(up, genuine()[-1], "draft")               # a genuine request, sent again
+        wait_until(lambda: {"auth", "replay"} <= set(node.dropped), 5)
         assert node.dropped.get("auth") == 1 and node.dropped.get("replay") == 1, node.dropped
         # ... and on the target's side: a stale answer replayed to its down topic
-        answer = []
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not answer:
-            answer = [p for t, p in downs.items if t.split("/")[3] == session.sid]
-            time.sleep(0.02)
-        assert answer
-        spy.publish(session.down, answer[-1], "draft")
+        answer = lambda: [p for t, p in list(downs.items) if t.split("/")[3] == session.sid]  # noqa: E731
+        assert wait_until(answer, 5)
+        spy.publish(session.down, answer()[-1], "draft")
         spy.publish(session.down, encode(DraftResponse(session.sid, 99, [1]), b"y" * 32), "draft")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not {"auth", "replay"} <= set(star.hub.keys.dropped):
-            time.sleep(0.02)
+        wait_until(lambda: {"auth", "replay"} <= set(star.hub.keys.dropped), 5)
         assert star.hub.keys.dropped.get("replay") == 1 and star.hub.keys.dropped.get("auth") == 1
         session.close()
     finally:
@@ -214,14 +202,14 @@ def test_a_draft_service_on_a_device_takes_the_hubs_sessions(mosquitto, models):
     node.start()
     star = star_target(mosquitto.url, "dev", models[0])
     try:
-        assert _wait(lambda: hub.registry.online_services() == ["jetson-1"])
+        assert wait_until(lambda: hub.registry.online_services() == ["jetson-1"])
         out = star.generate(prompt(2), 20)
         assert out.tokens == generate_plain(star.engine, prompt(2), 20).tokens
         assert star.last_drafter.session is None and star.last_drafter.stats["answered"] > 0
         assert node.service.stats.requests > 0 and hub.counters["joins"] == 1
-        assert _wait(lambda: hub.registry.count() == 0)     # the device reported the bye
+        assert wait_until(lambda: hub.registry.count() == 0)     # the device reported the bye
         link.crash()                                       # the device dies: its will says so
-        assert _wait(lambda: hub.registry.online_services() == [])
+        assert wait_until(lambda: hub.registry.online_services() == [])
         with pytest.raises(JoinRefused, match="no draft service is online"):
             star.check_join()
     finally:
@@ -229,13 +217,6 @@ def test_a_draft_service_on_a_device_takes_the_hubs_sessions(mosquitto, models):
         link.close()
         star.hub.link.close()
         hub.stop()
-
-
-def _wait(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and not cond():
-        time.sleep(0.02)
-    return cond()
 
 
 def test_a_target_decodes_alone_without_a_draft_and_joins_when_one_comes(mosquitto, models):

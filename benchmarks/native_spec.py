@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from export.target_format import FORMATS, target_gguf  # noqa: E402
 OUT = ROOT / "benchmarks" / "results" / "native_spec"
 PIN = ["-t", "1", "-tb", "1", "-C", "0x1", "--cpu-strict", "1"]
 DRAFT_PIN = ["-td", "1", "-tbd", "1", "-Cd", "0x2", "--cpu-strict-draft", "1"]
@@ -82,7 +83,7 @@ def ours(args, work: Path) -> dict:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "starsd_two_device.py"), "--target", args.target,
            "--draft", args.draft, "--mtbench", str(args.mtbench), "--code", str(args.code), "--new", str(args.new),
            "--rounds", str(args.rounds), "--gammas", args.gammas, "--out", str(args.ours_out or work / "ours"),
-           "--target-format", args.target_format]
+           "--target-format", args.target_format, "--draft-format", args.draft_format]
     subprocess.run(cmd, check=True, timeout=7200)
     return json.loads(Path(str(args.ours_out or work / "ours") + ".json").read_text())
 
@@ -97,20 +98,20 @@ def main() -> None:
     ap.add_argument("--gammas", default="3", help="γ for both systems (ours also accepts auto)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-ours", action="store_true", help="only llama.cpp's tools")
-    ap.add_argument("--target-format", default="native", choices=["native", "F16", "Q8_0"],
+    ap.add_argument("--target-format", default="native", choices=FORMATS,
                     help="the target's GGUF as fetched or the same weights as F16 / Q8_0, for every system "
                          "(export/target_format.py)")
+    ap.add_argument("--draft-format", default="native", choices=FORMATS,
+                    help="the draft's GGUF, for every system (Q4_0: the cheaper draft on x86)")
     ap.add_argument("--out", type=Path, default=OUT, help="results path without suffix")
     ap.add_argument("--ours-out", type=Path, default=None,
                     help="keep ours' run as starsd_two_device results here (path without suffix)")
     args = ap.parse_args()
     from benchmarks.datasets import mtbench_first_turns
     from benchmarks.starsd_two_device import _cpu, code_prompts
-    from edge.fetch import model_path
     from edge.tokenizer import Tokenizer
     bin_dir = tools()
-    from benchmarks.target_format import target_gguf
-    target, draft = target_gguf(args.target, args.target_format), model_path(args.draft)
+    target, draft = target_gguf(args.target, args.target_format), target_gguf(args.draft, args.draft_format)
     tok = Tokenizer.from_gguf(target)
     prompts = [("mtbench", p) for p in mtbench_first_turns(args.mtbench)] + \
               [("code", p) for p in code_prompts(args.code)]
@@ -145,7 +146,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
         res = {"cpu": _cpu(), "target": args.target, "target_format": args.target_format,
-               "draft": args.draft, "new_tokens": args.new,
+               "draft": args.draft, "draft_format": args.draft_format, "new_tokens": args.new,
                "rounds": args.rounds, "tools": str(bin_dir), "native": rows}
         if not args.no_ours:
             res["ours"] = ours(args, work)
@@ -161,7 +162,8 @@ def write(res: dict, gammas: list, out: Path = OUT) -> None:
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     modes = [f"draft_g{g}" for g in gammas] + ["ngram_mod"]
     fmt = "" if res.get("target_format", "native") == "native" else f" (as {res['target_format']})"
-    lines = [f"# llama.cpp's own speculation vs the StarSD star: {res['target']}{fmt} target, {res['draft']} draft, "
+    dfmt = "" if res.get("draft_format", "native") == "native" else f" (as {res['draft_format']})"
+    lines = [f"# llama.cpp's own speculation vs the StarSD star: {res['target']}{fmt} target, {res['draft']}{dfmt} draft, "
              f"{res['new_tokens']} greedy tokens, medians of {res['rounds']}", "",
              f"CPU: {res['cpu']}. Target thread on core 0 in every system; llama.cpp's draft thread on core 1 "
              "(-Cd); ours: the hub + draft service on core 1.", "",

@@ -12,6 +12,12 @@ from server.planner import Prediction, SystemInputs, format_table, n_full, simul
 DRAFT_MB = 491.4          # Qwen2.5-Coder-0.5B Q4_K_M weights, per draft instance
 
 
+def _stored(config: dict) -> str:
+    """The draft file's storage format as the report names it."""
+    fmt = config.get("draft_format", "native")
+    return "Q4_K_M" if fmt == "native" else f"stored as {fmt} (from Q4_K_M)"
+
+
 def _inputs(step_ms: dict, a, timing, alpha: float, over_ms: float) -> SystemInputs:
     return SystemInputs(draft_step_ms=step_ms, draft_feed_ms=0.0, target_step_ms=timing.target_step_ms,
                         verify_cost={k: timing.verify_cost(k) for k in range(1, max(a.gamma, 8) + 2)},
@@ -89,7 +95,7 @@ def markdown(out: dict) -> str:
     nf = pl.get("n_full_measured")
     m = out["machine"]
     L = [f"# StarSD scaling: one draft service, N targets (γ={c['gamma']}, {c['broker']} broker)", "",
-         f"Draft: **measured** — Qwen2.5-Coder-0.5B Q4_K_M on the {c['draft_backend']} engine "
+         f"Draft: **measured** — Qwen2.5-Coder-0.5B {_stored(c)} on the {c['draft_backend']} engine "
          f"({c['draft_threads']} threads) in the real hub/draft service, on this {m['cpus']}-core machine. "
          f"Targets: **emulated** {t['profile']} running Qwen2.5-Coder-1.5B Q4_K_M ({t['source']}): "
          f"step {t['target_step_ms']:.1f} ms, verify cost " + ", ".join(f"k={k}: {v:.2f}" for k, v in

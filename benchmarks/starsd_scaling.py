@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.emulated_target import DeviceTiming  # noqa: E402
 from benchmarks.starsd_worker import TargetProcess  # noqa: E402
 from edge.fetch import model_path  # noqa: E402
+from export.target_format import FORMATS, NATIVE, target_gguf  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DATA_ALPHA = 0.68          # DATA.md: 0.5B vs 1.5B greedy agreement on MT-bench, 0.64-0.72
@@ -69,6 +70,9 @@ def args_of(argv=None):
     ap.add_argument("--alpha-tokens", type=int, default=32)
     ap.add_argument("--draft-backend", choices=["llamacpp", "torch"], default="llamacpp")
     ap.add_argument("--draft-threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--draft-format", default="native", choices=FORMATS,
+                    help="the draft's GGUF storage format (llamacpp): Q4_0 batches best on x86 "
+                         "(benchmarks/draft_formats.py)")
     ap.add_argument("--broker", choices=["mosquitto", "embedded"], default="mosquitto", help="for the sweep")
     ap.add_argument("--overhead-brokers", default="mosquitto,embedded")
     ap.add_argument("--real-targets", type=ints, default=None, help="N for real 1.5B targets (default 2, quick none)")
@@ -95,12 +99,12 @@ def args_of(argv=None):
 
 
 # ---- the real draft ----
-def load_draft(backend: str, threads: int, slots: int, max_len: int):
+def load_draft(backend: str, threads: int, slots: int, max_len: int, fmt: str = NATIVE):
     from edge.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(model_path(DRAFT))
     if backend == "llamacpp":
         from edge.engines.llamacpp_engine import LlamaCppEngine
-        eng = LlamaCppEngine(model_path(DRAFT), max_len=max_len, n_seq_max=slots, threads=threads)
+        eng = LlamaCppEngine(target_gguf(DRAFT, fmt), max_len=max_len, n_seq_max=slots, threads=threads)
     else:
         import torch
         from edge.checkpoint import load_model
@@ -274,7 +278,8 @@ def main(argv=None) -> None:
     timing = DeviceTiming.from_profile(a.profile, a.net_rtt_ms, a.time_scale, a.verify)
     log(f"emulated device {a.profile}: target step {timing.target_step_ms:.1f} ms, verify cost "
         f"k={a.gamma + 1}: {timing.verify_cost(a.gamma + 1):.2f}, device draft step {timing.draft_step_ms:.1f} ms")
-    draft, tok = load_draft(a.draft_backend, a.draft_threads, slots=2 * max(a.ns) + 4, max_len=1536)
+    draft, tok = load_draft(a.draft_backend, a.draft_threads, slots=2 * max(a.ns) + 4, max_len=1536,
+                            fmt=a.draft_format)
     fp, vocab = tok.fingerprint(), draft.vocab_size
     prompts = mtbench_prompts(tok, a.prompt_tokens)
     log(f"draft {DRAFT} on {a.draft_backend} ({a.draft_threads} threads); {len(prompts)} MT-bench prompts")

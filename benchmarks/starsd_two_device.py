@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from export.target_format import FORMATS, target_gguf  # noqa: E402
 OUT = ROOT / "benchmarks" / "results" / "starsd_two_device"
 
 
@@ -45,10 +46,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--target-format", default="native", choices=["native", "F16", "Q8_0"],
+    ap.add_argument("--target-format", default="native", choices=FORMATS,
                     help="the target's GGUF as fetched (Q4_K_M: compute-bound on one core here) or the "
                          "same weights as F16 / Q8_0 (memory-bound, a Jetson GPU's regime); "
                          "export/target_format.py")
+    ap.add_argument("--draft-format", default="native", choices=FORMATS,
+                    help="the draft's GGUF storage format: Q4_0 is the cheaper draft on an x86 core "
+                         "(benchmarks/draft_formats.py)")
     ap.add_argument("--mtbench", type=int, default=4, help="MT-bench first turns")
     ap.add_argument("--code", type=int, default=4, help="HumanEval prompts")
     ap.add_argument("--bfcl", type=int, default=0, help="BFCL function-calling cases (text repeats: the schema)")
@@ -82,7 +86,6 @@ def main() -> None:
 
     modes = parse_modes(args.gammas)
     gammas = [m[0] for m in modes]
-    from benchmarks.target_format import target_gguf
     engine, tok = open_model(str(target_gguf(args.target, args.target_format)), backend="llamacpp",
                              threads=1, max_len=4096)
     chat = [("mtbench", p) for p in mtbench_first_turns(args.mtbench)] + [("code", p) for p in code_prompts(args.code)]
@@ -99,7 +102,8 @@ def main() -> None:
             args.setup = f"this device's target (core 0) against the hub at {url}"
         else:
             url = broker.url
-            star_ctx = RemoteStar(args.draft, logdir, core=1, broker_url=url, ahead=args.ahead,
+            star_ctx = RemoteStar(str(target_gguf(args.draft, args.draft_format)), logdir, core=1,
+                                  broker_url=url, ahead=args.ahead,
                                   drafter=args.drafter, p_min=args.draft_p_min)
             link = MqttLink(url)
         with star_ctx:
@@ -136,7 +140,7 @@ def repetitive_prompts(engine, tok, args):
 
 def write(rows, gammas, args) -> None:
     res = {"machine": platform.machine(), "cpu": _cpu(), "target": args.target,
-           "target_format": args.target_format, "draft": args.draft,
+           "target_format": args.target_format, "draft": args.draft, "draft_format": args.draft_format,
            "new_tokens": args.new, "rounds": args.rounds, "threads_per_device": 1, "ahead": args.ahead,
            "drafter": args.drafter, "draft_p_min": args.draft_p_min,
            "setup": getattr(args, "setup", None) or "target on core 0 (this process); hub + remote draft service "
@@ -147,7 +151,8 @@ def write(rows, gammas, args) -> None:
     head = "| set | prompt | alone tok/s | " + " | ".join(
         f"γ={g} tok/s | × | accept | tok/verify | mean γ | split (margin)" for g in gammas) + " |"
     fmt = "" if args.target_format == "native" else f" stored as {args.target_format}"
-    lines = [f"# StarSD on two cores as two devices: {args.target}{fmt} target (core 0), {args.draft} remote "
+    dfmt = "" if args.draft_format == "native" else f" stored as {args.draft_format}"
+    lines = [f"# StarSD on two cores as two devices: {args.target}{fmt} target (core 0), {args.draft}{dfmt} remote "
              f"draft (core 1), {args.new} greedy tokens, medians of {args.rounds}", "",
              f"Draft service: --drafter {args.drafter}, --draft-p-min "
              f"{'(edge-agent run default)' if args.draft_p_min is None else args.draft_p_min}, "

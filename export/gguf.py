@@ -343,11 +343,11 @@ def quantize_with_llamacpp(src: str | Path, out: str | Path, ftype: str, threads
                            requantize: bool = False) -> Path:
     """Quantise a F16/F32 GGUF to a K-quant with llama.cpp's `llama_model_quantize`.
 
-    requantize: also accept an already-quantised `src` and the plain types (F16, Q8_0, Q4_0);
+    requantize: also accept an already-quantised `src` and the plain types (F16, BF16, Q8_0, Q4_0);
     llama.cpp dequantises each tensor first, so a Q4_K_M model stored as F16 has the same weights
     up to F16 rounding (the benchmarks use that for a memory-bound target)."""
     import ctypes
-    allowed = KQUANTS + (("F16", "Q8_0", "Q4_0") if requantize else ())
+    allowed = KQUANTS + (("F16", "BF16", "Q8_0", "Q4_0") if requantize else ())
     if ftype not in allowed:
         raise GGUFExportError(f"{ftype!r} is not a K-quant; choose one of {', '.join(allowed)}")
     try:

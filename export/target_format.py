@@ -1,10 +1,11 @@
-"""The target's GGUF in another storage format: the same weights, a different cost regime.
+"""A model's GGUF in another storage format: the same weights, a different cost regime.
 
 On one AVX-512 core, Qwen2.5-Coder-1.5B Q4_K_M decodes compute-bound: a call over 4 tokens
 costs ~3.7 one-token steps, so no draft can pay there. Stored as F16 (or Q8_0) the same weights
 decode memory-bound: 4 tokens for ~1.5 steps, the regime of a Jetson's GPU, where speculation
 is meant to pay. The Q4_K_M file alone is still the faster one on such a CPU, which is why the
-demo and the benchmarks print its tok/s next to each speedup.
+demo and the benchmarks print its tok/s next to each speedup. For a draft service on an x86 hub
+Q4_0 is the cheaper file: llama.cpp repacks it for its AVX kernels (benchmarks/draft_formats.py).
 
 `target_gguf(name, "F16")` writes models/<stem>-f16.gguf once (llama.cpp's quantiser, ~20 s,
 dequantising each Q4_K tensor) and reuses it. Here (export/) so that both server/ (the demo)
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Union
 
 NATIVE = "native"
-FORMATS = (NATIVE, "F16", "Q8_0")
+FORMATS = (NATIVE, "F16", "BF16", "Q8_0", "Q4_0")
 
 
 def converted_path(src: Path, fmt: str) -> Path:

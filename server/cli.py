@@ -16,6 +16,7 @@ from edge.command_options import (STAR_GAMMA, ctl_key_option, draft_core_for_com
                                   read_ctl_key, read_password, start_telemetry_for_command, telemetry_options,
                                   tls_files)
 from edge.roles.sun_limits import DEFAULT_MAX_SEQUENCES
+from export.target_format import FORMATS
 from server.plan_command import plan
 
 
@@ -319,9 +320,9 @@ def top(hub_url, username, password, password_file, tls_dir, client_id, ctl_key_
               help="first: one target alone vs through a star whose hub + draft run on another core")
 @click.option("--two-device-gammas", default="3,auto", show_default=True, metavar="γ,auto",
               help="the γ modes of the two-device part (integers and/or auto[:N])")
-@click.option("--two-device-format", default=None, type=click.Choice(["native", "F16", "Q8_0"]),
+@click.option("--two-device-format", default=None, type=click.Choice(FORMATS),
               help="the two-device target's GGUF: as fetched (Q4_K_M: compute-bound on a CPU, no draft pays) or "
-                   "the same weights stored as F16 / Q8_0 (memory-bound, a Jetson GPU's regime; written once "
+                   "the same weights stored as F16 / BF16 / Q8_0 (memory-bound, a Jetson GPU's regime; written once "
                    "to models/)  [default: F16 with llama.cpp, native with torch]")
 def demo(**options):
     """StarSD on this machine: one hub + draft service, N targets, each on its own prompt."""

@@ -40,9 +40,9 @@ def test_native_is_the_fetched_file_and_runs_no_quantiser(fetched, quantiser):
 
 
 def test_unknown_format_is_a_clear_error(fetched, quantiser):
-    with pytest.raises(ValueError, match="unknown target format 'Q5_K'.*native, F16, Q8_0"):
+    with pytest.raises(ValueError, match="unknown target format .Q5_K.*native, F16, BF16, Q8_0, Q4_0"):
         target_gguf("qwen2.5-coder-1.5b", "Q5_K")
-    assert quantiser == [] and FORMATS == ("native", "F16", "Q8_0")
+    assert quantiser == [] and FORMATS == ("native", "F16", "BF16", "Q8_0", "Q4_0")
 
 
 def test_converted_once_then_reused(fetched, quantiser, capsys):

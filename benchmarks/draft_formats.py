@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -126,7 +125,8 @@ def main(argv=None) -> None:
 
 
 def write(rows: list, args) -> None:
-    meta = {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "gamma": args.gamma,
+    from benchmarks.starsd_two_device import _cpu
+    meta = {"cpu": _cpu(), "threads": args.threads, "gamma": args.gamma,
             "draft": args.draft, "target": args.target, "prompts": args.prompts, "tokens": args.tokens,
             "reps": args.reps, "load": os.getloadavg(), "when": time.strftime("%Y-%m-%d %H:%M")}
     args.out.parent.mkdir(parents=True, exist_ok=True)

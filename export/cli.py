@@ -2,6 +2,7 @@
 
     edge-export onnx smollm2-135m out/smol --graphs model,prefill --int4
     edge-export gguf smollm2-135m out/smol-q4_0.gguf --type Q4_0
+    edge-export store qwen2.5-coder-0.5b --as Q4_0  # models/qwen2.5-coder-0.5b-instruct-q4_0.gguf
     edge-export bundle smollm2-135m out/bundle --onnx model --int4 --gguf Q4_0
     edge-export bundle out/bundle --show            # list and verify an existing bundle
 """
@@ -12,6 +13,8 @@ import time
 from pathlib import Path
 
 import click
+
+from export.target_format import FORMATS, NATIVE
 
 
 def _fail(e: Exception):
@@ -73,6 +76,21 @@ def gguf_cmd(src, out, ftype, float_type):
     try:
         click.echo(export_gguf(src, out, ftype=ftype, float_type=float_type))
     except _user_errors() as e:
+        _fail(e)
+
+
+@main.command("store", help="Store a GGUF model's weights in another llama.cpp format, next to it (llama.cpp's "
+              "quantiser, once; then reused). Prints the file's path: pass it as --model. On an x86 hub "
+              "Q4_0 is the cheaper draft; F16 / BF16 make a CPU target's verify memory-bound.")
+@click.argument("model")
+@click.option("--as", "fmt", required=True, type=click.Choice([f for f in FORMATS if f != NATIVE]),
+              help="the storage format (benchmarks/draft_formats.py measures which pays)")
+def store_cmd(model, fmt):
+    from export.gguf import GGUFExportError
+    from export.target_format import target_gguf
+    try:
+        click.echo(target_gguf(model, fmt))
+    except _user_errors() + (GGUFExportError,) as e:
         _fail(e)
 
 

@@ -1,4 +1,6 @@
 """GGUF export (export/gguf.py): tensors, metadata, the int4 grid, and llama.cpp running the file."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -330,3 +332,26 @@ def test_storage_formats_of_a_fetched_gguf(tmp_path, smollm2, smollm2_forced, fm
     same = _llama_logits(llm, seq).argmax(-1) == ref.argmax(-1)
     del llm
     assert same.mean() >= raw and same[_sure(ref)].mean() >= sure, (same.mean(), same[_sure(ref)].mean())
+
+
+def test_edge_export_store_writes_once_and_prints_the_path(tmp_path, smollm2):
+    """`edge-export store MODEL --as FMT`: the file lands next to the model, is reused, and a
+    wrong model is a one-line error."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from export.cli import main as export_main
+    _, ck = smollm2
+    src = Path(shutil.copy(ck.source, tmp_path / "smollm2-135m-instruct-q4_1.gguf"))
+    res = CliRunner().invoke(export_main, ["store", str(src), "--as", "Q8_0"])
+    assert res.exit_code == 0, res.output
+    out = Path(res.output.strip().splitlines()[-1])
+    assert out == tmp_path / "smollm2-135m-instruct-q8_0.gguf" and out.is_file()
+    assert int(GGUFReader(str(out)).fields["general.file_type"].parts[-1][0]) == 7   # MOSTLY_Q8_0
+    before = out.stat().st_mtime_ns
+    again = CliRunner().invoke(export_main, ["store", str(src), "--as", "Q8_0"])
+    assert again.exit_code == 0 and Path(again.output.strip().splitlines()[-1]) == out
+    assert out.stat().st_mtime_ns == before                                        # reused, not rewritten
+    bad = CliRunner().invoke(export_main, ["store", str(tmp_path / "nope.gguf"), "--as", "Q4_0"])
+    assert bad.exit_code == 1 and "no such model file" in bad.output and "Traceback" not in bad.output

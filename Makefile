@@ -65,6 +65,7 @@ bench: install llama models
 	$(BIN)/python benchmarks/qsun_speed.py
 	$(BIN)/python benchmarks/sun_serving.py
 	$(BIN)/python benchmarks/starsd_scaling.py
+	$(BIN)/python benchmarks/draft_formats.py
 	$(BIN)/python benchmarks/local_spec.py
 	$(BIN)/python benchmarks/starsd_two_device.py
 	$(BIN)/python benchmarks/native_spec.py

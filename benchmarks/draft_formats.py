@@ -25,8 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "benchmarks" / "results" / "draft_formats"
@@ -85,19 +83,10 @@ def target_texts(args, tok) -> dict:
 
 
 def agreement(engine, texts: dict) -> dict:
-    out = {}
-    for kind, items in texts.items():
-        hits = total = 0
-        for ids, cont in items:
-            if not cont:
-                continue
-            s = engine.new_sequence()
-            pred = engine.forward(s, ids + cont[:-1])[len(ids) - 1:].argmax(axis=-1)
-            engine.free(s)
-            hits += int((pred == np.asarray(cont)).sum())
-            total += len(cont)
-        out[kind] = hits / max(1, total)
-    return out
+    """set -> the fraction of the target's greedy tokens the draft's argmax matches."""
+    from benchmarks.starsd_scaling import forced_hits
+    return {kind: sum(forced_hits(engine, ids, cont) for ids, cont in items if cont)
+            / max(1, sum(len(cont) for _, cont in items)) for kind, items in texts.items()}
 
 
 def main(argv=None) -> None:

@@ -137,6 +137,15 @@ def mtbench_prompts(tok, max_tokens: int) -> list:
     return out
 
 
+def forced_hits(draft, prompt: list, continuation: list) -> int:
+    """Positions of `continuation` (the target's own greedy text after `prompt`) where the draft's
+    argmax, teacher-forced on it, is the target's token."""
+    seq = draft.new_sequence()
+    pred = draft.forward(seq, prompt + continuation[:-1])[len(prompt) - 1:].argmax(axis=-1)
+    draft.free(seq)
+    return int((pred == np.asarray(continuation)).sum())
+
+
 def measure_alpha(draft, tok, prompts, n_prompts: int, n_tokens: int, threads: int) -> dict:
     """Position-by-position greedy agreement of the draft with the real 1.5B target's own greedy text."""
     from edge.engines.llamacpp_engine import LlamaCppEngine
@@ -148,10 +157,7 @@ def measure_alpha(draft, tok, prompts, n_prompts: int, n_tokens: int, threads: i
         out = generate_plain(target, p, n_tokens, stop_ids=tuple(tok.eos_ids)).tokens
         if not out:
             continue
-        seq = draft.new_sequence()
-        pred = draft.forward(seq, p + out[:-1])[len(p) - 1:].argmax(axis=-1)
-        draft.free(seq)
-        hits += int((pred == np.asarray(out)).sum())
+        hits += forced_hits(draft, p, out)
         total += len(out)
     target.close()
     return {"alpha": hits / max(1, total), "positions": total, "prompts": n_prompts, "seconds": time.perf_counter() - t0,

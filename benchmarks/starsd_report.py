@@ -9,7 +9,7 @@ import numpy as np
 
 from server.planner import Prediction, SystemInputs, format_table, n_full, simulate, sweep
 
-DRAFT_MB = 491.4          # Qwen2.5-Coder-0.5B Q4_K_M weights, per draft instance
+DRAFT_MB = 491.4          # Qwen2.5-Coder-0.5B Q4_K_M weights, per draft instance (results without "draft_mb")
 
 
 def _stored(config: dict) -> str:
@@ -131,8 +131,8 @@ def markdown(out: dict) -> str:
           "", f"Baselines (emulated on the same profile, same run): target-only **{alone:.1f} tok/s** per device; "
           f"co-located pair (0.5B draft on the device, {t['draft_step_on_device_ms']:.1f} ms/step, same γ) "
           f"**{coloc:.1f} tok/s** per device, acceptance {_f(out['baselines']['colocated'].get('acceptance'), '.2f')}. "
-          f"N devices = N × one (they share nothing); N co-located pairs hold N × {DRAFT_MB:.0f} MB of draft "
-          f"weights, StarSD one.", "", "Draft service time per batch D(b) (γ drafts per request):", "",
+          f"N devices = N × one (they share nothing); N co-located pairs hold "
+          f"N × {out.get('draft_mb', DRAFT_MB):.0f} MB of draft weights, StarSD one.", "", "Draft service time per batch D(b) (γ drafts per request):", "",
           "| batch | micro-benchmark ms | in the sweep ms |", "|---|---|---|"]
     inrun = pl.get("inrun_service_ms", {})
     for b in sorted({int(x) for x in out["service_ms"]} | {int(x) for x in inrun}):

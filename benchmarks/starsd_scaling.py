@@ -305,6 +305,8 @@ def main(argv=None) -> None:
                       "verify_cost": {k: timing.verify_cost(k) for k in range(1, a.gamma + 2)},
                       "source": timing.source},
            "service_ms": {str(b): 1e3 * d for b, d in d_of_b.items()}, "points": [], "baselines": {},
+           "draft_mb": target_gguf(DRAFT, a.draft_format).stat().st_size / 1e6 if a.draft_backend == "llamacpp"
+           else model_path(DRAFT).stat().st_size / 1e6,
            "overhead": {}, "real": []}
     work = Path(tempfile.mkdtemp(prefix="starsd-"))
     # a long eviction timeout: the service measures silence from a session's last request, so a batch

@@ -24,6 +24,7 @@ from edge.model import Transformer, tiny_config
 from edge.protocol import Telemetry, encode, telemetry_topic
 
 from tiny_models import small_bpe
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
@@ -60,12 +61,10 @@ class Procs:
         return (self.root / f"{name}.err").read_text(errors="replace")
 
     def wait_for(self, name, text, timeout=60.0):
-        end = time.monotonic() + timeout
-        while text not in self.err(name):
-            p = self.procs[name]
-            assert p.poll() is None, f"{name} exited {p.returncode}:\n{self.err(name)}"
-            assert time.monotonic() < end, f"{name} did not say {text!r}:\n{self.err(name)}"
-            time.sleep(0.05)
+        p = self.procs[name]
+        if not wait_until(lambda: text in self.err(name) or p.poll() is not None, timeout):
+            raise AssertionError(f"{name} did not say {text!r}:\n{self.err(name)}")
+        assert text in self.err(name), f"{name} exited {p.returncode}:\n{self.err(name)}"
 
     def close(self):
         for p in self.procs.values():
@@ -123,13 +122,14 @@ def _rows(table: str) -> dict:
 
 
 def _until(check, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    return check()
+    """check()'s first truthy value within timeout, else its last value."""
+    got = {}
+
+    def ready():
+        got["value"] = check()
+        return bool(got["value"])
+    wait_until(ready, timeout)
+    return got["value"]
 
 
 def test_draft_node_and_hub_report_through_mqtt_metrics_and_top(star):

@@ -3,12 +3,13 @@ sources named there), and the reader on a process that prints them."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from edge.tegrastats import TegrastatsReader, parse_line
+
+from waiting import wait_until
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tegrastats_orin.txt"
 
@@ -82,9 +83,7 @@ def test_reader_keeps_the_latest_line_of_the_process(tmp_path):
                       "time.sleep(60)\n")
     reader = TegrastatsReader(0.05, command=[sys.executable, str(script)]).start()
     try:
-        end = time.monotonic() + 10
-        while reader.lines < 2 and time.monotonic() < end:
-            time.sleep(0.02)
+        wait_until(lambda: reader.lines >= 2)
         assert reader.lines == 2
         assert reader.latest().gpu_pct == 63.0                     # the second line's
     finally:

@@ -20,25 +20,17 @@ import click
 
 from edge.agent_config import config_option
 from edge.command_options import (STAR_GAMMA, ctl_key_option, draft_core_for_command, draft_limits,
-                                  draft_options, drafter_options, open_model_for_command, read_ctl_key,
-                                  read_password, start_telemetry_for_command, telemetry_options, tls_files)
+                                  draft_options, drafter_options, leave_on_sigterm, open_model_for_command,
+                                  read_ctl_key, read_password, start_telemetry_for_command, telemetry_options,
+                                  tls_files)
 from edge.plan_command import check_before_load, memory_options
 from edge.roles.sun_limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
 
 
-def _leave_on_sigterm() -> threading.Event:
-    """From now on SIGTERM asks the node to leave cleanly. Installed before a node starts: one
-    that others already use (its hello is out) must not die of a SIGTERM that comes before it
-    waits (a test saw it killed by signal 15 there, on a busy machine)."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    return stop
-
-
 def _wait_for_signal(stop: threading.Event) -> None:
-    """Until SIGINT or SIGTERM sets `stop` (Ctrl-C while the model loads still interrupts at once)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    """Until SIGINT or SIGTERM (leave_on_sigterm) sets `stop`. SIGINT only from here: Ctrl-C while
+    the model loads still interrupts at once."""
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     while not stop.wait(3600):
         pass
 
@@ -164,7 +156,7 @@ def _run_draft(core, tok, link, service_id, limits=None, ctl_key=None, tele=None
         link.connect(timeout=10)
     except LinkError as e:
         raise click.ClickException(str(e)) from None
-    stop = _leave_on_sigterm()
+    stop = leave_on_sigterm()
     node.start()
     click.echo(f"draft service {service_id} registered at {link.url}; Ctrl-C to leave", err=True)
     telemetry = None
@@ -188,7 +180,7 @@ def _run_sun(role, link, directory, worker_id, task, threads, max_batch, stop_id
     from edge.link import LinkError
     from edge.sun_error import SunError
 
-    stop = _leave_on_sigterm()
+    stop = leave_on_sigterm()
     try:
         node = open_node(role, link, directory, worker_id, task=task, threads=threads, max_batch=max_batch,
                          stop_ids=stop_ids, backend="torch" if backend == "auto" else backend, ctl_key=ctl_key,
@@ -271,7 +263,7 @@ def _run_target(engine, tok, link, client_id, gamma, model, host, port, prompt, 
             raise click.UsageError("a target needs --http-port (to serve clients) or --prompt")
         from edge.openai_http import OpenAIServer
 
-        stop = _leave_on_sigterm()
+        stop = leave_on_sigterm()
         server = OpenAIServer(star.generate, tok, model_name=str(model), host=host, port=port,
                               context=engine.max_len).start()
         click.echo(f"OpenAI endpoint on http://{host}:{server.port}/v1 (model {model}); Ctrl-C to stop",

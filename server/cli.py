@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
 from pathlib import Path
 
 import click
 
 from edge.command_options import (STAR_GAMMA, ctl_key_option, draft_core_for_command, draft_limits, draft_options,
-                                  drafter_options, open_model_for_command,
+                                  drafter_options, leave_on_sigterm, open_model_for_command,
                                   read_ctl_key, read_password, start_telemetry_for_command, telemetry_options,
                                   tls_files)
 from edge.roles.sun_limits import DEFAULT_MAX_SEQUENCES
@@ -157,8 +156,7 @@ def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, cl
               draft_engine=engine, draft_core=core, tokenizer_fp=tok_fp or "", limits=draft_limits(**limits),
               hub_id=hub_id, username=username, password=password, sun_isolated=sun_isolated, sun_pools=pools,
               sun_decoder=decoder, ctl_key=ctl_key, listeners=listeners, client_share=client_share)
-    stop = threading.Event()              # SIGTERM leaves cleanly from before devices can see the hub
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = leave_on_sigterm()             # from before devices can see the hub
     try:
         hub.start()
     except BrokerError as e:
@@ -184,8 +182,7 @@ def serve(broker_url, mosquitto, port, listen, tls_dir, insecure, acl, users, cl
             raise click.ClickException(f"--sun-http-port {sun_http_port}: {e}") from None
         click.echo(f"SUN tasks on http://{sun_http_host}:{http.port}/v1 (model = task)", err=True)
     telemetry = _hub_telemetry(hub, ctl_key, telemetry_interval, metrics_host, metrics_port, http)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         while not stop.wait(stats_every or 3600):
             if stats_every:

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 from pathlib import Path
+
+from waiting import wait_until
 
 SSHD = "/usr/sbin/sshd"
 NOT_DEPS = ("starsun", "__editable__", "_virtualenv")     # the kit comes from the provisioned wheel
@@ -79,16 +80,18 @@ class SshDevice:
         Path("/run/sshd").mkdir(exist_ok=True)    # sshd's privilege separation directory
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.pc / "sshd_config")],
                                      stdout=subprocess.DEVNULL, stderr=open(self.pc / "sshd.log", "wb"))
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
+
+        def listening() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
+                return True
             except OSError:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"sshd exited: {(self.pc / 'sshd.log').read_text()}")
-                time.sleep(0.05)
-        raise RuntimeError("sshd did not listen within 10 s")
+                return False
+        if not wait_until(listening, timeout=10):
+            raise RuntimeError("sshd did not listen within 10 s")
+        return self
 
     def _device_python_has_deps(self) -> None:
         """The user's site directory sees this checkout's .venv packages (not the kit itself)."""

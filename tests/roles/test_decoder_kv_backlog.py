@@ -4,8 +4,6 @@ gets in), and the bound frees as the loop catches up.
 (tests/system/test_hostile_clients.py floods a live decoder through Mosquitto.)"""
 from __future__ import annotations
 
-import time
-
 from edge import protocol as P
 from edge.engines.torch_engine import TorchEngine
 from edge.memory_link import MemoryBus, MemoryLink
@@ -13,6 +11,7 @@ from edge.roles.decoder import SharedDecoder
 from edge.roles.decoder_node import DecoderNode
 
 from tiny_models import random_model
+from waiting import wait_until
 
 
 def test_kv_queue_is_bounded_in_bytes_and_drains():
@@ -35,10 +34,7 @@ def test_kv_queue_is_bounded_in_bytes_and_drains():
         def reached():                       # the real chunk is handled last (backlog() drops to 0 before)
             p = node._pending.get("r-real")
             return p is not None and len(p.chunks) == 1
-        end = time.monotonic() + 10
-        while time.monotonic() < end and not reached():
-            time.sleep(0.01)
-        assert reached() and node.loop.backlog() == 0 and node._queued == 0
+        assert wait_until(reached, timeout=10) and node.loop.backlog() == 0 and node._queued == 0
         node._on_kv(P.sun_kv_topic("dec", "evil"), chunk)                # room again
         assert node.dropped["kv_backlog"] == 20 - fits
     finally:

@@ -4,8 +4,6 @@ draft service and a target over the memory bus, a SUN prefill worker and shared 
 behind the router."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -26,6 +24,7 @@ from server.hub import Hub
 from server.sun_router import SunRouter
 
 from tiny_models import random_model
+from waiting import wait_until
 
 torch.set_num_threads(1)
 KEY = b"k" * 32
@@ -89,10 +88,8 @@ def test_sun_prefill_worker_and_decoder_report_their_counters():
         nodes.append(node.start())
     client = SunClient(link("client").connect(5), "client").start()
     try:
-        end = time.monotonic() + 10
-        while time.monotonic() < end and not {"prefill-maths", "dec"} <= {
-                w for w, s in router.workers.items() if s.online}:
-            time.sleep(0.01)
+        wait_until(lambda: {"prefill-maths", "dec"} <= {w for w, s in router.workers.items() if s.online},
+                   timeout=10)
         handles = [client.submit("maths", [3, 4, 5 + i], max_new=6) for i in range(3)]
         results = [h.wait(20) for h in handles]
         prefill, dec = nodes

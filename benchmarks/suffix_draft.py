@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import repetitive_workloads as wl  # noqa: E402
+from benchmarks.target_format import FORMATS  # noqa: E402
 from edge.drafter import Drafter  # noqa: E402
 from edge.fetch import model_path  # noqa: E402
 from edge.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
@@ -203,9 +204,9 @@ def main():
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4, help="the most tokens any drafter proposes a round")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--target-format", default="native", choices=["native", "F16", "Q8_0"],
-                    help="the target's GGUF as fetched (Q4_K_M) or the same weights as F16 / Q8_0 "
-                         "(memory-bound: a verify over k tokens costs little more than one step)")
+    ap.add_argument("--target-format", default="native", choices=FORMATS,
+                    help="the target's GGUF as fetched (Q4_K_M) or the same weights as F16 / BF16 / Q8_0 "
+                         "(a verify over k tokens costs less than k steps; BF16: Zen 4's native dot)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {','.join(WORKLOADS)}")
     ap.add_argument("--modes", default=",".join(MODES), help=f"some of {','.join(MODES)}")
     ap.add_argument("--min-score", type=float, default=1.5, help="hybrid: suffix answers at this score")

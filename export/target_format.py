@@ -23,6 +23,21 @@ NATIVE = "native"
 FORMATS = (NATIVE, "F16", "BF16", "Q8_0", "Q4_0")
 
 
+def wide_format(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """BF16 where the CPU has a native BF16 dot product (x86 avx512_bf16, Arm bf16), else F16.
+
+    On Zen 4 (one core, Qwen2.5-Coder-1.5B) BF16 decodes ~10% faster than F16 and a verify over
+    2 / 4 / 8 tokens costs 1.42 / 1.62 / 2.14 steps against F16's 1.58 / 1.72 / 3.1 (llama-bench);
+    without the instruction BF16 is converted in software, so F16 is the safe choice."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f
+                          if ln.split(":", 1)[0].strip() in ("flags", "Features")), [])
+    except OSError:
+        return "F16"
+    return "BF16" if "avx512_bf16" in flags or "bf16" in flags else "F16"
+
+
 def converted_path(src: Path, fmt: str) -> Path:
     """models/<stem>-<fmt>.gguf next to `src`, its quantisation suffix (-q4_k_m) dropped."""
     stem = src.stem.rsplit("-q", 1)[0] if "-q" in src.stem else src.stem

@@ -320,7 +320,8 @@ def top(hub_url, username, password, password_file, tls_dir, client_id, ctl_key_
 @click.option("--two-device-format", default=None, type=click.Choice(FORMATS),
               help="the two-device target's GGUF: as fetched (Q4_K_M: compute-bound on a CPU, no draft pays) or "
                    "the same weights stored as F16 / BF16 / Q8_0 (memory-bound, a Jetson GPU's regime; written once "
-                   "to models/)  [default: F16 with llama.cpp, native with torch]")
+                   "to models/)  [default with llama.cpp: BF16 where the CPU has a BF16 dot product "
+                   "(avx512_bf16, Arm bf16), else F16; native with torch]")
 def demo(**options):
     """StarSD on this machine: one hub + draft service, N targets, each on its own prompt."""
     from server.demos.star_demo import demo_command

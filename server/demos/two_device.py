@@ -124,12 +124,13 @@ def format_name(path: Path) -> str:
 
 
 def two_device_part_format(fmt: Optional[str], backend: str) -> str:
-    """--two-device-format: default F16 on llama.cpp (the Q4_K_M target decodes compute-bound on a
-    CPU, where no draft pays; F16 is memory-bound, a Jetson GPU's regime), native on torch."""
+    """--two-device-format: default on llama.cpp the wide format this CPU computes natively (BF16
+    or F16, export.target_format.wide_format: the Q4_K_M target decodes compute-bound on a CPU, where
+    no draft pays; wide weights decode memory-bound, a Jetson GPU's regime), native on torch."""
     import click
-    from export.target_format import NATIVE
+    from export.target_format import NATIVE, wide_format
     if fmt is None:
-        return "F16" if backend == "llamacpp" else NATIVE
+        return wide_format() if backend == "llamacpp" else NATIVE
     if fmt != NATIVE and backend != "llamacpp":
         raise click.BadParameter(f"{fmt} is a GGUF storage format: it needs --backend llamacpp",
                                  param_hint="--two-device-format")

@@ -56,15 +56,29 @@ def demo_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("argv, fmt", [([], "F16"), (["--two-device-format", "Q8_0"], "Q8_0"),
+@pytest.mark.parametrize("argv, fmt", [([], "BF16"), (["--two-device-format", "Q8_0"], "Q8_0"),
                                        (["--two-device-format", "native"], "native"),
                                        (["--backend", "torch"], "native")])
-def test_the_format_reaches_part_one(demo_calls, argv, fmt):
+def test_the_format_reaches_part_one(demo_calls, monkeypatch, argv, fmt):
+    monkeypatch.setattr("export.target_format.wide_format", lambda: "BF16")   # the default: this CPU's
     res = CliRunner().invoke(hub_main, ["demo", *argv])
     assert res.exit_code == 0, res.output
     assert demo_calls["format"] == fmt and demo_calls["shared"].name == "shared"
     assert demo_calls["engine"] == "part-one-engine" and demo_calls["baseline"] == ("Q4_K_M", "shared")
     assert demo_calls["closed_before_part_two"] and demo_calls["part_two"]
+
+
+@pytest.mark.parametrize("cpuinfo, fmt", [
+    ("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\n", "BF16"),   # Zen 4
+    ("processor\t: 0\nflags\t\t: fpu sse avx2 f16c fma\n", "F16"),                          # AVX2 only
+    ("processor\t: 0\nFeatures\t: fp asimd fphp asimdhp bf16 i8mm\n", "BF16"),               # Arm v8.6
+    ("processor\t: 0\nFeatures\t: fp asimd fphp asimdhp asimddp\n", "F16"),                  # Arm v8.2: no bf16
+    ("model name\t: x\n", "F16")])
+def test_the_wide_format_follows_the_cpus_bf16_dot(tmp_path, cpuinfo, fmt):
+    from export.target_format import wide_format
+    (tmp_path / "cpuinfo").write_text(cpuinfo)
+    assert wide_format(str(tmp_path / "cpuinfo")) == fmt
+    assert wide_format(str(tmp_path / "missing")) == "F16"
 
 
 def test_no_two_device_converts_nothing(demo_calls):

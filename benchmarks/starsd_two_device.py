@@ -85,6 +85,11 @@ def main() -> None:
     from server.mosquitto import MosquittoBroker
 
     modes = parse_modes(args.gammas)
+    # a suffix tree learns every session's output: a second run of a prompt would replay its own first
+    learns = args.drafter != "model"
+    if learns and len(modes) > 1:
+        ap.error(f"--drafter {args.drafter} learns from every session: give one γ mode a run (--gammas auto), "
+                 "or the later mode drafts from the earlier one's output of the same prompt")
     gammas = [m[0] for m in modes]
     engine, tok = open_model(str(target_gguf(args.target, args.target_format)), backend="llamacpp",
                              threads=1, max_len=4096)
@@ -115,7 +120,8 @@ def main() -> None:
                 star.calibrate()                # the verify-cost curve auto uses, outside the timed runs
             for kind, text, ids in prompts:
                 row = {"kind": kind, "prompt": text[:60],
-                       **measure_prompt(engine, star, ids, args.new, modes, args.rounds, tok.eos_ids)}
+                       **measure_prompt(engine, star, ids, args.new, modes, args.rounds, tok.eos_ids,
+                                         star_rounds=1 if learns else None)}
                 row.pop("alone_tokens")
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -141,7 +147,8 @@ def repetitive_prompts(engine, tok, args):
 def write(rows, gammas, args) -> None:
     res = {"machine": platform.machine(), "cpu": _cpu(), "target": args.target,
            "target_format": args.target_format, "draft": args.draft, "draft_format": args.draft_format,
-           "new_tokens": args.new, "rounds": args.rounds, "threads_per_device": 1, "ahead": args.ahead,
+           "new_tokens": args.new, "rounds": args.rounds,
+           "star_rounds": args.rounds if args.drafter == "model" else 1, "threads_per_device": 1, "ahead": args.ahead,
            "drafter": args.drafter, "draft_p_min": args.draft_p_min,
            "setup": getattr(args, "setup", None) or "target on core 0 (this process); hub + remote draft service "
                     f"({args.drafter}) on core 1; Mosquitto; memory bandwidth shared", "rows": rows}
@@ -153,7 +160,11 @@ def write(rows, gammas, args) -> None:
     fmt = "" if args.target_format == "native" else f" stored as {args.target_format}"
     dfmt = "" if args.draft_format == "native" else f" stored as {args.draft_format}"
     lines = [f"# StarSD on two cores as two devices: {args.target}{fmt} target (core 0), {args.draft}{dfmt} remote "
-             f"draft (core 1), {args.new} greedy tokens, medians of {args.rounds}", "",
+             f"draft (core 1), {args.new} greedy tokens, " + (
+                 f"medians of {args.rounds}" if args.drafter == "model" else
+                 f"target alone: medians of {args.rounds}; the star: one run a prompt (the {args.drafter} "
+                 f"draft's fleet tree learns every session's output: it holds the earlier prompts', never "
+                 f"this prompt's own)"), "",
              f"Draft service: --drafter {args.drafter}, --draft-p-min "
              f"{'(edge-agent run default)' if args.draft_p_min is None else args.draft_p_min}, "
              f"draft-ahead {'on' if args.ahead else 'off'}.", "",

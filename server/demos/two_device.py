@@ -196,8 +196,10 @@ def margin_at(engine, ids: Sequence[int], toks: Sequence[int], i: int) -> float:
 
 
 def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds: int = 1,
-                   stop_ids: Sequence[int] = ()) -> dict:
-    """Target alone vs the star (`star`: a StarTarget on `engine`) per γ mode, medians of `rounds`.
+                   stop_ids: Sequence[int] = (), star_rounds: Optional[int] = None) -> dict:
+    """Target alone vs the star (`star`: a StarTarget on `engine`) per γ mode, medians of `rounds`
+    (the star's of its first `star_rounds`: a draft that learns from every session, the suffix
+    tree, must see a prompt once, or its later runs replay the prompt's own earlier output).
 
     Row: alone_tok_s, alone tokens, step_ms (one target step), verify_steps {k: a target call over k
     tokens in single steps}, and per mode label 'g<label>': tok_s, speedup, acceptance,
@@ -206,12 +208,12 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
     same_text, split_at, margin_at_split."""
     from edge.generate import generate_plain
     alone, runs, ref, calls = [], {m[0]: [] for m in modes}, None, {}
-    for _ in range(rounds):
+    for i in range(rounds):
         r = generate_plain(engine, ids, max_new, stop_ids=tuple(stop_ids))
         alone.append(r.tokens_per_s)
         ref = r.tokens
         results = [r]
-        for label, g, adaptive in modes:
+        for label, g, adaptive in (modes if star_rounds is None or i < star_rounds else ()):
             star.gamma, star.adaptive = g, adaptive
             s = star.generate(ids, max_new, stop_ids=tuple(stop_ids))
             runs[label].append((s, star.last_drafter.stats, star.last_drafter.waits))

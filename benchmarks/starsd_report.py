@@ -103,8 +103,7 @@ def markdown(out: dict) -> str:
          + f", network RTT {t['net_rtt_ms']:.1f} ms (emulated), acceptance α={out['alpha']['alpha']:.3f} "
          f"({out['alpha']['source']}), i.i.d. per position. Protocol, broker, HMAC, target loop and "
          f"verification are the real code. Targets {'always wait for the draft' if c['deadline'] == 'wait' else 'use the adaptive deadline'}"
-         f"{'; draft-ahead on' if c['ahead'] else ''}"
-         f"{'' if c.get('split', True) else '; every pending request in one batch (--no-split)'}.", "",
+         f"{'; draft-ahead on' if c['ahead'] else ''}.", "",
          f"Machine load average {m['loadavg_start'][0]:.1f} at start, {m['loadavg_end'][0]:.1f} at end "
          f"({m['date']}, {m['wall_s'] / 60:.1f} min). Per-token latency = round time / tokens of that round.", "",
          "| N | system tok/s | planner | per-target tok/s | planner | vs target-only | vs co-located | draft busy (pred) "

@@ -80,9 +80,6 @@ def args_of(argv=None):
                     help="wait: targets always wait for the draft (the planner's closed loop); "
                          "adaptive: the real deadline (late drafts -> decode alone)")
     ap.add_argument("--ahead", action="store_true", help="let the draft service draft ahead when idle")
-    ap.add_argument("--no-split", dest="split", action="store_false",
-                    help="the draft service takes every pending request into one batch, even where a "
-                         "smaller batch costs less per sequence (DraftLimits.split_batches)")
     ap.add_argument("--prompt-tokens", type=int, default=128, help="longest prompt (chat template included)")
     ap.add_argument("--reps", type=int, help="repeats per batch size of the draft service micro-benchmark")
     ap.add_argument("--pin", action="store_true", help="cores as devices: the hub + draft service (this "
@@ -167,18 +164,15 @@ def measure_alpha(draft, tok, prompts, n_prompts: int, n_tokens: int, threads: i
             "source": f"measured: {TARGET} greedy, {DRAFT} argmax agreement"}
 
 
-def measure_service(engine, bs, gamma: int, prompts, reps: int, split: bool = True) -> dict:
-    """D(b): seconds of the DraftService answering b requests at once (each: one token in, gamma
-    drafts out), in one batch or, split (DraftLimits.split_batches), in the batch sizes it chose."""
+def measure_service(engine, bs, gamma: int, prompts, reps: int) -> dict:
+    """D(b): seconds of one DraftService batch serving b requests (each: one token in, gamma drafts out)."""
     from edge.protocol import DraftRequest
     from edge.roles.draft import DraftLimits, DraftService
-    svc = DraftService(engine, DraftLimits(max_sessions=max(bs) + 1, ahead=False, max_gamma=gamma,
-                                           split_batches=split))
+    svc = DraftService(engine, DraftLimits(max_sessions=max(bs) + 1, ahead=False, max_gamma=gamma))
     replies: dict = {}
 
-    def step():                                      # every request answered (a split batch: in parts)
-        while svc.has_work():
-            replies.update(svc.step())
+    def step():
+        replies.update(svc.step())
     sids = [f"b{i}" for i in range(max(bs))]
     ctx, seq = {}, {s: 1 for s in sids}
     for i, s in enumerate(sids):
@@ -303,7 +297,7 @@ def main(argv=None) -> None:
         alpha_info = {"alpha": float(a.alpha), "source": "given on the command line"}
     alpha = alpha_info["alpha"]
     log(f"alpha = {alpha:.3f} ({alpha_info['source']})")
-    d_of_b = measure_service(draft, a.ns, a.gamma, prompts, a.reps, a.split)
+    d_of_b = measure_service(draft, a.ns, a.gamma, prompts, a.reps)
     r_ms = timing.call_ms(a.gamma + 1) + timing.net_rtt_ms
     out = {"config": {k: v for k, v in vars(a).items() if k != "verify"}, "alpha": alpha_info,
            "timing": {"profile": a.profile, "target_step_ms": timing.target_step_ms,
@@ -317,8 +311,7 @@ def main(argv=None) -> None:
     work = Path(tempfile.mkdtemp(prefix="starsd-"))
     # a long eviction timeout: the service measures silence from a session's last request, so a batch
     # slower than the timeout (a loaded machine, 32 prefills) would evict the sessions it just answered
-    lim = DraftLimits(max_sessions=2 * max(a.ns) + 4, max_gamma=max(8, a.gamma), ahead=a.ahead, evict_after_s=900,
-                      split_batches=a.split)
+    lim = DraftLimits(max_sessions=2 * max(a.ns) + 4, max_gamma=max(8, a.gamma), ahead=a.ahead, evict_after_s=900)
 
     log("baselines: target-only and one co-located pair (emulated; N devices = N x one)")
     for mode in ("alone", "colocated"):

@@ -2,10 +2,7 @@
 
 A core for edge/roles/loop.py: no thread, no I/O. Q_in holds at most one
 pending DraftRequest per session (a newer one replaces an older). A `step`
-takes everything pending -- or, where the engine's measured batched step
-costs more per sequence than a smaller one (one CPU core), the oldest requests
-of the cheapest batch size (edge/roles/batch_costs.py) -- and drafts for all
-it took at once: short `append`s
+takes EVERYTHING pending and drafts for all of it at once: short `append`s
 are fed and drafts made with one batched `engine.step` per position over the
 ragged per-session KV caches; only long feeds (a prompt) get a per-session
 `forward` first. The step returns the replies, (sid, message) each. A session
@@ -55,7 +52,6 @@ import numpy as np
 from edge.common_prefix import common_prefix
 from edge.engines.base import Engine, EngineError
 from edge.protocol import E_INTERNAL, E_OVERLOADED, DraftRequest, DraftResponse, Error
-from edge.roles.batch_costs import BatchCosts
 from edge.roles.draft_limits import DraftLimits, DraftRefused
 from edge.roles.draft_sessions import DraftSessions
 from edge.roles.isolated_step import step_isolated
@@ -156,7 +152,6 @@ class DraftService(DraftSessions):
         self._to_free: List[int] = []
         self._freeing = 0                       # bytes of those, held until step frees them
         self._streams = itertools.count()       # stream numbers: no two sessions' streams coincide
-        self.batch_costs = BatchCosts()         # D(b) of the engine's steps: how many requests a batch takes
 
     # ---- sessions (the table and Q_in: edge/roles/draft_sessions.py) ----
     def _new_session(self, sid: str) -> _Session:
@@ -222,11 +217,9 @@ class DraftService(DraftSessions):
 
     def _serve_pending(self) -> int:
         """Serve everything pending as one batch; returns the number of requests served."""
-        taken = self._take(self.batch_costs.chunk if self.limits.split_batches else None)
+        taken = self._take()
         if not taken:
             return 0
-        if self.pending():
-            self.stats.count("split_batches")    # the rest is served by the next step
         t0 = self.clock()
         work: List[_Work] = []
         for s, req, t_in in taken:
@@ -317,9 +310,7 @@ class DraftService(DraftSessions):
             if not group:
                 break
             toks = [w.feed.pop(0) if w.feed else w.sess.chain[-1][0] for w in group]
-            t = self.clock()
             rows = step_isolated(self.engine, [w.sess.seq for w in group], toks)
-            self.batch_costs.record(len(group), self.clock() - t)
             steps += 1
             for w, t, row in zip(group, toks, rows):
                 if row is None:              # only this session stops; the batch goes on

@@ -27,9 +27,6 @@ class DraftLimits:
     # a chain stops at a draft the model gives less than this (its top probability there); 0 here
     # drafts every γ asked for, the command line's --draft-p-min defaults to 0.75 (as llama-server)
     p_min: float = 0.0
-    # serve pending requests in the batch size that costs least per sequence, measured
-    # (edge/roles/batch_costs.py: on one CPU core two sequences in one step cost 2.5 single steps)
-    split_batches: bool = True
 
     def __post_init__(self):
         if not 0.0 <= self.p_min < 1.0:

@@ -106,15 +106,11 @@ class DraftSessions:
         with self._lock:
             self._outbox.append((sid, msg))
 
-    def _take(self, chunk: Optional[Callable[[int], int]] = None) -> list:
-        """What is pending, as (session, request, arrival), live sessions only: everything, or the
-        `chunk(n)` oldest of the n pending (edge/roles/batch_costs.py); the rest stays for the next step."""
+    def _take(self) -> list:
+        """Everything pending, as (session, request, arrival), live sessions only."""
         with self._lock:
-            items = sorted(self._pending.items(), key=lambda kv: kv[1][1])
-            items = items[:chunk(len(items))] if chunk and items else items
-            for sid, _ in items:
-                del self._pending[sid]
-            taken = [(self._sessions.get(sid), req, t) for sid, (req, t) in items]
+            taken = [(self._sessions.get(sid), req, t) for sid, (req, t) in self._pending.items()]
+            self._pending.clear()
         return [(s, r, t) for s, r, t in taken if s is not None and not s.closed]
 
     def _replies(self) -> List[Tuple[str, object]]:

@@ -72,7 +72,7 @@ class HybridDraftService(SuffixDraftService):
             self.stats.count("hybrid_model")
             context = list(s.ctx.tokens)
             keep = min(common_prefix(s.model_held, context), len(context) - 1)
-            s.waiting = {req.seq: (context, t_in)}     # the model answers it this step or a later one
+            s.waiting = {req.seq: (context, t_in)}     # the model answers it within this step
             self.model.submit(DraftRequest(s.sid, req.seq, keep, context[keep:], req.gamma, req.sampling))
         if self.model.has_work():
             for sid, msg in self.model.step():

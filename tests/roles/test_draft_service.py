@@ -75,22 +75,6 @@ def test_one_batch_serves_all_pending_with_one_step_per_position():
     assert s_of_d["6"]["batches"] == 1 and s_of_d["6"]["steps"] == 4   # γ batched steps, not 6·γ
 
 
-@pytest.mark.parametrize("split", [True, False])
-def test_where_one_batch_costs_more_per_sequence_the_oldest_request_goes_first(split):
-    svc, out = service(DraftLimits(ahead=False, split_batches=split))
-    for b, seconds in ((1, 1.0), (2, 3.0)) * 3:      # a step over 2 sequences costs 3 single steps
-        svc.batch_costs.record(b, seconds)
-    ctxs = contexts(2)
-    for i, c in enumerate(ctxs):
-        svc.open(f"s{i}")
-        svc.submit(DraftRequest(f"s{i}", 1, 0, c, 4))
-    assert step(svc, out) == (1 if split else 2) and list(out)[0] == "s0"
-    assert svc.has_work() == split and svc.stats.snapshot()["counters"].get("split_batches", 0) == split
-    while svc.has_work():
-        step(svc, out)
-    assert [out[f"s{i}"][0].tokens for i in range(2)] == [reference(c, 4) for c in ctxs]
-
-
 def test_keep_and_append_follow_each_session_like_a_fresh_draft():
     """Random acceptance patterns: after every round the drafts equal a fresh
     drafter's on the target's context, with draft-ahead running in between."""

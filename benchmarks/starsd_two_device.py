@@ -87,6 +87,7 @@ def main() -> None:
     modes = parse_modes(args.gammas)
     # a suffix tree learns every session's output: a second run of a prompt would replay its own first
     learns = args.drafter != "model"
+    args.star_rounds = 1 if learns else args.rounds
     if learns and len(modes) > 1:
         ap.error(f"--drafter {args.drafter} learns from every session: give one γ mode a run (--gammas auto), "
                  "or the later mode drafts from the earlier one's output of the same prompt")
@@ -121,7 +122,7 @@ def main() -> None:
             for kind, text, ids in prompts:
                 row = {"kind": kind, "prompt": text[:60],
                        **measure_prompt(engine, star, ids, args.new, modes, args.rounds, tok.eos_ids,
-                                         star_rounds=1 if learns else None)}
+                                         star_rounds=args.star_rounds)}
                 row.pop("alone_tokens")
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -148,7 +149,7 @@ def write(rows, gammas, args) -> None:
     res = {"machine": platform.machine(), "cpu": _cpu(), "target": args.target,
            "target_format": args.target_format, "draft": args.draft, "draft_format": args.draft_format,
            "new_tokens": args.new, "rounds": args.rounds,
-           "star_rounds": args.rounds if args.drafter == "model" else 1, "threads_per_device": 1, "ahead": args.ahead,
+           "star_rounds": args.star_rounds, "threads_per_device": 1, "ahead": args.ahead,
            "drafter": args.drafter, "draft_p_min": args.draft_p_min,
            "setup": getattr(args, "setup", None) or "target on core 0 (this process); hub + remote draft service "
                     f"({args.drafter}) on core 1; Mosquitto; memory bandwidth shared", "rows": rows}
@@ -161,7 +162,7 @@ def write(rows, gammas, args) -> None:
     dfmt = "" if args.draft_format == "native" else f" stored as {args.draft_format}"
     lines = [f"# StarSD on two cores as two devices: {args.target}{fmt} target (core 0), {args.draft}{dfmt} remote "
              f"draft (core 1), {args.new} greedy tokens, " + (
-                 f"medians of {args.rounds}" if args.drafter == "model" else
+                 f"medians of {args.rounds}" if args.star_rounds == args.rounds else
                  f"target alone: medians of {args.rounds}; the star: one run a prompt (the {args.drafter} "
                  f"draft's fleet tree learns every session's output: it holds the earlier prompts', never "
                  f"this prompt's own)"), "",

@@ -1,0 +1,42 @@
+"""The two-device table's per-prompt measurement: a draft that learns from every session (the fleet
+suffix tree) runs through the star once a prompt, while the target alone keeps its median."""
+from types import SimpleNamespace
+
+import torch
+
+from edge.engines.torch_engine import TorchEngine
+from edge.generate import generate_plain
+from edge.model import Transformer, tiny_config
+from edge.remote_gamma import RoundTrips
+from server.demos.two_device import measure_prompt, parse_modes
+
+
+class Star:
+    """A StarTarget's surface measure_prompt reads; it decodes alone and counts its runs."""
+
+    def __init__(self, engine):
+        self.engine, self.runs, self.gamma, self.adaptive = engine, 0, 0, False
+        self.last_drafter = SimpleNamespace(stats={"answered": 0, "rounds": 0}, waits=RoundTrips())
+
+    def generate(self, ids, max_new, stop_ids=()):
+        self.runs += 1
+        return generate_plain(self.engine, ids, max_new, stop_ids=stop_ids)
+
+
+def tiny_engine():
+    torch.manual_seed(0)
+    return TorchEngine(Transformer(tiny_config("llama")).double(), fingerprint="tiny")
+
+
+def test_a_learning_draft_sees_each_prompt_once_the_target_alone_three_times():
+    eng = tiny_engine()
+    star = Star(eng)
+    row = measure_prompt(eng, star, [1, 2, 3], 6, parse_modes("auto"), rounds=3, star_rounds=1)
+    assert star.runs == 1 and row["gauto"]["same_text"] and row["alone_tok_s"] > 0
+
+
+def test_a_model_draft_runs_every_round_and_mode():
+    eng = tiny_engine()
+    star = Star(eng)
+    measure_prompt(eng, star, [1, 2, 3], 6, parse_modes("3,auto"), rounds=2)
+    assert star.runs == 4

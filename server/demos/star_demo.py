@@ -339,7 +339,7 @@ def demo_command(n_targets, max_new, gamma, draft, target, backend, broker, chec
                  target_nice, two_device=True, two_device_gammas="3,auto", two_device_format=None):
     """`edge-hub demo` (its options are in server/cli.py): StarSD on this machine. First the
     two-device layout (one target on its own core, alone and through a star whose hub + draft run
-    on another core: same text, the speedup; llama.cpp: the target stored as F16 by default, see
+    on another core: same text, the speedup; llama.cpp: the target stored as BF16 or F16 by default, see
     two_device_format), then one hub + draft service serving N targets at once, with the draft
     memory N co-located pairs would need and a line of each target's text."""
     import logging

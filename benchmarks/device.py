@@ -232,12 +232,12 @@ def main(argv=None) -> None:
     ap.add_argument("--work", default=str(ROOT / "artifacts" / "backends"))
     ap.add_argument("--out", default=None, help="report path without suffix (default results/device-<profile>)")
     a = ap.parse_args(argv)
-    from benchmarks.starsd_two_device import _cpu
+    from edge.cpu_info import cpu_name
     from devices.profile import load_profile
     prof = load_profile(a.profile)
     skip = set(filter(None, a.skip.split(",")))
     rep = {"profile": {k: getattr(prof, k) for k in ("name", "kind", "memory_gb", "usable_memory_gb", "backends")},
-           "host": {"cpu": _cpu(), "cores": len(os.sched_getaffinity(0)), "machine": platform.machine(),
+           "host": {"cpu": cpu_name(), "cores": len(os.sched_getaffinity(0)), "machine": platform.machine(),
                     "load_avg": os.getloadavg()}, "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     rep["plan"] = plan(prof, a.max_len)
     print(json.dumps(rep["plan"], indent=1), flush=True)

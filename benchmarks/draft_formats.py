@@ -114,8 +114,8 @@ def main(argv=None) -> None:
 
 
 def write(rows: list, args) -> None:
-    from benchmarks.starsd_two_device import _cpu
-    meta = {"cpu": _cpu(), "threads": args.threads, "gamma": args.gamma,
+    from edge.cpu_info import cpu_name
+    meta = {"cpu": cpu_name(), "threads": args.threads, "gamma": args.gamma,
             "draft": args.draft, "target": args.target, "prompts": args.prompts, "tokens": args.tokens,
             "reps": args.reps, "load": os.getloadavg(), "when": time.strftime("%Y-%m-%d %H:%M")}
     args.out.parent.mkdir(parents=True, exist_ok=True)

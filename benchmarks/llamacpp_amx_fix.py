@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from edge.cpu_info import cpu_name  # noqa: E402
+
 PROMPT = "def quicksort(xs):\n    \"\"\"Sort a list of integers.\"\"\"\n"
 
 
@@ -65,7 +67,7 @@ def main() -> None:
     base = med["runtime (use_extra_bufts=False)"]
     info = llama_cpp.llama_print_system_info().decode()
     res = {"model": args.model, "threads": args.threads, "new_tokens": args.new, "rounds": args.rounds,
-           "machine": platform.processor() or platform.machine(), "cpu": _cpu_name(),
+           "machine": platform.processor() or platform.machine(), "cpu": cpu_name(),
            "amx_backend_compiled": amx_compiled(llama_cpp), "system_info": info,
            "tok_s": rates, "median_tok_s": med, "same_text": len({tuple(t) for t in texts.values()}) == 1}
     out = ROOT / "benchmarks" / "results" / "llamacpp_amx_fix"
@@ -86,16 +88,6 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=120)
     print("\n".join(lines))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from edge.cpu_info import cpu_name
+
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parent.parent
 SMOL, Q05, Q15 = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
@@ -144,11 +146,11 @@ def rows(results: list) -> list:
 
 def write(rs: list) -> None:
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "memory_plan.json").write_text(json.dumps({"host": socket.gethostname(), "cpu": _cpu(),
+    (RESULTS / "memory_plan.json").write_text(json.dumps({"host": socket.gethostname(), "cpu": cpu_name(),
                                                           "cases": rs}, indent=1))
     mib = 1 / 2 ** 20
     lines = ["# Memory plan: estimate vs measured peak RSS (benchmarks/memory_plan.py)", "",
-             f"Peak RSS of one child process per case (os.wait4 ru_maxrss), 2-core x86 ({_cpu()}), no GPU. "
+             f"Peak RSS of one child process per case (os.wait4 ru_maxrss), 2-core x86 ({cpu_name()}), no GPU. "
              "Estimate: edge/memory_plan.py (runtime + tokenizer + weights + KV + compute [+ loading]).", "",
              "Measured: the worst of the case's runs (onnxruntime cases: 3 runs, all listed).", "",
              "| case | measured MiB | estimate MiB | error | weights | KV | compute | torch imported | runs MiB |",
@@ -183,13 +185,6 @@ def write(rs: list) -> None:
                       f"max {max(errs):.1f}%."]
     (RESULTS / "memory_plan.md").write_text("\n".join(lines) + "\n")
     _plot(rs)
-
-
-def _cpu() -> str:
-    try:
-        return next(x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 def _plot(rs: list) -> None:

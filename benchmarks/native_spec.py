@@ -108,7 +108,8 @@ def main() -> None:
                     help="keep ours' run as starsd_two_device results here (path without suffix)")
     args = ap.parse_args()
     from benchmarks.datasets import mtbench_first_turns
-    from benchmarks.starsd_two_device import _cpu, code_prompts
+    from benchmarks.starsd_two_device import code_prompts
+    from edge.cpu_info import cpu_name
     from edge.tokenizer import Tokenizer
     bin_dir = tools()
     target, draft = target_gguf(args.target, args.target_format), target_gguf(args.draft, args.draft_format)
@@ -145,7 +146,7 @@ def main() -> None:
                     row[m]["speedup"] = row[m]["tok_s"] / base
             rows.append(row)
             print(json.dumps(row), flush=True)
-        res = {"cpu": _cpu(), "target": args.target, "target_format": args.target_format,
+        res = {"cpu": cpu_name(), "target": args.target, "target_format": args.target_format,
                "draft": args.draft, "draft_format": args.draft_format, "new_tokens": args.new,
                "rounds": args.rounds, "tools": str(bin_dir), "native": rows}
         if not args.no_ours:

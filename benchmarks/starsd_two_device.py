@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from edge.cpu_info import cpu_name  # noqa: E402
 from export.target_format import FORMATS, target_gguf  # noqa: E402
 OUT = ROOT / "benchmarks" / "results" / "starsd_two_device"
 
@@ -146,7 +147,7 @@ def repetitive_prompts(engine, tok, args):
 
 
 def write(rows, gammas, args) -> None:
-    res = {"machine": platform.machine(), "cpu": _cpu(), "target": args.target,
+    res = {"machine": platform.machine(), "cpu": cpu_name(), "target": args.target,
            "target_format": args.target_format, "draft": args.draft, "draft_format": args.draft_format,
            "new_tokens": args.new, "rounds": args.rounds,
            "star_rounds": args.star_rounds, "threads_per_device": 1, "ahead": args.ahead,
@@ -200,13 +201,6 @@ def write(rows, gammas, args) -> None:
     fig.tight_layout()
     fig.savefig(args.out.with_suffix(".png"), dpi=120)
     print("\n".join(lines))
-
-
-def _cpu() -> str:
-    try:
-        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 if __name__ == "__main__":

@@ -29,12 +29,8 @@ def wide_format(cpuinfo: str = "/proc/cpuinfo") -> str:
     On Zen 4 (one core, Qwen2.5-Coder-1.5B) BF16 decodes ~10% faster than F16 and a verify over
     2 / 4 / 8 tokens costs 1.42 / 1.62 / 2.14 steps against F16's 1.58 / 1.72 / 3.1 (llama-bench);
     without the instruction BF16 is converted in software, so F16 is the safe choice."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f
-                          if ln.split(":", 1)[0].strip() in ("flags", "Features")), [])
-    except OSError:
-        return "F16"
+    from edge.cpu_info import cpu_flags
+    flags = cpu_flags(cpuinfo)
     return "BF16" if "avx512_bf16" in flags or "bf16" in flags else "F16"
 
 

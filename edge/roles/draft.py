@@ -25,6 +25,10 @@ token is the draft's guess of the target's bonus, and when the target agrees the
 is ready at once. Which tokens are sent depends only on the draft's own distributions, so
 the output is still exactly the target's.
 
+Batch coalescing (edge/roles/batch_hold.py, `DraftLimits.coalesce`): with requests pending
+and sessions just served due back within the batch's fixed cost, the step waits for them
+(the loop sleeps until `wake_in`), so turns of half-size batches merge into one.
+
 Draft-ahead (beyond the paper): when Q_in is empty, a step extends the
 chains of recently served sessions as if the target accepted everything
 (bonus = the draft's own next token) by one batched step, so the loop checks
@@ -42,7 +46,6 @@ of sampling mode. So a seed fixes nothing about the proposals through the star
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import time
 from typing import Callable, List, Optional, Tuple
@@ -52,6 +55,8 @@ import numpy as np
 from edge.common_prefix import common_prefix
 from edge.engines.base import Engine, EngineError
 from edge.protocol import E_INTERNAL, E_OVERLOADED, DraftRequest, DraftResponse, Error
+from edge.roles.batch_hold import BatchHold
+from edge.roles.draft_chain import BatchItem, DraftSession, sure_prefix
 from edge.roles.draft_limits import DraftLimits, DraftRefused
 from edge.roles.draft_sessions import DraftSessions
 from edge.roles.isolated_step import step_isolated
@@ -70,67 +75,6 @@ def _confidence(row: np.ndarray, q) -> float:
         z = row.astype(np.float64) - float(row.max())
         return float(1.0 / np.exp(z).sum())
     return float(np.max(q.probs if isinstance(q, SparseDist) else q))
-
-
-def _sure_prefix(entries, p_min: float) -> int:
-    """How many chain entries (token, q, confidence) come before the first one below p_min."""
-    return next((i for i, c in enumerate(entries) if c[2] < p_min), len(entries))
-
-
-def _sid_key(sid: str) -> int:
-    """A stable integer of a session id, for the session's spawn key."""
-    return int.from_bytes(hashlib.blake2b(sid.encode(), digest_size=8).digest(), "little")
-
-
-class _Session:
-    def __init__(self, sid: str, now: float):
-        self.sid = sid
-        self.key = _sid_key(sid)
-        self.seq: Optional[int] = None       # engine handle, made by step
-        self.fed: List[int] = []             # tokens in the KV (mirrors engine.tokens)
-        self.anchor = 0                      # chain[i] proposes position anchor + i
-        self.chain: List[Tuple[int, object, float]] = []   # (token, SparseDist or None, confidence)
-        self.start = 0                       # context length of the last request: its drafts follow
-        self.mode: Optional[tuple] = None    # sampling the chain was made with
-        self.params: SamplingParams = SamplingParams()   # ... as parameters, for draft-ahead
-        self.k = 0                           # ... and its q's entries
-        self.rng: Optional[np.random.Generator] = None
-        self.last_seq = -1
-        self.last_seen = now
-        self.last_served = 0.0
-        self.ahead_cap = 0                   # chain end draft-ahead aims for
-        self.kv = 0                          # KV bytes the engine holds for it (reserved ahead of a step)
-        self.closed = False
-
-    def unsure(self, p_min: float) -> bool:
-        """The chain holds a draft for the last request's positions that the draft gives less
-        than p_min: nothing past it is sent, so the request drafts no further."""
-        ours = self.chain[max(0, self.start - self.anchor):]
-        return _sure_prefix(ours, p_min) < len(ours)
-
-
-class _Work:
-    """One session's part of a batch: tokens still to feed, chain length wanted."""
-
-    def __init__(self, sess: _Session, req: Optional[DraftRequest], feed: List[int], want: int,
-                 params: SamplingParams, k: int, t_in: float = 0.0):
-        self.sess, self.req, self.feed, self.want = sess, req, feed, want
-        self.params, self.k, self.t_in = params, k, t_in
-
-    def needs_step(self, p_min: float = 0.0) -> bool:
-        s = self.sess
-        if self.feed:
-            return True
-        if not s.chain or s.anchor + len(s.chain) >= self.want:
-            return False
-        return not s.unsure(p_min)
-
-    def stop(self) -> None:
-        """No more steps (a full context, a sequence the engine refused): answer with the chain so far."""
-        s = self.sess
-        self.feed = []
-        self.want = s.anchor + len(s.chain) if s.chain else 0
-        s.ahead_cap = 0                      # and no draft-ahead until its next request
 
 
 class DraftService(DraftSessions):
@@ -152,10 +96,12 @@ class DraftService(DraftSessions):
         self._to_free: List[int] = []
         self._freeing = 0                       # bytes of those, held until step frees them
         self._streams = itertools.count()       # stream numbers: no two sessions' streams coincide
+        self.hold = BatchHold() if limits.coalesce else None
+        self._prefilled = False                 # the batch being served fed a prompt
 
     # ---- sessions (the table and Q_in: edge/roles/draft_sessions.py) ----
-    def _new_session(self, sid: str) -> _Session:
-        return _Session(sid, self.clock())
+    def _new_session(self, sid: str) -> DraftSession:
+        return DraftSession(sid, self.clock())
 
     def _check_open(self) -> None:
         if self._kv_used() >= self._kv_limit():
@@ -163,7 +109,13 @@ class DraftService(DraftSessions):
             raise DraftRefused(f"draft service {self.name!r} has used its KV memory limit of "
                                f"{self.limits.max_kv_mb:g} MB; raise --max-kv-mb or add a draft service")
 
-    def _release(self, s: _Session) -> None:
+    def _arrived(self, sid: str, t: float) -> None:
+        if self.hold is not None:
+            self.hold.arrived(sid, t)
+
+    def _release(self, s: DraftSession) -> None:
+        if self.hold is not None:
+            self.hold.forget(s.sid)
         if s.seq is not None:
             self._to_free.append(s.seq)            # freed by step, between batches
             self._freeing += s.kv
@@ -181,10 +133,10 @@ class DraftService(DraftSessions):
     def _kv_used(self) -> int:
         return self.kv_bytes()
 
-    def _held(self, s: _Session, length: Optional[int] = None) -> int:
+    def _held(self, s: DraftSession, length: Optional[int] = None) -> int:
         return self.engine.seq_kv_bytes(s.seq, length)
 
-    def _settle(self, work: List["_Work"]) -> None:
+    def _settle(self, work: List["BatchItem"]) -> None:
         """After steps: each session's reservation becomes what the engine now holds for it."""
         with self._lock:
             for w in work:
@@ -197,15 +149,29 @@ class DraftService(DraftSessions):
     # ---- the core's step ----
     def has_work(self) -> bool:
         with self._lock:
-            if self._outbox or self._pending or self._to_free:
+            if self._outbox or self._to_free:
                 return True
+            if self._pending:
+                return self._held_until() is None
         return self.limits.ahead and bool(self._ahead_work())
+
+    def _held_until(self) -> Optional[float]:
+        """When the pending requests will be served, if the batch is held for returning sessions."""
+        if self.hold is None:
+            return None
+        with self._lock:
+            return self.hold.until(self.clock(), self._pending.keys())
+
+    def wake_in(self) -> Optional[float]:
+        """Seconds until a held batch is due (the loop's longest sleep), None if none is held."""
+        t = self._held_until()
+        return None if t is None else max(0.0, t - self.clock())
 
     def step(self) -> List[Tuple[str, object]]:
         """Free closed sessions' KV, then serve everything pending as one batch -- or, with
         nothing pending, one draft-ahead step. Returns the replies: (sid, DraftResponse | Error)."""
         self._free_closed()
-        if not self._serve_pending() and self.limits.ahead:
+        if not self._serve_pending() and self.limits.ahead and not self.pending():
             self._ahead_step()
         return self._replies()
 
@@ -217,11 +183,14 @@ class DraftService(DraftSessions):
 
     def _serve_pending(self) -> int:
         """Serve everything pending as one batch; returns the number of requests served."""
+        if self._held_until() is not None:
+            return 0
         taken = self._take()
         if not taken:
             return 0
         t0 = self.clock()
-        work: List[_Work] = []
+        work: List[BatchItem] = []
+        self._prefilled = False
         for s, req, t_in in taken:
             try:
                 w = self._prepare(s, req, t_in)
@@ -240,10 +209,13 @@ class DraftService(DraftSessions):
         for w in work:
             self._answer(w, now)
         self.stats.add_batch(len(taken), steps, now - t0)
+        if self.hold is not None:
+            with self._lock:                       # a prompt's prefill is no sample of D(b)
+                self.hold.batch(0 if self._prefilled else len(taken), now - t0, now)
         return len(taken)
 
     # ---- one request ----
-    def _prepare(self, s: _Session, req: DraftRequest, t_in: float) -> Optional[_Work]:
+    def _prepare(self, s: DraftSession, req: DraftRequest, t_in: float) -> Optional[BatchItem]:
         lim = self.limits
         self._check_request(s, req, len(s.fed))
         T_len = req.keep + len(req.append)
@@ -252,7 +224,7 @@ class DraftService(DraftSessions):
         k = self._q_k(params)
         mode = (params.temperature, params.top_k, params.top_p, k) if not params.greedy else ("greedy",)
         if gamma == 0:                             # nothing to draft: the state stays as it is
-            return _Work(s, req, [], 0, params, k, t_in)
+            return BatchItem(s, req, [], 0, params, k, t_in)
         # the most it holds while served: T + drafts[:-1], as the engine allocates it. Reserved
         # now, so the next request of this batch is checked against this one's growth too
         need = self._held(s, max(len(s.fed), T_len + gamma - 1))
@@ -277,7 +249,7 @@ class DraftService(DraftSessions):
                 self.stats.count("ahead_hit")
             else:
                 self.stats.count("ahead_partial")
-            return _Work(s, req, [], T_len + gamma, params, k, t_in)
+            return BatchItem(s, req, [], T_len + gamma, params, k, t_in)
         # cut back to the common prefix (at least one token refed, for its logits)
         target = s.fed[:req.keep] + list(req.append)
         cut = min(common_prefix(s.fed, target, start=req.keep), T_len - 1)
@@ -287,16 +259,17 @@ class DraftService(DraftSessions):
         feed = target[cut:]
         if len(feed) > FEED_BY_STEP:               # a prompt: one forward call, not many steps
             self.engine.forward_last(s.seq, feed[:-1])       # KV only: one logits row, thrown away
+            self._prefilled = True
             s.fed.extend(feed[:-1])
             feed = feed[-1:]
         s.anchor, s.chain, s.mode, s.params, s.k = T_len, [], mode, params, k
-        return _Work(s, req, feed, T_len + gamma, params, k, t_in)
+        return BatchItem(s, req, feed, T_len + gamma, params, k, t_in)
 
     def _q_k(self, p: SamplingParams) -> int:
         k = self.limits.q_top_k
         return min(k, p.top_k) if p.top_k else k
 
-    def _extend(self, work: List[_Work], max_steps: Optional[int] = None) -> int:
+    def _extend(self, work: List[BatchItem], max_steps: Optional[int] = None) -> int:
         """Batched steps until every item's chain reaches its `want` (or max_steps).
         Returns the number of steps."""
         steps = 0
@@ -323,14 +296,14 @@ class DraftService(DraftSessions):
                     w.sess.chain.append((x, q, _confidence(row, q) if self.limits.p_min else 1.0))
         return steps
 
-    def _answer(self, w: _Work, now: float) -> None:
+    def _answer(self, w: BatchItem, now: float) -> None:
         s, req = w.sess, w.req
         if s.closed:
             return
         T_len = req.keep + len(req.append)
         start = T_len - s.anchor
         got = s.chain[start:start + max(0, w.want - T_len)] if s.chain and start >= 0 else []
-        sure = _sure_prefix(got, self.limits.p_min)
+        sure = sure_prefix(got, self.limits.p_min)
         if sure < len(got):
             self.stats.count("unsure_stops")
             got = got[:sure]
@@ -339,10 +312,13 @@ class DraftService(DraftSessions):
         s.last_served = now
         s.last_seen = max(s.last_seen, now)  # silence counts from our answer: a slow batch must not evict
         compute_us = int(max(0.0, now - w.t_in) * 1e6)
+        if self.hold is not None:
+            with self._lock:
+                self.hold.answered(s.sid, now)
         self.stats.add_request(len(tokens), now - w.t_in)
         self._reply(s.sid, DraftResponse(s.sid, req.seq, tokens, q, compute_us))
 
-    def _reset(self, s: _Session) -> None:
+    def _reset(self, s: DraftSession) -> None:
         if s.seq is not None:
             try:
                 self.engine.truncate(s.seq, 0)
@@ -351,7 +327,7 @@ class DraftService(DraftSessions):
         s.fed, s.chain, s.anchor, s.mode = [], [], 0, None
 
     # ---- draft-ahead ----
-    def _ahead_work(self) -> List[_Work]:
+    def _ahead_work(self) -> List[BatchItem]:
         """The recently served sessions whose chains draft-ahead would extend now."""
         now = self.clock()
         with self._lock:
@@ -365,7 +341,7 @@ class DraftService(DraftSessions):
         grow = sum(max(0, self._held(s, len(s.fed) + 1) - s.kv) for s in cands)   # one token each
         if not cands or self._kv_used() + grow > self._kv_limit():
             return []
-        return [_Work(s, None, [], min(s.ahead_cap, self.engine.max_len), s.params, s.k) for s in cands]
+        return [BatchItem(s, None, [], min(s.ahead_cap, self.engine.max_len), s.params, s.k) for s in cands]
 
     def _ahead_step(self) -> int:
         """Extend recently served sessions' chains by one batched step; returns the steps made."""

@@ -80,6 +80,8 @@ def args_of(argv=None):
                     help="wait: targets always wait for the draft (the planner's closed loop); "
                          "adaptive: the real deadline (late drafts -> decode alone)")
     ap.add_argument("--ahead", action="store_true", help="let the draft service draft ahead when idle")
+    ap.add_argument("--coalesce", action="store_true",
+                    help="let the draft service hold a batch for sessions due back (edge/roles/batch_hold.py)")
     ap.add_argument("--prompt-tokens", type=int, default=128, help="longest prompt (chat template included)")
     ap.add_argument("--reps", type=int, help="repeats per batch size of the draft service micro-benchmark")
     ap.add_argument("--pin", action="store_true", help="cores as devices: the hub + draft service (this "
@@ -311,7 +313,8 @@ def main(argv=None) -> None:
     work = Path(tempfile.mkdtemp(prefix="starsd-"))
     # a long eviction timeout: the service measures silence from a session's last request, so a batch
     # slower than the timeout (a loaded machine, 32 prefills) would evict the sessions it just answered
-    lim = DraftLimits(max_sessions=2 * max(a.ns) + 4, max_gamma=max(8, a.gamma), ahead=a.ahead, evict_after_s=900)
+    lim = DraftLimits(max_sessions=2 * max(a.ns) + 4, max_gamma=max(8, a.gamma), ahead=a.ahead,
+                      coalesce=a.coalesce, evict_after_s=900)
 
     log("baselines: target-only and one co-located pair (emulated; N devices = N x one)")
     for mode in ("alone", "colocated"):

@@ -21,6 +21,10 @@ _draft_opts = [
     click.option("--evict-after", default=60.0, show_default=True, help="seconds of silence before eviction"),
     click.option("--ahead/--no-ahead", default=True, show_default=True,
                  help="draft ahead for recently served sessions while idle"),
+    click.option("--coalesce/--no-coalesce", default=True, show_default=True,
+                 help="hold a batch a moment for sessions due back when batching has a fixed cost "
+                      "(a GPU draft): turns of half-size batches merge; a CPU draft whose batch "
+                      "time grows with its size is not held"),
     click.option("--q-top-k", default=32, show_default=True,
                  help="entries of q sent per drafted token when sampling"),
     click.option("--draft-p-min", default=0.75, show_default=True, type=click.FloatRange(0.0, 1.0, max_open=True),
@@ -36,10 +40,12 @@ def draft_options(f):
     return f
 
 
-def draft_limits(max_sessions, max_kv_mb, max_gamma, evict_after, ahead, q_top_k, draft_p_min=0.0):
+def draft_limits(max_sessions, max_kv_mb, max_gamma, evict_after, ahead, q_top_k, draft_p_min=0.0,
+                 coalesce=False):
     from edge.roles.draft import DraftLimits
     return DraftLimits(max_sessions=max_sessions, max_kv_mb=max_kv_mb, max_gamma=max_gamma,
-                       evict_after_s=evict_after, ahead=ahead, q_top_k=q_top_k, p_min=draft_p_min)
+                       evict_after_s=evict_after, ahead=ahead, q_top_k=q_top_k, p_min=draft_p_min,
+                       coalesce=coalesce)
 
 
 def drafter_options(f):

@@ -22,6 +22,7 @@ class DraftLimits:
     evict_after_s: float = 60.0      # a session silent this long is evicted
     q_top_k: int = 32                # entries of q per drafted token when sampling
     ahead: bool = True               # draft-ahead in idle time
+    coalesce: bool = False           # hold a batch for sessions due back (edge/roles/batch_hold.py)
     ahead_sessions: int = 8          # most recently served sessions considered
     ahead_recent_s: float = 5.0      # ... served within this many seconds
     # a chain stops at a draft the model gives less than this (its top probability there); 0 here

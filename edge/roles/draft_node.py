@@ -141,23 +141,25 @@ class DraftNode(Node):
                 defer = self._deferred + len(payload) <= DEFER_MAX_BYTES
                 self._deferred += len(payload) if defer else 0
             if defer:
-                self.put("up_raw", (topic, payload))
+                self.put("up_raw", (topic, payload, self.loop.clock()))
                 return
         msg = self.keys.open(topic, payload, self.service.vocab_size)
         if msg is not None:
-            self.put("up", msg)
+            self.put("up", (msg, self.loop.clock()))   # when it came: the loop takes it after a batch
 
     def handle(self, kind: str, msg) -> None:
         if kind == "up_raw":
+            topic, payload, t = msg
             with self._defer_lock:
-                self._deferred -= len(msg[1])
-            msg = self.keys.open(*msg, self.service.vocab_size)
+                self._deferred -= len(payload)
+            msg = self.keys.open(topic, payload, self.service.vocab_size)
             if msg is None:
                 return
-            kind = "up"
+            kind, msg = "up", (msg, t)
         if kind == "up":
+            msg, received = msg
             if isinstance(msg, DraftRequest):
-                self.service.submit(msg)
+                self.service.submit(msg, received)
             elif isinstance(msg, Bye):
                 self.release(msg.sid, "bye")
         elif isinstance(msg, SessionAssign) and msg.service == self.id:

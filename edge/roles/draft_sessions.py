@@ -79,8 +79,9 @@ class DraftSessions:
         return [sid for sid in old if self.close(sid, "timeout")]
 
     # ---- Q_in ----
-    def submit(self, req: DraftRequest) -> None:
-        """Queue a request; replaces an older pending one of the same session."""
+    def submit(self, req: DraftRequest, received: Optional[float] = None) -> None:
+        """Queue a request; replaces an older pending one of the same session. `received`: when
+        the network delivered it (the loop submits between batches), for the batch hold."""
         with self._lock:
             s = self._sessions.get(req.sid)
             if s is None:
@@ -97,6 +98,10 @@ class DraftSessions:
                 self.stats.count("replaced")
             s.last_seen = self.clock()
             self._pending[req.sid] = (req, s.last_seen)
+            self._arrived(req.sid, s.last_seen if received is None else received)
+
+    def _arrived(self, sid: str, t: float) -> None:
+        """A request of `sid` was queued; it reached this node at t (under the lock)."""
 
     def pending(self) -> int:
         with self._lock:

@@ -56,6 +56,9 @@ class HybridDraftService(SuffixDraftService):
     def has_work(self) -> bool:
         return super().has_work() or self.model.has_work()
 
+    def wake_in(self):
+        return self.model.wake_in()          # a batch the model holds
+
     # ---- the step ----
     def step(self) -> List[Tuple[str, object]]:
         for s, req, t_in in self._take():

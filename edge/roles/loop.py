@@ -3,7 +3,8 @@
 Shaped like vLLM v1's engine core busy loop. A *core* is a plain object with
 no thread and no I/O: `has_work()` says whether `step()` would make progress,
 `step()` does one unit of work (a batch of drafts or one draft-ahead step, one
-batched decode step, one prefill) and returns its outputs. The loop owns the
+batched decode step, one prefill) and returns its outputs; an optional `wake_in()`
+says how soon it wants a step with no new input (a held batch). The loop owns the
 thread. Each turn it drains the inputs that network callbacks queued with
 `put` into `handle`, calls `tick` (the node's timers: hellos, evictions,
 timeouts), steps the core once and hands every output to `publish`; a turn
@@ -141,11 +142,17 @@ class EngineLoop:
             if self._inbox or self._stop.is_set():
                 return
             t0 = self.clock()
-            self._cv.wait(self.idle_wait)
+            self._cv.wait(self._sleep())
             waited = self.clock() - t0
         self.stats.idle_s += waited
         if self._on_idle is not None:
             self._guard("idle", self._on_idle, waited)
+
+    def _sleep(self) -> float:
+        """idle_wait, or less where the core wants a step sooner (a held batch falls due)."""
+        wake = getattr(self.core, "wake_in", None)
+        due = self._guard("wake_in", wake) if wake is not None else None
+        return self.idle_wait if due is None else max(0.0, min(self.idle_wait, due))
 
     def _guard(self, where: str, fn, *args):
         """fn(*args), or None after logging and counting what it raised."""

@@ -50,24 +50,24 @@ class WaitCountingDraftService(DraftService):
         super().__init__(*a, **kw)
         self.steps_begun = 0
         self.waited: Counter = Counter()
-        self._arrived: Dict[str, tuple] = {}       # sid -> (seq, steps begun at arrival)
+        self._arrivals: Dict[str, tuple] = {}       # sid -> (seq, steps begun at arrival)
 
-    def submit(self, req) -> None:
-        super().submit(req)
-        self._arrived[req.sid] = (req.seq, self.steps_begun)
+    def submit(self, req, received=None) -> None:
+        super().submit(req, received)
+        self._arrivals[req.sid] = (req.seq, self.steps_begun)
 
     def step(self):
         self.steps_begun += 1
         replies = super().step()
         for sid, msg in replies:
-            a = self._arrived.get(sid)
+            a = self._arrivals.get(sid)
             if a is not None and a[0] == getattr(msg, "seq", None):
-                del self._arrived[sid]
+                del self._arrivals[sid]
                 self.waited[self.steps_begun - a[1]] += 1
         return replies
 
     def close(self, sid: str, reason: str = "bye") -> bool:
-        self._arrived.pop(sid, None)
+        self._arrivals.pop(sid, None)
         return super().close(sid, reason)
 
 
@@ -139,14 +139,14 @@ class LoadStar:
         return {"sessions": lambda: len(svc.sessions()), "pending": svc.pending, "backlog": node.loop.backlog,
                 "kv_mb": lambda: svc.kv_bytes() / 1e6, "kv_alloc_mb": lambda: eng.kv_bytes() / 1e6,
                 "engine_seqs": lambda: eng.active_sequences, "registry": self.hub.registry.count,
-                "keys": lambda: len(node.keys._keys), "arrivals": lambda: len(svc._arrived),
+                "keys": lambda: len(node.keys._keys), "arrivals": lambda: len(svc._arrivals),
                 "rss_mb": rss_mb}
 
     def drained(self) -> bool:
         """Nothing left: no session, request, reply, KV or key (closed sessions' KV freed)."""
         return (not self.service.sessions() and self.service.pending() == 0 and self.node.loop.backlog() == 0
                 and self.engine.active_sequences == 0 and self.hub.registry.count() == 0
-                and not self.service._arrived and len(self.node.keys._keys) == 0)
+                and not self.service._arrivals and len(self.node.keys._keys) == 0)
 
     def spec(self, c: LoadConfig) -> dict:
         timing = DeviceTiming.from_profile(c.profile, net_rtt_ms=c.net_rtt_ms, time_scale=c.time_scale)

@@ -1,7 +1,9 @@
 """The llama.cpp engine: a GGUF run by llama-cpp-python's low-level API behind the Engine interface.
 
 One llama context holds several sequences (llama.cpp seq ids), so `step`
-decodes one token for many of them in a single `llama_decode`. Logits are
+decodes one token for many of them in a single `llama_decode` -- as one ubatch
+only if their slots are consecutive, so `step` gathers them first
+(edge/engines/stream_placement.py). Logits are
 requested only for the positions asked for (every fed token in `forward`,
 as verification needs; `forward_last` for a prefill whose logits are thrown
 away but the last). Rollback is `llama_memory_seq_rm(mem, seq, n, -1)`.
@@ -16,6 +18,7 @@ compare across backends by closeness and agreement, not equality.
 from __future__ import annotations
 
 import ctypes
+import heapq
 import itertools
 import logging
 import os
@@ -25,6 +28,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine, EngineError
+from edge.engines.stream_placement import plan_moves
 
 log = logging.getLogger(__name__)
 _BACKEND_READY = False
@@ -131,7 +135,9 @@ class LlamaCppEngine(Engine):
             fingerprint = file_fingerprint(Path(path))
         self.fingerprint = fingerprint
         self.path = path
-        self._free_slots = list(range(self.n_seq_max))
+        self._free_slots = list(range(self.n_seq_max))   # a heap: the lowest free slot first
+        self.gather = True                   # keep a batch on one run of slots (off: benchmarks only)
+        self.moves = 0                       # stream moves made to keep batches on one run
         self._slot: Dict[int, int] = {}
         self._tokens: Dict[int, List[int]] = {}
         self._ids = itertools.count(1)
@@ -178,7 +184,7 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"all {self.n_seq_max} llama.cpp sequence slots are in use; free a "
                               "sequence or load the engine with a larger n_seq_max")
         sid = next(self._ids)
-        self._slot[sid] = self._free_slots.pop(0)
+        self._slot[sid] = heapq.heappop(self._free_slots)   # the lowest: batches stay on few runs
         self._tokens[sid] = []
         return sid
 
@@ -188,7 +194,7 @@ class LlamaCppEngine(Engine):
             return
         self._lc.llama_memory_seq_rm(self._mem, slot, -1, -1)
         self._tokens.pop(seq, None)
-        self._free_slots.append(slot)
+        heapq.heappush(self._free_slots, slot)
 
     def length(self, seq: int) -> int:
         self._get(seq)
@@ -279,11 +285,33 @@ class LlamaCppEngine(Engine):
         slots = [self._get(s) for s in seqs]
         for s in seqs:
             self.check_room(s, 1)
-        entries = [(t, len(self._tokens[s]), slot) for s, t, slot in zip(seqs, tokens, slots)]
-        out = self._decode(entries, list(range(len(seqs))))
+        # llama.cpp splits a batch where the slots stop being consecutive (stream_placement.py)
+        if self.gather and len(slots) > 1:
+            slots = self._gather(seqs, slots)
+        order = sorted(range(len(seqs)), key=lambda i: slots[i]) if self.gather else list(range(len(seqs)))
+        entries = [(tokens[i], len(self._tokens[seqs[i]]), slots[i]) for i in order]
+        rows = self._decode(entries, list(range(len(seqs))))
+        out = np.empty_like(rows)
+        out[order] = rows
         for s, t in zip(seqs, tokens):
             self._tokens[s].append(t)
         return out
+
+    def _gather(self, seqs: Sequence[int], slots: List[int]) -> List[int]:
+        """Move sequences so that this batch's slots are one run: one ubatch, not several."""
+        moves = plan_moves(slots, set(self._slot.values()), self.n_seq_max)
+        if not moves:
+            return slots
+        by_slot = {v: k for k, v in self._slot.items()}
+        for src, dst in moves:            # copied in this order at the next decode
+            self._lc.llama_memory_seq_rm(self._mem, dst, -1, -1)
+            self._lc.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+            self._lc.llama_memory_seq_rm(self._mem, src, -1, -1)
+            seq = by_slot.pop(src)
+            self._slot[seq], by_slot[dst] = dst, seq
+        self._free_slots = sorted(set(range(self.n_seq_max)) - set(self._slot.values()))
+        self.moves += len(moves)
+        return [self._slot[s] for s in seqs]
 
     # -- KV transfer (SUN prefill / shared decoder) ----------------------------------
     def _check_kv_arch(self) -> bool:

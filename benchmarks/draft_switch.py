@@ -1,4 +1,6 @@
-"""Batch coalescing (edge/roles/batch_hold.py) on and off, side by side in one run.
+"""A draft-service switch on and off, side by side in one run: batch coalescing
+(--switch hold, edge/roles/batch_hold.py) or the llama.cpp engine's stream gathering
+(--switch gather, edge/engines/stream_placement.py).
 
 One real draft service (the 0.5B on --draft-backend, pinned to core 1 with the hub) feeds N
 emulated targets (benchmarks/starsd_scaling.py's: Jetson profile, real target code, the real
@@ -6,14 +8,18 @@ Mosquitto broker, pinned to core 0). For each N the points alternate between the
 holding a batch for sessions due back and serving at once (work-conserving), --rounds times
 each, a fresh hold policy per point. Per N and mode: median system tok/s, mean batch size
 and the protocol overhead (the round trip beyond the draft's own time: queueing included).
+Sessions end after every point, so each point starts from empty KV streams.
 
 Where a batch's time is mostly fixed cost (a memory-bound draft: torch float32 here, a GPU on
 a hub) the held batches merge the groups that otherwise take turns; where it grows with its
 size (llama.cpp Q4_0 on one core) the policy holds nothing and both modes should match.
+Gathering off = the batch in arrival order on whatever slots its sessions hold: llama.cpp then
+runs it as one ubatch per run of consecutive slots (the kit's behaviour before it).
 
-    python benchmarks/batch_hold.py --draft-backend torch            # ~6 min
-    python benchmarks/batch_hold.py --draft-format Q4_0 --ns 1,2,4,8  # ~6 min
-Writes benchmarks/results/batch_hold_<draft>.{json,png,md}.
+    python benchmarks/draft_switch.py --draft-backend torch                       # ~6 min
+    python benchmarks/draft_switch.py --draft-format Q4_0 --ns 1,2,4,8            # ~6 min
+    python benchmarks/draft_switch.py --switch gather --ns 4,8,16                 # ~5 min
+Writes benchmarks/results/{batch_hold,stream_gather}_<draft>.{json,png,md}.
 """
 from __future__ import annotations
 
@@ -33,11 +39,15 @@ from benchmarks.emulated_target import DeviceTiming  # noqa: E402
 from edge.cpu_info import cpu_name  # noqa: E402
 from export.target_format import FORMATS  # noqa: E402
 
-MODES = ("hold", "no hold")
+SWITCHES = {"hold": ("hold", "no hold"), "gather": ("gather", "no gather")}
+STEMS = {"hold": "batch_hold", "gather": "stream_gather"}
+TITLES = {"hold": "Batch coalescing", "gather": "Stream gathering (one ubatch a batch)"}
 
 
 def args_of(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--switch", choices=sorted(SWITCHES), default="hold",
+                    help="hold: batch coalescing; gather: llama.cpp stream gathering (llamacpp only)")
     ap.add_argument("--draft-backend", choices=["llamacpp", "torch"], default="llamacpp")
     ap.add_argument("--draft-format", default="Q4_0", choices=FORMATS, help="llamacpp: the draft GGUF's format")
     ap.add_argument("--draft-threads", type=int, default=1)
@@ -47,7 +57,10 @@ def args_of(argv=None):
     ap.add_argument("--warmup", type=float, default=4.0)
     ap.add_argument("--profile", default="jetson-orin-nano-8gb")
     ap.add_argument("--out", default=str(sc.RESULTS))
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    if a.switch == "gather" and a.draft_backend != "llamacpp":
+        ap.error("--switch gather is a llama.cpp engine setting: use --draft-backend llamacpp")
+    return a
 
 
 def main(argv=None) -> None:
@@ -72,78 +85,91 @@ def main(argv=None) -> None:
     work, points = Path(tempfile.mkdtemp(prefix="hold-")), []
     t0 = time.time()
     try:
+        modes = SWITCHES[args.switch]
         for n in args.ns:
             for r in range(args.rounds):
-                for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-                    hub.service.hold = BatchHold() if mode == "hold" else None
+                for mode in (modes if r % 2 == 0 else modes[::-1]):
+                    if args.switch == "hold":
+                        hub.service.hold = BatchHold() if mode == "hold" else None
+                    else:
+                        draft.gather, draft.moves = mode == "gather", 0
                     spec = sc.stretch(sc.base_spec(a, "star", n, prompts, timing, sc.DATA_ALPHA, vocab, fp,
                                                    broker.url), 1e3 * d_of_b.get(n, max(d_of_b.values())), r_ms, a)
                     p = sc.run_point(spec, hub, work)
                     hold = hub.service.hold
-                    p.update(policy=mode, holds=hold.holds if hold else 0, held_s=hold.held_s if hold else 0.0)
+                    p.update(policy=mode, holds=hold.holds if hold else 0, held_s=hold.held_s if hold else 0.0,
+                             moves=getattr(draft, "moves", 0))
                     points.append(p)
                     sc.log(f"N={n} {mode}: system {p['system_tps']:.1f} tok/s, batch {p.get('mean_batch', 0):.1f}, "
-                           f"overhead {p.get('overhead_median_ms', float('nan')):.1f} ms, holds {p['holds']}")
+                           f"overhead {p.get('overhead_median_ms', float('nan')):.1f} ms, holds {p['holds']}, "
+                           f"moves {p['moves']}")
     finally:
         hub.stop()
         hub.service.step()
         (broker.close if hasattr(broker, "close") else broker.stop)()
-    meta = dict(draft_backend=args.draft_backend, draft_format=args.draft_format, draft_threads=args.draft_threads,
+    meta = dict(switch=args.switch, draft_backend=args.draft_backend, draft_format=args.draft_format,
+                draft_threads=args.draft_threads,
                 profile=args.profile, gamma=a.gamma, rounds=args.rounds, seconds=args.seconds, cpu=cpu_name(),
                 service_ms={str(b): 1e3 * d for b, d in d_of_b.items()}, wall_s=time.time() - t0,
                 date=time.strftime("%Y-%m-%d %H:%M"), loadavg_end=os.getloadavg())
     write(meta, points, args)
 
 
-def table(points, ns):
+def table(points, ns, modes):
     med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
     rows = []
     for n in ns:
-        by = {m: [p for p in points if p["n"] == n and p["policy"] == m] for m in MODES}
+        by = {m: [p for p in points if p["n"] == n and p["policy"] == m] for m in modes}
         row = {"n": n}
         for m, ps in by.items():
             row[m] = dict(system_tps=med([p["system_tps"] for p in ps]),
                           mean_batch=med([p.get("mean_batch", 0.0) for p in ps]),
                           overhead_ms=med([p.get("overhead_median_ms", float("nan")) for p in ps]),
-                          holds=sum(p["holds"] for p in ps))
-        row["ratio"] = row["hold"]["system_tps"] / row["no hold"]["system_tps"]
+                          holds=sum(p["holds"] for p in ps), moves=sum(p.get("moves", 0) for p in ps))
+        row["ratio"] = row[modes[0]]["system_tps"] / row[modes[1]]["system_tps"]
         rows.append(row)
     return rows
 
 
 def write(meta, points, args) -> None:
     name = "torch" if args.draft_backend == "torch" else args.draft_format.lower()
+    on, off = SWITCHES[args.switch]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"batch_hold_{name}"
-    rows = table(points, args.ns)
+    stem = out / f"{STEMS[args.switch]}_{name}"
+    rows = table(points, args.ns, (on, off))
     stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, table=rows, points=points), indent=1, default=str))
     draft = "torch float32" if args.draft_backend == "torch" else f"llama.cpp {args.draft_format}"
     ms = ", ".join(f"D({b}) {v:.0f}" for b, v in meta["service_ms"].items())
-    lines = [f"# Batch coalescing on / off: Qwen2.5-Coder-0.5B draft ({draft}, {args.draft_threads} thread, core 1), "
-             f"N emulated {args.profile} targets (core 0), γ={meta['gamma']}, Mosquitto\n",
+    count = "holds" if args.switch == "hold" else "stream moves"
+    lines = [f"# {TITLES[args.switch]} on / off: Qwen2.5-Coder-0.5B draft ({draft}, {args.draft_threads} thread, "
+             f"core 1), N emulated {args.profile} targets (core 0), γ={meta['gamma']}, Mosquitto\n",
              f"CPU: {meta['cpu']}. Medians of {args.rounds} points per N and mode, the modes alternating in one "
              f"run ({meta['date']}, {meta['wall_s'] / 60:.1f} min). Draft service time per batch (ms, "
-             f"micro-benchmark): {ms}.\n",
-             "| N | hold: system tok/s | no hold: system tok/s | hold / no hold | mean batch (hold / no) | "
-             "overhead ms (hold / no) | holds |", "|---|---|---|---|---|---|---|"]
+             f"micro-benchmark, {on}): {ms}.\n",
+             f"| N | {on}: system tok/s | {off}: system tok/s | {on} / {off} | mean batch ({on} / {off}) | "
+             f"overhead ms ({on} / {off}) | {count} |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        h, o = r["hold"], r["no hold"]
+        h, o = r[on], r[off]
         lines.append(f"| {r['n']} | {h['system_tps']:.1f} | {o['system_tps']:.1f} | **{r['ratio']:.2f}×** | "
                      f"{h['mean_batch']:.1f} / {o['mean_batch']:.1f} | {h['overhead_ms']:.1f} / {o['overhead_ms']:.1f} "
-                     f"| {h['holds']} |")
+                     f"| {h['holds'] if args.switch == 'hold' else h['moves']} |")
     lines.append("\nOverhead = the draft round trip − the draft's own time − the emulated network: the time a "
                  "request waited for another batch, plus the protocol.")
+    if args.switch == "gather":
+        lines.append(f"\n{off}: each batch in arrival order on the slots its sessions hold; llama.cpp runs it as "
+                     "one ubatch per run of consecutive slots (edge/engines/stream_placement.py). New sessions "
+                     "take the lowest free slot in both modes.")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for m in MODES:
+    for m in (on, off):
         ax.plot([r["n"] for r in rows], [r[m]["system_tps"] for r in rows], "o-", label=m)
     ax.set_xlabel("targets N")
     ax.set_ylabel("system tok/s (median)")
-    ax.set_title(f"Batch coalescing, 0.5B draft on {draft}")
+    ax.set_title(f"{TITLES[args.switch]}, 0.5B draft on {draft}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=110)

@@ -29,7 +29,7 @@ import itertools
 import numbers
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 import numpy as np

@@ -8,6 +8,13 @@ holds what its last answer left (T + its drafts[:-1]), not what the target assum
 a suffix answer, so `keep` for it is the common prefix of the two. Its whole batch runs
 inside this step, and its answers (with their exact q) go back as they are.
 
+While the suffix half answers, the model falls behind the target's context; the first model
+request after a long suffix run (or after a prompt the suffix answered: a fleet tree that
+knows how answers open scores there) would pay a prefill of the lag inside a round, past the
+target's deadline -- and after three misses the target rejoins and the new session's prompt
+lands on the model again. So a step with nothing to answer catches one lagging session's
+model up (a sync: a request of the last seen context, its answer kept, never sent).
+
 Lossless either way: each answer carries the q its tokens were drawn from (a point mass
 for a suffix proposal, the model's sampled top-k otherwise).
 """
@@ -24,6 +31,7 @@ from edge.suffix_drafter import SuffixConfig
 from edge.suffix_tree import SuffixTree
 
 MIN_SCORE = 1.5          # expected accepted suffix tokens that beat asking the model
+SYNC_LAG = 8             # the model behind by more tokens than this: caught up in idle time
 
 
 class HybridDraftService(SuffixDraftService):
@@ -36,6 +44,7 @@ class HybridDraftService(SuffixDraftService):
         self.model = model
         self.min_score = float(min_score)
         self.stats = model.stats          # one account: the model's batches, every answer
+        self._behind: dict = {}           # sids whose model may lag (an ordered set)
 
     # ---- sessions: both cores ----
     def open(self, sid: str) -> None:
@@ -48,45 +57,77 @@ class HybridDraftService(SuffixDraftService):
         s = self._sessions[sid]
         s.model_held = []                 # what the model holds after its last answer
         s.waiting = {}                    # seq -> (context, arrival) of requests the model drafts
+        s.sync = None                     # (seq, context) of the catch-up the model serves
+        s.sampling = None                 # the last request's, for a catch-up
 
     def close(self, sid: str, reason: str = "bye") -> bool:
         self.model.close(sid, reason)
         return super().close(sid, reason)
 
     def has_work(self) -> bool:
-        return super().has_work() or self.model.has_work()
+        return super().has_work() or self.model.has_work() or bool(self._behind)
 
     def wake_in(self):
         return self.model.wake_in()          # a batch the model holds
 
     # ---- the step ----
     def step(self) -> List[Tuple[str, object]]:
-        for s, req, t_in in self._take():
+        taken = self._take()
+        for s, req, t_in in taken:
             try:
                 self._context(s, req)
             except DraftRefused as e:
                 self._reply(s.sid, Error(s.sid, req.seq, e.code, e.reason))
                 continue
+            s.sampling = req.sampling
             p = s.ctx.propose(req.gamma)
             if p.tokens and p.score >= self.min_score:
                 self.stats.count("hybrid_suffix")
                 self.answer(s, req.seq, _greedy(req), s.ctx.tokens, p.tokens, t_in)
+                self._behind[s.sid] = None
                 continue
             self.stats.count("hybrid_model")
             context = list(s.ctx.tokens)
             keep = min(common_prefix(s.model_held, context), len(context) - 1)
             s.waiting = {req.seq: (context, t_in)}     # the model answers it within this step
             self.model.submit(DraftRequest(s.sid, req.seq, keep, context[keep:], req.gamma, req.sampling))
+            self._behind.pop(s.sid, None)
+        if not taken and not self.model.has_work():
+            self._sync_one()
         if self.model.has_work():
             for sid, msg in self.model.step():
                 self._from_model(sid, msg)
         return self._replies()
 
+    def _sync_one(self) -> None:
+        """Submit a catch-up for the first lagging session, if its model lags by > SYNC_LAG."""
+        while self._behind:
+            sid = next(iter(self._behind))
+            del self._behind[sid]
+            with self._lock:
+                s = self._sessions.get(sid)
+            if s is None or s.closed or s.sampling is None:
+                continue
+            context = list(s.ctx.tokens)
+            keep = min(common_prefix(s.model_held, context), len(context) - 1)
+            if len(context) - keep <= SYNC_LAG:
+                continue
+            # the seq of the target's last request: answered by the suffix, so the model never saw it
+            s.sync = (s.last_seq, context)
+            self.stats.count("hybrid_sync")
+            self.model.submit(DraftRequest(sid, s.last_seq, keep, context[keep:], 1, s.sampling))
+            return
+
     def _from_model(self, sid: str, msg) -> None:
         s = self._sessions.get(sid)
         if s is None:
             return
-        w = s.waiting.pop(getattr(msg, "seq", -1), None)
+        seq = getattr(msg, "seq", -1)
+        if s.sync is not None and s.sync[0] == seq and seq not in s.waiting:   # a catch-up: never sent
+            context, s.sync = s.sync[1], None
+            s.model_held = context + [int(t) for t in msg.tokens[:-1]] if isinstance(msg, DraftResponse) else []
+            return
+        w = s.waiting.pop(seq, None)
         if isinstance(msg, DraftResponse):
             if w is None:                 # not ours to answer (replaced meanwhile)
                 return

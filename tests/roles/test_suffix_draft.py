@@ -128,9 +128,11 @@ def test_the_fleet_tree_carries_one_sessions_output_to_another(engines):
         hub.stop()
 
 
-def test_hybrid_keeps_the_models_keep_consistent_after_suffix_answers(engines):
+@pytest.mark.parametrize("idle", [False, True])
+def test_hybrid_keeps_the_models_keep_consistent_after_suffix_answers(engines, idle):
     """Random acceptance patterns: every model answer equals a fresh model draft on the
-    target's context, whatever the suffix half answered in between."""
+    target's context, whatever the suffix half answered in between (idle: with the idle
+    steps between requests, where the model catches up, which must send nothing)."""
     _, draft = engines
     from edge.generate import ModelDrafter
     svc = HybridDraftService(DraftService(draft, DraftLimits(ahead=True)), min_score=1.0)
@@ -147,8 +149,34 @@ def test_hybrid_keeps_the_models_keep_consistent_after_suffix_answers(engines):
             assert r.tokens == ModelDrafter(draft).draft(ctx, 3, np.random.default_rng(0))[0], seq
         else:
             used.add("suffix")
+        for _ in range(3 if idle else 0):
+            assert svc.step() == []
         n = int(rng.integers(0, len(r.tokens) + 1))           # accept n, then a correction
         L = len(ctx)
         ctx = ctx + r.tokens[:n] + [int(rng.integers(0, 12))]
         held = L + min(n, max(0, len(r.tokens) - 1))          # the draft holds T + drafts[:-1]
     assert used == {"model", "suffix"}
+
+
+def test_hybrid_catches_the_model_up_in_idle_time_after_a_suffix_answered_prompt(engines):
+    """A prompt the suffix answered (a fleet tree that knows how answers open) must not leave
+    the model a prefill to pay inside a later round: the next idle step feeds it, sends nothing."""
+    _, draft = engines
+    from edge.generate import ModelDrafter
+    svc = HybridDraftService(DraftService(draft, DraftLimits(ahead=False)), min_score=0.0)
+    svc.open("a")
+    prompt = [5, 6, 7, 8, 9] * 4 + [5, 6]
+    svc.submit(DraftRequest("a", 1, 0, prompt, 3))
+    (_, r), = svc.step()
+    assert svc.stats.counters["hybrid_suffix"] == 1 and r.tokens == [7, 8, 9]
+    model = svc.model._sessions["a"]
+    assert model.fed == []                                # the model has not seen the prompt
+    assert svc.has_work() and svc.step() == []            # idle: the catch-up
+    assert svc.stats.counters["hybrid_sync"] == 1 and model.fed == prompt
+    assert not svc.has_work()
+    ctx = prompt + [7, 11]                                # accepted 7, corrected to 11: nothing to copy
+    svc.submit(DraftRequest("a", 2, len(prompt) + 1, [11], 3))
+    (_, r), = svc.step()
+    assert svc.stats.counters["hybrid_model"] == 1 and isinstance(r, DraftResponse) and r.seq == 2
+    assert r.tokens == ModelDrafter(draft).draft(ctx, 3, np.random.default_rng(0))[0]
+    assert svc.stats.counters["hybrid_sync"] == 1         # caught up already: no second catch-up

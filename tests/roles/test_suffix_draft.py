@@ -180,3 +180,31 @@ def test_hybrid_catches_the_model_up_in_idle_time_after_a_suffix_answered_prompt
     assert svc.stats.counters["hybrid_model"] == 1 and isinstance(r, DraftResponse) and r.seq == 2
     assert r.tokens == ModelDrafter(draft).draft(ctx, 3, np.random.default_rng(0))[0]
     assert svc.stats.counters["hybrid_sync"] == 1         # caught up already: no second catch-up
+
+
+def test_hybrid_asks_the_model_where_its_answers_kept_more_than_the_suffixs(engines):
+    """The source follows what each one's answers kept this session: after a suffix guess the
+    target rejected and a model answer it kept whole, a suffix proposal that a fresh service
+    would send goes to the model."""
+    _, draft = engines
+    def service():
+        svc = HybridDraftService(DraftService(draft, DraftLimits(ahead=False)), min_score=0.5)
+        svc.open("a")
+        return svc
+    svc = service()
+    P = [5, 6, 7, 8, 9, 5, 6]
+    svc.submit(DraftRequest("a", 1, 0, P, 3))
+    (_, r), = svc.step()
+    assert svc.stats.counters.get("hybrid_suffix") == 1 and r.tokens[:2] == [7, 8]
+    svc.submit(DraftRequest("a", 2, len(P), [11], 3))          # all rejected, corrected to 11
+    (_, d1), = svc.step()
+    assert svc.stats.counters.get("hybrid_model") == 1 and len(d1.tokens) == 3
+    ctx = P + [11] + d1.tokens + [5, 6]                        # all kept, then plain steps to "5, 6"
+    held = len(P) + 1 + len(d1.tokens) - 1
+    svc.submit(DraftRequest("a", 3, held, ctx[held:], 3))
+    (_, r), = svc.step()
+    assert svc.stats.counters.get("hybrid_model") == 2, svc.stats.counters
+    fresh = service()
+    fresh.submit(DraftRequest("a", 1, 0, ctx, 3))
+    fresh.step()
+    assert fresh.stats.counters.get("hybrid_suffix") == 1 and "hybrid_model" not in fresh.stats.counters

@@ -1,16 +1,17 @@
 """Suffix proposals when they score high, the model draft's otherwise (one service).
 
 Every request first syncs the session's suffix trees (so the fleet tree learns from all
-sessions either way); if the suffix proposal's score -- its expected accepted tokens
-under the trees' counts -- reaches `min_score`, and what it is expected to yield also
-reaches what the model's answers have yielded this session (both measured from the next
-request: its context says how many drafts of the last answer the target kept), it is the
-answer and the draft model does nothing. So where the model draft agrees almost always
-(function calls: the 0.5B kept 98-100% on BFCL) a 2-token suffix guess does not displace
-its 6, and where the suffix copies whole lines (code edits) the model is not asked. Otherwise the request goes to the wrapped DraftService, translated: the model
-holds what its last answer left (T + its drafts[:-1]), not what the target assumes after
-a suffix answer, so `keep` for it is the common prefix of the two. Its whole batch runs
-inside this step, and its answers (with their exact q) go back as they are.
+sessions either way). The suffix proposal is the answer, and the draft model does nothing,
+when its score -- its expected accepted tokens under the trees' counts, scaled by what this
+session's suffix answers kept per unit of score -- reaches `min_score` and what the model's
+answers have kept this session. (Both are measured from the next request: its context says
+how many drafts of the last answer the target kept.) So where the model draft agrees almost
+always (function calls: the 0.5B kept 98-100% on BFCL) a 2-token suffix guess does not
+displace its 6, and where the suffix copies whole lines (code edits) the model is not asked.
+Otherwise the request goes to the wrapped DraftService, translated: the model holds what
+its last answer left (T + its drafts[:-1]), not what the target assumes after a suffix
+answer, so `keep` for it is the common prefix of the two. Its whole batch runs inside this
+step, and its answers (with their exact q) go back as they are.
 
 While the suffix half answers, the model falls behind the target's context; the first model
 request after a long suffix run (or after a prompt the suffix answered: a fleet tree that
@@ -90,8 +91,8 @@ class HybridDraftService(SuffixDraftService):
             s.sampling = req.sampling
             self._score_last(s)
             p = s.ctx.propose(req.gamma)
-            if p.tokens and p.score >= self.min_score and (
-                    s.model_yield is None or s.suffix_cal * p.score >= s.model_yield):
+            y = s.suffix_cal * p.score     # what the proposal is expected to yield, calibrated
+            if p.tokens and y >= self.min_score and (s.model_yield is None or y >= s.model_yield):
                 self.stats.count("hybrid_suffix")
                 s.answered = ("suffix", len(s.ctx.tokens), list(p.tokens), p.score)
                 self.answer(s, req.seq, _greedy(req), s.ctx.tokens, p.tokens, t_in)

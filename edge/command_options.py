@@ -52,7 +52,8 @@ def drafter_options(f):
     """Which draft a service runs (`edge-agent run --role draft`, `edge-hub serve`)."""
     f = click.option("--suffix-min-score", default=1.5, show_default=True,
                      help="--drafter hybrid: a suffix proposal whose expected accepted tokens reach this "
-                          "answers; below it the model drafts")(f)
+                          "(and what the model's answers kept in the session) answers; else the model "
+                          "drafts")(f)
     return click.option("--drafter", default="model", show_default=True,
                         type=click.Choice(["model", "suffix", "hybrid"]),
                         help="model: the draft model; suffix: model-free suffix trees over each session and "

@@ -138,6 +138,7 @@ class LlamaCppEngine(Engine):
         self._free_slots = list(range(self.n_seq_max))   # a heap: the lowest free slot first
         self.gather = True                   # keep a batch on one run of slots (off: benchmarks only)
         self.moves = 0                       # stream moves made to keep batches on one run
+        self._copies_queued = False          # moves llama.cpp copies at its next decode (_gather)
         self._slot: Dict[int, int] = {}
         self._tokens: Dict[int, List[int]] = {}
         self._ids = itertools.count(1)
@@ -236,6 +237,8 @@ class LlamaCppEngine(Engine):
         for i in want:
             b.logits[i] = 1
         rc = lc.llama_decode(self._ctx, b)
+        if rc in (0, 1):         # past llama.cpp's batch checks, where it applies queued stream copies
+            self._copies_queued = False
         if rc != 0:
             raise EngineError(f"llama_decode failed (code {rc}: "
                               f"{'no KV slot: context full' if rc == 1 else 'invalid batch or fatal error'})")
@@ -290,7 +293,12 @@ class LlamaCppEngine(Engine):
             slots = self._gather(seqs, slots)
         order = sorted(range(len(seqs)), key=lambda i: slots[i]) if self.gather else list(range(len(seqs)))
         entries = [(tokens[i], len(self._tokens[seqs[i]]), slots[i]) for i in order]
-        rows = self._decode(entries, list(range(len(seqs))))
+        try:
+            rows = self._decode(entries, list(range(len(seqs))))
+        except EngineError:                  # ubatches that ran before the failure wrote their cells
+            for _, pos, slot in entries:
+                self._lc.llama_memory_seq_rm(self._mem, slot, pos, -1)
+            raise
         out = np.empty_like(rows)
         out[order] = rows
         for s, t in zip(seqs, tokens):
@@ -311,6 +319,7 @@ class LlamaCppEngine(Engine):
             self._slot[seq], by_slot[dst] = dst, seq
         self._free_slots = sorted(set(range(self.n_seq_max)) - set(self._slot.values()))
         self.moves += len(moves)
+        self._copies_queued = True
         return [self._slot[s] for s in seqs]
 
     # -- KV transfer (SUN prefill / shared decoder) ----------------------------------
@@ -337,7 +346,22 @@ class LlamaCppEngine(Engine):
         except StateError as e:
             raise EngineError(f"cannot read llama.cpp's KV cache: {e}") from None
 
+    def _apply_queued_copies(self, slot: int, pos: int) -> None:
+        """Before a stream's buffer is read or written directly (sequence state): a decode that failed
+        llama.cpp's batch checks right after a move left the copy queued, and a queued copy would
+        read the buffer only later. A one-token decode at `pos` in `slot` applies it; then removed."""
+        if not self._copies_queued:
+            return
+        try:
+            self._decode([(0, pos, slot)], [])
+        except EngineError:
+            if self._copies_queued:
+                raise
+        finally:
+            self._lc.llama_memory_seq_rm(self._mem, slot, pos, -1)
+
     def export_kv(self, seq: int, dtype: str = "float16", meta: Optional[dict] = None) -> bytes:
+        self._apply_queued_copies(self._get(seq), len(self._tokens[seq]))
         data, self._kv_layout = self._parse(self._get(seq))
         toks = self._tokens[seq]
         return self._blob(data, toks if min(toks, default=0) >= 0 else None, dtype, meta)
@@ -360,6 +384,7 @@ class LlamaCppEngine(Engine):
         sid = self.new_sequence()
         slot = self._slot[sid]
         try:
+            self._apply_queued_copies(slot, 0)   # this slot may be a queued copy's source
             raw = build_state(data, self._layout(slot), slot, permuted)
             buf = (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw)
             if length and self._lc.llama_state_seq_set_data(self._ctx, buf, len(raw), slot) != len(raw):

@@ -67,3 +67,32 @@ def test_a_new_sequence_takes_the_lowest_free_slot(smol):
     assert eng._slot[eng.new_sequence()] == 0
     assert eng._slot[eng.new_sequence()] == 1
     eng.close()
+
+
+def test_a_move_queued_by_a_failed_decode_is_applied_before_a_kv_import_reuses_its_source(smol):
+    """A batch that fails llama.cpp's own checks right after a stream move leaves the copy queued
+    (it runs at the next decode); importing a KV into the move's source slot must not let that
+    copy carry the imported cache over the moved sequence."""
+    from edge.engines.base import EngineError
+    ref_eng = _engine(smol, 1)
+    r = ref_eng.new_sequence()
+    ref_eng.forward_last(r, PROMPTS[2][:-1])
+    ref = ref_eng.step([r], [PROMPTS[2][-1]])
+    ref_eng.close()
+
+    eng = _engine(smol, 4)
+    a, b, c = (eng.new_sequence() for _ in range(3))     # slots 0, 1, 2
+    eng.forward_last(a, PROMPTS[0][:-1])
+    eng.forward_last(c, PROMPTS[2][:-1])
+    blob = eng.export_kv(a)                               # (the state layout is known from here on)
+    eng.free(b)                                           # slot 1 free: the batch [a, c] moves c 2 -> 1
+    eng._tokens[a].append(PROMPTS[0][-1])                 # a position gap: llama.cpp refuses the batch
+    with pytest.raises(EngineError):
+        eng.step([a, c], [PROMPTS[0][-1], PROMPTS[2][-1]])
+    eng._tokens[a].pop()
+    assert eng._slot[c] == 1 and eng.moves == 1
+    d = eng.import_kv(blob)                               # into slot 2, the queued copy's source
+    assert eng._slot[d] == 2
+    got = eng.step([c], [PROMPTS[2][-1]])
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-3)
+    eng.close()

@@ -99,8 +99,7 @@ class HybridDraftService(SuffixDraftService):
                 self._behind[s.sid] = None
                 continue
             self.stats.count("hybrid_model")
-            context = list(s.ctx.tokens)
-            keep = min(common_prefix(s.model_held, context), len(context) - 1)
+            context, keep = _model_feed(s)
             s.waiting = {req.seq: (context, t_in)}     # the model answers it within this step
             self.model.submit(DraftRequest(s.sid, req.seq, keep, context[keep:], req.gamma, req.sampling))
             self._behind.pop(s.sid, None)
@@ -135,8 +134,7 @@ class HybridDraftService(SuffixDraftService):
                 s = self._sessions.get(sid)
             if s is None or s.closed or s.sampling is None:
                 continue
-            context = list(s.ctx.tokens)
-            keep = min(common_prefix(s.model_held, context), len(context) - 1)
+            context, keep = _model_feed(s)
             if len(context) - keep <= SYNC_LAG:
                 continue
             # the seq of the target's last request: answered by the suffix, so the model never saw it
@@ -165,3 +163,10 @@ class HybridDraftService(SuffixDraftService):
         elif isinstance(msg, Error):
             s.model_held = []             # unknown now: the next model request resends everything
             self._reply(sid, msg)
+
+
+def _model_feed(s) -> tuple:
+    """(the session's context, how much of it the model holds): a model request keeps that much and
+    feeds the rest (at least the last token, whose logits the drafting starts from)."""
+    context = list(s.ctx.tokens)
+    return context, min(common_prefix(s.model_held, context), len(context) - 1)

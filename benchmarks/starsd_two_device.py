@@ -15,6 +15,9 @@ server/demos/two_device.py's (`edge-hub demo` shows the same comparison).
   python benchmarks/starsd_two_device.py [--mtbench 4] [--code 4] [--bfcl N --edits N --multiturn N]
       [--new 64] [--gammas 3,auto] [--rounds 3] [--target-format F16] [--drafter model|suffix|hybrid]
 
+A draft that learns from every session (`--drafter suffix|hybrid`) runs each prompt once a pass
+through the star; `--rounds` passes, each with a fresh hub and draft service, give the medians.
+
 `--gammas` takes fixed γ values and `auto` (γ 0..8 chosen each round, edge/remote_gamma.py;
 `auto:N` for 0..N).
 Writes benchmarks/results/starsd_two_device.{json,md,png}.
@@ -65,7 +68,9 @@ def main() -> None:
     ap.add_argument("--gammas", default="3", help="γ modes, comma-separated: integers and/or auto[:N]")
     ap.add_argument("--no-ahead", dest="ahead", action="store_false",
                     help="no draft-ahead in the draft service's idle time (edge-agent run's default is on)")
-    ap.add_argument("--rounds", type=int, default=3, help="repeats per prompt and mode (medians)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="repeats per prompt and mode (medians); a learning --drafter: passes, each with a "
+                         "fresh hub and draft service")
     ap.add_argument("--out", type=Path, default=OUT, help="results path without suffix (a smoke run: elsewhere)")
     ap.add_argument("--drafter", default="model", choices=["model", "suffix", "hybrid"],
                     help="the remote draft service's drafter (edge-agent run --drafter)")
@@ -86,9 +91,13 @@ def main() -> None:
     from server.mosquitto import MosquittoBroker
 
     modes = parse_modes(args.gammas)
-    # a suffix tree learns every session's output: a second run of a prompt would replay its own first
+    # A suffix tree learns every session's output: a second run of a prompt would replay its own
+    # first. So a learning draft runs each prompt once per pass, and each of --rounds passes starts
+    # a fresh hub and draft service (whose tree holds the earlier prompts' outputs, never this one's).
     learns = args.drafter != "model"
+    passes = args.rounds if learns and not args.hub else 1
     args.star_rounds = 1 if learns else args.rounds
+    args.passes = passes
     if learns and len(modes) > 1:
         ap.error(f"--drafter {args.drafter} learns from every session: give one γ mode a run (--gammas auto), "
                  "or the later mode drafts from the earlier one's output of the same prompt")
@@ -100,36 +109,42 @@ def main() -> None:
                for kind, text in chat] + repetitive_prompts(engine, tok, args)
     broker = None if args.hub else MosquittoBroker().start()
     logdir = args.out.parent / (args.out.name + "_logs.tmp")
-    rows = []
+    runs = []
     try:
-        if args.hub:                    # the star is elsewhere: this device only verifies
-            from edge.command_options import tls_files
-            url, star_ctx = args.hub, contextlib.nullcontext()
-            link = MqttLink(url, tls=tls_files(args.tls_dir, args.client_id, url))
-            args.setup = f"this device's target (core 0) against the hub at {url}"
-        else:
-            url = broker.url
-            star_ctx = RemoteStar(str(target_gguf(args.draft, args.draft_format)), logdir, core=1,
-                                  broker_url=url, ahead=args.ahead,
-                                  drafter=args.drafter, p_min=args.draft_p_min)
-            link = MqttLink(url)
-        with star_ctx:
-            star = StarTarget(engine, HubClient(link.connect(10), args.client_id, tok.fingerprint(),
-                                                engine.vocab_size), gamma=max(m[1] for m in modes))
-            warm = tok.encode(tok.apply_chat_template([{"role": "user", "content": "hello"}]))
-            star.generate(warm, 8)              # the first session pays joins and the draft's warm-up
-            if any(m[2] for m in modes):
-                star.calibrate()                # the verify-cost curve auto uses, outside the timed runs
-            for kind, text, ids in prompts:
-                row = {"kind": kind, "prompt": text[:60],
-                       **measure_prompt(engine, star, ids, args.new, modes, args.rounds, tok.eos_ids,
-                                         star_rounds=args.star_rounds)}
-                row.pop("alone_tokens")
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        for n in range(passes):
+            if args.hub:                    # the star is elsewhere: this device only verifies
+                from edge.command_options import tls_files
+                url, star_ctx = args.hub, contextlib.nullcontext()
+                link = MqttLink(url, tls=tls_files(args.tls_dir, args.client_id, url))
+                args.setup = f"this device's target (core 0) against the hub at {url}"
+            else:
+                url = broker.url
+                star_ctx = RemoteStar(str(target_gguf(args.draft, args.draft_format)), logdir, core=1,
+                                      broker_url=url, ahead=args.ahead,
+                                      drafter=args.drafter, p_min=args.draft_p_min)
+                link = MqttLink(url, client_id=f"{args.client_id}-pass{n}")
+            with star_ctx:
+                star = StarTarget(engine, HubClient(link.connect(10), args.client_id, tok.fingerprint(),
+                                                    engine.vocab_size), gamma=max(m[1] for m in modes))
+                warm = tok.encode(tok.apply_chat_template([{"role": "user", "content": "hello"}]))
+                star.generate(warm, 8)              # the first session pays joins and the draft's warm-up
+                if any(m[2] for m in modes):
+                    star.calibrate()                # the verify-cost curve auto uses, outside the timed runs
+                rows = []
+                for kind, text, ids in prompts:
+                    row = {"kind": kind, "prompt": text[:60],
+                           **measure_prompt(engine, star, ids, args.new, modes, 1 if learns else args.rounds,
+                                            tok.eos_ids, star_rounds=args.star_rounds)}
+                    row.pop("alone_tokens")
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                runs.append(rows)
+                star.hub.close()
+                link.close()
     finally:
         if broker is not None:
             broker.close()
+    rows = runs[0] if passes == 1 else [merge_passes(rs, gammas) for rs in zip(*runs)]
     write(rows, gammas, args)
 
 
@@ -146,11 +161,31 @@ def repetitive_prompts(engine, tok, args):
     return out
 
 
+def merge_passes(rows, gammas) -> dict:
+    """One prompt's rows from several passes: medians; each pass's speedup is its own star run over
+    its own alone run (side by side), and the row keeps them all ('speedups')."""
+    med = statistics.median
+    out = dict(rows[0], alone_tok_s=med(r["alone_tok_s"] for r in rows),
+               step_ms=med(r["step_ms"] for r in rows if r["step_ms"]) if any(r["step_ms"] for r in rows) else None)
+    for g in gammas:
+        xs = [r[f"g{g}"] for r in rows]
+        split = [x for x in xs if not x["same_text"]]
+        m = {k: med(x[k] for x in xs) for k in ("tok_s", "speedup", "acceptance", "tokens_per_verify",
+                                                 "wait_overhead_ms", "wait_per_draft_ms")}
+        m.update(gamma_mean=statistics.mean(x["gamma_mean"] for x in xs),
+                 gamma_zero_share=statistics.mean(x["gamma_zero_share"] for x in xs),
+                 speedups=[x["speedup"] for x in xs], same_text=not split,
+                 split_at=min(x["split_at"] for x in split) if split else None,
+                 margin_at_split=min(split, key=lambda x: x["split_at"])["margin_at_split"] if split else None)
+        out[f"g{g}"] = m
+    return out
+
+
 def write(rows, gammas, args) -> None:
     res = {"machine": platform.machine(), "cpu": cpu_name(), "target": args.target,
            "target_format": args.target_format, "draft": args.draft, "draft_format": args.draft_format,
            "new_tokens": args.new, "rounds": args.rounds,
-           "star_rounds": args.star_rounds, "threads_per_device": 1, "ahead": args.ahead,
+           "star_rounds": args.star_rounds, "passes": args.passes, "threads_per_device": 1, "ahead": args.ahead,
            "drafter": args.drafter, "draft_p_min": args.draft_p_min,
            "setup": getattr(args, "setup", None) or "target on core 0 (this process); hub + remote draft service "
                     f"({args.drafter}) on core 1; Mosquitto; memory bandwidth shared", "rows": rows}
@@ -164,6 +199,10 @@ def write(rows, gammas, args) -> None:
     lines = [f"# StarSD on two cores as two devices: {args.target}{fmt} target (core 0), {args.draft}{dfmt} remote "
              f"draft (core 1), {args.new} greedy tokens, " + (
                  f"medians of {args.rounds}" if args.star_rounds == args.rounds else
+                 f"medians of {args.passes} passes, each with a fresh hub and draft service, a prompt run once "
+                 f"a pass alone and once through the star (the {args.drafter} draft's fleet tree learns every "
+                 f"session's output: it holds the earlier prompts', never this prompt's own); × is the median "
+                 f"of the passes' own ratios, their range in brackets" if args.passes > 1 else
                  f"target alone: medians of {args.rounds}; the star: one run a prompt (the {args.drafter} "
                  f"draft's fleet tree learns every session's output: it holds the earlier prompts', never "
                  f"this prompt's own)"), "",
@@ -177,7 +216,9 @@ def write(rows, gammas, args) -> None:
         for g in gammas:
             x = r[f"g{g}"]
             split = "same text" if x["same_text"] else f"at {x['split_at']} ({x['margin_at_split']:.2f})"
-            cells += [f"{x['tok_s']:.2f}", f"{x['speedup']:.2f}", f"{x['acceptance']:.2f}",
+            sp = x.get("speedups")
+            cells += [f"{x['tok_s']:.2f}", f"{x['speedup']:.2f}" + (f" ({min(sp):.2f}–{max(sp):.2f})" if sp else ""),
+                      f"{x['acceptance']:.2f}",
                       f"{x['tokens_per_verify']:.2f}", f"{x['gamma_mean']:.1f}", split]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [""] + [f"Median speedup at γ={g}: **{res[f'median_speedup_g{g}']:.2f}×**" for g in gammas]

@@ -5,7 +5,10 @@ sessions either way). The suffix proposal is the answer, and the draft model doe
 when its score -- its expected accepted tokens under the trees' counts, scaled by what this
 session's suffix answers kept per unit of score -- reaches `min_score` and what the model's
 answers have kept this session. (Both are measured from the next request: its context says
-how many drafts of the last answer the target kept.) So where the model draft agrees almost
+how many drafts of the last answer the target kept.) A new session starts from the fleet's
+yields (every session's answers folded in, slower): its own first answers decide little, and
+short sessions are mostly start -- on BFCL a fresh session used to spend its first rounds on
+2-token suffix guesses where the model would have kept 6. So where the model draft agrees almost
 always (function calls: the 0.5B kept 98-100% on BFCL) a 2-token suffix guess does not
 displace its 6, and where the suffix copies whole lines (code edits) the model is not asked.
 Otherwise the request goes to the wrapped DraftService, translated: the model holds what
@@ -38,6 +41,7 @@ from edge.suffix_tree import SuffixTree
 MIN_SCORE = 1.5          # expected accepted suffix tokens that beat asking the model
 SYNC_LAG = 8             # the model behind by more tokens than this: caught up in idle time
 EMA = 0.3                # weight of the newest answer in the per-session yields
+FLEET_EMA = 0.1          # ... and in the fleet's, a new session's prior
 
 
 class HybridDraftService(SuffixDraftService):
@@ -51,6 +55,10 @@ class HybridDraftService(SuffixDraftService):
         self.min_score = float(min_score)
         self.stats = model.stats          # one account: the model's batches, every answer
         self._behind: dict = {}           # sids whose model may lag (an ordered set)
+        # every session's yields folded together: a new session's prior (its own first answers
+        # decide little, and short sessions are mostly start)
+        self.fleet_model_yield: Optional[float] = None
+        self.fleet_suffix_cal = 1.0
 
     # ---- sessions: both cores ----
     def open(self, sid: str) -> None:
@@ -66,8 +74,8 @@ class HybridDraftService(SuffixDraftService):
         s.sync = None                     # (seq, context) of the catch-up the model serves
         s.sampling = None                 # the last request's, for a catch-up
         s.answered = None                 # (source, context length, drafts, score) of the last answer
-        s.model_yield = None              # drafts kept per model answer (EMA); None: none scored yet
-        s.suffix_cal = 1.0                # drafts kept per unit of suffix score (EMA)
+        s.model_yield = self.fleet_model_yield   # drafts kept per model answer (EMA); None: none scored yet
+        s.suffix_cal = self.fleet_suffix_cal     # drafts kept per unit of suffix score (EMA)
 
     def close(self, sid: str, reason: str = "bye") -> bool:
         self.model.close(sid, reason)
@@ -110,9 +118,9 @@ class HybridDraftService(SuffixDraftService):
                 self._from_model(sid, msg)
         return self._replies()
 
-    @staticmethod
-    def _score_last(s) -> None:
-        """Fold how many drafts of the last answer the target kept into that source's yield."""
+    def _score_last(self, s) -> None:
+        """Fold how many drafts of the last answer the target kept into that source's yield, the
+        session's and the fleet's."""
         if s.answered is None:
             return
         source, L, drafts, score = s.answered
@@ -121,9 +129,11 @@ class HybridDraftService(SuffixDraftService):
         if len(s.ctx.tokens) - L < min(len(drafts), kept + 1):
             return                        # the target has not gone past these drafts: no verdict
         if source == "model":
-            s.model_yield = kept if s.model_yield is None else (1 - EMA) * s.model_yield + EMA * kept
+            s.model_yield = _ema(s.model_yield, kept, EMA)
+            self.fleet_model_yield = _ema(self.fleet_model_yield, kept, FLEET_EMA)
         elif score > 0:
-            s.suffix_cal = (1 - EMA) * s.suffix_cal + EMA * kept / score
+            s.suffix_cal = _ema(s.suffix_cal, kept / score, EMA)
+            self.fleet_suffix_cal = _ema(self.fleet_suffix_cal, kept / score, FLEET_EMA)
 
     def _sync_one(self) -> None:
         """Submit a catch-up for the first lagging session, if its model lags by > SYNC_LAG."""
@@ -170,3 +180,7 @@ def _model_feed(s) -> tuple:
     feeds the rest (at least the last token, whose logits the drafting starts from)."""
     context = list(s.ctx.tokens)
     return context, min(common_prefix(s.model_held, context), len(context) - 1)
+
+
+def _ema(old: Optional[float], x: float, w: float) -> float:
+    return x if old is None else (1 - w) * old + w * x

@@ -182,16 +182,15 @@ def test_hybrid_catches_the_model_up_in_idle_time_after_a_suffix_answered_prompt
     assert svc.stats.counters["hybrid_sync"] == 1         # caught up already: no second catch-up
 
 
-def test_hybrid_asks_the_model_where_its_answers_kept_more_than_the_suffixs(engines):
-    """The source follows what each one's answers kept this session: after a suffix guess the
-    target rejected and a model answer it kept whole, a suffix proposal that a fresh service
-    would send goes to the model."""
-    _, draft = engines
-    def service():
-        svc = HybridDraftService(DraftService(draft, DraftLimits(ahead=False)), min_score=0.5)
-        svc.open("a")
-        return svc
-    svc = service()
+def _hybrid(draft, sid="a"):
+    svc = HybridDraftService(DraftService(draft, DraftLimits(ahead=False)), min_score=0.5)
+    svc.open(sid)
+    return svc
+
+
+def _suffix_rejected_then_model_kept(svc):
+    """Session "a": a suffix guess the target rejected, then a model answer it kept whole, then a
+    request whose suffix proposal a fresh service would send; the context of that request."""
     P = [5, 6, 7, 8, 9, 5, 6]
     svc.submit(DraftRequest("a", 1, 0, P, 3))
     (_, r), = svc.step()
@@ -202,9 +201,33 @@ def test_hybrid_asks_the_model_where_its_answers_kept_more_than_the_suffixs(engi
     ctx = P + [11] + d1.tokens + [5, 6]                        # all kept, then plain steps to "5, 6"
     held = len(P) + 1 + len(d1.tokens) - 1
     svc.submit(DraftRequest("a", 3, held, ctx[held:], 3))
-    (_, r), = svc.step()
+    svc.step()
+    return ctx
+
+
+def test_hybrid_asks_the_model_where_its_answers_kept_more_than_the_suffixs(engines):
+    """The source follows what each one's answers kept this session: after a suffix guess the
+    target rejected and a model answer it kept whole, a suffix proposal that a fresh service
+    would send goes to the model."""
+    _, draft = engines
+    svc = _hybrid(draft)
+    ctx = _suffix_rejected_then_model_kept(svc)
     assert svc.stats.counters.get("hybrid_model") == 2, svc.stats.counters
-    fresh = service()
+    fresh = _hybrid(draft)
     fresh.submit(DraftRequest("a", 1, 0, ctx, 3))
     fresh.step()
     assert fresh.stats.counters.get("hybrid_suffix") == 1 and "hybrid_model" not in fresh.stats.counters
+
+
+def test_a_new_hybrid_session_starts_from_what_the_fleets_answers_kept(engines):
+    """A new session's first answers are decided by the fleet's yields, not from nothing: after
+    session "a" learned that the model's answers keep more, session "b"'s first request, whose
+    suffix proposal a fresh service would send, goes to the model."""
+    _, draft = engines
+    svc = _hybrid(draft)
+    ctx = _suffix_rejected_then_model_kept(svc)
+    svc.open("b")
+    svc.submit(DraftRequest("b", 1, 0, ctx, 3))
+    (_, r), = svc.step()
+    assert isinstance(r, DraftResponse) and r.sid == "b"
+    assert svc.stats.counters.get("hybrid_model") == 3 and svc.stats.counters.get("hybrid_suffix") == 1

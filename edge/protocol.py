@@ -138,6 +138,7 @@ class DraftRequest(Message):
     append: list[int] = _tokens(MAX_APPEND)     # then feeds these
     gamma: int = wire(GAMMA)                    # then drafts this many
     sampling: dict = _sampling_field()
+    background: bool = wire(boolean, False)     # a probe: its answer is scored, never verified
 
 
 @message("draft_resp", session=True)

@@ -238,7 +238,9 @@ class DraftService(DraftSessions):
             s.seq = self.engine.new_sequence()
         if s.rng is None or s.mode != mode:      # a new stream, never an earlier one replayed
             s.rng = role_rng(params.seed, Role.DRAFT, s.key, next(self._streams))
-        s.ahead_cap = T_len + 2 * gamma + 1        # full acceptance + bonus, then gamma more
+        # full acceptance + bonus, then gamma more; none after a probe: the target decodes on
+        # alone past it, so a longer chain would be compute (and on shared cores, its time) wasted
+        s.ahead_cap = 0 if req.background else T_len + 2 * gamma + 1
         s.start = T_len
         # does T run along fed + chain? then the chain's continuation is valid as it is
         virtual = s.fed[:s.anchor] + [c[0] for c in s.chain] if s.chain else s.fed

@@ -109,7 +109,8 @@ class HybridDraftService(SuffixDraftService):
             self.stats.count("hybrid_model")
             context, keep = _model_feed(s)
             s.waiting = {req.seq: (context, t_in)}     # the model answers it within this step
-            self.model.submit(DraftRequest(s.sid, req.seq, keep, context[keep:], req.gamma, req.sampling))
+            self.model.submit(DraftRequest(s.sid, req.seq, keep, context[keep:], req.gamma, req.sampling,
+                                           req.background))
             self._behind.pop(s.sid, None)
         if not taken and not self.model.has_work():
             self._sync_one()
@@ -150,7 +151,8 @@ class HybridDraftService(SuffixDraftService):
             # the seq of the target's last request: answered by the suffix, so the model never saw it
             s.sync = (s.last_seq, context)
             self.stats.count("hybrid_sync")
-            self.model.submit(DraftRequest(sid, s.last_seq, keep, context[keep:], 1, s.sampling))
+            self.model.submit(DraftRequest(sid, s.last_seq, keep, context[keep:], 1, s.sampling,
+                                           background=True))
             return
 
     def _from_model(self, sid: str, msg) -> None:

@@ -193,10 +193,11 @@ class RemoteDrafter(Drafter):
             return False
         return self._send(s, list(context), gamma, time.monotonic(), primed=True)
 
-    def _send(self, s: Session, context: List[int], gamma: int, now: float, primed: bool = False) -> bool:
+    def _send(self, s: Session, context: List[int], gamma: int, now: float, primed: bool = False,
+              background: bool = False) -> bool:
         keep = min(self._keep(context), len(context))
         seq = s.next_seq()
-        if not s.request(seq, keep, context[keep:], min(gamma, MAX_GAMMA), self.sampling):
+        if not s.request(seq, keep, context[keep:], min(gamma, MAX_GAMMA), self.sampling, background):
             return False
         self._base = (keep, 0, ())
         d = self.deadline.for_gamma(gamma, self.waits.per_token_s)
@@ -243,7 +244,7 @@ class RemoteDrafter(Drafter):
                     self.waits.add(Wait(out.gamma, now - out.sent, None))
                 self._expire(s)
         elif gamma > 0 and self._probe is None and now >= self._busy_until:
-            if self._send(s, list(context), gamma, now):
+            if self._send(s, list(context), gamma, now, background=True):
                 self._out.background = True
                 self.stats["probes"] += 1
         return self._score(context)

@@ -31,8 +31,12 @@ def probed(continuations):
         assert wait_until(lambda: hc.hub_online, 10)
         d = RemoteDrafter(hc, GREEDY.to_wire(), 4)
         d.connect()
+        sent = []
+        send = d.session.send
+        d.session.send = lambda m: sent.append(m) or send(m)
         assert d.observe(PROMPT, 0) is None and d.stats["probes"] == 0     # nothing asked: nothing sent
         assert d.observe(PROMPT, 4) is None and d.stats["probes"] == 1
+        assert [m.background for m in sent] == [True]                     # the service knows it is a probe
         assert wait_until(lambda: d.observe(PROMPT, 4) is not None or d.stats["answered"] == 1)
         assert d.stats["probes"] == 1                                      # one out at a time
         out = [d.observe(PROMPT + c(want), 4) for c in continuations]

@@ -222,6 +222,20 @@ def test_draft_ahead_answers_a_matching_request_at_once():
     assert out["a"][-1].tokens == reference(ctx + d + [bonus], 3)
 
 
+def test_no_draft_ahead_follows_a_probe():
+    """A background request (a target's probe: scored, never verified) is answered as any other,
+    and the service then idles: the target decodes on alone past it, so draft-ahead would waste
+    the compute (on shared cores, the target's time). A round's request is drafted ahead."""
+    ctx = [9, 8, 7, 6, 5]
+    for background, ahead in ((True, False), (False, True)):
+        svc, out = service(DraftLimits(ahead=True))
+        svc.open("a")
+        svc.submit(DraftRequest("a", 1, 0, ctx, 3, background=background))
+        step(svc, out)
+        assert out["a"][-1].tokens == reference(ctx, 3)
+        assert svc.has_work() is ahead
+
+
 class ShortSlots(TorchEngine):
     """Sequences whose slot holds ROOM tokens, fewer than max_len: a step with a sequence past
     its slot fails for the whole batch, as llama_decode does when a KV slot runs out."""

@@ -132,7 +132,8 @@ def _signed(tag, body, sid="s1"):
 
 
 def _req(**kw):
-    body = {"sid": "s1", "seq": 1, "keep": 0, "append": [1], "gamma": 2, "sampling": dict(P.GREEDY)}
+    body = {"sid": "s1", "seq": 1, "keep": 0, "append": [1], "gamma": 2, "sampling": dict(P.GREEDY),
+            "background": False}            # every field: each bad case is refused for its own reason
     body.update(kw)
     return _signed("draft_req", body)
 
@@ -156,6 +157,7 @@ BAD = {
     "missing field": _signed("draft_req", {"sid": "s1"}),
     "extra field": _req(evil=1),
     "bool as int": _req(seq=True),
+    "int as bool": _req(background=1),
     "float as int": _req(keep=1.0),
     "negative keep": _req(keep=-1),
     "gamma too big": _req(gamma=P.MAX_GAMMA + 1),
@@ -192,6 +194,12 @@ BAD = {
     "oversized": b"\x00" * (P.MAX_MESSAGE_BYTES + 1),
     "deep nesting": b"\x91" * 100_000 + b"\x00",
 }
+
+
+def test_the_base_of_the_bad_requests_is_a_good_one():
+    """Each bad `_req` differs from a valid request in one field only (a field added to the wire
+    and missed here would make every case fail for that reason instead of its own)."""
+    assert P.decode(_req(), SECRET) == P.DraftRequest("s1", 1, 0, [1], 2, dict(P.GREEDY))
 
 
 @pytest.mark.parametrize("name", list(BAD))

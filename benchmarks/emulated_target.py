@@ -260,9 +260,9 @@ class DelayLink(Link):
 
 
 class _TimedSession(Session):
-    def request(self, seq: int, keep: int, append, gamma: int, sampling: dict) -> bool:
+    def request(self, seq: int, keep: int, append, gamma: int, sampling: dict, background: bool = False) -> bool:
         self.hub.sent[(self.sid, seq)] = (time.monotonic(), len(append))
-        return super().request(seq, keep, append, gamma, sampling)
+        return super().request(seq, keep, append, gamma, sampling, background)
 
 
 class MeasuringHubClient(HubClient):

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from pathlib import Path
 from typing import Dict, List
@@ -43,9 +44,9 @@ LATENCIES_KEPT = 4096          # per target: a soak must not grow the worker wit
 
 
 class _RecordingSession(Session):
-    def request(self, seq: int, keep: int, append, gamma: int, sampling: dict) -> bool:
+    def request(self, seq: int, keep: int, append, gamma: int, sampling: dict, background: bool = False) -> bool:
         self.hub.sent[(self.sid, seq)] = (time.monotonic(), keep + len(append))
-        return super().request(seq, keep, append, gamma, sampling)
+        return super().request(seq, keep, append, gamma, sampling, background)
 
 
 class RecordingHubClient(HubClient):
@@ -108,13 +109,14 @@ class _Hold:
         self.lock = threading.Lock()
         self.released = threading.Event()
 
-    def arrive(self) -> None:
+    def arrive(self, wait: bool = True) -> None:
         with self.lock:
             self.arrived += 1
             last = self.arrived == self.n
         if last:
             self.on_all()
-        self.released.wait(300)
+        if wait:
+            self.released.wait(300)
 
 
 def _say(line: str) -> None:
@@ -150,7 +152,7 @@ def run(spec: dict, commands: "queue.Queue[str]") -> dict:
     out: Dict[int, dict] = {}
 
     def target_loop(i: int, star: StarTarget) -> None:
-        gens, err = [], None
+        gens, err, arrived = [], None, [False]
         try:
             g = 0
             while not stop.is_set() and (not spec.get("generations") or g < spec["generations"]):
@@ -158,11 +160,10 @@ def run(spec: dict, commands: "queue.Queue[str]") -> dict:
                     break
                 prompt = spec["prompts"][(i + g) % len(spec["prompts"])]
                 star.hub.gen = g
-                seen = [False]
 
-                def on_token(_tok, g=g, seen=seen):
-                    if hold is not None and g == 0 and not seen[0]:
-                        seen[0] = True
+                def on_token(_tok, g=g):
+                    if hold is not None and g == 0 and not arrived[0]:
+                        arrived[0] = True
                         hold.arrive()
                 # a closed loop: wait for each answer (bounded: a lost QoS 0 message cannot stall it)
                 dl = Deadline(initial=spec.get("deadline_s", 30.0), lo=spec.get("deadline_s", 30.0),
@@ -174,8 +175,12 @@ def run(spec: dict, commands: "queue.Queue[str]") -> dict:
                              "refusal": d.refusal, "stats": {k: v for k, v in d.stats.items()
                                                              if isinstance(v, (int, float))}})
                 g += 1
-        except Exception as e:  # reported in RESULT, never hidden
+        except Exception as e:  # reported in RESULT and on stderr, never hidden
             err = f"{type(e).__name__}: {e}"
+            sys.stderr.write(f"target {i}: {traceback.format_exc()}")
+            if hold is not None and not arrived[0]:
+                arrived[0] = True              # counted, so the others' hold ends (HOLDING shows it short)
+                hold.arrive(wait=False)
         h = star.hub
         out[i] = {"index": i, "client": h.client, "error": err,
                   "generations": gens if spec.get("record", True) else len(gens),

@@ -137,6 +137,16 @@ def test_smollm2_top1_agreement_with_llama_cpp(smollm):
     ref_top1 = torch.from_numpy(llm.scores[:128].copy()).argmax(-1)
     with torch.no_grad():
         logits, _ = model(torch.tensor([ids]))
-    agree = (logits[0, :128].argmax(-1) == ref_top1).float().mean().item()
-    print(f"SmolLM2-135M top-1 agreement with llama.cpp over 128 positions: {agree:.4f}")
-    assert agree >= 0.95, agree
+    ours = logits[0, :128]
+    top1 = ours.argmax(-1)
+    agree = (top1 == ref_top1).float().mean().item()
+    # llama.cpp multiplies the Q4_1 weights by activations rounded to Q8_1, and its AVX2 and
+    # AVX-512 kernels round differently: near-ties flip (0.9375 on an AVX2-only EPYC, every flip
+    # within 0.31 logit of our top-1; >= 0.95 on AVX-512 machines). A mapping error flips most
+    # positions, by logits of O(1)
+    rows = torch.arange(128)
+    gaps = (ours[rows, top1] - ours[rows, ref_top1])[top1 != ref_top1]
+    print(f"SmolLM2-135M top-1 agreement with llama.cpp over 128 positions: {agree:.4f}; "
+          f"our logit gaps where it differs: {[round(g, 3) for g in gaps.tolist()]}")
+    assert agree >= 0.90, agree
+    assert (gaps < 0.75).all(), gaps

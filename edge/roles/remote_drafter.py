@@ -117,7 +117,7 @@ class RemoteDrafter(Drafter):
         self._wait: Optional[Wait] = None
         self._probe: Optional[tuple] = None    # (L, drafts, asked): a background answer not yet scored
         self.stats = {"rounds": 0, "answered": 0, "late_used": 0, "timeouts": 0, "alone": 0, "probes": 0,
-                      "errors": 0, "overloaded": 0, "joins": 0, "rejoins": 0, "refused": 0,
+                      "probe_answers": 0, "errors": 0, "overloaded": 0, "joins": 0, "rejoins": 0, "refused": 0,
                       "answered_since_join": 0,
                       "rtt_s": deque(maxlen=4096), "overhead_s": deque(maxlen=4096)}
 
@@ -235,6 +235,7 @@ class RemoteDrafter(Drafter):
             if got is not None:
                 msg = self._book(s, out, got)
                 if msg is not None and out.background:   # an empty answer too: a round would get nothing
+                    self.stats["probe_answers"] += 1
                     self.waits.add(Wait(out.gamma, got[1] - out.sent, msg.compute_us * 1e-6,
                                         len(msg.tokens), short=out.fed <= SHORT_FEED))
                 if msg is not None and msg.tokens:

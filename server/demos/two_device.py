@@ -203,7 +203,8 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
 
     Row: alone_tok_s, alone tokens, step_ms (one target step), verify_steps {k: a target call over k
     tokens in single steps}, and per mode label 'g<label>': tok_s, speedup, acceptance,
-    tokens_per_verify, answered_rounds, gamma_mean / gamma_zero_share (what was asked for),
+    tokens_per_verify, answered_rounds (background probes apart: probes_answered), gamma_mean /
+    gamma_zero_share (what was asked for),
     wait_overhead_ms / wait_per_draft_ms (the wait W(γ) = o + d·γ the target saw, last run),
     same_text, split_at, margin_at_split."""
     from edge.generate import generate_plain
@@ -232,7 +233,8 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
             "tok_s": tps, "speedup": tps / row["alone_tok_s"] if row["alone_tok_s"] else float("nan"),
             "acceptance": statistics.median(x[0].acceptance_rate for x in rs),
             "tokens_per_verify": statistics.median(x[0].tokens_per_verify for x in rs),
-            "answered_rounds": f"{d['answered']}/{d['rounds']}",
+            "answered_rounds": f"{d['answered'] - d['probe_answers']}/{d['rounds']}",   # probes apart
+            "probes_answered": f"{d['probe_answers']}/{d['probes']}",
             "wait_overhead_ms": 1e3 * w.overhead_s, "wait_per_draft_ms": 1e3 * w.per_token_s,
             "gamma_mean": statistics.mean(s.gammas) if s.gammas else 0.0,
             "gamma_zero_share": s.gammas.count(0) / len(s.gammas) if s.gammas else 1.0,

@@ -40,6 +40,7 @@ def probed(continuations):
         assert wait_until(lambda: d.observe(PROMPT, 4) is not None or d.stats["answered"] == 1)
         assert d.stats["probes"] == 1                                      # one out at a time
         out = [d.observe(PROMPT + c(want), 4) for c in continuations]
+        assert d.stats["probe_answers"] == d.stats["answered"] == 1 and d.stats["rounds"] == 0  # no round
         d.close()
         return out, want
     finally:

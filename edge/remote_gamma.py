@@ -57,11 +57,16 @@ class RoundTrips:
     the target accepted every draft and its bonus token is the draft's own next one: a hit,
     answered at once. Otherwise (a miss) it drafts γ tokens fresh. So
 
-        W(γ) = o + d·γ·(1 − h·α^(γ+1))
+        W(γ) = o + (c + b·γ)·(1 − h·α^(γ+1))
 
-    d: median of compute/tokens over the answered short-feed misses (a long feed -- a catch-up
-    after plain steps -- also paid a prefill; a hit, compute/tokens under a quarter of the
-    window's largest, is no sample of it). h: the hits seen over the hits α^(γ+1) predicts for
+    A miss's compute is a fixed part c (the service feeds the target's new tokens: one forward
+    pass of the draft) and b per drafted token: a line through the median compute at each
+    drafted-token count of the answered short-feed misses (a long feed -- a catch-up after plain
+    steps -- also paid a prefill; a hit, compute/tokens under a quarter of the window's largest,
+    is no sample of it). Until two counts are seen, or when the line says c < 0 or b <= 0, c = 0
+    and b = d, the median compute/tokens (which, from γ=1 rounds alone, prices a γ=3 round at
+    3 feeds: deeper γ looks dearer than it is). d also sizes the deadline (per_token_s).
+    h: the hits seen over the hits α^(γ+1) predicts for
     the rounds in the window, (1 + seen) / (1 + predicted) at most 1, so a service that does not
     draft ahead soon counts as one. Without α (wait_s(γ)) no hits are assumed. o: median of
     wall − compute (an unanswered round: wall − d·γ, the time it waited in vain), never below 0."""
@@ -70,7 +75,7 @@ class RoundTrips:
 
     def __init__(self, window: int = 16):
         self._rounds: deque = deque(maxlen=window)
-        self._stats: Optional[tuple] = None     # cached (o, d, hits): the policy asks for every γ each round
+        self._stats: Optional[tuple] = None     # cached (o, d, hits, c, b): the policy asks for every γ each round
 
     def add(self, w: Wait) -> None:
         if w.gamma < 1 or w.wall_s < 0:
@@ -91,8 +96,8 @@ class RoundTrips:
         return sum(w.compute_s is not None and w.tokens > 0 for w in self._rounds) / n if n else 1.0
 
     def _rates(self) -> list:
-        """(γ, compute/tokens) of the answered short-feed rounds."""
-        return [(w.gamma, w.compute_s / w.tokens) for w in self._rounds
+        """(γ, drafts answered, compute seconds, compute/drafts) of the answered short-feed rounds."""
+        return [(w.gamma, w.tokens, w.compute_s, w.compute_s / w.tokens) for w in self._rounds
                 if w.compute_s is not None and w.tokens and w.short]
 
     @property
@@ -106,13 +111,33 @@ class RoundTrips:
     def _cached(self) -> tuple:
         if self._stats is None:
             rates = self._rates()
-            top = max((r for _, r in rates), default=0.0)
-            misses = [r for _, r in rates if r >= self.HIT * top]
+            top = max((r for *_, r in rates), default=0.0)
+            misses = [r for *_, r in rates if r >= self.HIT * top]
             d = float(np.median(misses)) if misses else 0.0
             xs = [w.wall_s - (w.compute_s if w.compute_s is not None else d * w.gamma) for w in self._rounds]
             o = max(0.0, float(np.median(xs))) if xs else 0.0
-            self._stats = (o, d, [(g, r < self.HIT * top) for g, r in rates])
+            c, b = self._line([(t, s) for _, t, s, r in rates if r >= self.HIT * top], d)
+            self._stats = (o, d, [(g, r < self.HIT * top) for g, _, _, r in rates], c, b)
         return self._stats
+
+    @staticmethod
+    def _line(samples: list, d: float) -> tuple:
+        """(c, b): compute = c + b·drafts through the median compute per drafted-token count
+        (medians: one slow answer does not tilt it), weighted by how often each count was seen."""
+        by: dict = {}
+        for t, s in samples:
+            by.setdefault(t, []).append(s)
+        if len(by) < 2:
+            return 0.0, d
+        ts = np.array(sorted(by), dtype=float)
+        ys = np.array([np.median(by[t]) for t in sorted(by)])
+        b, c = np.polyfit(ts, ys, 1, w=np.sqrt([len(by[t]) for t in sorted(by)]))
+        return (float(c), float(b)) if c >= 0 and b > 0 else (0.0, d)
+
+    @property
+    def fixed_s(self) -> float:
+        """c: a miss's compute that does not grow with γ (0 until two drafted-token counts are seen)."""
+        return self._cached()[3]
 
     def hit_share(self, alpha: float, gamma: int) -> float:
         """Expected share of rounds of `gamma` drafts the service answers from its ahead chain."""
@@ -123,9 +148,9 @@ class RoundTrips:
     def wait_s(self, gamma: int, alpha: Optional[float] = None) -> float:
         if gamma < 1:
             return 0.0
-        o, d, _ = self._cached()
+        o, _, _, c, b = self._cached()
         miss = 1.0 if alpha is None else 1.0 - self.hit_share(alpha, gamma)
-        return o + d * gamma * miss
+        return o + (c + b * gamma) * miss
 
 
 class RemoteGamma:

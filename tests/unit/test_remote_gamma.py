@@ -209,3 +209,47 @@ def test_a_deep_request_after_shallow_ones_gets_time_for_its_extra_drafts():
     assert d.for_gamma(4, 0.06) > 0.07 + 3 * 0.06       # a γ=4 one: three more drafts' time
     d.sample(0.25, gamma=4, per_token_s=0.06)            # samples at γ=4 are normalised to one draft
     assert abs(d.srtt - 0.07) < 0.01
+
+
+def test_a_misss_fixed_feed_is_priced_once_not_per_draft():
+    """A miss's compute is one feed of the target's new tokens plus a step per draft: 70 ms +
+    30 ms·γ (the Q4_0 0.5B on one AVX2 core). From γ=1 answers alone 100 ms a draft is all
+    there is to see, and a γ=3 round looks like 300 ms; once γ=3 answers are in too, 160 ms."""
+    w = RoundTrips()
+    for _ in range(6):
+        w.add(Wait(1, 0.102, 0.1, tokens=1))
+    assert w.fixed_s == 0.0 and w.wait_s(3) == pytest.approx(0.002 + 0.3)
+    for _ in range(3):
+        w.add(Wait(3, 0.162, 0.16, tokens=3))
+    w.add(Wait(3, 0.302, 0.3, tokens=3))                 # one slow answer does not tilt the line
+    assert w.fixed_s == pytest.approx(0.07) and w.wait_s(3) == pytest.approx(0.002 + 0.16)
+    assert w.per_token_s == pytest.approx(0.1)           # the deadline's share of a draft: as before
+    bent = RoundTrips()                                  # a line that says the fixed part is < 0
+    for g, c in ((1, 0.01), (2, 0.05), (3, 0.09)):
+        bent.add(Wait(g, c + 0.002, c, tokens=g))
+    assert bent.fixed_s == 0.0 and bent.wait_s(3) == pytest.approx(0.002 + 3 * 0.025)   # d: median 25 ms
+
+
+def test_with_the_feed_priced_once_a_memory_bound_target_asks_deeper():
+    """The two-device layout measured here (AVX2 EPYC, F16 1.5B target: a step 264 ms, a verify
+    over 2 / 4 tokens 1.21 / 1.53 steps; α 0.85): from γ=1 answers alone a γ=3 round is priced
+    at 2.33 steps and γ=2 looks best; with the γ=3 answers' line it is 2.02 and deeper pays (on
+    a prompt where γ=auto asked 1.6 on average, the fixed γ=3 measured 1.32× against 1.12×)."""
+    from edge.speculative import AcceptanceTracker, CostTracker
+
+    def policy(waits):
+        costs, acc = CostTracker(), AcceptanceTracker()
+        for k, v in {1: 1.0, 2: 1.21, 3: 1.24, 4: 1.53, 5: 1.70, 6: 1.80}.items():
+            for _ in range(4):
+                costs.add_target(k, 0.264 * v)
+        for _ in range(20):
+            acc.update(20, 17)
+        return RemoteGamma(8, waits=waits, costs=costs, acceptance=acc)
+
+    w = RoundTrips()
+    for _ in range(6):
+        w.add(Wait(1, 0.079, 0.077, tokens=1))
+    assert policy(w).choose(0.85) <= 2
+    for _ in range(6):
+        w.add(Wait(3, 0.137, 0.135, tokens=3))
+    assert policy(w).choose(0.85) >= 4

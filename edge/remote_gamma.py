@@ -129,9 +129,8 @@ class RoundTrips:
             by.setdefault(t, []).append(s)
         if len(by) < 2:
             return 0.0, d
-        ts = np.array(sorted(by), dtype=float)
-        ys = np.array([np.median(by[t]) for t in sorted(by)])
-        b, c = np.polyfit(ts, ys, 1, w=np.sqrt([len(by[t]) for t in sorted(by)]))
+        ts = sorted(by)
+        b, c = np.polyfit(ts, [np.median(by[t]) for t in ts], 1, w=np.sqrt([len(by[t]) for t in ts]))
         return (float(c), float(b)) if c >= 0 and b > 0 else (0.0, d)
 
     @property

@@ -205,7 +205,7 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
     tokens in single steps}, and per mode label 'g<label>': tok_s, speedup, acceptance,
     tokens_per_verify, answered_rounds (background probes apart: probes_answered), gamma_mean /
     gamma_zero_share (what was asked for),
-    wait_overhead_ms / wait_per_draft_ms (the wait W(γ) = o + d·γ the target saw, last run),
+    wait_overhead_ms / wait_per_draft_ms (o and d of the wait the target saw, last run; RoundTrips),
     same_text, split_at, margin_at_split."""
     from edge.generate import generate_plain
     alone, runs, ref, calls = [], {m[0]: [] for m in modes}, None, {}

@@ -16,7 +16,8 @@ class Star:
 
     def __init__(self, engine):
         self.engine, self.runs, self.gamma, self.adaptive = engine, 0, 0, False
-        self.last_drafter = SimpleNamespace(stats={"answered": 0, "rounds": 0, "probes": 0, "probe_answers": 0}, waits=RoundTrips())
+        self.last_drafter = SimpleNamespace(stats={"answered": 0, "rounds": 0, "probes": 0, "probe_answers": 0},
+                                            waits=RoundTrips())
 
     def generate(self, ids, max_new, stop_ids=()):
         self.runs += 1

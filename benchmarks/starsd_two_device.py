@@ -19,7 +19,8 @@ A draft that learns from every session (`--drafter suffix|hybrid`) runs each pro
 through the star; `--rounds` passes, each with a fresh hub and draft service, give the medians.
 
 `--gammas` takes fixed γ values and `auto` (γ 0..8 chosen each round, edge/remote_gamma.py;
-`auto:N` for 0..N).
+`auto:N` for 0..N); `auto-asked` is γ=auto pricing a round as if every draft asked were sent
+(the model before the confidence stop's sent count was priced), side by side for A/B.
 Writes benchmarks/results/starsd_two_device.{json,md,png}.
 """
 from __future__ import annotations
@@ -65,7 +66,8 @@ def main() -> None:
                                                             "by the target itself)")
     ap.add_argument("--turn1-tokens", type=int, default=96, help="multiturn: length of the first answer")
     ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--gammas", default="3", help="γ modes, comma-separated: integers and/or auto[:N]")
+    ap.add_argument("--gammas", default="3", help="γ modes, comma-separated: integers and/or auto[:N]; "
+                    "auto-asked: γ=auto pricing rounds as if every draft asked were sent (the older model, A/B)")
     ap.add_argument("--no-ahead", dest="ahead", action="store_false",
                     help="no draft-ahead in the draft service's idle time (edge-agent run's default is on)")
     ap.add_argument("--rounds", type=int, default=3,

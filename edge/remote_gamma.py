@@ -69,13 +69,19 @@ class RoundTrips:
     h: the hits seen over the hits α^(γ+1) predicts for
     the rounds in the window, (1 + seen) / (1 + predicted) at most 1, so a service that does not
     draft ahead soon counts as one. Without α (wait_s(γ)) no hits are assumed. o: median of
-    wall − compute (an unanswered round: wall − d·γ, the time it waited in vain), never below 0."""
+    wall − compute (an unanswered round: wall − d·γ, the time it waited in vain), never below 0.
+
+    A service with a confidence stop (--draft-p-min) sends s <= γ drafts. sent_shares(γ) says how
+    many: each sent draft after the first is followed by another with probability q (a geometric
+    run, censored at the γ asked), q = (continues + 1) / (continues + stops + 1) over the answered
+    rounds -- 1 (all γ sent) until a stop is seen. The compute part of a miss is then priced at the
+    drafts expected to be sent, and a hit needs those, not γ, accepted."""
 
     HIT = 0.25                         # compute/tokens under this share of the window's largest: a hit
 
     def __init__(self, window: int = 16):
         self._rounds: deque = deque(maxlen=window)
-        self._stats: Optional[tuple] = None     # cached (o, d, hits, c, b): the policy asks for every γ each round
+        self._stats: Optional[tuple] = None     # cached (o, d, hits, c, b, q): the policy asks for every γ each round
 
     def add(self, w: Wait) -> None:
         if w.gamma < 1 or w.wall_s < 0:
@@ -117,8 +123,33 @@ class RoundTrips:
             xs = [w.wall_s - (w.compute_s if w.compute_s is not None else d * w.gamma) for w in self._rounds]
             o = max(0.0, float(np.median(xs))) if xs else 0.0
             c, b = self._line([(t, s) for _, t, s, r in rates if r >= self.HIT * top], d)
-            self._stats = (o, d, [(g, r < self.HIT * top) for g, _, _, r in rates], c, b)
+            self._stats = (o, d, [(g, r < self.HIT * top) for g, _, _, r in rates], c, b, self._continue_share())
         return self._stats
+
+    def _continue_share(self) -> float:
+        """q: after a sent draft, the share of times the service sent the next one too (it had
+        been asked for it). Answers with drafts only; a count past the γ asked (a draft-ahead
+        chain) is no stop."""
+        cont = stops = 0
+        for w in self._rounds:
+            if w.compute_s is not None and w.tokens > 0:
+                s = min(w.tokens, w.gamma)
+                cont += s - 1
+                stops += s < w.gamma
+        return (cont + 1.0) / (cont + stops + 1.0)
+
+    def sent_shares(self, gamma: int) -> list:
+        """[(s, P(s drafts sent | γ asked, at least one sent))] for s = 1..γ (see the class doc)."""
+        q = self._cached()[5]
+        if gamma < 1:
+            return []
+        if q >= 1.0:
+            return [(gamma, 1.0)]
+        return [(s, q ** (s - 1) * (1.0 - q)) for s in range(1, gamma)] + [(gamma, q ** (gamma - 1))]
+
+    @property
+    def continue_share(self) -> float:
+        return self._cached()[5]
 
     @staticmethod
     def _line(samples: list, d: float) -> tuple:
@@ -138,18 +169,22 @@ class RoundTrips:
         """c: a miss's compute that does not grow with γ (0 until two drafted-token counts are seen)."""
         return self._cached()[3]
 
-    def hit_share(self, alpha: float, gamma: int) -> float:
-        """Expected share of rounds of `gamma` drafts the service answers from its ahead chain."""
+    def hit_share(self, alpha: float, gamma: int, sent: bool = True) -> float:
+        """Expected share of rounds of `gamma` drafts asked the service answers from its ahead
+        chain: every sent draft and the bonus token kept (sent=False: all γ as if sent)."""
         hits = self._cached()[2]
         seen, predicted = sum(h for _, h in hits), sum(alpha ** (g + 1) for g, _ in hits)
-        return min(1.0, (1.0 + seen) / (1.0 + predicted)) * alpha ** (gamma + 1)
+        shares = self.sent_shares(gamma) if sent else [(gamma, 1.0)]
+        return min(1.0, (1.0 + seen) / (1.0 + predicted)) * sum(p * alpha ** (s + 1) for s, p in shares)
 
-    def wait_s(self, gamma: int, alpha: Optional[float] = None) -> float:
+    def wait_s(self, gamma: int, alpha: Optional[float] = None, sent: bool = True) -> float:
+        """W(γ) in seconds; sent=False prices γ drafts sent whatever the service's stop did."""
         if gamma < 1:
             return 0.0
-        o, _, _, c, b = self._cached()
-        miss = 1.0 if alpha is None else 1.0 - self.hit_share(alpha, gamma)
-        return o + (c + b * gamma) * miss
+        o, _, _, c, b, _ = self._cached()
+        miss = 1.0 if alpha is None else 1.0 - self.hit_share(alpha, gamma, sent)
+        drafted = sum(s * p for s, p in self.sent_shares(gamma)) if sent else gamma
+        return o + (c + b * drafted) * miss
 
 
 class RemoteGamma:
@@ -175,7 +210,8 @@ class RemoteGamma:
     def __init__(self, max_gamma: int, waits: Optional[RoundTrips] = None, margin: float = 0.05,
                  explore: int = 2, explore_gamma: int = 1, probe_start: int = 16, max_interval: int = 64,
                  refresh: int = 32, explore_alpha: float = 0.8, acceptance: Optional[AcceptanceTracker] = None,
-                 costs: Optional[CostTracker] = None, background: bool = False, probe_gamma: int = 4):
+                 costs: Optional[CostTracker] = None, background: bool = False, probe_gamma: int = 4,
+                 price_sent: bool = True):
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1 for adaptive γ, got {max_gamma!r}")
         self.max_gamma, self.margin, self.explore_alpha = max_gamma, margin, explore_alpha
@@ -189,6 +225,7 @@ class RemoteGamma:
         self._zeros = 0
         self._since_plain = 0
         self.background, self.probe_gamma = background, min(max_gamma, probe_gamma)
+        self.price_sent = price_sent      # False: a round as if all γ asked were sent (the older model)
         self.probe = 0                    # drafts a background probe asks for now (0: none due)
 
     @property
@@ -203,15 +240,20 @@ class RemoteGamma:
         return max(g, deep)
 
     def round_cost(self, gamma: int, alpha: Optional[float] = None) -> float:
-        """Target single steps one round of `gamma` drafts costs (measured, or priors); a request
-        not answered in time costs its wait and a plain step. With α: the wait as it is when the
-        service drafts ahead (RoundTrips.wait_s)."""
+        """Target single steps one round of `gamma` drafts asked costs (measured, or priors): a
+        verify over the drafts the service is expected to send, plus one (RoundTrips.sent_shares:
+        a service with a confidence stop sends fewer on uncertain text, so asking deep costs less
+        there than a verify over γ+1); a request not answered in time costs its wait and a plain
+        step. With α: the wait as it is when the service drafts ahead (RoundTrips.wait_s).
+        Expected tokens need no such care: α counts a draft asked for and not sent as rejected."""
         if gamma < 1:
             return self.costs.verify_cost(1)
         p = self.waits.answered
-        v = p * self.costs.verify_cost(gamma + 1) + (1.0 - p) * self.costs.verify_cost(1)
+        shares = self.waits.sent_shares(gamma) if self.price_sent else [(gamma, 1.0)]
+        verify = sum(q * self.costs.verify_cost(s + 1) for s, q in shares)
+        v = p * verify + (1.0 - p) * self.costs.verify_cost(1)
         t1 = self.costs.target_seconds(1)
-        return v + (self.waits.wait_s(gamma, alpha) / t1 if t1 else 0.0)
+        return v + (self.waits.wait_s(gamma, alpha, self.price_sent) / t1 if t1 else 0.0)
 
     def choose(self, alpha: float) -> int:
         return best_gamma(alpha, lambda g: self.round_cost(g, alpha), self.max_gamma, self.margin,

@@ -92,10 +92,12 @@ class RemoteDrafter(Drafter):
 
     def __init__(self, hub: HubClient, sampling: dict, max_gamma: int = 4,
                  deadline: Optional[Deadline] = None, rejoin_s: tuple = (0.2, 5.0),
-                 verify_costs: Optional[dict] = None):
+                 verify_costs: Optional[dict] = None, price_sent: bool = True):
         """verify_costs: {k: seconds of a target call over k tokens} measured beforehand
-        (edge/verify_costs.py), seeding the adaptive γ's cost model."""
+        (edge/verify_costs.py), seeding the adaptive γ's cost model. price_sent: the adaptive γ
+        prices a round by the drafts the service is expected to send (RemoteGamma)."""
         self.hub = hub
+        self.price_sent = price_sent
         self.verify_costs = verify_costs or {}
         self.sampling = sampling
         self.max_gamma = max_gamma
@@ -219,7 +221,7 @@ class RemoteDrafter(Drafter):
         background = SamplingParams.from_wire(self.sampling).greedy
         return RemoteGamma(max_gamma, self.waits, costs=costs, explore=1 if self.verify_costs else 2,
                            background=background, probe_start=4 if background else 16,
-                           max_interval=32 if background else 64)
+                           max_interval=32 if background else 64, price_sent=self.price_sent)
 
     def observe(self, context: Sequence[int], gamma: int):
         """A background probe (edge.drafter.Drafter.observe): poll, never wait."""

@@ -162,13 +162,19 @@ def two_device_target(target: str, fmt: str, shared, out=None) -> Iterator[Tuple
         engine.close()
 
 
+ASKED = "-asked"      # `auto-asked`: γ=auto pricing a round as if every draft asked were sent (A/B)
+
+
 def parse_modes(text: str) -> List[Tuple[str, int, bool]]:
-    """'3,auto,auto:12' -> [(label, γ or largest γ, adaptive)]."""
+    """'3,auto,auto:12,auto-asked' -> [(label, γ or largest γ, adaptive)]; a label ending in
+    -asked is γ=auto with the older round pricing (RemoteGamma price_sent=False), for A/B runs."""
     from edge.command_options import STAR_GAMMA
     out = []
     for part in (x.strip() for x in str(text).split(",")):
         if part:
-            g, adaptive = STAR_GAMMA.convert(part, None, None)
+            g, adaptive = STAR_GAMMA.convert(part[:-len(ASKED)] if part.endswith(ASKED) else part, None, None)
+            if part.endswith(ASKED) and not adaptive:
+                raise ValueError(f"{part!r}: -asked is a pricing of γ=auto; give auto-asked or auto:N-asked")
             out.append((part, g, adaptive))
     if not out:
         raise ValueError("give at least one γ mode, e.g. 3 or auto")
@@ -215,7 +221,7 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
         ref = r.tokens
         results = [r]
         for label, g, adaptive in (modes if star_rounds is None or i < star_rounds else ()):
-            star.gamma, star.adaptive = g, adaptive
+            star.gamma, star.adaptive, star.price_sent = g, adaptive, not label.endswith(ASKED)
             s = star.generate(ids, max_new, stop_ids=tuple(stop_ids))
             runs[label].append((s, star.last_drafter.stats, star.last_drafter.waits))
             results.append(s)

@@ -41,3 +41,18 @@ def test_a_model_draft_runs_every_round_and_mode():
     star = Star(eng)
     measure_prompt(eng, star, [1, 2, 3], 6, parse_modes("3,auto"), rounds=2)
     assert star.runs == 4
+
+
+def test_auto_asked_is_gamma_auto_with_the_older_pricing_side_by_side():
+    """`auto-asked` (A/B runs): γ=auto whose rounds are priced as if every draft asked were sent."""
+    import pytest
+    assert parse_modes("3,auto,auto:5-asked") == [("3", 3, False), ("auto", 8, True), ("auto:5-asked", 5, True)]
+    with pytest.raises(ValueError, match="pricing of γ=auto"):
+        parse_modes("3-asked")
+    eng = tiny_engine()
+    star = Star(eng)
+    seen = []
+    run = star.generate
+    star.generate = lambda *a, **k: (seen.append((star.adaptive, star.price_sent)), run(*a, **k))[1]
+    row = measure_prompt(eng, star, [1, 2, 3], 6, parse_modes("auto,auto-asked"), rounds=1)
+    assert seen == [(True, True), (True, False)] and {"gauto", "gauto-asked"} <= set(row)

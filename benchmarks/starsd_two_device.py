@@ -175,6 +175,7 @@ def merge_passes(rows, gammas) -> dict:
         m = {k: med(x[k] for x in xs) for k in ("tok_s", "speedup", "acceptance", "tokens_per_verify",
                                                  "wait_overhead_ms", "wait_per_draft_ms")}
         m.update(gamma_mean=statistics.mean(x["gamma_mean"] for x in xs),
+                 sent_mean=statistics.mean(x.get("sent_mean", float("nan")) for x in xs),
                  gamma_zero_share=statistics.mean(x["gamma_zero_share"] for x in xs),
                  speedups=[x["speedup"] for x in xs], same_text=not split,
                  split_at=min(x["split_at"] for x in split) if split else None,
@@ -195,7 +196,7 @@ def write(rows, gammas, args) -> None:
         res[f"median_speedup_g{g}"] = statistics.median(r[f"g{g}"]["speedup"] for r in rows)
     args.out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     head = "| set | prompt | alone tok/s | " + " | ".join(
-        f"γ={g} tok/s | × | accept | tok/verify | mean γ | split (margin)" for g in gammas) + " |"
+        f"γ={g} tok/s | × | accept | tok/verify | mean γ | sent | split (margin)" for g in gammas) + " |"
     fmt = "" if args.target_format == "native" else f" stored as {args.target_format}"
     dfmt = "" if args.draft_format == "native" else f" stored as {args.draft_format}"
     lines = [f"# StarSD on two cores as two devices: {args.target}{fmt} target (core 0), {args.draft}{dfmt} remote "
@@ -212,7 +213,7 @@ def write(rows, gammas, args) -> None:
              f"{'(edge-agent run default)' if args.draft_p_min is None else args.draft_p_min}, "
              f"draft-ahead {'on' if args.ahead else 'off'}.", "",
              f"CPU: {res['cpu']}. Memory bandwidth is shared between the two cores.", "", head,
-             "|" + "---|" * (3 + 6 * len(gammas))]
+             "|" + "---|" * (3 + 7 * len(gammas))]
     for r in rows:
         cells = [r["kind"], r["prompt"].replace("|", "/").replace("\n", " "), f"{r['alone_tok_s']:.2f}"]
         for g in gammas:
@@ -221,9 +222,12 @@ def write(rows, gammas, args) -> None:
             sp = x.get("speedups")
             cells += [f"{x['tok_s']:.2f}", f"{x['speedup']:.2f}" + (f" ({min(sp):.2f}–{max(sp):.2f})" if sp else ""),
                       f"{x['acceptance']:.2f}",
-                      f"{x['tokens_per_verify']:.2f}", f"{x['gamma_mean']:.1f}", split]
+                      f"{x['tokens_per_verify']:.2f}", f"{x['gamma_mean']:.1f}", f"{x.get('sent_mean', float('nan')):.1f}",
+                      split]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += [""] + [f"Median speedup at γ={g}: **{res[f'median_speedup_g{g}']:.2f}×**" for g in gammas]
+    lines += ["", "mean γ: drafts asked a round; sent: drafts the service sent a round that asked (its "
+              "confidence stop, --draft-p-min, ends an answer early)", ""]
+    lines += [f"Median speedup at γ={g}: **{res[f'median_speedup_g{g}']:.2f}×**" for g in gammas]
     for kind in dict.fromkeys(r["kind"] for r in rows):       # per prompt set: median and worst
         for g in gammas:
             sp = [r[f"g{g}"]["speedup"] for r in rows if r["kind"] == kind]
@@ -234,9 +238,10 @@ def write(rows, gammas, args) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 3.5))
     xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["alone_tok_s"] for r in rows], 0.4, label="target alone")
-    for g in gammas:
-        ax.bar([x + 0.2 for x in xs], [r[f"g{g}"]["tok_s"] for r in rows], 0.4, label=f"StarSD γ={g}")
+    w = 0.8 / (1 + len(gammas))                          # one bar a series, side by side
+    ax.bar([x - 0.4 + w / 2 for x in xs], [r["alone_tok_s"] for r in rows], w, label="target alone")
+    for i, g in enumerate(gammas, 1):
+        ax.bar([x - 0.4 + w / 2 + i * w for x in xs], [r[f"g{g}"]["tok_s"] for r in rows], w, label=f"StarSD γ={g}")
     ax.set_xticks(list(xs), [f"{r['kind']}{i}" for i, r in enumerate(rows)])
     ax.set_ylabel("tok/s (median)")
     ax.legend()

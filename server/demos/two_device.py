@@ -210,7 +210,7 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
     Row: alone_tok_s, alone tokens, step_ms (one target step), verify_steps {k: a target call over k
     tokens in single steps}, and per mode label 'g<label>': tok_s, speedup, acceptance,
     tokens_per_verify, answered_rounds (background probes apart: probes_answered), gamma_mean /
-    gamma_zero_share (what was asked for),
+    gamma_zero_share (what was asked for), sent_mean (drafts the service sent a round that asked),
     wait_overhead_ms / wait_per_draft_ms (o and d of the wait the target saw, last run; RoundTrips),
     same_text, split_at, margin_at_split."""
     from edge.generate import generate_plain
@@ -244,6 +244,7 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
             "wait_overhead_ms": 1e3 * w.overhead_s, "wait_per_draft_ms": 1e3 * w.per_token_s,
             "gamma_mean": statistics.mean(s.gammas) if s.gammas else 0.0,
             "gamma_zero_share": s.gammas.count(0) / len(s.gammas) if s.gammas else 1.0,
+            "sent_mean": s.n_drafted / max(1, sum(g > 0 for g in s.gammas)),   # drafts sent a round that asked
             "same_text": split is None, "split_at": split,
             "margin_at_split": None if split is None else margin_at(engine, ids, ref, split)}
     return row

@@ -20,8 +20,8 @@ import msgpack
 
 from edge.wire_fields import ProtocolError, _short, check_id
 
-PROTOCOL_VERSION = 4          # 2: SUN KV topics name their sender; 3: SunHello carries max_load;
-                              # 4: DraftRequest carries background
+PROTOCOL_VERSION = 5          # 2: SUN KV topics name their sender; 3: SunHello carries max_load;
+                              # 4: DraftRequest carries background; 5: and the target's p_min
 MAX_MESSAGE_BYTES = 4 << 20
 
 def wire(check: Callable[[str, Any], Any], default: Any = MISSING, factory: Any = MISSING,

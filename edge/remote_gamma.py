@@ -165,6 +165,11 @@ class RoundTrips:
         return (float(c), float(b)) if c >= 0 and b > 0 else (0.0, d)
 
     @property
+    def per_draft_s(self) -> float:
+        """b: a miss's compute per drafted token (the line's slope, else d)."""
+        return self._cached()[4]
+
+    @property
     def fixed_s(self) -> float:
         """c: a miss's compute that does not grow with γ (0 until two drafted-token counts are seen)."""
         return self._cached()[3]
@@ -211,7 +216,7 @@ class RemoteGamma:
                  explore: int = 2, explore_gamma: int = 1, probe_start: int = 16, max_interval: int = 64,
                  refresh: int = 32, explore_alpha: float = 0.8, acceptance: Optional[AcceptanceTracker] = None,
                  costs: Optional[CostTracker] = None, background: bool = False, probe_gamma: int = 4,
-                 price_sent: bool = True):
+                 stop_aware: bool = True):
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1 for adaptive γ, got {max_gamma!r}")
         self.max_gamma, self.margin, self.explore_alpha = max_gamma, margin, explore_alpha
@@ -225,7 +230,10 @@ class RemoteGamma:
         self._zeros = 0
         self._since_plain = 0
         self.background, self.probe_gamma = background, min(max_gamma, probe_gamma)
-        self.price_sent = price_sent      # False: a round as if all γ asked were sent (the older model)
+        # stop_aware: price a round by the drafts the service sends and ask for the confidence stop
+        # that suits this target (p_min()); False: as if all γ asked were sent, and the service's
+        # own stop (the older model, for A/B runs)
+        self.stop_aware = stop_aware
         self.probe = 0                    # drafts a background probe asks for now (0: none due)
 
     @property
@@ -249,11 +257,34 @@ class RemoteGamma:
         if gamma < 1:
             return self.costs.verify_cost(1)
         p = self.waits.answered
-        shares = self.waits.sent_shares(gamma) if self.price_sent else [(gamma, 1.0)]
+        shares = self.waits.sent_shares(gamma) if self.stop_aware else [(gamma, 1.0)]
         verify = sum(q * self.costs.verify_cost(s + 1) for s, q in shares)
         v = p * verify + (1.0 - p) * self.costs.verify_cost(1)
         t1 = self.costs.target_seconds(1)
-        return v + (self.waits.wait_s(gamma, alpha, self.price_sent) / t1 if t1 else 0.0)
+        return v + (self.waits.wait_s(gamma, alpha, self.stop_aware) / t1 if t1 else 0.0)
+
+    def p_min(self) -> Optional[float]:
+        """The confidence stop this target asks the service for (DraftRequest.p_min; None: the
+        service's own, --draft-p-min). A draft the service gives probability p adds at most p
+        tokens to a round and costs the verify's marginal step Δv (the mean slope of v(k) over
+        k = 2..max_gamma+1) plus its compute b/t1 while the target waits. Adding it beats the
+        round's rate R (tokens a step, of the γ best now; 1 when plain decoding is) when
+        p > R·(Δv + b/t1): that is the stop, capped at MAX_P_MIN. Where a verify over k tokens
+        costs ~k steps it is ~1 (few drafts pay); a memory-bound target, Δv ≈ 0, takes the unsure
+        drafts too, which a service-wide stop set for the other kind would withhold."""
+        t1 = self.costs.target_seconds(1)
+        if not self.stop_aware or not t1 or self.costs.samples(2) == 0:
+            return None
+        top = self.max_gamma + 1
+        dv = max(0.0, (self.costs.verify_cost(top) - self.costs.verify_cost(2)) / (top - 2)) if top > 2 else \
+            max(0.0, self.costs.verify_cost(2) - 1.0)
+        alpha = self.acceptance.alpha
+        g = self.choose(alpha)
+        p = self.waits.answered
+        rate = (p * expected_tokens(alpha, g) + 1.0 - p) / self.round_cost(g, alpha) if g else 1.0
+        return min(self.MAX_P_MIN, max(1.0, rate) * (dv + self.waits.per_draft_s / t1))
+
+    MAX_P_MIN = 0.95
 
     def choose(self, alpha: float) -> int:
         return best_gamma(alpha, lambda g: self.round_cost(g, alpha), self.max_gamma, self.margin,

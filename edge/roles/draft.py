@@ -17,9 +17,9 @@ if T runs along the chain, the drafts that follow it are reused as they are
 the rest fed. After an answer the session always holds T + drafts[:-1], which
 is what the target assumes when it computes its next `keep`.
 
-Confidence (`DraftLimits.p_min`, llama.cpp's --draft-p-min): an answer stops before a draft
-the draft model gives less than p_min (its top probability there), and drafting for the request
-stops there too. Where the draft is unsure the target verifies fewer tokens it would mostly
+Confidence (`DraftLimits.p_min`, llama.cpp's --draft-p-min; a request's own `p_min` when the
+target sends one, edge/remote_gamma.py): an answer stops before a draft the draft model gives
+less than p_min (its top probability there), and drafting for the request stops there too. Where the draft is unsure the target verifies fewer tokens it would mostly
 reject and gets its answer sooner. Draft-ahead still runs past it in idle time: the unsure
 token is the draft's guess of the target's bonus, and when the target agrees the next answer
 is ready at once. Which tokens are sent depends only on the draft's own distributions, so
@@ -281,7 +281,7 @@ class DraftService(DraftSessions):
                     self.stats.count("context_full")
                     w.stop()
             # requests stop at an unsure draft; draft-ahead (no request) goes on past it
-            group = [w for w in work if w.needs_step(self.limits.p_min if w.req else 0.0) and not w.sess.closed]
+            group = [w for w in work if w.needs_step(self._p_min(w.req)) and not w.sess.closed]
             if not group:
                 break
             toks = [w.feed.pop(0) if w.feed else w.sess.chain[-1][0] for w in group]
@@ -295,8 +295,14 @@ class DraftService(DraftSessions):
                 w.sess.fed.append(t)
                 if not w.feed:
                     x, q = pick(row, w.params, w.sess.rng, w.k)
-                    w.sess.chain.append((x, q, _confidence(row, q) if self.limits.p_min else 1.0))
+                    w.sess.chain.append((x, q, _confidence(row, q)))
         return steps
+
+    def _p_min(self, req: Optional[DraftRequest]) -> float:
+        """The confidence stop for a request: its own, else this service's; none for draft-ahead."""
+        if req is None:
+            return 0.0
+        return self.limits.p_min if req.p_min is None else req.p_min
 
     def _answer(self, w: BatchItem, now: float) -> None:
         s, req = w.sess, w.req
@@ -305,7 +311,7 @@ class DraftService(DraftSessions):
         T_len = req.keep + len(req.append)
         start = T_len - s.anchor
         got = s.chain[start:start + max(0, w.want - T_len)] if s.chain and start >= 0 else []
-        sure = sure_prefix(got, self.limits.p_min)
+        sure = sure_prefix(got, self._p_min(req))
         if sure < len(got):
             self.stats.count("unsure_stops")
             got = got[:sure]

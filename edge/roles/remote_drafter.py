@@ -92,12 +92,13 @@ class RemoteDrafter(Drafter):
 
     def __init__(self, hub: HubClient, sampling: dict, max_gamma: int = 4,
                  deadline: Optional[Deadline] = None, rejoin_s: tuple = (0.2, 5.0),
-                 verify_costs: Optional[dict] = None, price_sent: bool = True):
+                 verify_costs: Optional[dict] = None, stop_aware: bool = True):
         """verify_costs: {k: seconds of a target call over k tokens} measured beforehand
-        (edge/verify_costs.py), seeding the adaptive γ's cost model. price_sent: the adaptive γ
-        prices a round by the drafts the service is expected to send (RemoteGamma)."""
+        (edge/verify_costs.py), seeding the adaptive γ's cost model. stop_aware: the adaptive γ
+        prices a round by the drafts the service is expected to send and asks for its own
+        confidence stop (RemoteGamma.p_min)."""
         self.hub = hub
-        self.price_sent = price_sent
+        self.stop_aware = stop_aware
         self.verify_costs = verify_costs or {}
         self.sampling = sampling
         self.max_gamma = max_gamma
@@ -116,6 +117,7 @@ class RemoteDrafter(Drafter):
         self._busy_backoff = BUSY_BACKOFF_S[0]
         self._base = (0, 0, ())     # (keep, L, drafts): the draft holds ctx[:keep], or ctx[:L] + drafts[:-1]
         self.waits = RoundTrips()   # what each round's wait cost this target: the adaptive γ reads it
+        self.policy: Optional[RemoteGamma] = None   # the adaptive γ's, when there is one: its p_min goes out
         self._wait: Optional[Wait] = None
         self._probe: Optional[tuple] = None    # (L, drafts, asked): a background answer not yet scored
         self.stats = {"rounds": 0, "answered": 0, "late_used": 0, "timeouts": 0, "alone": 0, "probes": 0,
@@ -199,7 +201,8 @@ class RemoteDrafter(Drafter):
               background: bool = False) -> bool:
         keep = min(self._keep(context), len(context))
         seq = s.next_seq()
-        if not s.request(seq, keep, context[keep:], min(gamma, MAX_GAMMA), self.sampling, background):
+        p_min = self.policy.p_min() if self.policy is not None else None
+        if not s.request(seq, keep, context[keep:], min(gamma, MAX_GAMMA), self.sampling, background, p_min):
             return False
         self._base = (keep, 0, ())
         d = self.deadline.for_gamma(gamma, self.waits.per_token_s)
@@ -219,9 +222,10 @@ class RemoteDrafter(Drafter):
         # not make the target wait (sampling has no such score: its probes are real rounds).
         # Background probes cost the target nothing: they start after 4 plain steps, not 16.
         background = SamplingParams.from_wire(self.sampling).greedy
-        return RemoteGamma(max_gamma, self.waits, costs=costs, explore=1 if self.verify_costs else 2,
-                           background=background, probe_start=4 if background else 16,
-                           max_interval=32 if background else 64, price_sent=self.price_sent)
+        self.policy = RemoteGamma(max_gamma, self.waits, costs=costs, explore=1 if self.verify_costs else 2,
+                                  background=background, probe_start=4 if background else 16,
+                                  max_interval=32 if background else 64, stop_aware=self.stop_aware)
+        return self.policy
 
     def observe(self, context: Sequence[int], gamma: int):
         """A background probe (edge.drafter.Drafter.observe): poll, never wait."""

@@ -141,8 +141,9 @@ class Session:
         return self.hub.link.publish(self.up, encode(msg, self.secret),
                                      kind="control" if isinstance(msg, Bye) else "draft")
 
-    def request(self, seq: int, keep: int, append, gamma: int, sampling: dict, background: bool = False) -> bool:
-        return self.send(DraftRequest(self.sid, seq, keep, list(append), gamma, sampling, background))
+    def request(self, seq: int, keep: int, append, gamma: int, sampling: dict, background: bool = False,
+                p_min: Optional[float] = None) -> bool:
+        return self.send(DraftRequest(self.sid, seq, keep, list(append), gamma, sampling, background, p_min))
 
     def _deliver(self, msg) -> None:
         with self._cv:

@@ -34,7 +34,7 @@ class StarTarget:
         self.engine, self.hub, self.gamma, self.adaptive = engine, hub, gamma, adaptive
         self.join_timeout = join_timeout
         self.verify_costs: Optional[dict] = None    # measured at the first adaptive generation
-        self.price_sent = True      # γ=auto prices rounds by the drafts sent (False: as asked; for A/B runs)
+        self.stop_aware = True      # γ=auto prices rounds by the drafts sent and sets their p_min (False: A/B)
         self.lock = threading.Lock()
         self.last_drafter: Optional[RemoteDrafter] = None
         # telemetry (edge/telemetry.py): tokens as they are committed, acceptance per generation
@@ -76,7 +76,7 @@ class StarTarget:
                 self._calibrate()
             drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline,
                                     verify_costs=self.verify_costs if self.adaptive else None,
-                                    price_sent=self.price_sent)
+                                    stop_aware=self.stop_aware)
             self.last_drafter = drafter
             try:
                 drafter.connect(self.join_timeout)

@@ -167,7 +167,8 @@ ASKED = "-asked"      # `auto-asked`: γ=auto pricing a round as if every draft 
 
 def parse_modes(text: str) -> List[Tuple[str, int, bool]]:
     """'3,auto,auto:12,auto-asked' -> [(label, γ or largest γ, adaptive)]; a label ending in
-    -asked is γ=auto with the older round pricing (RemoteGamma price_sent=False), for A/B runs."""
+    -asked is γ=auto as it was (RemoteGamma stop_aware=False: rounds priced as if every draft
+    asked were sent, the service's own confidence stop), for A/B runs."""
     from edge.command_options import STAR_GAMMA
     out = []
     for part in (x.strip() for x in str(text).split(",")):
@@ -221,7 +222,7 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
         ref = r.tokens
         results = [r]
         for label, g, adaptive in (modes if star_rounds is None or i < star_rounds else ()):
-            star.gamma, star.adaptive, star.price_sent = g, adaptive, not label.endswith(ASKED)
+            star.gamma, star.adaptive, star.stop_aware = g, adaptive, not label.endswith(ASKED)
             s = star.generate(ids, max_new, stop_ids=tuple(stop_ids))
             runs[label].append((s, star.last_drafter.stats, star.last_drafter.waits))
             results.append(s)

@@ -8,6 +8,7 @@ import pytest
 from edge.generate import generate_plain
 from edge.memory_link import MemoryBus, MemoryLink
 from edge.protocol import DraftRequest, DraftResponse
+from edge.remote_gamma import RemoteGamma
 from edge.roles.draft import DraftLimits, DraftService
 from edge.roles.session import HubClient
 from edge.roles.target import StarTarget
@@ -85,5 +86,41 @@ def test_star_with_confidence_stops_is_lossless_greedy():
             got = star.generate(prompt, 30)
             assert got.tokens == generate_plain(target, prompt, 30).tokens
         assert hub.service.stats.snapshot()["counters"].get("unsure_stops", 0) > 0
+    finally:
+        hub.stop()
+
+
+def test_a_requests_own_p_min_overrides_the_services():
+    """The target sends the stop that suits its verify cost (DraftRequest.p_min): a service with
+    no stop of its own cuts where the request says, and one with a strict stop sends every draft
+    to a request that asks for p_min 0; a request without one gets the service's."""
+    ctx = [9, 8, 7, 6, 5]
+    toks, top = greedy_path(ctx, 8)
+    p_min, j = cut_for(top)
+    for service_p, request_p, sent in ((0.0, p_min, j), (0.999, 0.0, 8), (p_min, None, j), (0.0, None, 8)):
+        svc = DraftService(make_engine(), DraftLimits(ahead=False, p_min=service_p))
+        out = {}
+        svc.open("a")
+        svc.submit(DraftRequest("a", 1, 0, ctx, 8, p_min=request_p))
+        step(svc, out)
+        assert out["a"][-1].tokens == toks[:sent], (service_p, request_p)
+
+
+def test_star_with_the_targets_own_stop_is_lossless_greedy():
+    """γ=auto sends its p_min with every request (edge/remote_gamma.py RemoteGamma.p_min); a
+    service whose own stop is strict still answers it, and the text is the target's."""
+    bus = MemoryBus()
+    hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=make_engine(seed=1), tokenizer_fp="tok",
+              limits=DraftLimits(p_min=0.9)).start()
+    try:
+        target = make_engine(seed=0)
+        star = StarTarget(target, HubClient(MemoryLink(bus, "t1"), "t1", "tok", 256), gamma=4, adaptive=True)
+        asked = []
+        real = hub.service.submit
+        hub.service.submit = lambda req, *a, **k: (asked.append(req.p_min), real(req, *a, **k))[1]
+        for prompt in ([1, 2, 3, 4], [7, 7, 7], [200, 3, 90, 41, 5]):
+            got = star.generate(prompt, 30)
+            assert got.tokens == generate_plain(target, prompt, 30).tokens
+        assert asked and all(p is not None and 0.0 <= p <= RemoteGamma.MAX_P_MIN for p in asked)
     finally:
         hub.stop()

@@ -53,6 +53,6 @@ def test_auto_asked_is_gamma_auto_with_the_older_pricing_side_by_side():
     star = Star(eng)
     seen = []
     run = star.generate
-    star.generate = lambda *a, **k: (seen.append((star.adaptive, star.price_sent)), run(*a, **k))[1]
+    star.generate = lambda *a, **k: (seen.append((star.adaptive, star.stop_aware)), run(*a, **k))[1]
     row = measure_prompt(eng, star, [1, 2, 3], 6, parse_modes("auto,auto-asked"), rounds=1)
     assert seen == [(True, True), (True, False)] and {"gauto", "gauto-asked"} <= set(row)

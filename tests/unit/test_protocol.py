@@ -29,6 +29,7 @@ MESSAGES = [
              up=P.up_topic("dev-1", "s1", "hub"), down=P.down_topic("dev-1", "s1", "hub"), nonce="n1"),
     P.Joined(client="dev-1", accepted=False, reason="tokenizer fingerprint differs"),
     P.DraftRequest(sid="s1", seq=3, keep=10, append=[1, 2, 3], gamma=4),
+    P.DraftRequest(sid="s1", seq=4, keep=10, append=[4], gamma=8, p_min=0.125),     # the target's own stop
     P.DraftResponse(sid="s1", seq=3, tokens=[5, 6], q=None, compute_us=1500),
     P.DraftResponse(sid="s1", seq=4, tokens=[5, 6, 9], q=_q([5, 6, 9])),
     P.DraftResponse(sid="s1", seq=5, tokens=[], q=[]),
@@ -133,7 +134,7 @@ def _signed(tag, body, sid="s1"):
 
 def _req(**kw):
     body = {"sid": "s1", "seq": 1, "keep": 0, "append": [1], "gamma": 2, "sampling": dict(P.GREEDY),
-            "background": False}            # every field: each bad case is refused for its own reason
+            "background": False, "p_min": None}   # every field: each bad case is refused for its own reason
     body.update(kw)
     return _signed("draft_req", body)
 
@@ -158,6 +159,9 @@ BAD = {
     "extra field": _req(evil=1),
     "bool as int": _req(seq=True),
     "int as bool": _req(background=1),
+    "p_min of 1": _req(p_min=1.0),
+    "p_min negative": _req(p_min=-0.1),
+    "p_min as text": _req(p_min="0.5"),
     "float as int": _req(keep=1.0),
     "negative keep": _req(keep=-1),
     "gamma too big": _req(gamma=P.MAX_GAMMA + 1),

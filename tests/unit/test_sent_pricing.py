@@ -49,12 +49,12 @@ def test_the_wait_prices_the_drafts_expected_to_be_sent():
     assert w.wait_s(8, sent=False) == pytest.approx(0.01 + 0.05 + 0.03 * 8)
 
 
-def _policy(price_sent: bool) -> RemoteGamma:
+def _policy(stop_aware: bool) -> RemoteGamma:
     costs = CostTracker()
     for k, v in VERIFY.items():
         for _ in range(4):
             costs.add_target(k, STEP_S * v)
-    return RemoteGamma(8, costs=costs, acceptance=AcceptanceTracker(), price_sent=price_sent, explore=2)
+    return RemoteGamma(8, costs=costs, acceptance=AcceptanceTracker(), stop_aware=stop_aware, explore=2)
 
 
 def _serve(policy: RemoteGamma, rounds: int, q_true: float, a_true: float, seed: int = 0) -> float:
@@ -102,3 +102,27 @@ def test_where_the_service_sends_everything_both_pricings_agree():
     asked, sent = _policy(False), _policy(True)
     assert _serve(asked, 200, q_true=1.0, a_true=0.8) == pytest.approx(_serve(sent, 200, q_true=1.0, a_true=0.8))
     assert asked.choose(0.8) == sent.choose(0.8) > 0
+
+
+def _seeded(curve, stop_aware=True) -> RemoteGamma:
+    costs = CostTracker()
+    for k, v in curve.items():
+        for _ in range(4):
+            costs.add_target(k, STEP_S * v)
+    pol = RemoteGamma(8, costs=costs, acceptance=AcceptanceTracker(prior=0.7), stop_aware=stop_aware)
+    for _ in range(6):
+        pol.waits.add(Wait(3, 0.002 + 0.03 + 0.02 * 3, 0.03 + 0.02 * 3, tokens=3))
+        pol.acceptance.update(3, 2)
+    return pol
+
+
+def test_the_targets_stop_follows_its_verify_cost():
+    """p_min = R·(Δv + b/t1): a memory-bound target (the Xeon two-device layout: a verify over
+    2..9 tokens ~0.92–1.1 steps) takes drafts the 0.5B is unsure of; one where a verify over k
+    tokens costs k steps wants only the near-certain; none before the curve is measured."""
+    flat = _seeded({k: 0.92 + 0.025 * (k - 2) if k > 1 else 1.0 for k in range(1, 10)})
+    steep = _seeded({k: float(k) for k in range(1, 10)})
+    assert 0.05 < flat.p_min() < 0.35                           # Δv 0.025, b/t1 0.09, R ~1.5-2
+    assert steep.p_min() == RemoteGamma.MAX_P_MIN
+    assert _seeded({1: 1.0, 2: 1.2}, stop_aware=False).p_min() is None
+    assert RemoteGamma(8).p_min() is None

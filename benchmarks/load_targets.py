@@ -44,9 +44,10 @@ LATENCIES_KEPT = 4096          # per target: a soak must not grow the worker wit
 
 
 class _RecordingSession(Session):
-    def request(self, seq: int, keep: int, append, gamma: int, sampling: dict, background: bool = False) -> bool:
+    def request(self, seq: int, keep: int, append, *rest, **options) -> bool:
+        # the rest (γ, sampling, background, p_min, ...) goes on as given: only the send time is ours
         self.hub.sent[(self.sid, seq)] = (time.monotonic(), keep + len(append))
-        return super().request(seq, keep, append, gamma, sampling, background)
+        return super().request(seq, keep, append, *rest, **options)
 
 
 class RecordingHubClient(HubClient):

@@ -30,7 +30,7 @@ _draft_opts = [
     click.option("--draft-p-min", default=0.75, show_default=True, type=click.FloatRange(0.0, 1.0, max_open=True),
                  help="end each answer before a position where the draft model's top probability is "
                       "below this (as llama.cpp's --draft-p-min); 0 sends every γ asked for. A γ=auto "
-                      "target sends its own with each request (from its verify cost), which wins"),
+                      "target sends its own with each request (from its verify cost), used where lower"),
 ]
 
 

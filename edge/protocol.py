@@ -139,8 +139,9 @@ class DraftRequest(Message):
     gamma: int = wire(GAMMA)                    # then drafts this many
     sampling: dict = _sampling_field()
     background: bool = wire(boolean, False)     # a probe: its answer is scored, never verified
-    # the target's confidence stop for this answer (None: the service's --draft-p-min): a target
-    # whose verify over k tokens costs well under k steps wants the unsure drafts too
+    # the target's confidence stop for this answer, used where looser than the service's
+    # --draft-p-min (None: the service's): a target whose verify over k tokens costs well under
+    # k steps wants the unsure drafts too
     p_min: Optional[float] = wire(optional(number(0.0, 0.999)), None)
 
 

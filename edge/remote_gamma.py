@@ -264,8 +264,8 @@ class RemoteGamma:
         return v + (self.waits.wait_s(gamma, alpha, self.stop_aware) / t1 if t1 else 0.0)
 
     def p_min(self) -> Optional[float]:
-        """The confidence stop this target asks the service for (DraftRequest.p_min; None: the
-        service's own, --draft-p-min). A draft the service gives probability p adds at most p
+        """The confidence stop this target asks the service for (DraftRequest.p_min, used where
+        looser than the service's --draft-p-min; None: the service's). A draft the service gives probability p adds at most p
         tokens to a round and costs the verify's marginal step Δv (the mean slope of v(k) over
         k = 2..max_gamma+1) plus its compute b/t1 while the target waits. Adding it beats the
         round's rate R (tokens a step, of the γ best now; 1 when plain decoding is) when

@@ -17,9 +17,9 @@ if T runs along the chain, the drafts that follow it are reused as they are
 the rest fed. After an answer the session always holds T + drafts[:-1], which
 is what the target assumes when it computes its next `keep`.
 
-Confidence (`DraftLimits.p_min`, llama.cpp's --draft-p-min; a request's own `p_min` when the
-target sends one, edge/remote_gamma.py): an answer stops before a draft the draft model gives
-less than p_min (its top probability there), and drafting for the request stops there too. Where the draft is unsure the target verifies fewer tokens it would mostly
+Confidence (`DraftLimits.p_min`, llama.cpp's --draft-p-min; a request's own `p_min` where the
+target sends a looser one, edge/remote_gamma.py): an answer stops before a draft the draft model
+gives less than p_min (its top probability there), and drafting for the request stops there too. Where the draft is unsure the target verifies fewer tokens it would mostly
 reject and gets its answer sooner. Draft-ahead still runs past it in idle time: the unsure
 token is the draft's guess of the target's bonus, and when the target agrees the next answer
 is ready at once. Which tokens are sent depends only on the draft's own distributions, so
@@ -299,10 +299,13 @@ class DraftService(DraftSessions):
         return steps
 
     def _p_min(self, req: Optional[DraftRequest]) -> float:
-        """The confidence stop for a request: its own, else this service's; none for draft-ahead."""
+        """The confidence stop for a request: this service's, or the request's own where that is
+        looser (a target whose verify is nearly free takes the unsure drafts too; none may make the
+        service stricter: a draft whose top probabilities are low but right -- an uncalibrated one
+        -- would then send nothing). None for draft-ahead."""
         if req is None:
             return 0.0
-        return self.limits.p_min if req.p_min is None else req.p_min
+        return self.limits.p_min if req.p_min is None else min(self.limits.p_min, req.p_min)
 
     def _answer(self, w: BatchItem, now: float) -> None:
         s, req = w.sess, w.req

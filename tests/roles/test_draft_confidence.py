@@ -90,14 +90,15 @@ def test_star_with_confidence_stops_is_lossless_greedy():
         hub.stop()
 
 
-def test_a_requests_own_p_min_overrides_the_services():
+def test_a_requests_looser_p_min_wins_a_stricter_one_does_not():
     """The target sends the stop that suits its verify cost (DraftRequest.p_min): a service with
-    no stop of its own cuts where the request says, and one with a strict stop sends every draft
-    to a request that asks for p_min 0; a request without one gets the service's."""
+    a strict stop sends every draft to a request that asks for p_min 0 and cuts where a looser
+    request says; a request never makes the service stricter; without one, the service's."""
     ctx = [9, 8, 7, 6, 5]
     toks, top = greedy_path(ctx, 8)
     p_min, j = cut_for(top)
-    for service_p, request_p, sent in ((0.0, p_min, j), (0.999, 0.0, 8), (p_min, None, j), (0.0, None, 8)):
+    for service_p, request_p, sent in ((0.999, 0.0, 8), (0.999, p_min, j), (0.0, p_min, 8), (p_min, None, j),
+                                       (0.0, None, 8)):
         svc = DraftService(make_engine(), DraftLimits(ahead=False, p_min=service_p))
         out = {}
         svc.open("a")

@@ -212,6 +212,8 @@ class RemoteGamma:
     While speculating, a plain step every `refresh` rounds keeps t1 measured.
     """
 
+    MAX_P_MIN = 0.95                  # the strictest stop a target asks for
+
     def __init__(self, max_gamma: int, waits: Optional[RoundTrips] = None, margin: float = 0.05,
                  explore: int = 2, explore_gamma: int = 1, probe_start: int = 16, max_interval: int = 64,
                  refresh: int = 32, explore_alpha: float = 0.8, acceptance: Optional[AcceptanceTracker] = None,
@@ -265,8 +267,8 @@ class RemoteGamma:
 
     def p_min(self) -> Optional[float]:
         """The confidence stop this target asks the service for (DraftRequest.p_min, used where
-        looser than the service's --draft-p-min; None: the service's). A draft the service gives probability p adds at most p
-        tokens to a round and costs the verify's marginal step Δv (the mean slope of v(k) over
+        looser than the service's --draft-p-min; None: the service's). A draft the service gives
+        probability p adds at most p tokens to a round and costs the verify's marginal step Δv (the mean slope of v(k) over
         k = 2..max_gamma+1) plus its compute b/t1 while the target waits. Adding it beats the
         round's rate R (tokens a step, of the γ best now; 1 when plain decoding is) when
         p > R·(Δv + b/t1): that is the stop, capped at MAX_P_MIN. Where a verify over k tokens
@@ -283,8 +285,6 @@ class RemoteGamma:
         p = self.waits.answered
         rate = (p * expected_tokens(alpha, g) + 1.0 - p) / self.round_cost(g, alpha) if g else 1.0
         return min(self.MAX_P_MIN, max(1.0, rate) * (dv + self.waits.per_draft_s / t1))
-
-    MAX_P_MIN = 0.95
 
     def choose(self, alpha: float) -> int:
         return best_gamma(alpha, lambda g: self.round_cost(g, alpha), self.max_gamma, self.margin,

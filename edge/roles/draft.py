@@ -19,8 +19,8 @@ is what the target assumes when it computes its next `keep`.
 
 Confidence (`DraftLimits.p_min`, llama.cpp's --draft-p-min; a request's own `p_min` where the
 target sends a looser one, edge/remote_gamma.py): an answer stops before a draft the draft model
-gives less than p_min (its top probability there), and drafting for the request stops there too. Where the draft is unsure the target verifies fewer tokens it would mostly
-reject and gets its answer sooner. Draft-ahead still runs past it in idle time: the unsure
+gives less than p_min (its top probability there), and drafting for the request stops there
+too. Where the draft is unsure the target verifies fewer tokens it would mostly reject and gets its answer sooner. Draft-ahead still runs past it in idle time: the unsure
 token is the draft's guess of the target's bonus, and when the target agrees the next answer
 is ready at once. Which tokens are sent depends only on the draft's own distributions, so
 the output is still exactly the target's.
@@ -295,14 +295,15 @@ class DraftService(DraftSessions):
                 w.sess.fed.append(t)
                 if not w.feed:
                     x, q = pick(row, w.params, w.sess.rng, w.k)
-                    w.sess.chain.append((x, q, _confidence(row, q)))
+                    # a request may only loosen the service's stop: with none, no confidence is read
+                    w.sess.chain.append((x, q, _confidence(row, q) if self.limits.p_min else 1.0))
         return steps
 
     def _p_min(self, req: Optional[DraftRequest]) -> float:
         """The confidence stop for a request: this service's, or the request's own where that is
         looser (a target whose verify is nearly free takes the unsure drafts too; none may make the
         service stricter: a draft whose top probabilities are low but right -- an uncalibrated one
-        -- would then send nothing). None for draft-ahead."""
+        -- would then send nothing). 0 (no stop) for draft-ahead."""
         if req is None:
             return 0.0
         return self.limits.p_min if req.p_min is None else min(self.limits.p_min, req.p_min)

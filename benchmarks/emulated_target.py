@@ -52,13 +52,18 @@ class DeviceTiming:
     verify_override: Dict[int, float] = field(default_factory=dict)
     source: str = ""
 
+    step_override_ms: Optional[float] = None   # a target step given (measured), not the roofline's
+
     @classmethod
     def from_profile(cls, profile: str, net_rtt_ms: float = 2.0, time_scale: float = 1.0,
-                     verify_override: Optional[Dict[int, float]] = None) -> "DeviceTiming":
+                     verify_override: Optional[Dict[int, float]] = None,
+                     target_step_ms: Optional[float] = None) -> "DeviceTiming":
+        """`target_step_ms`: the target's step as given (e.g. a target measured on this machine);
+        the device's own draft step and the network keep the profile's figures."""
         p = _profile(profile, verify_override)
-        return cls(profile, time_scale * p.call_ms(TARGET_BYTES, TARGET_PARAMS, 1),
-                   time_scale * p.call_ms(DRAFT_BYTES, DRAFT_PARAMS, 1), time_scale * net_rtt_ms,
-                   time_scale, dict(verify_override or {}), p.source)
+        step = target_step_ms or time_scale * p.call_ms(TARGET_BYTES, TARGET_PARAMS, 1)
+        return cls(profile, step, time_scale * p.call_ms(DRAFT_BYTES, DRAFT_PARAMS, 1), time_scale * net_rtt_ms,
+                   time_scale, dict(verify_override or {}), p.source, target_step_ms)
 
     def verify_cost(self, k: int) -> float:
         """Cost of one call over k tokens, in single-step units (profile table or roofline)."""
@@ -69,12 +74,14 @@ class DeviceTiming:
 
     def to_dict(self) -> dict:
         return {"profile": self.profile, "net_rtt_ms": self.net_rtt_ms / self.time_scale,
-                "time_scale": self.time_scale, "verify_override": {str(k): v for k, v in self.verify_override.items()}}
+                "time_scale": self.time_scale, "verify_override": {str(k): v for k, v in self.verify_override.items()},
+                "target_step_ms": self.step_override_ms}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DeviceTiming":
         return cls.from_profile(d["profile"], d["net_rtt_ms"], d["time_scale"],
-                                {int(k): float(v) for k, v in d.get("verify_override", {}).items()})
+                                {int(k): float(v) for k, v in d.get("verify_override", {}).items()},
+                                d.get("target_step_ms"))
 
 
 _PROFILES: dict = {}

@@ -97,7 +97,8 @@ def markdown(out: dict) -> str:
     L = [f"# StarSD scaling: one draft service, N targets (γ={c['gamma']}, {c['broker']} broker)", "",
          f"Draft: **measured** — Qwen2.5-Coder-0.5B {_stored(c)} on the {c['draft_backend']} engine "
          f"({c['draft_threads']} threads) in the real hub/draft service, on this {m['cpus']}-core machine. "
-         f"Targets: **emulated** {t['profile']} running Qwen2.5-Coder-1.5B Q4_K_M ({t['source']}): "
+         f"Targets: **emulated** {t.get('label') or t['profile'] + ' running Qwen2.5-Coder-1.5B Q4_K_M'} "
+         f"({t['source']}{', step set by --target-step-ms' if c.get('target_step_ms') else ''}): "
          f"step {t['target_step_ms']:.1f} ms, verify cost " + ", ".join(f"k={k}: {v:.2f}" for k, v in
                                                                        t["verify_cost"].items())
          + f", network RTT {t['net_rtt_ms']:.1f} ms (emulated), acceptance α={out['alpha']['alpha']:.3f} "

@@ -65,6 +65,10 @@ def args_of(argv=None):
     ap.add_argument("--net-rtt-ms", type=float, default=2.0, help="emulated device<->hub round trip")
     ap.add_argument("--time-scale", type=float, default=1.0, help="multiply every emulated device time")
     ap.add_argument("--verify-cost", default="", help="override the profile's verify cost: '2=1.05,5=1.2'")
+    ap.add_argument("--target-step-ms", type=float,
+                    help="the emulated target's step instead of the profile's roofline (e.g. a target "
+                         "measured on this machine; give its --verify-cost too)")
+    ap.add_argument("--target-label", default="", help="what the emulated targets stand for, for the report")
     ap.add_argument("--alpha", default=None, help="a number, 'measure' (real 1.5B greedy) or 'data' (DATA.md)")
     ap.add_argument("--alpha-prompts", type=int, default=4)
     ap.add_argument("--alpha-tokens", type=int, default=32)
@@ -283,7 +287,7 @@ def main(argv=None) -> None:
         os.sched_setaffinity(0, {1})
     t_begin = time.time()
     load0 = os.getloadavg()
-    timing = DeviceTiming.from_profile(a.profile, a.net_rtt_ms, a.time_scale, a.verify)
+    timing = DeviceTiming.from_profile(a.profile, a.net_rtt_ms, a.time_scale, a.verify, a.target_step_ms)
     log(f"emulated device {a.profile}: target step {timing.target_step_ms:.1f} ms, verify cost "
         f"k={a.gamma + 1}: {timing.verify_cost(a.gamma + 1):.2f}, device draft step {timing.draft_step_ms:.1f} ms")
     draft, tok = load_draft(a.draft_backend, a.draft_threads, slots=2 * max(a.ns) + 4, max_len=1536,
@@ -305,7 +309,7 @@ def main(argv=None) -> None:
            "timing": {"profile": a.profile, "target_step_ms": timing.target_step_ms,
                       "draft_step_on_device_ms": timing.draft_step_ms, "net_rtt_ms": timing.net_rtt_ms,
                       "verify_cost": {k: timing.verify_cost(k) for k in range(1, a.gamma + 2)},
-                      "source": timing.source},
+                      "source": timing.source, "label": a.target_label},
            "service_ms": {str(b): 1e3 * d for b, d in d_of_b.items()}, "points": [], "baselines": {},
            "draft_mb": target_gguf(DRAFT, a.draft_format).stat().st_size / 1e6 if a.draft_backend == "llamacpp"
            else model_path(DRAFT).stat().st_size / 1e6,

@@ -5,7 +5,8 @@ uses (scripts/llama_tools.sh: same ggml, -march=native, AMX off), and run as the
 
 * target-only: `llama-completion` (greedy, 1 thread, pinned to core 0);
 * draft model: `llama-speculative-simple -m TARGET -md DRAFT --spec-type draft-simple --spec-draft-n-max γ`, the target's
-  thread on core 0 and the draft's on core 1 (-C / -Cd, strict), the same cores the star uses;
+  thread on core 0 and the draft's on core 1 (-C / -Cd, strict), the same cores the star uses; and
+  tuned for a cheap verify: `--spec-draft-n-max 8 --spec-draft-p-min 0.75` (its defaults are 3 and 0);
 * model-free: `llama-speculative-simple --spec-type ngram-mod` (and ngram-simple), core 0.
 
 Ours, in the same run: benchmarks/starsd_two_device.py (the target on core 0 in this process's
@@ -32,6 +33,7 @@ from export.target_format import FORMATS, target_gguf  # noqa: E402
 OUT = ROOT / "benchmarks" / "results" / "native_spec"
 PIN = ["-t", "1", "-tb", "1", "-C", "0x1", "--cpu-strict", "1"]
 DRAFT_PIN = ["-td", "1", "-tbd", "1", "-Cd", "0x2", "--cpu-strict-draft", "1"]
+DEEP = "draft_g8_pmin0.75"   # llama.cpp's draft model, deeper, with its confidence stop
 COMMON = ["--temp", "0", "--top-k", "1", "--seed", "1", "-c", "2048"]
 
 
@@ -62,13 +64,15 @@ def target_only(bin_dir: Path, target: Path, prompt_file: Path, new: int) -> dic
 
 
 def speculative(bin_dir: Path, target: Path, prompt_file: Path, new: int, draft=None, gamma=3,
-                spec_type=None) -> dict:
+                spec_type=None, p_min=None) -> dict:
     cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-f", str(prompt_file), "-n", str(new),
            "--ignore-eos", *COMMON, *PIN, "--spec-draft-n-max", str(gamma)]
     if draft is not None:
         cmd += ["-md", str(draft), *DRAFT_PIN, "--spec-type", "draft-simple"]
     if spec_type:
         cmd += ["--spec-type", spec_type]
+    if p_min is not None:
+        cmd += ["--spec-draft-p-min", str(p_min)]
     log = run_tool(cmd)
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", log)
     acc = re.search(r"accept\s+=\s+([\d.]+)%", log)     # "-nan%" when nothing was drafted
@@ -126,6 +130,8 @@ def main() -> None:
             modes = {"alone": lambda: target_only(bin_dir, target, pf, args.new)}
             for g in native_gammas:
                 modes[f"draft_g{g}"] = lambda g=g: speculative(bin_dir, target, pf, args.new, draft=draft, gamma=g)
+            # tuned for a cheap verify: deeper, with a confidence stop as ours has (defaults: 3, 0.0)
+            modes[DEEP] = lambda: speculative(bin_dir, target, pf, args.new, draft=draft, gamma=8, p_min=0.75)
             modes["ngram_mod"] = lambda: speculative(bin_dir, target, pf, args.new, gamma=max(native_gammas),
                                                      spec_type="ngram-mod")
             runs = {m: [] for m in modes}
@@ -161,7 +167,7 @@ def _median(xs):
 
 def write(res: dict, gammas: list, out: Path = OUT) -> None:
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
-    modes = [f"draft_g{g}" for g in gammas] + ["ngram_mod"]
+    modes = [f"draft_g{g}" for g in gammas] + [m for m in (DEEP,) if m in res["native"][0]] + ["ngram_mod"]
     fmt = "" if res.get("target_format", "native") == "native" else f" (as {res['target_format']})"
     dfmt = "" if res.get("draft_format", "native") == "native" else f" (as {res['draft_format']})"
     lines = [f"# llama.cpp's own speculation vs the StarSD star: {res['target']}{fmt} target, {res['draft']}{dfmt} draft, "

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import repetitive_workloads as wl  # noqa: E402
 from benchmarks.target_format import FORMATS  # noqa: E402
+from edge.cpu_info import cpu_name  # noqa: E402
 from edge.drafter import Drafter  # noqa: E402
 from edge.fetch import model_path  # noqa: E402
 from edge.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
@@ -158,7 +159,8 @@ def write(table, rows, fleets, args):
     out.mkdir(parents=True, exist_ok=True)
     stem = "suffix_draft" + ("" if args.target_format == "native" else f"_{args.target_format.lower()}")
     as_fmt = "" if args.target_format == "native" else f" stored as {args.target_format}"
-    meta = dict(target_format=args.target_format, machine=platform.processor() or platform.machine(), cores=os.cpu_count(),
+    meta = dict(target_format=args.target_format, machine=platform.processor() or platform.machine(), cpu=cpu_name(),
+                cores=os.cpu_count(),
                 loadavg=os.getloadavg(), prompts=args.prompts, max_new=args.max_new, gamma=args.gamma,
                 threads=args.threads, min_score=args.min_score, min_prob=args.min_prob,
                 date=time.strftime("%F %T"), note=args.note)
@@ -168,7 +170,8 @@ def write(table, rows, fleets, args):
     lines = [f"# Suffix draft vs n-gram vs the 0.5B model draft (llama.cpp, Qwen2.5-Coder-1.5B{as_fmt} target, "
              f"greedy, γ={args.gamma}, {args.max_new} new tokens, {args.threads} threads, medians over "
              f"{args.prompts} prompts a workload)\n",
-             f"Load average at the end: {', '.join(f'{x:.1f}' for x in meta['loadavg'])}. {args.note}\n",
+             f"CPU: {meta['cpu']}. Load average at the end: {', '.join(f'{x:.1f}' for x in meta['loadavg'])}. "
+             f"{args.note}\n",
              "| workload | mode | tok/s (end to end) | vs target-only | decode only: vs target-only | accept | "
              "tok/verify | draft ms/call | text == target-only |", "|---|---|---|---|---|---|---|---|---|"]
     for t in table:

@@ -51,7 +51,6 @@ class DeviceTiming:
     time_scale: float = 1.0        # every device time multiplied by this
     verify_override: Dict[int, float] = field(default_factory=dict)
     source: str = ""
-
     step_override_ms: Optional[float] = None   # a target step given (measured), not the roofline's
 
     @classmethod

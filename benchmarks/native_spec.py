@@ -167,7 +167,7 @@ def _median(xs):
 
 def write(res: dict, gammas: list, out: Path = OUT) -> None:
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
-    modes = [f"draft_g{g}" for g in gammas] + [m for m in (DEEP,) if m in res["native"][0]] + ["ngram_mod"]
+    modes = [f"draft_g{g}" for g in gammas] + ([DEEP] if DEEP in res["native"][0] else []) + ["ngram_mod"]
     fmt = "" if res.get("target_format", "native") == "native" else f" (as {res['target_format']})"
     dfmt = "" if res.get("draft_format", "native") == "native" else f" (as {res['draft_format']})"
     lines = [f"# llama.cpp's own speculation vs the StarSD star: {res['target']}{fmt} target, {res['draft']}{dfmt} draft, "

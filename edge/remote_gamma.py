@@ -266,14 +266,14 @@ class RemoteGamma:
         return v + (self.waits.wait_s(gamma, alpha, self.stop_aware) / t1 if t1 else 0.0)
 
     def p_min(self) -> Optional[float]:
-        """The confidence stop this target asks the service for (DraftRequest.p_min, used where
-        looser than the service's --draft-p-min; None: the service's). A draft the service gives
-        probability p adds at most p tokens to a round and costs the verify's marginal step Δv (the mean slope of v(k) over
-        k = 2..max_gamma+1) plus its compute b/t1 while the target waits. Adding it beats the
-        round's rate R (tokens a step, of the γ best now; 1 when plain decoding is) when
-        p > R·(Δv + b/t1): that is the stop, capped at MAX_P_MIN. Where a verify over k tokens
-        costs ~k steps it is ~1 (few drafts pay); a memory-bound target, Δv ≈ 0, takes the unsure
-        drafts too, which a service-wide stop set for the other kind would withhold."""
+        """The confidence stop this target asks the service for (DraftRequest.p_min, used where looser
+        than the service's --draft-p-min; None: the service's). A draft the service gives
+        probability p adds at most p tokens to a round and costs the verify's marginal step Δv (the
+        mean slope of v(k) over k = 2..max_gamma+1) plus its compute b/t1 while the target waits.
+        Adding it beats the round's rate R (tokens a step, of the γ best now; 1 when plain decoding
+        is) when p > R·(Δv + b/t1): that is the stop, capped at MAX_P_MIN. Where a verify over k
+        tokens costs ~k steps it is ~1 (few drafts pay); a memory-bound target, Δv ≈ 0, takes the
+        unsure drafts too, which a service-wide stop set for the other kind would withhold."""
         t1 = self.costs.target_seconds(1)
         if not self.stop_aware or not t1 or self.costs.samples(2) == 0:
             return None

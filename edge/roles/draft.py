@@ -19,11 +19,12 @@ is what the target assumes when it computes its next `keep`.
 
 Confidence (`DraftLimits.p_min`, llama.cpp's --draft-p-min; a request's own `p_min` where the
 target sends a looser one, edge/remote_gamma.py): an answer stops before a draft the draft model
-gives less than p_min (its top probability there), and drafting for the request stops there
-too. Where the draft is unsure the target verifies fewer tokens it would mostly reject and gets its answer sooner. Draft-ahead still runs past it in idle time: the unsure
-token is the draft's guess of the target's bonus, and when the target agrees the next answer
-is ready at once. Which tokens are sent depends only on the draft's own distributions, so
-the output is still exactly the target's.
+gives less than p_min (its top probability there), and drafting for the request stops there too.
+Where the draft is unsure the target verifies fewer tokens it would mostly reject and gets its
+answer sooner. Draft-ahead still runs past it in idle time: the unsure token is the draft's
+guess of the target's bonus, and when the target agrees the next answer is ready at once. Which
+tokens are sent depends only on the draft's own distributions, so the output is still exactly
+the target's.
 
 Batch coalescing (edge/roles/batch_hold.py, `DraftLimits.coalesce`): with requests pending
 and sessions just served due back within the batch's fixed cost, the step waits for them

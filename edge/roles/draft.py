@@ -5,9 +5,13 @@ pending DraftRequest per session (a newer one replaces an older). A `step`
 takes EVERYTHING pending and drafts for all of it at once: short `append`s
 are fed and drafts made with one batched `engine.step` per position over the
 ragged per-session KV caches; only long feeds (a prompt) get a per-session
-`forward` first. The step returns the replies, (sid, message) each. A session
-whose context is full (or whose sequence the engine refuses) is answered with
-the drafts it has; the rest of the batch goes on, as in the shared decoder.
+`forward` first. With `DraftLimits.join` a step makes ONE engine step of the
+batch and requests pending join it at the next (iteration-level batching, as
+vLLM's scheduler): a request arriving mid-batch waits one step, not the rest
+of the batch; each is answered when its drafts are made. The step returns the
+replies, (sid, message) each. A session whose context is full (or whose
+sequence the engine refuses) is answered with the drafts it has; the rest of
+the batch goes on, as in the shared decoder.
 
 Per session the service keeps the tokens it has fed and a *chain* of drafted
 tokens anchored after them (each with the exact q it was sampled from). A
@@ -51,31 +55,17 @@ import itertools
 import time
 from typing import Callable, List, Optional, Tuple
 
-import numpy as np
-
 from edge.common_prefix import common_prefix
 from edge.engines.base import Engine, EngineError
 from edge.protocol import E_INTERNAL, E_OVERLOADED, DraftRequest, DraftResponse, Error
 from edge.roles.batch_hold import BatchHold
-from edge.roles.draft_chain import BatchItem, DraftSession, sure_prefix
+from edge.roles.draft_chain import BatchItem, DraftSession, confidence, sure_prefix
 from edge.roles.draft_limits import DraftLimits, DraftRefused
 from edge.roles.draft_sessions import DraftSessions
 from edge.roles.isolated_step import step_isolated
-from edge.sampling import Role, SamplingParams, SparseDist, pick, role_rng
+from edge.sampling import Role, SamplingParams, pick, role_rng
 
 FEED_BY_STEP = 2        # appends up to this long are fed inside the batched steps
-
-
-def _confidence(row: np.ndarray, q) -> float:
-    """The draft's top probability at this position: of its softmax over `row` (greedy), or of q,
-    the distribution the token is drawn from. A function of the distribution, never of the token
-    drawn: stopping on the drawn token's probability would send only the tokens q makes likely,
-    so what is sent would no longer be distributed as q and the output would not be the target's
-    (tests/roles/test_seed_streams.py measures exactly that)."""
-    if q is None:
-        z = row.astype(np.float64) - float(row.max())
-        return float(1.0 / np.exp(z).sum())
-    return float(np.max(q.probs if isinstance(q, SparseDist) else q))
 
 
 class DraftService(DraftSessions):
@@ -97,8 +87,10 @@ class DraftService(DraftSessions):
         self._to_free: List[int] = []
         self._freeing = 0                       # bytes of those, held until step frees them
         self._streams = itertools.count()       # stream numbers: no two sessions' streams coincide
-        self.hold = BatchHold() if limits.coalesce else None
+        # joining serves a request at the next step anyway: nothing to hold a batch for
+        self.hold = BatchHold() if limits.coalesce and not limits.join else None
         self._prefilled = False                 # the batch being served fed a prompt
+        self._batch: List[BatchItem] = []       # requests being served (in flight between steps with join)
 
     # ---- sessions (the table and Q_in: edge/roles/draft_sessions.py) ----
     def _new_session(self, sid: str) -> DraftSession:
@@ -150,7 +142,7 @@ class DraftService(DraftSessions):
     # ---- the core's step ----
     def has_work(self) -> bool:
         with self._lock:
-            if self._outbox or self._to_free:
+            if self._outbox or self._to_free or self._batch:
                 return True
             if self._pending:
                 return self._held_until() is None
@@ -169,10 +161,10 @@ class DraftService(DraftSessions):
         return None if t is None else max(0.0, t - self.clock())
 
     def step(self) -> List[Tuple[str, object]]:
-        """Free closed sessions' KV, then serve everything pending as one batch -- or, with
-        nothing pending, one draft-ahead step. Returns the replies: (sid, DraftResponse | Error)."""
+        """Free closed sessions' KV, then serve the batch (the pending requests) -- or, with
+        nothing pending or in flight, one draft-ahead step. Returns the replies: (sid, DraftResponse | Error)."""
         self._free_closed()
-        if not self._serve_pending() and self.limits.ahead and not self.pending():
+        if not self._serve() and self.limits.ahead and not self.pending():
             self._ahead_step()
         return self._replies()
 
@@ -181,18 +173,34 @@ class DraftService(DraftSessions):
             seqs, self._to_free, self._freeing = self._to_free, [], 0
         for q in seqs:
             self.engine.free(q)
+        self._batch = [w for w in self._batch if not w.sess.closed]
 
-    def _serve_pending(self) -> int:
-        """Serve everything pending as one batch; returns the number of requests served."""
+    def _serve(self) -> int:
+        """Serve the batch: to completion (the pending requests taken at once), or with
+        `limits.join` one engine step of it, requests pending joining first. Returns the
+        number of requests in the batch."""
+        if self.limits.join or not self._batch:
+            self._join_pending()
+        if not self._batch:
+            return 0
+        t0, n = self.clock(), len(self._batch)
+        self._answer_done(t0)                      # draft-ahead hits, γ=0: no step needed
+        steps = self._extend(self._batch, max_steps=1 if self.limits.join else None)
+        self._settle(self._batch)
+        now = self.clock()
+        self._answer_done(now)
+        self.stats.add_batch(n, steps, now - t0)
+        if self.hold is not None:
+            with self._lock:                       # a prompt's prefill is no sample of D(b)
+                self.hold.batch(0 if self._prefilled else n, now - t0, now)
+        return n
+
+    def _join_pending(self) -> None:
+        """Prepare the requests pending (not held back, of sessions not in the batch) into the batch."""
         if self._held_until() is not None:
-            return 0
-        taken = self._take()
-        if not taken:
-            return 0
-        t0 = self.clock()
-        work: List[BatchItem] = []
+            return
         self._prefilled = False
-        for s, req, t_in in taken:
+        for s, req, t_in in self._take(busy={w.sess.sid for w in self._batch}):
             try:
                 w = self._prepare(s, req, t_in)
             except DraftRefused as e:
@@ -203,17 +211,19 @@ class DraftService(DraftSessions):
                 self._reply(s.sid, Error(s.sid, req.seq, E_INTERNAL, f"draft engine: {e}"))
                 continue
             if w is not None:
-                work.append(w)
-        steps = self._extend(work)
-        self._settle(work)
-        now = self.clock()
-        for w in work:
-            self._answer(w, now)
-        self.stats.add_batch(len(taken), steps, now - t0)
-        if self.hold is not None:
-            with self._lock:                       # a prompt's prefill is no sample of D(b)
-                self.hold.batch(0 if self._prefilled else len(taken), now - t0, now)
-        return len(taken)
+                self._batch.append(w)
+
+    def _answer_done(self, now: float) -> None:
+        """Answer the batch's items that need no more steps and drop them (and closed ones)."""
+        left = []
+        for w in self._batch:
+            if w.sess.closed:
+                continue
+            if w.needs_step(self._p_min(w.req)):        # a full context: _extend stops it first
+                left.append(w)
+            else:
+                self._answer(w, now)
+        self._batch = left
 
     # ---- one request ----
     def _prepare(self, s: DraftSession, req: DraftRequest, t_in: float) -> Optional[BatchItem]:
@@ -286,8 +296,11 @@ class DraftService(DraftSessions):
             if not group:
                 break
             toks = [w.feed.pop(0) if w.feed else w.sess.chain[-1][0] for w in group]
+            t0 = self.clock()
             rows = step_isolated(self.engine, [w.sess.seq for w in group], toks)
             steps += 1
+            if group[0].req is not None:           # a request step, not draft-ahead's
+                self.stats.add_step(len(group), self.clock() - t0)
             for w, t, row in zip(group, toks, rows):
                 if row is None:              # only this session stops; the batch goes on
                     self.stats.count("step_refused")
@@ -297,7 +310,7 @@ class DraftService(DraftSessions):
                 if not w.feed:
                     x, q = pick(row, w.params, w.sess.rng, w.k)
                     # a request may only loosen the service's stop: with none, no confidence is read
-                    w.sess.chain.append((x, q, _confidence(row, q) if self.limits.p_min else 1.0))
+                    w.sess.chain.append((x, q, confidence(row, q) if self.limits.p_min else 1.0))
         return steps
 
     def _p_min(self, req: Optional[DraftRequest]) -> float:

@@ -11,12 +11,24 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from edge.protocol import DraftRequest
-from edge.sampling import SamplingParams
+from edge.sampling import SamplingParams, SparseDist
 
 
 def sure_prefix(entries, p_min: float) -> int:
     """How many chain entries (token, q, confidence) come before the first one below p_min."""
     return next((i for i, c in enumerate(entries) if c[2] < p_min), len(entries))
+
+
+def confidence(row: np.ndarray, q) -> float:
+    """The draft's top probability at this position: of its softmax over `row` (greedy), or of q,
+    the distribution the token is drawn from. A function of the distribution, never of the token
+    drawn: stopping on the drawn token's probability would send only the tokens q makes likely,
+    so what is sent would no longer be distributed as q and the output would not be the target's
+    (tests/roles/test_seed_streams.py measures exactly that)."""
+    if q is None:
+        z = row.astype(np.float64) - float(row.max())
+        return float(1.0 / np.exp(z).sum())
+    return float(np.max(q.probs if isinstance(q, SparseDist) else q))
 
 
 def sid_key(sid: str) -> int:

@@ -23,6 +23,9 @@ class DraftLimits:
     q_top_k: int = 32                # entries of q per drafted token when sampling
     ahead: bool = True               # draft-ahead in idle time
     coalesce: bool = False           # hold a batch for sessions due back (edge/roles/batch_hold.py)
+    # iteration-level batching: one engine step per loop turn, a request arriving meanwhile joins
+    # the batch at the next step instead of waiting for the whole batch (then nothing is held)
+    join: bool = False
     ahead_sessions: int = 8          # most recently served sessions considered
     ahead_recent_s: float = 5.0      # ... served within this many seconds
     # a chain stops at a draft the model gives less than this (its top probability there); 0 here

@@ -111,11 +111,15 @@ class DraftSessions:
         with self._lock:
             self._outbox.append((sid, msg))
 
-    def _take(self) -> list:
-        """Everything pending, as (session, request, arrival), live sessions only."""
+    def _take(self, busy=frozenset()) -> list:
+        """Everything pending, as (session, request, arrival), live sessions only; the requests
+        of sessions in `busy` (a request of theirs still being served) stay pending."""
         with self._lock:
-            taken = [(self._sessions.get(sid), req, t) for sid, (req, t) in self._pending.items()]
-            self._pending.clear()
+            taken = [(self._sessions.get(sid), req, t) for sid, (req, t) in self._pending.items()
+                     if sid not in busy]
+            for sid in list(self._pending):
+                if sid not in busy:
+                    del self._pending[sid]
         return [(s, r, t) for s, r, t in taken if s is not None and not s.closed]
 
     def _replies(self) -> List[Tuple[str, object]]:

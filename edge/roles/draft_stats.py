@@ -31,6 +31,7 @@ class DraftStats:
             self.counters: Dict[str, int] = {}
             self.batches: Dict[int, List[float]] = {}     # size -> [count, steps, seconds]
             self.batch_sizes: deque = deque(maxlen=self.window)
+            self.steps_of_b: Dict[int, List[float]] = {}  # engine step's batch size -> [count, seconds]
             self.latencies: deque = deque(maxlen=self.window)   # arrival -> reply, seconds
             self.idle_gaps: deque = deque(maxlen=self.window)
             self._gap = 0.0
@@ -58,6 +59,14 @@ class DraftStats:
             if self._gap > 0:
                 self.idle_gaps.append(self._gap)
                 self._gap = 0.0
+
+    def add_step(self, size: int, seconds: float) -> None:
+        """One batched engine step over `size` requests' sequences: D(b) per step, whether a
+        batch is served to completion or requests join it step by step."""
+        with self._lock:
+            b = self.steps_of_b.setdefault(size, [0, 0.0])
+            b[0] += 1
+            b[1] += seconds
 
     def add_request(self, drafted: int, latency: float) -> None:
         with self._lock:
@@ -87,6 +96,8 @@ class DraftStats:
                 "batch_size_mean": float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0,
                 "batch_size_max": int(max(self.batch_sizes)) if self.batch_sizes else 0,
                 "s_of_d": s_of_d,
+                "step_of_b": {str(k): {"steps": int(v[0]), "mean_s": v[1] / v[0]}
+                              for k, v in sorted(self.steps_of_b.items())},
                 "latency_p50_s": float(np.percentile(lat, 50)) if lat.size else 0.0,
                 "latency_p99_s": float(np.percentile(lat, 99)) if lat.size else 0.0,
                 "ahead_tokens": self.ahead_tokens,

@@ -42,13 +42,13 @@ def shared_stream(monkeypatch):
         monkeypatch.setattr(mod, "role_rng", bare)
 
 
-def star_fit(net, n, q_top_k, length=3, gamma=2, ahead=False, p_min=0.0):
+def star_fit(net, n, q_top_k, length=3, gamma=2, ahead=False, p_min=0.0, join=False):
     """n seeded generations through a hub's draft service -> (chi2, df, critical, stats).
     net: (the Hub's keyword arguments for its link or broker, a factory of the target's link)."""
     where, link_of = net
     target, draft = models()
     hub = Hub(**where, draft_engine=draft, tokenizer_fp=TOK, status_every=60.0,
-              limits=DraftLimits(q_top_k=q_top_k, ahead=ahead, p_min=p_min)).start()
+              limits=DraftLimits(q_top_k=q_top_k, ahead=ahead, p_min=p_min, join=join)).start()
     counts, drafted, accepted = {}, 0, 0
     try:
         star = StarTarget(target, HubClient(link_of("t1"), "t1", TOK, target.vocab_size), gamma=gamma)
@@ -152,6 +152,15 @@ def test_seeded_star_with_confidence_stops_is_lossless():
     print(f"star p_min: chi2={stat:.1f} df={df} crit={crit:.1f} unsure stops={stops} {st['accepted']}/{st['drafted']}")
     assert stops > N // 10 and st["drafted"] > N // 2, st
     assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): confidence stops break seeded sampling"
+
+
+def test_seeded_star_with_joining_is_lossless():
+    # iteration-level batching: the request is served one engine step per turn, draft-ahead
+    # and confidence stops on; the drafts are still sampled from the q sent with them
+    stat, df, crit, st = star_fit(memory_links(), N, 4, length=4, gamma=2, ahead=True, p_min=0.45, join=True)
+    print(f"star join: chi2={stat:.1f} df={df} crit={crit:.1f} {st['accepted']}/{st['drafted']}")
+    assert st["drafted"] > 0
+    assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): joining breaks seeded sampling"
 
 
 @pytest.mark.parametrize("q_top_k", [4, 2], ids=["dense-q", "sparse-top2-q"])

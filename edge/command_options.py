@@ -22,9 +22,14 @@ _draft_opts = [
     click.option("--ahead/--no-ahead", default=True, show_default=True,
                  help="draft ahead for recently served sessions while idle"),
     click.option("--coalesce/--no-coalesce", default=True, show_default=True,
-                 help="hold a batch a moment for sessions due back when batching has a fixed cost "
-                      "(a GPU draft): turns of half-size batches merge; a CPU draft whose batch "
-                      "time grows with its size is not held"),
+                 help="with --no-join: hold a batch a moment for sessions due back when batching has a "
+                      "fixed cost (a GPU draft): turns of half-size batches merge; a CPU draft whose "
+                      "batch time grows with its size is not held"),
+    click.option("--join/--no-join", default=True, show_default=True,
+                 help="iteration-level batching: one draft step at a time, a request arriving while a "
+                      "batch drafts joins it at the next step instead of waiting for the whole batch "
+                      "(past N_full 11-28% more system tok/s on a one-core CPU draft; "
+                      "benchmarks/results/starsd_scaling_pinned_xeon_f16_targets_join.md)"),
     click.option("--q-top-k", default=32, show_default=True,
                  help="entries of q sent per drafted token when sampling"),
     click.option("--draft-p-min", default=0.75, show_default=True, type=click.FloatRange(0.0, 1.0, max_open=True),
@@ -42,11 +47,11 @@ def draft_options(f):
 
 
 def draft_limits(max_sessions, max_kv_mb, max_gamma, evict_after, ahead, q_top_k, draft_p_min=0.0,
-                 coalesce=False):
+                 coalesce=False, join=False):
     from edge.roles.draft import DraftLimits
     return DraftLimits(max_sessions=max_sessions, max_kv_mb=max_kv_mb, max_gamma=max_gamma,
                        evict_after_s=evict_after, ahead=ahead, q_top_k=q_top_k, p_min=draft_p_min,
-                       coalesce=coalesce)
+                       coalesce=coalesce, join=join)
 
 
 def drafter_options(f):

@@ -81,7 +81,7 @@ class _Target:
 def _local_hub(draft_engine: Engine, tokenizer_fp: str, broker: str, gamma: int):
     from edge.roles.draft import DraftLimits
     return Hub(broker=broker, draft_engine=draft_engine, tokenizer_fp=tokenizer_fp, hub_id="demo-hub",
-               limits=DraftLimits(max_gamma=max(8, gamma), ahead=True, coalesce=True,
+               limits=DraftLimits(max_gamma=max(8, gamma), ahead=True, join=True,
                                   evict_after_s=600)).start()
 
 

@@ -42,15 +42,19 @@ def planner_predictions(out: dict, a, timing, alpha: float) -> dict:
            "table": format_table(preds),
            "best_gamma": [{"n": p.n, "gamma": p.gamma, "system_tps": p.system_tps}
                           for p in sweep(inp, a.ns, range(1, 9))]}
-    # the same model fed with the batches the draft actually served during the sweep
+    # the same model fed with the engine steps the draft actually made during the sweep (older
+    # results: its batches, γ steps each)
     merged: dict = {}
     for p in out["points"]:
-        for b, v in (p.get("draft") or {}).get("s_of_d", {}).items():
+        d = p.get("draft") or {}
+        per_step = "step_of_b" in d
+        for b, v in (d["step_of_b"] if per_step else d.get("s_of_d", {})).items():
             m = merged.setdefault(int(b), [0, 0.0])
-            m[0] += v["batches"]
-            m[1] += v["mean_s"] * v["batches"]
+            n = v["steps"] if per_step else v["batches"] * a.gamma
+            m[0] += n
+            m[1] += v["mean_s"] * (v["steps"] if per_step else v["batches"])
     if merged:
-        inrun = {b: 1e3 * s / c / a.gamma for b, (c, s) in sorted(merged.items()) if c}
+        inrun = {b: 1e3 * s / c for b, (c, s) in sorted(merged.items()) if c}
         preds2 = [simulate(_inputs(inrun, a, timing, alpha, max(0.0, over)), n, a.gamma) for n in a.ns]
         res["predicted_inrun"] = [asdict(p) for p in preds2]
         res["n_full_predicted_inrun"] = n_full(preds2)
@@ -104,7 +108,7 @@ def markdown(out: dict) -> str:
          + f", network RTT {t['net_rtt_ms']:.1f} ms (emulated), acceptance α={out['alpha']['alpha']:.3f} "
          f"({out['alpha']['source']}), i.i.d. per position. Protocol, broker, HMAC, target loop and "
          f"verification are the real code. Targets {'always wait for the draft' if c['deadline'] == 'wait' else 'use the adaptive deadline'}"
-         f"{'; draft-ahead on' if c['ahead'] else ''}.", "",
+         f"{'; draft-ahead on' if c['ahead'] else ''}. " + _method(out), "",
          f"Machine load average {m['loadavg_start'][0]:.1f} at start, {m['loadavg_end'][0]:.1f} at end "
          f"({m['date']}, {m['wall_s'] / 60:.1f} min). Per-token latency = round time / tokens of that round.", "",
          "| N | system tok/s | planner | per-target tok/s | planner | vs target-only | vs co-located | draft busy (pred) "
@@ -222,6 +226,18 @@ def plot(out: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _method(out: dict) -> str:
+    """How the draft served and how the sweep measured (results before these options say less)."""
+    c, pts = out["config"], out["points"]
+    said = ("Requests join the draft's batch at its next engine step (--join)." if c.get("join")
+            else "The draft serves whole batches: a request waits for the batch in flight (--no-join).")
+    if pts and "targets_cpu" in pts[0]:
+        said += (" Accepted drafts a round are drawn from a low-discrepancy sequence (same mean at every N),"
+                 " and a window starts after every target's prefill; the targets' process (all N on one"
+                 f" core) used at most {max(p['targets_cpu'] for p in pts):.0%} of it.")
+    return said
 
 
 def write_outputs(out: dict, base: Path) -> list:

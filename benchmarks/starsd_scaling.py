@@ -86,6 +86,9 @@ def args_of(argv=None):
     ap.add_argument("--ahead", action="store_true", help="let the draft service draft ahead when idle")
     ap.add_argument("--coalesce", action="store_true",
                     help="let the draft service hold a batch for sessions due back (edge/roles/batch_hold.py)")
+    ap.add_argument("--join", action=argparse.BooleanOptionalAction, default=True,
+                    help="iteration-level batching (the CLI's default): requests join the draft's batch "
+                         "at its next step; --no-join: whole batches")
     ap.add_argument("--prompt-tokens", type=int, default=128, help="longest prompt (chat template included)")
     ap.add_argument("--reps", type=int, help="repeats per batch size of the draft service micro-benchmark")
     ap.add_argument("--pin", action="store_true", help="cores as devices: the hub + draft service (this "
@@ -241,7 +244,8 @@ def summarize(res: dict, draft: dict, spec: dict) -> dict:
            "acceptance": accepted / drafted if drafted else None,
            "tokens_per_round": sum(t["tokens"] for t in ts) / max(1, sum(t["rounds"] for t in ts)),
            "plain_rounds": sum(t["plain_rounds"] for t in ts), "rounds": sum(t["rounds"] for t in ts),
-           "errors": [t["error"] for t in ts if t["error"]]}
+           "errors": [t["error"] for t in ts if t["error"]],
+           "targets_cpu": res.get("worker_cpu_s", 0.0) / w}      # share of core 0 the targets' process used
     if tpot.size:
         out.update(tpot_p50_ms=float(np.percentile(tpot, 50)), tpot_p99_ms=float(np.percentile(tpot, 99)),
                    tpot_mean_ms=float(tpot.mean()), tpot_var_ms2=float(tpot.var()))
@@ -251,7 +255,8 @@ def summarize(res: dict, draft: dict, spec: dict) -> dict:
     if draft:
         req = max(1, draft["requests"])
         out["draft"] = {k: draft[k] for k in ("requests", "busy_s", "idle_s", "ahead_s", "busy_ratio",
-                                              "batch_size_mean", "batch_size_max", "s_of_d", "t_idle_mean_s")}
+                                              "batch_size_mean", "batch_size_max", "s_of_d", "step_of_b",
+                                              "t_idle_mean_s")}
         out["busy_ratio"] = draft["busy_ratio"]
         out["mean_batch"] = draft["batch_size_mean"]
         out["s_d_ms"] = 1e3 * draft["busy_s"] / req
@@ -318,7 +323,7 @@ def main(argv=None) -> None:
     # a long eviction timeout: the service measures silence from a session's last request, so a batch
     # slower than the timeout (a loaded machine, 32 prefills) would evict the sessions it just answered
     lim = DraftLimits(max_sessions=2 * max(a.ns) + 4, max_gamma=max(8, a.gamma), ahead=a.ahead,
-                      coalesce=a.coalesce, evict_after_s=900)
+                      coalesce=a.coalesce, join=a.join, evict_after_s=900)
 
     log("baselines: target-only and one co-located pair (emulated; N devices = N x one)")
     for mode in ("alone", "colocated"):

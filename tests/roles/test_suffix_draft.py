@@ -128,21 +128,32 @@ def test_the_fleet_tree_carries_one_sessions_output_to_another(engines):
         hub.stop()
 
 
+def _replies(svc, most=50):
+    """Step until the service replies (a joining model answers over several steps)."""
+    for _ in range(most):
+        out = svc.step()
+        if out:
+            return out
+    raise AssertionError(f"no reply in {most} steps")
+
+
+@pytest.mark.parametrize("join", [False, True], ids=["whole-batches", "joining"])
 @pytest.mark.parametrize("idle", [False, True])
-def test_hybrid_keeps_the_models_keep_consistent_after_suffix_answers(engines, idle):
+def test_hybrid_keeps_the_models_keep_consistent_after_suffix_answers(engines, idle, join):
     """Random acceptance patterns: every model answer equals a fresh model draft on the
     target's context, whatever the suffix half answered in between (idle: with the idle
-    steps between requests, where the model catches up, which must send nothing)."""
+    steps between requests, where the model catches up, which must send nothing; joining:
+    the model answers a few steps later, as `edge-hub serve` runs it by default)."""
     _, draft = engines
     from edge.generate import ModelDrafter
-    svc = HybridDraftService(DraftService(draft, DraftLimits(ahead=True)), min_score=1.0)
+    svc = HybridDraftService(DraftService(draft, DraftLimits(ahead=True, join=join)), min_score=1.0)
     svc.open("a")
     rng = np.random.default_rng(4)
     ctx, held, used = [5, 6, 7, 5, 6, 7, 5], 0, set()
     for seq in range(1, 25):
         asked = svc.stats.counters.get("hybrid_model", 0)
         svc.submit(DraftRequest("a", seq, held, ctx[held:], 3))
-        (_, r), = svc.step()
+        (_, r), = _replies(svc)
         assert isinstance(r, DraftResponse) and r.seq == seq
         if svc.stats.counters.get("hybrid_model", 0) > asked:
             used.add("model")

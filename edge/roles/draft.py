@@ -179,11 +179,12 @@ class DraftService(DraftSessions):
         """Serve the batch: to completion (the pending requests taken at once), or with
         `limits.join` one engine step of it, requests pending joining first. Returns the
         number of requests in the batch."""
+        t0 = self.clock()                          # busy from here: a joining prompt's prefill counts
         if self.limits.join or not self._batch:
             self._join_pending()
         if not self._batch:
             return 0
-        t0, n = self.clock(), len(self._batch)
+        n = len(self._batch)
         self._answer_done(t0)                      # draft-ahead hits, γ=0: no step needed
         steps = self._extend(self._batch, max_steps=1 if self.limits.join else None)
         self._settle(self._batch)

@@ -50,9 +50,9 @@ def planner_predictions(out: dict, a, timing, alpha: float) -> dict:
         per_step = "step_of_b" in d
         for b, v in (d["step_of_b"] if per_step else d.get("s_of_d", {})).items():
             m = merged.setdefault(int(b), [0, 0.0])
-            n = v["steps"] if per_step else v["batches"] * a.gamma
-            m[0] += n
-            m[1] += v["mean_s"] * (v["steps"] if per_step else v["batches"])
+            count = v["steps"] if per_step else v["batches"]
+            m[0] += count if per_step else count * a.gamma
+            m[1] += v["mean_s"] * count
     if merged:
         inrun = {b: 1e3 * s / c for b, (c, s) in sorted(merged.items()) if c}
         preds2 = [simulate(_inputs(inrun, a, timing, alpha, max(0.0, over)), n, a.gamma) for n in a.ns]

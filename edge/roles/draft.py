@@ -172,8 +172,7 @@ class DraftService(DraftSessions):
         with self._lock:
             seqs, self._to_free, self._freeing = self._to_free, [], 0
         for q in seqs:
-            self.engine.free(q)
-        self._batch = [w for w in self._batch if not w.sess.closed]
+            self.engine.free(q)                    # a closed session's batch item is dropped unstepped
 
     def _serve(self) -> int:
         """Serve the batch: to completion (the pending requests taken at once), or with

@@ -115,11 +115,8 @@ class DraftSessions:
         """Everything pending, as (session, request, arrival), live sessions only; the requests
         of sessions in `busy` (a request of theirs still being served) stay pending."""
         with self._lock:
-            taken = [(self._sessions.get(sid), req, t) for sid, (req, t) in self._pending.items()
-                     if sid not in busy]
-            for sid in list(self._pending):
-                if sid not in busy:
-                    del self._pending[sid]
+            taken = [(self._sessions.get(sid), *self._pending.pop(sid))
+                     for sid in list(self._pending) if sid not in busy]
         return [(s, r, t) for s, r, t in taken if s is not None and not s.closed]
 
     def _replies(self) -> List[Tuple[str, object]]:

@@ -10,7 +10,11 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 TEST_MODELS ?= smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 DEMO_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
-.PHONY: install llama llama-tools system-test certs models test-models demo test bench export flash-jetson clean help
+# the layering contracts of pyproject.toml ([tool.importlinter]); `make test` runs them first
+lint:
+	$(BIN)/lint-imports
+
+.PHONY: lint install llama llama-tools system-test certs models test-models demo test bench export flash-jetson clean help
 
 help:
 	@echo "make demo    - fetch real models, run the StarSD star, then the SUN shared-decoder demo"
@@ -40,13 +44,13 @@ $(BIN)/.llama: $(BIN)/.installed scripts/llama_wheel.sh
 llama: $(BIN)/.llama
 
 models: install
-	$(BIN)/python -m edge.fetch
+	$(BIN)/python -m edge.model.fetch
 
 test-models: install
-	$(BIN)/python -m edge.fetch $(TEST_MODELS)
+	$(BIN)/python -m edge.model.fetch $(TEST_MODELS)
 
 demo: install llama
-	$(BIN)/python -m edge.fetch $(DEMO_MODELS)
+	$(BIN)/python -m edge.model.fetch $(DEMO_MODELS)
 	$(BIN)/edge-hub demo
 	$(BIN)/edge-hub demo-sun
 
@@ -55,7 +59,8 @@ system-test:
 	bash scripts/ensure_system.sh mosquitto ssh sshd rsync netns
 
 test: system-test install llama test-models
-	STARSUN_STRICT=1 $(BIN)/python -m pytest -q
+	$(BIN)/lint-imports
+	STARSUN_STRICT=1 $(BIN)/python -m pytest -q --durations=25
 
 # every benchmark but sun_accuracy.py (hours; run it in the background, it resumes)
 bench: install llama models

@@ -47,7 +47,7 @@ from benchmarks.backends_report import BATCHES, KS, write_results  # noqa: E402
 
 def artifact(model: str, config: str, work: Path) -> Path | None:
     """The file a config runs (exported on first use); None for torch (it loads the checkpoint)."""
-    from edge.fetch import model_path
+    from edge.model.fetch import model_path
     backend, prec = config.split(":")
     src = model_path(model)
     if backend == "torch":
@@ -65,7 +65,7 @@ def artifact(model: str, config: str, work: Path) -> Path | None:
     out = d / f"{prec}.onnx"
     if out.exists():
         return out
-    from edge.checkpoint import load_model
+    from edge.model.checkpoint import load_model
     from export.onnx import export_onnx
     m, ck = load_model(src)
     if prec == "int8":
@@ -91,8 +91,8 @@ def files_of(path: Path) -> list:
 @functools.lru_cache(maxsize=None)
 def _shape(model: str):
     """(embedding elements, all parameter elements, tied) of a model."""
-    from edge.checkpoint import load_checkpoint
-    from edge.fetch import model_path
+    from edge.model.checkpoint import load_checkpoint
+    from edge.model.fetch import model_path
     ck = load_checkpoint(model_path(model))
     c = ck.config
     return c.vocab_size * c.hidden_size, sum(t.numel() for t in ck.state_dict.values()), c.tie_embeddings
@@ -164,7 +164,7 @@ def load(model: str, config: str, path, threads: int):
     backend, prec = config.split(":")
     from edge.engines.loader import load_engine
     if backend == "torch":
-        from edge.fetch import model_path
+        from edge.model.fetch import model_path
         return load_engine(model_path(model), backend="torch", threads=threads, max_len=512)
     if backend == "onnx":
         return load_engine(path, backend="onnx", device="cpu", threads=threads, max_len=512)
@@ -249,7 +249,7 @@ def main():
         spec = json.loads(a.worker)
         print("RESULT " + json.dumps(worker(**spec)), flush=True)
         return
-    from edge.fetch import model_path
+    from edge.model.fetch import model_path
     if a.rebound:
         return rebound(Path(a.rebound), a.threads)
     bw = bandwidth_gbs(a.threads)

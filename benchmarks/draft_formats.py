@@ -68,8 +68,8 @@ def target_texts(args, tok) -> dict:
     from benchmarks.datasets import mtbench_first_turns
     from benchmarks.starsd_two_device import code_prompts
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.generate import generate_plain
-    from edge.model_spec import resolve_model
+    from edge.spec.generate import generate_plain
+    from edge.model.spec import resolve_model
     target = LlamaCppEngine(resolve_model(args.target), max_len=1024, n_seq_max=1, threads=os.cpu_count())
     sets = {"mtbench": mtbench_first_turns(args.prompts), "code": code_prompts(args.prompts)}
     out = {}
@@ -114,7 +114,7 @@ def main(argv=None) -> None:
 
 
 def write(rows: list, args) -> None:
-    from edge.cpu_info import cpu_name
+    from edge.telemetry.cpu_info import cpu_name
     meta = {"cpu": cpu_name(), "threads": args.threads, "gamma": args.gamma,
             "draft": args.draft, "target": args.target, "prompts": args.prompts, "tokens": args.tokens,
             "reps": args.reps, "load": os.getloadavg(), "when": time.strftime("%Y-%m-%d %H:%M")}

@@ -1,5 +1,5 @@
 """A draft-service switch on and off, side by side in one run: batch coalescing
-(--switch hold, edge/roles/batch_hold.py) or the llama.cpp engine's stream gathering
+(--switch hold, edge/star/batch_hold.py) or the llama.cpp engine's stream gathering
 (--switch gather, edge/engines/stream_placement.py).
 
 One real draft service (the 0.5B on --draft-backend, pinned to core 1 with the hub) feeds N
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import starsd_scaling as sc  # noqa: E402
 from benchmarks.emulated_target import DeviceTiming  # noqa: E402
-from edge.cpu_info import cpu_name  # noqa: E402
+from edge.telemetry.cpu_info import cpu_name  # noqa: E402
 from export.target_format import FORMATS  # noqa: E402
 
 SWITCHES = {"hold": ("hold", "no hold"), "gather": ("gather", "no gather")}
@@ -64,8 +64,8 @@ def args_of(argv=None):
 
 
 def main(argv=None) -> None:
-    from edge.roles.batch_hold import BatchHold
-    from edge.roles.draft import DraftLimits
+    from edge.star.batch_hold import BatchHold
+    from edge.star.draft_service import DraftLimits
     from server.broker import MosquittoBroker
     from server.hub import Hub
     args = args_of(argv)

@@ -1,8 +1,8 @@
 """Emulated remote target devices for the StarSD benchmark.
 
-An emulated target runs the REAL target code (edge.roles.target.StarTarget:
+An emulated target runs the REAL target code (edge.star.target.StarTarget:
 join, DraftRequest/DraftResponse over MQTT, deadlines, greedy verification by
-edge.generate) on a fake engine whose cost and acceptance come from a device
+edge.spec.generate) on a fake engine whose cost and acceptance come from a device
 profile and a measured acceptance rate:
 
 * `EmulatedEngine.forward(seq, [pending] + drafts)` sleeps what one call over
@@ -35,11 +35,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edge.drafter import Drafter
+from edge.spec.drafter import Drafter
 from edge.engines.base import Engine, EngineError
-from edge.link import Link
-from edge.protocol import DraftResponse, Error
-from edge.roles.session import HubClient, Session
+from edge.wire.link import Link
+from edge.wire.protocol import DraftResponse, Error
+from edge.star.session import HubClient, Session
 
 # Weights of the real pair (DATA.md): bytes of the Q4_K_M files, parameter counts.
 TARGET_BYTES, TARGET_PARAMS = 1_117_320_768, 1.54e9      # Qwen2.5-Coder-1.5B-Instruct Q4_K_M

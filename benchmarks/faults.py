@@ -356,8 +356,8 @@ def main(argv=None) -> None:
             b.baseline()
             meta["base_tok_s"] = b.base_tok_s
             if not a.no_sun:
-                from edge.link import MqttLink
-                from edge.roles.sun_client import SunClient
+                from edge.wire.link import MqttLink
+                from edge.sun.client import SunClient
                 from test_cli_wiring import _sun_reference
                 b.sun = (SunClient(MqttLink(star.url, tls=star.tls("app")).connect(10), "app").start(),
                          [_sun_reference(star.maths_dir, star.dec_dir, p, 24) for p in SUN_PROMPTS])

@@ -25,8 +25,8 @@ import msgpack
 
 from benchmarks.faults import SUN_PROMPTS, Fault
 from benchmarks.hostile_star import Hostile, Load, PeakRss, answers, body, new_rid, reheader, tag
-from edge import kv_blob
-from edge import protocol as P
+from edge.model import kv_blob
+from edge.wire import protocol as P
 from mosquitto_clients import signed
 
 N = 50                         # copies of each forged message (a flood sends FLOOD)
@@ -212,7 +212,7 @@ def oversized(h, b):
 
 
 def out_of_range(h, b):
-    from edge.roles.draft_limits import DraftLimits
+    from edge.star.draft_limits import DraftLimits
     dev2 = h.as_("dev2")
     j = h.join(dev2, "dev2")
     base = {"sid": j.sid, "keep": 0, "append": [1, 2], "sampling": P.sampling()}

@@ -32,14 +32,14 @@ class Hellos:
     """When each retained hello (drafts, SUN workers, the hub's status) said online or offline."""
 
     def __init__(self, star) -> None:
-        from edge.link import MqttLink
+        from edge.wire.link import MqttLink
         self.key, self.events, self._lock = star.ctl_key, [], threading.Lock()
         self.link = MqttLink(star.url, tls=star.tls("monitor"), keepalive=5).connect(20)
         for pattern in ("ss/hub/drafts/+", "ss/sun/workers/+", "ss/hub/status"):
             self.link.subscribe(pattern, self._on)
 
     def _on(self, topic: str, payload: bytes) -> None:
-        from edge.protocol import ProtocolError, decode
+        from edge.wire.protocol import ProtocolError, decode
         try:
             online = getattr(decode(payload, self.key), "online", None)
         except ProtocolError:

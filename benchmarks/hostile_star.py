@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 import msgpack
 
 from benchmarks.faults import REQUEST_TIMEOUT, SUN_PROMPTS
-from edge import protocol as P
+from edge.wire import protocol as P
 from mosquitto_clients import MosquittoClients
 
 
@@ -48,8 +48,8 @@ class Hostile:
     """One row's attack kit: identities, the observer, the services' dropped counts, a session."""
 
     def __init__(self, star) -> None:
-        from edge.link import MqttLink
-        from edge.tokenizer import Tokenizer
+        from edge.wire.link import MqttLink
+        from edge.model.tokenizer import Tokenizer
         from server.telemetry_board import TelemetryBoard
         self.star = star
         self.tmp = Path(tempfile.mkdtemp(dir=star.root, prefix="hostile-"))
@@ -215,9 +215,9 @@ def new_rid() -> str:
 
 
 def reheader(blob: bytes, **changes) -> bytes:
-    """A KV blob (edge/kv_blob.py) with header fields changed and the raw KV bytes kept: what a
+    """A KV blob (edge/model/kv_blob.py) with header fields changed and the raw KV bytes kept: what a
     sender that lies about dtype, shape or the decoder it was made for would send."""
-    from edge import kv_blob
+    from edge.model import kv_blob
     head = kv_blob.read_header(blob)
     raw = blob[head.pop("_offset"):]
     hb = json.dumps({**head, **changes}, sort_keys=True).encode()

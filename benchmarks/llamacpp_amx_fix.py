@@ -24,15 +24,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edge.cpu_info import cpu_name  # noqa: E402
+from edge.telemetry.cpu_info import cpu_name  # noqa: E402
 
 PROMPT = "def quicksort(xs):\n    \"\"\"Sort a list of integers.\"\"\"\n"
 
 
 def decode_rate(path, extra_bufts, threads, new):
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.generate import generate_plain
-    from edge.tokenizer import Tokenizer
+    from edge.spec.generate import generate_plain
+    from edge.model.tokenizer import Tokenizer
     ids = Tokenizer.from_gguf(path).encode(PROMPT)
     eng = LlamaCppEngine(path, max_len=512, n_seq_max=1, threads=threads, extra_bufts=extra_bufts)
     generate_plain(eng, ids, 4)                                 # warm-up
@@ -52,7 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     import llama_cpp
     from edge.engines.llamacpp_engine import amx_compiled
-    from edge.fetch import model_path
+    from edge.model.fetch import model_path
     path = model_path(args.model)
     cands = {"build (AMX off, extra buffers on)": None, "runtime (use_extra_bufts=False)": False}
     rates = {k: [] for k in cands}

@@ -33,10 +33,10 @@ from benchmarks.emulated_target import DeviceTiming  # noqa: E402
 from benchmarks.load_monitor import Monitor, rss_mb  # noqa: E402
 from benchmarks.load_targets import TargetFleet  # noqa: E402
 from edge.engines.torch_engine import TorchEngine  # noqa: E402
-from edge.link import MqttLink  # noqa: E402
-from edge.protocol import sampling  # noqa: E402
-from edge.roles.draft import DraftLimits, DraftService  # noqa: E402
-from edge.roles.session import HubClient, JoinRefused  # noqa: E402
+from edge.wire.link import MqttLink  # noqa: E402
+from edge.wire.protocol import sampling  # noqa: E402
+from edge.star.draft_service import DraftLimits, DraftService  # noqa: E402
+from edge.star.session import HubClient, JoinRefused  # noqa: E402
 from server.hub import Hub  # noqa: E402
 
 TOK = "tok-tiny"

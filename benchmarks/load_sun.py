@@ -6,7 +6,7 @@ Real parts, each on its own MQTT link: the router (server/sun_router.py), one pr
 per task (a specialist of a tiny float64 base), one shared decoder node with its limits
 (`max_batch` rows per engine step, `max_pending_mb` of KV in transit, `max_sequences`
 running + waiting) and a few clients. The reference for every answer is the one-process
-split generation (edge.sun.split_generate).
+split generation (edge.model.sun_modules.split_generate).
 
 `RowCountingDecoder` is the real SharedDecoder with one more count: how many of its steps
 passed between a request's admission (or its last row) and its next row. Round-robin over the
@@ -29,15 +29,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 from edge.engines.torch_engine import TorchEngine  # noqa: E402
-from edge.link import MqttLink  # noqa: E402
-from edge.protocol import sun_hello_topic  # noqa: E402
-from edge.roles.decoder import SharedDecoder  # noqa: E402
-from edge.roles.decoder_node import DecoderNode  # noqa: E402
-from edge.roles.prefill import PrefillWorker  # noqa: E402
-from edge.roles.prefill_node import PrefillNode  # noqa: E402
-from edge.roles.sun_client import SunClient, SunRequestError  # noqa: E402
-from edge.roles.sun_limits import DEFAULT_MAX_SEQUENCES  # noqa: E402
-from edge.sun import split_generate, weights_fingerprint  # noqa: E402
+from edge.wire.link import MqttLink  # noqa: E402
+from edge.wire.protocol import sun_hello_topic  # noqa: E402
+from edge.sun.decoder import SharedDecoder  # noqa: E402
+from edge.sun.decoder_node import DecoderNode  # noqa: E402
+from edge.sun.prefill import PrefillWorker  # noqa: E402
+from edge.sun.prefill_node import PrefillNode  # noqa: E402
+from edge.sun.client import SunClient, SunRequestError  # noqa: E402
+from edge.sun.limits import DEFAULT_MAX_SEQUENCES  # noqa: E402
+from edge.model.sun_modules import split_generate, weights_fingerprint  # noqa: E402
 from server.sun_router import SunRouter  # noqa: E402
 from waiting import wait_until  # noqa: E402
 

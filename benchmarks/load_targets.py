@@ -37,8 +37,8 @@ from typing import Dict, List
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edge.protocol import DraftResponse, Error  # noqa: E402
-from edge.roles.session import HubClient, Session  # noqa: E402
+from edge.wire.protocol import DraftResponse, Error  # noqa: E402
+from edge.star.session import HubClient, Session  # noqa: E402
 
 LATENCIES_KEPT = 4096          # per target: a soak must not grow the worker without bound
 
@@ -127,9 +127,9 @@ def _say(line: str) -> None:
 
 def run(spec: dict, commands: "queue.Queue[str]") -> dict:
     from benchmarks.emulated_target import DelayLink, DeviceTiming, EmulatedEngine, _Delayer
-    from edge.link import MqttLink
-    from edge.roles.target import Deadline, StarTarget
-    from edge.sampling import GREEDY
+    from edge.wire.link import MqttLink
+    from edge.star.target import Deadline, StarTarget
+    from edge.spec.sampling import GREEDY
 
     n, first = spec["n"], spec["first"]
     timing = DeviceTiming.from_dict(spec["timing"])

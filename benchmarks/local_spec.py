@@ -27,11 +27,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.datasets import mtbench_first_turns  # noqa: E402
-from edge.fetch import model_path  # noqa: E402
-from edge.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
-from edge.ngram import NgramDrafter  # noqa: E402
-from edge.sampling import SamplingParams  # noqa: E402
-from edge.speculative import predicted_speedup  # noqa: E402
+from edge.model.fetch import model_path  # noqa: E402
+from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
+from edge.spec.ngram import NgramDrafter  # noqa: E402
+from edge.spec.sampling import SamplingParams  # noqa: E402
+from edge.spec.verify import predicted_speedup  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GREEDY = SamplingParams(temperature=0.0)
@@ -41,12 +41,12 @@ def load_ours(backend: str, name: str, threads: int):
     if backend == "torch":
         import torch
 
-        from edge.checkpoint import load_model
+        from edge.model.checkpoint import load_model
         from edge.engines.torch_engine import TorchEngine
         model, ck = load_model(model_path(name), dtype=torch.float32)
         return TorchEngine(model, ck.fingerprint, threads=threads, max_len=2048), ck.tokenizer
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.tokenizer import Tokenizer
+    from edge.model.tokenizer import Tokenizer
     return (LlamaCppEngine(model_path(name), max_len=2048, n_seq_max=2, threads=threads),
             Tokenizer.from_gguf(model_path(name)))
 

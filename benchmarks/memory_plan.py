@@ -1,4 +1,4 @@
-"""Is the memory planner right? Peak RSS of real child processes next to edge/memory_plan.py's estimate.
+"""Is the memory planner right? Peak RSS of real child processes next to edge/memory/plan.py's estimate.
 
     .venv/bin/python -m benchmarks.memory_plan              # measure every case (~15 min on 2 cores)
     .venv/bin/python -m benchmarks.memory_plan --only llamacpp
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from edge.cpu_info import cpu_name
+from edge.telemetry.cpu_info import cpu_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parent.parent
@@ -115,8 +115,8 @@ def measure(c: dict) -> dict:
 
 
 def estimate_for(c: dict):
-    from edge.memory_plan import Workload, estimate
-    from edge.model_shape import read_shape
+    from edge.memory.plan import Workload, estimate
+    from edge.memory.model_shape import read_shape
     if c["role"] == "llama":
         return None
     shape = read_shape(c["model"], role=c["role"], backend=c["backend"])
@@ -151,7 +151,7 @@ def write(rs: list) -> None:
     mib = 1 / 2 ** 20
     lines = ["# Memory plan: estimate vs measured peak RSS (benchmarks/memory_plan.py)", "",
              f"Peak RSS of one child process per case (os.wait4 ru_maxrss), 2-core x86 ({cpu_name()}), no GPU. "
-             "Estimate: edge/memory_plan.py (runtime + tokenizer + weights + KV + compute [+ loading]).", "",
+             "Estimate: edge/memory/plan.py (runtime + tokenizer + weights + KV + compute [+ loading]).", "",
              "Measured: the worst of the case's runs (onnxruntime cases: 3 runs, all listed).", "",
              "| case | measured MiB | estimate MiB | error | weights | KV | compute | torch imported | runs MiB |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -203,7 +203,7 @@ def _plot(rs: list) -> None:
     ax.plot([0, top], [0, top * 0.85], "k:", lw=0.6)
     ax.set_xlabel("measured peak RSS (GiB)")
     ax.set_ylabel("planner estimate (GiB)")
-    ax.set_title("edge/memory_plan.py vs measured, one process per case")
+    ax.set_title("edge/memory/plan.py vs measured, one process per case")
     ax.legend()
     fig.tight_layout()
     fig.savefig(RESULTS / "memory_plan.png", dpi=120)

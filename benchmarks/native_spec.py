@@ -113,8 +113,8 @@ def main() -> None:
     args = ap.parse_args()
     from benchmarks.datasets import mtbench_first_turns
     from benchmarks.starsd_two_device import code_prompts
-    from edge.cpu_info import cpu_name
-    from edge.tokenizer import Tokenizer
+    from edge.telemetry.cpu_info import cpu_name
+    from edge.model.tokenizer import Tokenizer
     bin_dir = tools()
     target, draft = target_gguf(args.target, args.target_format), target_gguf(args.draft, args.draft_format)
     tok = Tokenizer.from_gguf(target)

@@ -5,7 +5,7 @@ For each broker (Mosquitto, embedded amqtt) on loopback, three medians over
 
 * `mqtt`: the transport floor -- a bare paho-mqtt ping-pong between two
   clients through the broker (two hops, no StarSun code);
-* `kit`: a real DraftRequest from a joined session (HubClient, edge/protocol.py
+* `kit`: a real DraftRequest from a joined session (HubClient, edge/wire/protocol.py
   encode + HMAC, MqttLink) to the hub's draft service on a tiny model and back,
   minus the DraftResponse's own compute_us: the protocol overhead the StarSD
   issue asks to keep <= 1 ms median on Mosquitto;
@@ -42,7 +42,7 @@ def start_broker(kind: str):
 def mqtt_floor(url: str, rounds: int) -> list:
     """Round trips of a bare paho ping-pong (echo client on its own connection)."""
     import paho.mqtt.client as mqtt
-    from edge.link import parse_url
+    from edge.wire.link import parse_url
     host, port, _, _ = parse_url(url)
     got = threading.Event()
 
@@ -75,11 +75,11 @@ def kit_round_trips(url: str, rounds: int) -> list:
     """(round trip s, draft compute s) of DraftRequests through the hub's draft service."""
     import torch
     from edge.engines.torch_engine import TorchEngine
-    from edge.link import MqttLink
-    from edge.model import Transformer, tiny_config
-    from edge.protocol import sampling
-    from edge.roles.draft import DraftLimits
-    from edge.roles.session import HubClient
+    from edge.wire.link import MqttLink
+    from edge.model.transformer import Transformer, tiny_config
+    from edge.wire.protocol import sampling
+    from edge.star.draft_service import DraftLimits
+    from edge.star.session import HubClient
     from server.hub import Hub
     torch.manual_seed(0)
     model = Transformer(tiny_config("llama")).eval()
@@ -114,7 +114,7 @@ def kit_round_trips(url: str, rounds: int) -> list:
 
 
 def codec_cost(rounds: int) -> list:
-    from edge.protocol import DraftRequest, DraftResponse, decode, encode, sampling
+    from edge.wire.protocol import DraftRequest, DraftResponse, decode, encode, sampling
     key = os.urandom(32)
     req = DraftRequest("s" * 12, 7, 40, [5], 4, sampling())
     resp = DraftResponse("s" * 12, 7, [1, 2, 3, 4], None, 300)

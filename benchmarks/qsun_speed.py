@@ -51,7 +51,7 @@ def step_times(path: Path, threads: int, prompt_len: int, steps: int, repeats: i
 def serving_rate(path: Path, blob: bytes, batch: int, new: int, threads: int, repeats: int) -> float:
     """Tokens/s of a SharedDecoder on llama.cpp decoding `batch` imported copies of `blob`."""
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.roles.decoder import SharedDecoder
+    from edge.sun.decoder import SharedDecoder
     eng = LlamaCppEngine(path, max_len=512, n_seq_max=batch, threads=threads, fingerprint="qsun-bench")
     rates = []
     for r in range(repeats):
@@ -67,9 +67,9 @@ def serving_rate(path: Path, blob: bytes, batch: int, new: int, threads: int, re
 
 def torch_blob(src: Path, prompt_len: int) -> bytes:
     """A KV blob (+ first token) of a prompt, prefilled by torch: what a prefill worker sends."""
-    from edge.checkpoint import load_model
+    from edge.model.checkpoint import load_model
     from edge.engines.torch_engine import TorchEngine
-    from edge.roles.prefill import PrefillWorker
+    from edge.sun.prefill import PrefillWorker
     model, _ = load_model(src)
     worker = PrefillWorker(TorchEngine(model.float().eval(), fingerprint="qsun-bench"), "bench")
     return worker.prefill([1 + (i * 7) % 1000 for i in range(prompt_len)]).blob
@@ -85,7 +85,7 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,4,16", help="SharedDecoder batch sizes for the serving part")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
-    from edge.fetch import model_path
+    from edge.model.fetch import model_path
     from export.gguf import export_gguf
     src = model_path(args.model)
     if not src.exists():

@@ -3,7 +3,7 @@
 The draft is real: Qwen2.5-Coder-0.5B-Instruct Q4_K_M in the llama.cpp engine
 (batched `step` = one llama_decode over all sessions; --draft-backend torch
 for the torch engine), inside the real hub (server/hub.py) and draft service
-(edge/roles/draft.py). The N targets are EMULATED remote devices
+(edge/star/draft_service.py). The N targets are EMULATED remote devices
 (benchmarks/emulated_target.py) in their own process, running the real target
 code over the real broker: each one's step time and verify cost vs k come from
 a device profile (default jetson-orin-nano-8gb running Qwen2.5-Coder-1.5B
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.emulated_target import DeviceTiming  # noqa: E402
 from benchmarks.starsd_worker import TargetProcess  # noqa: E402
-from edge.fetch import model_path  # noqa: E402
+from edge.model.fetch import model_path  # noqa: E402
 from export.target_format import FORMATS, NATIVE, target_gguf  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -85,7 +85,7 @@ def args_of(argv=None):
                          "adaptive: the real deadline (late drafts -> decode alone)")
     ap.add_argument("--ahead", action="store_true", help="let the draft service draft ahead when idle")
     ap.add_argument("--coalesce", action="store_true",
-                    help="let the draft service hold a batch for sessions due back (edge/roles/batch_hold.py)")
+                    help="let the draft service hold a batch for sessions due back (edge/star/batch_hold.py)")
     ap.add_argument("--join", action=argparse.BooleanOptionalAction, default=True,
                     help="iteration-level batching (the CLI's default): requests join the draft's batch "
                          "at its next step; --no-join: whole batches")
@@ -109,14 +109,14 @@ def args_of(argv=None):
 
 # ---- the real draft ----
 def load_draft(backend: str, threads: int, slots: int, max_len: int, fmt: str = NATIVE):
-    from edge.tokenizer import Tokenizer
+    from edge.model.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(model_path(DRAFT))
     if backend == "llamacpp":
         from edge.engines.llamacpp_engine import LlamaCppEngine
         eng = LlamaCppEngine(target_gguf(DRAFT, fmt), max_len=max_len, n_seq_max=slots, threads=threads)
     else:
         import torch
-        from edge.checkpoint import load_model
+        from edge.model.checkpoint import load_model
         from edge.engines.torch_engine import TorchEngine
         model, ck = load_model(model_path(DRAFT), dtype=torch.float32)
         eng = TorchEngine(model, ck.fingerprint, max_len=max_len, threads=threads)
@@ -158,7 +158,7 @@ def forced_hits(draft, prompt: list, continuation: list) -> int:
 def measure_alpha(draft, tok, prompts, n_prompts: int, n_tokens: int, threads: int) -> dict:
     """Position-by-position greedy agreement of the draft with the real 1.5B target's own greedy text."""
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.generate import generate_plain
+    from edge.spec.generate import generate_plain
     target = LlamaCppEngine(model_path(TARGET), max_len=1024, n_seq_max=1, threads=threads)
     hits = total = 0
     t0 = time.perf_counter()
@@ -175,8 +175,8 @@ def measure_alpha(draft, tok, prompts, n_prompts: int, n_tokens: int, threads: i
 
 def measure_service(engine, bs, gamma: int, prompts, reps: int) -> dict:
     """D(b): seconds of one DraftService batch serving b requests (each: one token in, gamma drafts out)."""
-    from edge.protocol import DraftRequest
-    from edge.roles.draft import DraftLimits, DraftService
+    from edge.wire.protocol import DraftRequest
+    from edge.star.draft_service import DraftLimits, DraftService
     svc = DraftService(engine, DraftLimits(max_sessions=max(bs) + 1, ahead=False, max_gamma=gamma))
     replies: dict = {}
 
@@ -282,7 +282,7 @@ def stretch(spec: dict, d_ms: float, r_ms: float, a) -> dict:
 
 
 def main(argv=None) -> None:
-    from edge.roles.draft import DraftLimits
+    from edge.star.draft_service import DraftLimits
     from server.broker import EmbeddedBroker, MosquittoBroker
     from server.hub import Hub
     from benchmarks.starsd_report import planner_predictions, write_outputs

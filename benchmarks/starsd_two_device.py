@@ -18,7 +18,7 @@ server/demos/two_device.py's (`edge-hub demo` shows the same comparison).
 A draft that learns from every session (`--drafter suffix|hybrid`) runs each prompt once a pass
 through the star; `--rounds` passes, each with a fresh hub and draft service, give the medians.
 
-`--gammas` takes fixed γ values and `auto` (γ 0..8 chosen each round, edge/remote_gamma.py;
+`--gammas` takes fixed γ values and `auto` (γ 0..8 chosen each round, edge/spec/remote_gamma.py;
 `auto:N` for 0..N); `auto-asked` is γ=auto pricing a round as if every draft asked were sent
 (the model before the confidence stop's sent count was priced), side by side for A/B.
 Writes benchmarks/results/starsd_two_device.{json,md,png}.
@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from edge.cpu_info import cpu_name  # noqa: E402
+from edge.telemetry.cpu_info import cpu_name  # noqa: E402
 from export.target_format import FORMATS, target_gguf  # noqa: E402
 OUT = ROOT / "benchmarks" / "results" / "starsd_two_device"
 
@@ -86,9 +86,9 @@ def main() -> None:
     os.sched_setaffinity(0, {0})                    # this process is the target device
     from benchmarks.datasets import mtbench_first_turns
     from edge.engines.loader import open_model
-    from edge.link import MqttLink
-    from edge.roles.session import HubClient
-    from edge.roles.target import StarTarget
+    from edge.wire.link import MqttLink
+    from edge.star.session import HubClient
+    from edge.star.target import StarTarget
     from server.demos.two_device import RemoteStar, measure_prompt, parse_modes
     from server.mosquitto import MosquittoBroker
 
@@ -115,7 +115,7 @@ def main() -> None:
     try:
         for n in range(passes):
             if args.hub:                    # the star is elsewhere: this device only verifies
-                from edge.command_options import tls_files
+                from edge.cli.options import tls_files
                 url, star_ctx = args.hub, contextlib.nullcontext()
                 link = MqttLink(url, tls=tls_files(args.tls_dir, args.client_id, url))
                 args.setup = f"this device's target (core 0) against the hub at {url}"

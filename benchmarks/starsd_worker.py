@@ -109,8 +109,8 @@ def _engines(spec: dict) -> list:
 
 
 def run(spec: dict) -> dict:
-    from edge.generate import generate_plain, generate_speculative
-    from edge.sampling import GREEDY
+    from edge.spec.generate import generate_plain, generate_speculative
+    from edge.spec.sampling import GREEDY
 
     mode, n, gamma = spec["mode"], spec["n"], spec["gamma"]
     stop_ids = tuple(spec.get("stop_ids", ()))
@@ -120,8 +120,8 @@ def run(spec: dict) -> dict:
     delayer = _Delayer()
     for i, eng in enumerate(engines):
         if mode == "star":
-            from edge.link import MqttLink
-            from edge.roles.target import Deadline, StarTarget
+            from edge.wire.link import MqttLink
+            from edge.star.target import Deadline, StarTarget
             net = 0.0 if spec.get("real") else DeviceTiming.from_dict(spec["timing"]).net_rtt_ms
             # one client at a time: amqtt 0.12.1 can drop a client connecting during another's SUBSCRIBE
             link = DelayLink(MqttLink(spec["url"], client_id=f"emu{i}-{os.getpid()}").connect(10), net, delayer)

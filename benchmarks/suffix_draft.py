@@ -32,13 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import repetitive_workloads as wl  # noqa: E402
 from benchmarks.target_format import FORMATS  # noqa: E402
-from edge.cpu_info import cpu_name  # noqa: E402
-from edge.drafter import Drafter  # noqa: E402
-from edge.fetch import model_path  # noqa: E402
-from edge.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
-from edge.ngram import NgramDrafter  # noqa: E402
-from edge.sampling import SamplingParams  # noqa: E402
-from edge.suffix_drafter import SuffixConfig, SuffixDrafter  # noqa: E402
+from edge.telemetry.cpu_info import cpu_name  # noqa: E402
+from edge.spec.drafter import Drafter  # noqa: E402
+from edge.model.fetch import model_path  # noqa: E402
+from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
+from edge.spec.ngram import NgramDrafter  # noqa: E402
+from edge.spec.sampling import SamplingParams  # noqa: E402
+from edge.spec.suffix_drafter import SuffixConfig, SuffixDrafter  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GREEDY = SamplingParams(temperature=0.0)
@@ -74,7 +74,7 @@ class LocalHybrid(Drafter):
 def load(name: str, threads: int, fmt: str = "native"):
     from benchmarks.target_format import target_gguf
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.tokenizer import Tokenizer
+    from edge.model.tokenizer import Tokenizer
     return (LlamaCppEngine(target_gguf(name, fmt), max_len=4096, n_seq_max=2, threads=threads),
             Tokenizer.from_gguf(model_path(name)))
 

@@ -106,8 +106,8 @@ def main(argv=None):
         args.work = str(Path(args.work).with_name("sun_accuracy_smoke"))
     if args.threads:
         torch.set_num_threads(args.threads)
-    from edge.checkpoint import load_model
-    from edge.fetch import model_path
+    from edge.model.checkpoint import load_model
+    from edge.model.fetch import model_path
     path = model_path(args.model)
     if not path.exists():
         sys.exit(f"{path} is missing: run `make models` first")

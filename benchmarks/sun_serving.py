@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edge.engines.torch_engine import TorchEngine  # noqa: E402
-from edge.model import ModelConfig, Transformer  # noqa: E402
-from edge.roles.decoder import SharedDecoder  # noqa: E402
-from edge.roles.prefill import PrefillWorker  # noqa: E402
-from edge.sun import weights_fingerprint  # noqa: E402
+from edge.model.transformer import ModelConfig, Transformer  # noqa: E402
+from edge.sun.decoder import SharedDecoder  # noqa: E402
+from edge.sun.prefill import PrefillWorker  # noqa: E402
+from edge.model.sun_modules import weights_fingerprint  # noqa: E402
 
 TASKS = ("maths", "code", "tools", "chat")
 

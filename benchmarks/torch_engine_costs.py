@@ -5,7 +5,7 @@ reference path (`TorchEngine(fast=False)`: `Transformer.forward` over a padded
 copy of the past, torch.cat of K/V per layer), `after` the fast path (in-place
 KV cache, per-sequence attention over views, GQA without K/V copies,
 MKL's skinny-matrix kernel for 1..5 rows where it is faster, see
-edge.model.fast_linear); `@n` = the engine's threads. before@2 is the old
+edge.model.transformer.fast_linear); `@n` = the engine's threads. before@2 is the old
 engine at torch's default on this 2-core box, before@1 the same code at one
 thread (to tell the thread policy from the code changes), after@1 the new
 engine at its default here, after@2 the new engine told threads=2 (calls over
@@ -128,8 +128,8 @@ def check_equal(model, rng) -> dict:
 
 
 def bench_model(name: str, repeats: int, variants: list, seed: int) -> dict:
-    from edge.checkpoint import load_model
-    from edge.fetch import model_path
+    from edge.model.checkpoint import load_model
+    from edge.model.fetch import model_path
     if not model_path(name).exists():
         return {"error": f"{model_path(name)} is missing; run `make models`"}
     model, _ = load_model(name)

@@ -1,7 +1,7 @@
 """What the device will run, checked on the PC before the device is touched: the artifact
 (a model file, a bundle, a SUN module directory) exists, is whole, and fits the profile's budget.
 
-The budget check is `edge-agent plan`'s (edge/plan_command.py, edge/memory_plan.py): the same
+The budget check is `edge-agent plan`'s (edge/cli/plan_command.py, edge/memory/plan.py): the same
 numbers the agent checks again on the device before it loads (`run --profile`).
 """
 from __future__ import annotations
@@ -42,14 +42,14 @@ def _resolve(role: str, model, bundle, module) -> tuple:
     if role not in SUN_ROLES and kind == "module":
         raise click.UsageError(f"--role {role} runs a model: give MODEL=... or BUNDLE=DIR, not MODULE")
     from edge.engines.base import EngineError
-    from edge.model_spec import resolve_model
+    from edge.model.spec import resolve_model
     try:
         path = Path(spec) if kind != "model" else resolve_model(spec)
     except EngineError as e:       # ModelNotFound: the name is neither a path nor a fetched model
         raise click.ClickException(f"MODEL={spec}: {e}") from None
     if not path.exists():
         hint = {"bundle": "make one with `edge-export bundle`", "module": "make one with `edge-export tune`",
-                "model": "fetch it with `python -m edge.fetch NAME` or give a path"}[kind]
+                "model": "fetch it with `python -m edge.model.fetch NAME` or give a path"}[kind]
         raise click.ClickException(f"{kind.upper()}={spec}: no such file or directory ({hint})")
     if kind == "bundle":
         from edge.engines.loader import BundleError, validate_bundle
@@ -86,7 +86,7 @@ def check_artifact(role: str, profile: str, model=None, bundle=None, module=None
                    max_batch: int = 64) -> Artifact:
     """The artifact, sized by the planner against the profile (or --memory-budget); a
     click error that says what to change when it is missing or does not fit."""
-    from edge.plan_command import GB, budget_bytes, make_plan, refusal
+    from edge.cli.plan_command import GB, budget_bytes, make_plan, refusal
     kind, path = _resolve(role, model, bundle, module)
     b = _backend(role, kind, path, backend)
     budget = budget_bytes(profile, memory_budget)

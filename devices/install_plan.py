@@ -132,7 +132,7 @@ def check_command(root: str, backend: str, profile) -> str:
     """A read-only check that the installed agent and its backend import (and, on a Jetson with
     torch, that JetPack's torch sees CUDA); the config step then runs `edge-agent run`."""
     py = shlex.quote(f"{root}/venv/bin/python")
-    mods = ["edge.agent_run", "devices.profile"] + ([BACKEND_IMPORT[backend]] if backend in BACKEND_IMPORT else [])
+    mods = ["edge.cli.agent_run", "devices.profile"] + ([BACKEND_IMPORT[backend]] if backend in BACKEND_IMPORT else [])
     cmd = f"{py} -c {shlex.quote('import ' + ', '.join(mods))}"
     if profile.kind == "jetson" and backend == "torch":
         probe = 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "torch sees no CUDA: install JetPack\'s torch")'

@@ -1,4 +1,4 @@
-"""Has the provisioned agent joined the star? Read what the hub's broker shows (edge/topics.py):
+"""Has the provisioned agent joined the star? Read what the hub's broker shows (edge/wire/topics.py):
 
   hub      ss/hub/status (retained HubStatus): the hub is online; its `services` lists the
            draft services the hub has registered
@@ -15,9 +15,9 @@ import threading
 import time
 from typing import Optional
 
-from edge.link import MqttLink
-from edge.protocol import STATUS_TOPIC, ProtocolError, decode
-from edge.topics import draft_hello_topic, joined_topic, sun_hello_topic
+from edge.wire.link import MqttLink
+from edge.wire.protocol import STATUS_TOPIC, ProtocolError, decode
+from edge.wire.topics import draft_hello_topic, joined_topic, sun_hello_topic
 
 
 class JoinWatch:

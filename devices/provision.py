@@ -32,7 +32,7 @@ def _extra_options(pairs) -> dict:
         import tomllib
     else:
         import tomli as tomllib
-    from edge.agent_config import SECRET_KEYS
+    from edge.cli.agent_config import SECRET_KEYS
     out = {}
     for p in pairs:
         key, sep, value = p.partition("=")
@@ -51,7 +51,7 @@ def _extra_options(pairs) -> dict:
 
 
 def _watch_credentials(user, password_file, tls_dir, hub) -> dict:
-    from edge.command_options import read_password, tls_files
+    from edge.cli.options import read_password, tls_files
     password = read_password(None, password_file) if password_file else None
     return {"username": user, "password": password,
             "tls": tls_files(tls_dir, user or "provision", hub) if tls_dir else None}
@@ -99,7 +99,7 @@ def print_dry_run(p) -> None:
               type=click.Choice(list_profiles()), help="the device's profile (devices/profiles): its budget")
 @click.option("--role", default="target", show_default=True, type=click.Choice(ROLES))
 @click.option("--hub", required=True, help="the hub's broker as the DEVICE reaches it: mqtt(s)://HOST:PORT")
-@click.option("--model", default=None, help="target/draft: a model name (edge.fetch) or file (.gguf, .onnx)")
+@click.option("--model", default=None, help="target/draft: a model name (edge.model.fetch) or file (.gguf, .onnx)")
 @click.option("--bundle", default=None, help="target/draft: a bundle directory (edge-export bundle)")
 @click.option("--module", default=None, help="prefill/decoder: a SUN module directory or its bundle")
 @click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "torch", "onnx", "llamacpp"]))
@@ -136,8 +136,8 @@ def main(device, profile_name, role, hub, model, bundle, module, backend, client
          ort_index, device_python, ssh_config, wait, timeout, watch_hub, watch_username, watch_password_file,
          watch_tls_dir, dry_run):
     """Provision DEVICE over ssh as a ROLE of the star at HUB (idempotent; DRY=1 prints the steps)."""
-    from edge.command_options import tls_files
-    from edge.link import LinkError, parse_url
+    from edge.cli.options import tls_files
+    from edge.wire.link import LinkError, parse_url
 
     from devices.steps import Options, Provisioning
     try:
@@ -163,7 +163,7 @@ def main(device, profile_name, role, hub, model, bundle, module, backend, client
 
 def run_steps(p, device: str, role: str, hub: str) -> None:
     """Each step in turn, with its progress; a failure names the step and how to resume."""
-    from edge.link import LinkError
+    from edge.wire.link import LinkError
 
     from devices.remote import RemoteError
     steps = p.steps()

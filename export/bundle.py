@@ -22,7 +22,7 @@ import torch
 
 from edge.engines.loader import (BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, BundleError, read_manifest,
                                  sha256_file, validate_bundle)
-from edge.model import ModelConfig
+from edge.model.transformer import ModelConfig
 
 __all__ = ["build_bundle", "add_artifact", "validate_bundle", "memory_estimate", "BundleError"]
 
@@ -99,7 +99,7 @@ def _load_source(src):
     """(model, identity) for a checkpoint (GGUF / HF dir / model name) or a SUN module directory."""
     p = Path(str(src))
     if p.is_dir() and (p / "model.safetensors").is_file() and (p / MANIFEST).is_file():
-        from edge.sun import load_module
+        from edge.model.sun_modules import load_module
         model, man = load_module(p, dtype=torch.float32)
         kind = man.get("kind", "")
         if kind == "sun-decoder":
@@ -107,14 +107,14 @@ def _load_source(src):
                      "decoder_fingerprint": man["fingerprint"], "sun": kind, "precision": man.get("precision")}
         else:  # a prefill module: its KV goes to the decoder it was tuned for
             fp = man.get("fingerprint") or man.get("decoder_fingerprint")
-            from edge.sun import weights_fingerprint
+            from edge.model.sun_modules import weights_fingerprint
             ident = {"fingerprint": weights_fingerprint(model, "fp32"), "kv_fingerprint": man["decoder_fingerprint"],
                      "decoder_fingerprint": man["decoder_fingerprint"], "sun": kind or "sun-prefill",
                      "task": man.get("task")}
             if kind == "full-ft":
                 ident["kv_fingerprint"] = fp
         return model, ident, None
-    from edge.checkpoint import load_model
+    from edge.model.checkpoint import load_model
     model, ckpt = load_model(src)
     ident = {"fingerprint": ckpt.fingerprint, "kv_fingerprint": ckpt.fingerprint,
              "gguf_source": str(ckpt.source) if ckpt.kind == "gguf" else None}
@@ -146,7 +146,7 @@ def build_bundle(src, out_dir, onnx_graphs: Sequence[str] = ("model",), int4: bo
     d.mkdir(parents=True, exist_ok=True)
     model, ident, tok = _load_source(src)
     if tok is None and tokenizer is not None:
-        from edge.checkpoint import load_checkpoint
+        from edge.model.checkpoint import load_checkpoint
         tok = tokenizer if hasattr(tokenizer, "fingerprint") else load_checkpoint(tokenizer).tokenizer
     tok_fp = tok.fingerprint() if tok is not None else None
     if tok is not None:

@@ -22,7 +22,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf import LlamaFileType, MODEL_TENSOR, TENSOR_NAMES, TokenType
 
-from edge.model import ModelConfig, rope_inv_freq
+from edge.model.transformer import ModelConfig, rope_inv_freq
 from export.quant import is_quantised_linear, quantize_q4, to_gguf_q4_0_bytes
 
 FTYPES = {
@@ -158,13 +158,13 @@ def vocab_from_gguf(path: str | Path) -> GGUFVocab:
     )
 
 
-# edge.tokenizer's pre-tokenizer names -> llama.cpp's `tokenizer.ggml.pre` values
+# edge.model.tokenizer's pre-tokenizer names -> llama.cpp's `tokenizer.ggml.pre` values
 _LLAMACPP_PRE = {"smollm": "smollm", "qwen2": "qwen2", "llama3": "llama-bpe", "gpt2": "gpt-2"}
 
 
 def vocab_from_tokenizer(tok: Any) -> GGUFVocab:
-    """The vocabulary of an edge.tokenizer.Tokenizer, with llama.cpp's name for its pre-tokenizer."""
-    from edge.tokenizer import _pre_id  # the structure -> name match the fingerprint uses
+    """The vocabulary of an edge.model.tokenizer.Tokenizer, with llama.cpp's name for its pre-tokenizer."""
+    from edge.model.tokenizer import _pre_id  # the structure -> name match the fingerprint uses
 
     spec = json.loads(tok.to_json())
     known = _pre_id(spec)
@@ -224,7 +224,7 @@ def _rope_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig):
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(sc["factor"]))
         return None
-    if kind == "freq_factors":          # read from a GGUF (edge/checkpoint.py): write it back as it was
+    if kind == "freq_factors":          # read from a GGUF (edge/model/checkpoint.py): write it back as it was
         return np.array(sc["factors"], dtype=np.float32)
     if kind == "llama3":
         # llama.cpp divides each frequency by rope_freqs[i]: the default / scaled ratio
@@ -317,9 +317,9 @@ def export_gguf(src: str | Path, out: str | Path, ftype: str = "Q4_0", float_typ
 
     The tokenizer metadata of a GGUF source is copied as is (llama.cpp's own
     vocabulary, pre-tokeniser name and token types); other sources go through
-    edge.tokenizer.
+    edge.model.tokenizer.
     """
-    from edge.checkpoint import load_checkpoint
+    from edge.model.checkpoint import load_checkpoint
 
     if ftype not in FTYPES and ftype not in KQUANTS:
         raise GGUFExportError(f"unknown GGUF file type {ftype!r}; choose one of {', '.join((*FTYPES, *KQUANTS))}")

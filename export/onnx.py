@@ -1,6 +1,6 @@
 """Export our transformer as ONNX graphs that onnxruntime runs (fp32 or int4 MatMulNBits).
 
-Three graphs, all from edge/model.py's modules via `torch.onnx.export(dynamo=True)`:
+Three graphs, all from edge/model/transformer.py's modules via `torch.onnx.export(dynamo=True)`:
 
 * ``model``   - tokens + past KV -> logits of every new token + present KV
                 (draft and target roles; a target verifies gamma tokens in one call);
@@ -13,7 +13,7 @@ Names follow optimum / onnxruntime-genai: ``input_ids``, ``attention_mask``,
 ``present.{i}.key|value``; axes ``batch_size``, ``sequence_length``,
 ``past_sequence_length``, ``total_sequence_length`` are dynamic.
 
-Ragged batches use right padding, as edge/model.py does: ``attention_mask``
+Ragged batches use right padding, as edge/model/transformer.py does: ``attention_mask``
 [B, P+T] marks valid keys (row b: its first L_b past entries and its T new
 ones), ``position_ids`` [B, T] are L_b .. L_b+T-1. ``int4`` rewrites the
 projections chosen by export/quant.py as com.microsoft MatMulNBits nodes that
@@ -31,7 +31,7 @@ import onnx
 import torch
 
 from edge.engines.onnx_engine import META_CONFIG, META_EXTRA, META_FINGERPRINT, META_GRAPH, META_QUANT
-from edge.model import Transformer
+from edge.model.transformer import Transformer
 from export.onnx_graph import (OnnxExportError, optimize_graph, replicate, rewrite_linears,
                                trace, input_names, output_names)
 from export.quant import is_quantised_linear, quantize_q4, to_matmulnbits

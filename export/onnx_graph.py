@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from onnx import helper
 from torch import nn
 
-from edge.model import Transformer
+from edge.model.transformer import Transformer
 from export.quant import GROUP
 
 
@@ -47,7 +47,7 @@ def output_names(layers: int) -> List[str]:
 
 
 class _Graph(nn.Module):
-    """The traced forward: edge/model.py's blocks with the mask built from attention_mask."""
+    """The traced forward: edge/model/transformer.py's blocks with the mask built from attention_mask."""
 
     def __init__(self, model: Transformer, kind: str):
         super().__init__()
@@ -133,11 +133,11 @@ def _trace_file(key: tuple) -> Optional[Path]:
     if os.environ.get("STARSUN_NO_TRACE_CACHE"):
         return None
     import onnxscript
-    import edge.model
+    import edge.model.transformer
     h = hashlib.sha256(json.dumps(key).encode())
     for part in (torch.__version__, onnx.__version__, onnxscript.__version__):
         h.update(part.encode())
-    for src in (__file__, edge.model.__file__):  # this file holds the traced forward
+    for src in (__file__, edge.model.transformer.__file__):  # this file holds the traced forward
         h.update(Path(src).read_bytes())
     root = Path(os.environ.get("STARSUN_CACHE_DIR") or Path.home() / ".cache" / "starsun")
     return root / "onnx-traces" / f"{key[1]}-{h.hexdigest()[:24]}.onnx"

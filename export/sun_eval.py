@@ -24,8 +24,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from edge.model import Transformer
-from edge.sun import MANIFEST, exact_match, load_module, split_generate
+from edge.model.transformer import Transformer
+from edge.model.sun_modules import MANIFEST, exact_match, load_module, split_generate
 from export.tasks import TaskData
 from export.tune import TuneConfig, build_decoder, split_loss, tune
 
@@ -178,7 +178,7 @@ SYNTHETIC_TABLE = TableConfig(
 def synthetic_base(steps: int = 500, seed: int = 0, layers: int = 2, hidden: int = 64, lr: float = 3e-3,
                    batch_size: int = 64, progress: bool = False) -> Transformer:
     """A tiny llama trained from scratch on the generic skill (copying); the suite's base."""
-    from edge.model import tiny_config
+    from edge.model.transformer import tiny_config
     from export.tasks import PRETRAIN_TASK, SYNTHETIC, VOCAB, split
     torch.manual_seed(seed)
     cfg = tiny_config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,

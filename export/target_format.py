@@ -29,7 +29,7 @@ def wide_format(cpuinfo: str = "/proc/cpuinfo") -> str:
     On Zen 4 (one core, Qwen2.5-Coder-1.5B) BF16 decodes ~10% faster than F16 and a verify over
     2 / 4 / 8 tokens costs 1.42 / 1.62 / 2.14 steps against F16's 1.58 / 1.72 / 3.1 (llama-bench);
     without the instruction BF16 is converted in software, so F16 is the safe choice."""
-    from edge.cpu_info import cpu_flags
+    from edge.telemetry.cpu_info import cpu_flags
     flags = cpu_flags(cpuinfo)
     return "BF16" if "avx512_bf16" in flags or "bf16" in flags else "F16"
 
@@ -44,7 +44,7 @@ def target_gguf(name: Union[str, Path], fmt: str = NATIVE) -> Path:
     """The path of model `name`'s GGUF (a model name or a GGUF path) stored as `fmt` (native: as fetched)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown target format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    from edge.model_spec import resolve_model
+    from edge.model.spec import resolve_model
     src = resolve_model(name)
     if fmt == NATIVE:
         return src

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from edge.model import Transformer
-from edge.sun import (exact_match, pad_right, prefill_batch, save_module, split_generate,
+from edge.model.transformer import Transformer
+from edge.model.sun_modules import (exact_match, pad_right, prefill_batch, save_module, split_generate,
                       weights_fingerprint)
 from export.quant import fake_quant_state_dict
 from export.tasks import Example

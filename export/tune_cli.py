@@ -5,7 +5,7 @@
   edge-export tune --base smollm2-135m --task maths --full --out runs/maths-full
 
 Runs resume from their last checkpoint in --out; the saved manifest names the
-decoder fingerprint the specialist was tuned for (edge/roles/prefill.py puts it
+decoder fingerprint the specialist was tuned for (edge/sun/prefill.py puts it
 on every KV blob). `python -m export.tune_cli ...` is `edge-export tune ...`.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from export.tune import tune as run_tune
 
 
 @click.command("tune")
-@click.option("--base", required=True, help="base model: GGUF file, HF directory or a name from edge.fetch")
+@click.option("--base", required=True, help="base model: GGUF file, HF directory or a name from edge.model.fetch")
 @click.option("--task", type=click.Choice(["maths", "tools", "code"]), help="a shipped task (DATA.md)")
 @click.option("--data", type=click.Path(exists=True, dir_okay=False),
               help="JSONL of {\"prompt\": ..., \"answer\": ...} (plain text, chat-templated)")
@@ -46,9 +46,9 @@ from export.tune import tune as run_tune
 def tune(base, task, data, out, full, precision, init_dir, decoder_dir, steps, batch_size, lr, seed,
              eval_every, ckpt_every, n_train, n_eval, max_len, threads):
     """Prefill-only tuning of one task specialist against a frozen decoder (SUN / QSUN)."""
-    from edge.checkpoint import CheckpointError, load_model
-    from edge.model_spec import ModelNotFound, resolve_model
-    from edge.sun import load_module
+    from edge.model.checkpoint import CheckpointError, load_model
+    from edge.model.spec import ModelNotFound, resolve_model
+    from edge.model.sun_modules import load_module
     if bool(task) == bool(data):
         raise click.UsageError("give exactly one of --task or --data")
     if full and precision != "fp32":

@@ -19,7 +19,7 @@ traffic), announces itself on ss/hub/drafts/{me} and reads its assignments
 on ss/d/{me}/#. A SUN worker (role `sun`: prefill worker or
 shared decoder) announces itself on ss/sun/workers/{me}, reads its jobs and
 incoming KV on ss/sun/w/{me}/#, sends KV to any decoder under its own name
-(ss/sun/w/+/kv/{me}: the decoder holds early KV per sender, edge/roles/early_kv.py) and
+(ss/sun/w/+/kv/{me}: the decoder holds early KV per sender, edge/sun/early_kv.py) and
 tokens to any client (ss/sun/r/#). Mosquitto gets these as an ACL file
 (patterns with %u) plus a password file; amqtt gets them as in-process plugins.
 """

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from edge.protocol import check_id
+from edge.wire.protocol import check_id
 
 VALID_DAYS = 825
 

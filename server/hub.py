@@ -1,6 +1,6 @@
 """The hub daemon: broker (embedded or external), registry, its own draft service, SUN routing.
 
-Topics and messages are edge/protocol.py's. The hub answers joins on
+Topics and messages are edge/wire/protocol.py's. The hub answers joins on
 ss/hub/join/{client}, keeps a retained HubStatus on ss/hub/status stamped
 with its start time (its *epoch*: targets that see a new epoch, or the last
 will's online=False, know their sessions are gone and rejoin), watches draft
@@ -19,14 +19,14 @@ import threading
 import time
 from typing import Optional
 
-from edge.link import Link, MqttLink
-from edge.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, HubStatus, Join, Joined, Probe,
+from edge.wire.link import Link, MqttLink
+from edge.wire.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, HubStatus, Join, Joined, Probe,
                            ProtocolError, SessionAssign, SessionRelease, decode, down_topic,
                            draft_ctl_topic, draft_hello_topic, encode, joined_topic, parse_topic,
                            sun_hello_topic, up_topic)
-from edge.roles.draft import DraftLimits, DraftRefused, DraftService
-from edge.roles.draft_node import DraftNode
-from edge.seen_ids import SeenIds
+from edge.star.draft_service import DraftLimits, DraftRefused, DraftService
+from edge.star.draft_node import DraftNode
+from edge.wire.seen_ids import SeenIds
 from server.registry import CLIENT_SHARE, Refusal, Registry
 from server.sun_router import SunRouter
 
@@ -58,7 +58,7 @@ class Hub:
         self.listeners = list(listeners)      # server.broker.Listener: addresses beyond loopback
         self.username, self.password = username, password
         self.draft_engine, self.tokenizer_fp, self.limits = draft_engine, tokenizer_fp, limits
-        self.draft_core = draft_core          # a prebuilt draft core (edge/roles/draft_kinds.py), or None
+        self.draft_core = draft_core          # a prebuilt draft core (edge/star/draft_kinds.py), or None
         self.status_every, self.ctl_key = status_every, ctl_key
         self.link = link
         self.broker = None                    # the broker we run, if any
@@ -109,7 +109,7 @@ class Hub:
             self.router = SunRouter(self.link, isolated=self.sun_isolated, pools=self.sun_pools,
                                     ctl_key=self.ctl_key).start()
             if self.sun_decoder is not None:
-                from edge.roles.decoder_node import DecoderNode
+                from edge.sun.decoder_node import DecoderNode
                 # its own connection: megabytes of KV must not queue behind (or ahead of) draft traffic
                 did = f"{self.hub_id}-decoder"
                 self._sun_link = self._second_link(did)
@@ -181,7 +181,7 @@ class Hub:
                             username=self.username, password=self.password)
         bus = getattr(self.link, "bus", None)
         if bus is not None:
-            from edge.memory_link import MemoryLink
+            from edge.wire.memory_link import MemoryLink
             return MemoryLink(bus)
         return self.link                      # some other Link: share it
 
@@ -245,7 +245,7 @@ class Hub:
         return out
 
     def telemetry(self) -> dict:
-        """Counters for the hub's own Telemetry (edge/telemetry.py): its draft service's, if it
+        """Counters for the hub's own Telemetry (edge/telemetry/readings.py): its draft service's, if it
         runs one, with the star's sessions and the joins it dropped."""
         out = self.node.telemetry() if self.node is not None else {}
         dropped = dict(out.get("dropped", {}))

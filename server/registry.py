@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
-from edge.protocol import DraftHello, Join, new_secret, new_sid
+from edge.wire.protocol import DraftHello, Join, new_secret, new_sid
 from server.liveness import Liveness
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from edge.openai_http import OpenAIServer
-from edge.roles.sun_client import SunClient
+from edge.api.openai_http import OpenAIServer
+from edge.sun.client import SunClient
 
 
 def start_sun_http(hub, tokenizer, host: str = "127.0.0.1", port: int = 8080,

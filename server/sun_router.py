@@ -2,7 +2,7 @@
 
 The router only moves small control messages; KV caches go from the prefill
 worker straight to the chosen decoder and tokens from the workers straight to
-the client (edge/roles/prefill_node.py has the flow). For each SunRequest it
+the client (edge/sun/prefill_node.py has the flow). For each SunRequest it
 
 1. picks the task's prefill worker: deterministic, the first online worker
    (by id) announcing that task, so a task always lands on the same module;
@@ -47,11 +47,11 @@ from typing import Dict, List, Optional, Tuple
 
 import msgpack
 
-from edge.link import Link
-from edge.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_OVERLOADED, E_UNKNOWN_TASK, E_WORKER_LOST,
+from edge.wire.link import Link
+from edge.wire.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_OVERLOADED, E_UNKNOWN_TASK, E_WORKER_LOST,
                            SUN_REQ_SUB, SUN_WORKERS_SUB, DecodeAssign, Error, PrefillJob, Probe, ProtocolError, SunHello,
                            SunRequest, decode, encode, parse_topic, sun_ctl_topic, sun_kv_topic, sun_stream_topic)
-from edge.seen_ids import SeenIds
+from edge.wire.seen_ids import SeenIds
 from server.liveness import Liveness
 
 log = logging.getLogger(__name__)

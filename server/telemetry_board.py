@@ -13,8 +13,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from edge.link import Link
-from edge.protocol import TELEMETRY_SUB, ProtocolError, Telemetry, decode, parse_topic
+from edge.wire.link import Link
+from edge.wire.protocol import TELEMETRY_SUB, ProtocolError, Telemetry, decode, parse_topic
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-from edge.protocol import Telemetry
+from edge.wire.protocol import Telemetry
 
 COLUMNS = ["client", "role", "RSS MB", "KV MB", "CPU%", "GPU%", "temp C", "power W", "tok/s", "tok/J",
            "sess", "accept", "busy", "batch", "age s"]

@@ -82,7 +82,7 @@ def embedded_broker():
 
 @pytest.fixture
 def memory_bus():
-    from edge.memory_link import MemoryBus
+    from edge.wire.memory_link import MemoryBus
     return MemoryBus()
 
 
@@ -103,7 +103,7 @@ class ExportCache:
 
     def model(self, arch: str, seed: int = 0):
         import torch
-        from edge.model import Transformer, tiny_config
+        from edge.model.transformer import Transformer, tiny_config
         key = (arch, seed)
         if key not in self._models:
             torch.manual_seed(seed)

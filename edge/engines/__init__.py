@@ -1,0 +1,7 @@
+"""The one Engine interface (base.py) and its backends: torch, onnxruntime, llama.cpp.
+
+`open_model(spec, backend=...)` in loader.py is the entry point: (engine, tokenizer) for a
+name, file or bundle. Logits come back as numpy so the verify math never sees a backend.
+
+May import: edge.model. A backend imports its runtime lazily (llama.cpp and onnxruntime roles never load torch).
+"""

@@ -2,7 +2,7 @@
 
 An engine holds one model and many *sequences*. A sequence is an int handle
 that owns its KV cache. Logits come back as numpy arrays so the verification
-math (edge/speculative.py) never depends on a backend.
+math (edge/spec/verify.py) never depends on a backend.
 """
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-
-class EngineError(RuntimeError):
-    """A request the engine cannot honour (unknown sequence, context full, ...)."""
+from edge.model.errors import EngineError  # noqa: F401  (every engine raises it; callers import it from here)
 
 
 class Engine(ABC):
@@ -86,7 +84,7 @@ class Engine(ABC):
         """One token for each of many sequences (ragged lengths); logits[len(seqs), vocab]."""
 
     def export_kv(self, seq: int, dtype: str = "float16", meta: Optional[dict] = None) -> bytes:
-        """The sequence's KV cache as a blob (edge/kv.py) in `dtype`, with `meta` in its header."""
+        """The sequence's KV cache as a blob (edge/model/kv.py) in `dtype`, with `meta` in its header."""
         raise EngineError(f"the {self.name} engine cannot export KV caches")
 
     def import_kv(self, blob: bytes) -> int:
@@ -100,11 +98,11 @@ class Engine(ABC):
             raise EngineError("step got the same sequence twice")
         return bool(seqs)
 
-    # KV blobs (edge/kv_blob.py) are written and read with numpy, so the llama.cpp and onnxruntime
-    # engines never import torch; only the torch engine reads them into torch tensors (_read_kv).
+    # KV blobs (edge/model/kv_blob.py) are written and read with numpy, so the llama.cpp and onnxruntime
+    # engines never import torch; only the torch engine reads them into torch tensors (TorchEngine._read_kv).
     def _blob(self, data: np.ndarray, tokens, dtype: str, meta) -> bytes:
         """A KV blob of this engine's model from float data [layers, 2, kv_heads, length, head_dim]."""
-        from edge.kv_blob import KVError, encode
+        from edge.model.kv_blob import KVError, encode
         try:
             return encode(data, self.fingerprint, dtype=dtype, tokens=tokens, meta=meta)
         except KVError as e:
@@ -113,7 +111,7 @@ class Engine(ABC):
     def check_kv(self, blob: bytes) -> dict:
         """The header of a KV blob this engine would import (fingerprint, shapes, length, checksum
         all checked), without importing it; an EngineError says why it would be refused."""
-        from edge.kv_blob import KVError, unpack
+        from edge.model.kv_blob import KVError, unpack
         try:
             return unpack(blob, **self._kv_expect())[0]
         except KVError as e:
@@ -127,18 +125,9 @@ class Engine(ABC):
     def _read_kv_array(self, blob: bytes):
         """(float32 numpy [layers, 2, kv_heads, length, head_dim], header) of a KV blob made for
         this engine's model, or an EngineError saying why it is refused."""
-        from edge.kv_blob import KVError, decode
+        from edge.model.kv_blob import KVError, decode
         try:
             return decode(blob, **self._kv_expect())
-        except KVError as e:
-            raise EngineError(f"KV blob refused: {e}") from None
-
-    def _read_kv(self, blob: bytes, dtype):
-        """(SequenceKV, header) of a KV blob made for this engine's model (torch tensors in `dtype`),
-        or an EngineError saying why it is refused."""
-        from edge.kv import KVError, SequenceKV
-        try:
-            return SequenceKV.from_bytes(blob, dtype=dtype, **self._kv_expect())
         except KVError as e:
             raise EngineError(f"KV blob refused: {e}") from None
 

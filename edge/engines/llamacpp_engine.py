@@ -131,7 +131,7 @@ class LlamaCppEngine(Engine):
         if fingerprint is None:
             from pathlib import Path
 
-            from edge.checkpoint_files import file_fingerprint  # not edge.checkpoint: it imports torch
+            from edge.model.checkpoint_files import file_fingerprint  # not edge.model.checkpoint: it imports torch
             fingerprint = file_fingerprint(Path(path))
         self.fingerprint = fingerprint
         self.path = path
@@ -146,7 +146,7 @@ class LlamaCppEngine(Engine):
         heads = int(lc.llama_model_n_head(m))
         self.arch = self._meta("general.architecture") or "?"
         head_dim = int(self._meta(f"{self.arch}.attention.key_length") or int(lc.llama_model_n_embd(m)) // heads)
-        # the dimensions a KV blob must have (Engine._read_kv checks them)
+        # the dimensions a KV blob must have (Engine._read_kv_array checks them)
         self.cfg = SimpleNamespace(num_layers=int(lc.llama_model_n_layer(m)), num_heads=heads,
                                    num_kv_heads=int(lc.llama_model_n_head_kv(m)), head_dim=head_dim)
         self._kv_layout = None

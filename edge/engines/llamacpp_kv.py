@@ -10,7 +10,7 @@
             V per layer: same as K when v_trans == 0; when 1 (no flash attention):
                          i32 type, u32 element bytes, u32 n_embd_v, then per channel cell_count values
 
-Our layout (edge/kv.py) is float [layers, 2 (K, V), kv_heads, length, head_dim] with
+Our layout (edge/model/kv.py) is float [layers, 2 (K, V), kv_heads, length, head_dim] with
 K in Hugging Face's rotate-half RoPE order. llama.cpp's llama architecture runs
 interleaved RoPE on q/k weights permuted at conversion (convert_hf_to_gguf, and
 export/gguf.py), so its cached K holds each head's dims permuted the same way:

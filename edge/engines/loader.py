@@ -3,7 +3,7 @@
 
 `path` may be a bundle directory (manifest.json from `edge-export bundle`), an
 .onnx graph, a .gguf file, a Hugging Face directory, a SUN module directory or
-a model name of edge.fetch. A bundle is validated before anything is loaded:
+a model name of edge.model.fetch. A bundle is validated before anything is loaded:
 every file must be present with the size and sha256 its manifest records, and
 ONNX graphs must carry the fingerprint the manifest names; a truncated,
 corrupted or mismatched artifact is refused with a BundleError saying what to do.
@@ -29,14 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from edge.engines.base import Engine, EngineError
-from edge.engines.bundle_manifest import manifest_problem
-from edge.model_spec import resolve_model
+from edge.model.bundle_manifest import BUNDLE_FORMAT, MANIFEST, is_bundle, manifest_problem
+from edge.model.spec import resolve_model
 
 if TYPE_CHECKING:
-    from edge.tokenizer import Tokenizer
+    from edge.model.tokenizer import Tokenizer
 
-MANIFEST = "manifest.json"
-BUNDLE_FORMAT = "starsun-bundle"
 BUNDLE_VERSION = 1
 BACKENDS = ("torch", "onnx", "llamacpp")
 ROLES = ("draft", "target", "prefill", "decoder")
@@ -101,7 +99,7 @@ def _check_files(d: Path, files: Sequence[dict], what: str, deep: bool) -> None:
 def _onnx_fingerprint(path: Path) -> Optional[str]:
     # metadata only: parsing the whole graph (onnx.load_model) would hold it twice in memory
     from edge.engines.onnx_engine import META_FINGERPRINT
-    from edge.onnx_metadata import OnnxMetadataError, read_onnx_metadata
+    from edge.model.onnx_metadata import OnnxMetadataError, read_onnx_metadata
     try:
         return read_onnx_metadata(path).get(META_FINGERPRINT)
     except (OnnxMetadataError, OSError, UnicodeDecodeError) as e:
@@ -182,11 +180,11 @@ def _torch_engine(path, dtype, threads, max_len, fingerprint) -> Engine:
     from edge.engines.torch_engine import TorchEngine
     p = Path(path)
     if p.is_dir() and (p / "model.safetensors").is_file() and (p / MANIFEST).is_file():
-        from edge.sun import load_module  # a SUN decoder / prefill module directory
+        from edge.model.sun_modules import load_module  # a SUN decoder / prefill module directory
         model, man = load_module(p, dtype=_torch_dtype(dtype))
         fp = fingerprint or man.get("fingerprint") or man.get("decoder_fingerprint", "")
         return TorchEngine(model, fingerprint=fp, max_len=max_len, threads=threads)
-    from edge.checkpoint import load_model
+    from edge.model.checkpoint import load_model
     model, ckpt = load_model(path, dtype=_torch_dtype(dtype))
     return TorchEngine(model, fingerprint=fingerprint or ckpt.fingerprint, max_len=max_len, threads=threads)
 
@@ -207,7 +205,7 @@ def load_engine(path, backend: str = "auto", role: Optional[str] = None, dtype=N
     if role is not None and role not in ROLES:
         raise EngineError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
     p = resolve_model(path)
-    if p.is_dir() and (p / MANIFEST).is_file() and _is_bundle(p):
+    if is_bundle(p):
         return _from_bundle(p, backend, role, threads, max_len, device, artifact, deep_check,
                             expect_fingerprint, kw)
     if backend == "auto":
@@ -243,22 +241,14 @@ def open_model(spec, backend: str = "torch", role: Optional[str] = None, dtype=N
     Raises ModelNotFound (no such path or name), CheckpointError (an unreadable
     checkpoint) or EngineError (the backend cannot serve it); each message says
     what to do, so a command line only has to show it."""
-    from edge.checkpoint_files import load_tokenizer   # torch-free (edge.checkpoint is not)
+    from edge.model.checkpoint_files import load_tokenizer   # torch-free (edge.model.checkpoint is not)
     p = resolve_model(spec)
-    is_bundle = p.is_dir() and (p / MANIFEST).is_file() and _is_bundle(p)
+    is_bundle = is_bundle(p)
     # the tokenizer first: building a Qwen vocabulary from GGUF metadata peaks ~0.25 GB above what
     # it keeps (measured here), and that transient must not stack on top of the loaded weights
     tok = bundle_tokenizer(p) if is_bundle else load_tokenizer(p)
     engine = load_engine(p, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len, **kw)
     return engine, tok
-
-
-def _is_bundle(p: Path) -> bool:
-    try:
-        man = json.loads((p / MANIFEST).read_text())
-    except (ValueError, RecursionError):
-        return True  # let read_manifest say what is wrong with it
-    return not isinstance(man, dict) or man.get("format") == BUNDLE_FORMAT
 
 
 def _has_llamacpp() -> bool:
@@ -292,12 +282,12 @@ def _from_bundle(d: Path, backend, role, threads, max_len, device, artifact, dee
 
 
 def bundle_tokenizer(directory):
-    """The tokenizer a bundle carries (edge.tokenizer.Tokenizer), or None."""
+    """The tokenizer a bundle carries (edge.model.tokenizer.Tokenizer), or None."""
     d = Path(directory)
     man = read_manifest(d)
     if not man.get("tokenizer"):
         return None
-    from edge.tokenizer import Tokenizer
+    from edge.model.tokenizer import Tokenizer
     return Tokenizer.from_hf_dir(d)
 
 

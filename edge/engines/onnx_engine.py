@@ -5,9 +5,9 @@ per layer and k/v, of which the first `length` entries are valid. After a call
 the sequence simply keeps the graph's `present` outputs (row b of a batch is a
 contiguous view), so a batch-1 decode step feeds its cache back without a copy;
 a ragged batch is right-padded to its longest sequence, exactly as
-edge/model.py does. Inputs and outputs go through IO binding.
+edge/model/transformer.py does. Inputs and outputs go through IO binding.
 
-torch is never imported: KV blobs (edge/kv_blob.py's format, so a KV cache moves between the
+torch is never imported: KV blobs (edge/model/kv_blob.py's format, so a KV cache moves between the
 torch and ORT engines) are written and read with numpy.
 """
 from __future__ import annotations
@@ -80,7 +80,7 @@ class OnnxEngine(Engine):
         if META_CONFIG not in meta:
             raise EngineError(f"{path} was not written by edge-export onnx (no {META_CONFIG} metadata)")
         self.path = str(path)
-        # edge.model.ModelConfig's fields, read without importing torch (devices may lack it)
+        # edge.model.transformer.ModelConfig's fields, read without importing torch (devices may lack it)
         self.cfg = SimpleNamespace(**json.loads(meta[META_CONFIG]))
         self.graph = meta.get(META_GRAPH, "model")
         self.quant = meta.get(META_QUANT, "fp32")
@@ -215,7 +215,7 @@ class OnnxEngine(Engine):
             s.tokens.append(tok)
         return out[0][:, 0]
 
-    # -- KV transfer (edge/kv.py's blob format) -----------------------------------
+    # -- KV transfer (edge/model/kv.py's blob format) -----------------------------------
     def export_kv(self, seq: int, dtype: str = "float16", meta: Optional[dict] = None) -> bytes:
         s = self._get(seq)
         c = self.cfg

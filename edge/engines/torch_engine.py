@@ -1,6 +1,6 @@
-"""The PyTorch engine: edge/model.py + per-sequence KV caches behind the Engine interface.
+"""The PyTorch engine: edge/model/transformer.py + per-sequence KV caches behind the Engine interface.
 
-By default it runs `Transformer.forward_cached` over `edge.kv.BatchCache`: new
+By default it runs `Transformer.forward_cached` over `edge.model.kv.BatchCache`: new
 K/V are written in place into each sequence's preallocated cache and attention
 reads views of it, so a step costs the weights read plus each sequence's own
 KV, not a copy of every past. `fast=False` keeps the functional reference path
@@ -10,7 +10,7 @@ torch_engine_costs.py) and tests.
 Threads: every call sets its own thread count and restores the process
 setting afterwards. Calls over <= 5 rows (a decode step, a verify call, a small
 batch) are memory-bound and run at one thread, where the skinny kernel of
-`edge.model.fast_linear` applies; larger calls (prefill, big batches) run at
+`edge.model.transformer.fast_linear` applies; larger calls (prefill, big batches) run at
 `threads`. Its default is one thread on small machines (<= 4 cores): they are
 shared by several roles, and an OpenMP team whose other thread is descheduled
 stalls at every barrier. Measured on the 2-core box (benchmarks/results/
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from edge.engines.base import Engine, EngineError
-from edge.kv import INITIAL_CAPACITY, BatchCache, KVError, SequenceKV, gather, scatter_new
-from edge.model import SKINNY_MAX_ROWS, Transformer
+from edge.model.kv import INITIAL_CAPACITY, BatchCache, KVError, SequenceKV, gather, scatter_new
+from edge.model.transformer import SKINNY_MAX_ROWS, Transformer
 
 
 def default_threads() -> int:
@@ -96,7 +96,7 @@ class TorchEngine(Engine):
         return sum(s.data.numel() * s.data.element_size() for s in self._seqs.values())
 
     def seq_kv_bytes(self, seq: Optional[int], length: Optional[int] = None) -> int:
-        """Allocated, not used: a cache starts at INITIAL_CAPACITY tokens and doubles (edge/kv.py)."""
+        """Allocated, not used: a cache starts at INITIAL_CAPACITY tokens and doubles (edge/model/kv.py)."""
         cap = self._get(seq).capacity if seq is not None else min(INITIAL_CAPACITY, self.max_len)
         if length is not None:
             cap = SequenceKV.grown(cap, length, self.max_len)
@@ -182,6 +182,15 @@ class TorchEngine(Engine):
     # -- KV transfer ---------------------------------------------------------------
     def export_kv(self, seq: int, dtype: str = "float16", meta: Optional[dict] = None) -> bytes:
         return self._get(seq).to_bytes(self.fingerprint, dtype=dtype, tokens=self._tokens[seq], meta=meta)
+
+    def _read_kv(self, blob: bytes, dtype):
+        """(SequenceKV, header) of a KV blob made for this engine's model (torch tensors in `dtype`),
+        or an EngineError saying why it is refused."""
+        from edge.model.kv import KVError, SequenceKV
+        try:
+            return SequenceKV.from_bytes(blob, dtype=dtype, **self._kv_expect())
+        except KVError as e:
+            raise EngineError(f"KV blob refused: {e}") from None
 
     def import_kv(self, blob: bytes) -> int:
         kv, head = self._read_kv(blob, self.dtype)

@@ -26,7 +26,7 @@ import click
 
 from edge.engines.base import Engine
 from edge.engines.counting import CountingEngine
-from edge.sampling import GREEDY
+from edge.spec.sampling import GREEDY
 from server.hub import Hub
 
 # MT-bench first turns (questions 122, 127, 104, 141; Apache-2.0), coding first
@@ -79,7 +79,7 @@ class _Target:
 
 
 def _local_hub(draft_engine: Engine, tokenizer_fp: str, broker: str, gamma: int):
-    from edge.roles.draft import DraftLimits
+    from edge.star.draft_service import DraftLimits
     return Hub(broker=broker, draft_engine=draft_engine, tokenizer_fp=tokenizer_fp, hub_id="demo-hub",
                limits=DraftLimits(max_gamma=max(8, gamma), ahead=True, join=True,
                                   evict_after_s=600)).start()
@@ -142,10 +142,10 @@ def run_star_demo(draft_engine: Engine, target_engines: Sequence[Engine], tokeni
     machine; here the N targets would otherwise starve the one draft of these few cores.
     `notes` are printed under the final table (the demo's draft-memory line); with `decode`,
     one line of each target's text follows."""
-    from edge.generate import generate_plain
-    from edge.link import MqttLink
-    from edge.roles.session import HubClient
-    from edge.roles.target import StarTarget
+    from edge.spec.generate import generate_plain
+    from edge.wire.link import MqttLink
+    from edge.star.session import HubClient
+    from edge.star.target import StarTarget
 
     out = out or sys.stderr
     labels = list(labels or [f"prompt {i}" for i in range(len(prompts))])
@@ -305,8 +305,8 @@ def load_star_models(draft: str, target: str, n_targets: int, backend: str = "ll
     and every target get ONE thread each (`threads` for the draft): llama.cpp's threads spin at
     each barrier, so more threads than free cores make every call collapse, and here the draft
     and the targets all share this machine. torch: the targets share one loaded model (fp32)."""
-    from edge.model_spec import resolve_model
-    from edge.tokenizer import Tokenizer
+    from edge.model.spec import resolve_model
+    from edge.model.tokenizer import Tokenizer
 
     dpath, tpath = resolve_model(draft), resolve_model(target)
     tok, ttok = Tokenizer.from_gguf(dpath), Tokenizer.from_gguf(tpath)
@@ -320,7 +320,7 @@ def load_star_models(draft: str, target: str, n_targets: int, backend: str = "ll
         ts = [LlamaCppEngine(tpath, max_len=max_len, n_seq_max=1, threads=1) for _ in range(n_targets)]
         return d, ts, tok
     import torch
-    from edge.checkpoint import load_model
+    from edge.model.checkpoint import load_model
     from edge.engines.torch_engine import TorchEngine
     dm, dck = load_model(dpath, dtype=torch.float32)
     tm, tck = load_model(tpath, dtype=torch.float32)
@@ -338,18 +338,18 @@ def _default_plot() -> Path:
 
 def demo_command(n_targets, max_new, gamma, draft, target, backend, broker, check, plot_path, live, show_text,
                  target_nice, two_device=True, two_device_gammas="3,auto", two_device_format=None):
-    """`edge-hub demo` (its options are in server/cli.py): StarSD on this machine. First the
+    """`edge-hub demo` (its options are in server/hub_cli.py): StarSD on this machine. First the
     two-device layout (one target on its own core, alone and through a star whose hub + draft run
     on another core: same text, the speedup; llama.cpp: the target stored as BF16 or F16 by default, see
     two_device_format), then one hub + draft service serving N targets at once, with the draft
     memory N co-located pairs would need and a line of each target's text."""
     import logging
     from edge.engines.base import EngineError
-    from edge.model_spec import resolve_model
+    from edge.model.spec import resolve_model
     from server.demos.draft_memory import draft_memory, memory_lines
     from server.demos.two_device import parse_modes, run_two_device, two_device_part_format, two_device_target
     logging.getLogger("amqtt").setLevel(logging.ERROR)     # its PUBACK chatter is not ours to show
-    logging.getLogger("edge.roles.session").setLevel(logging.ERROR)   # a late answer to a closed session
+    logging.getLogger("edge.star.session").setLevel(logging.ERROR)   # a late answer to a closed session
     gamma, adaptive = gamma if isinstance(gamma, tuple) else (gamma, False)
     if n_targets < 1 or gamma < 1:
         raise click.BadParameter("--targets and --gamma must be at least 1")

@@ -38,7 +38,7 @@ def make_specialists(work: Path, log=print) -> dict:
     """Train (or load, when cached) the synthetic base, the table and the int4 decoder directory."""
     import torch
 
-    from edge.sun import load_module, save_module
+    from edge.model.sun_modules import load_module, save_module
     from export.sun_eval import (ROWS, SYNTHETIC_TABLE, accuracy_table, markdown_table, synthetic_base,
                                  synthetic_suite)
     from export.tune import build_decoder, save_decoder
@@ -98,14 +98,14 @@ def _table(st: _Stats, dec, t: float, n: int) -> List[str]:
 def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: float = 1.2, seed: int = 0,
                  max_batch: int = 32, live: bool = True, out=None) -> dict:
     """Serve n_requests over MQTT through the hub; returns a report (and checks every answer)."""
-    from edge.link import MqttLink
-    from edge.roles.decoder import SharedDecoder
-    from edge.roles.prefill import PrefillWorker
-    from edge.roles.sun_client import SunClient
-    from edge.roles.decoder_node import DecoderNode
-    from edge.roles.prefill_node import PrefillNode
-    from edge.protocol import sun_hello_topic
-    from edge.sun import load_module, split_generate
+    from edge.wire.link import MqttLink
+    from edge.sun.decoder import SharedDecoder
+    from edge.sun.prefill import PrefillWorker
+    from edge.sun.client import SunClient
+    from edge.sun.decoder_node import DecoderNode
+    from edge.sun.prefill_node import PrefillNode
+    from edge.wire.protocol import sun_hello_topic
+    from edge.model.sun_modules import load_module, split_generate
 
     out = out or sys.stderr
     made = make_specialists(Path(work), log=lambda s: out.write(s + "\n"))
@@ -218,7 +218,7 @@ def _wait_routes(hub: Hub, names, timeout: float = 20.0) -> None:
 
 
 def demo_command(n_requests, rate, zipf, max_batch, work, seed):
-    """`edge-hub demo-sun` (its options are in server/cli.py): three task specialists share one
+    """`edge-hub demo-sun` (its options are in server/hub_cli.py): three task specialists share one
     int4 decoder over MQTT (trains tiny specialists once)."""
     import logging
     logging.getLogger("amqtt").setLevel(logging.ERROR)     # its PUBACK chatter is not ours to show

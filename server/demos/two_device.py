@@ -148,7 +148,7 @@ def two_device_target(target: str, fmt: str, shared, out=None) -> Iterator[Tuple
         yield shared, None
         return
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.model_spec import resolve_model
+    from edge.model.spec import resolve_model
     src, path = resolve_model(target), target_gguf(target, fmt)
     native = format_name(src)
     (out or sys.stderr).write(
@@ -169,7 +169,7 @@ def parse_modes(text: str) -> List[Tuple[str, int, bool]]:
     """'3,auto,auto:12,auto-asked' -> [(label, γ or largest γ, adaptive)]; a label ending in
     -asked is γ=auto as it was (RemoteGamma stop_aware=False: rounds priced as if every draft
     asked were sent, the service's own confidence stop), for A/B runs."""
-    from edge.command_options import STAR_GAMMA
+    from edge.cli.options import STAR_GAMMA
     out = []
     for part in (x.strip() for x in str(text).split(",")):
         if part:
@@ -214,7 +214,7 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
     gamma_zero_share (what was asked for), sent_mean (drafts the service sent a round that asked),
     wait_overhead_ms / wait_per_draft_ms (o and d of the wait the target saw, last run; RoundTrips),
     same_text, split_at, margin_at_split."""
-    from edge.generate import generate_plain
+    from edge.spec.generate import generate_plain
     alone, runs, ref, calls = [], {m[0]: [] for m in modes}, None, {}
     for i in range(rounds):
         r = generate_plain(engine, ids, max_new, stop_ids=tuple(stop_ids))
@@ -263,9 +263,9 @@ def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], 
     `engine` is its F16 copy), timed alone on the same core and prompts before the star starts, so
     the table can say what the speedup is worth in absolute tok/s. p_min: the draft service's
     --draft-p-min (None: its default)."""
-    from edge.link import MqttLink
-    from edge.roles.session import HubClient
-    from edge.roles.target import StarTarget
+    from edge.wire.link import MqttLink
+    from edge.star.session import HubClient
+    from edge.star.target import StarTarget
 
     out = out or sys.stderr
     cores = two_cores()
@@ -302,7 +302,7 @@ def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], 
 def _time_alone(engine, prompts, max_new: int, stop_ids, core: int) -> List[float]:
     """tok/s of `engine` alone per prompt on `core`, before the star starts: with the other core idle,
     as the device would run it with no star at all."""
-    from edge.generate import generate_plain
+    from edge.spec.generate import generate_plain
     with pinned(core):
         generate_plain(engine, list(prompts[0]), 4)          # the first call pays the warm-ups
         return [generate_plain(engine, ids, max_new, stop_ids=tuple(stop_ids)).tokens_per_s for ids in prompts]

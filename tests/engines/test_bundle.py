@@ -42,7 +42,7 @@ def test_manifest_records_artifacts_fingerprints_and_memory(bundle):
     names = [a["name"] for a in man["artifacts"]]
     assert names == ["tiny-llama.model.fp32", "tiny-llama.model.int4", "tiny-llama.prefill.fp32",
                      "tiny-llama.prefill.int4", "tiny-llama.q4_0"]
-    from edge.checkpoint import load_checkpoint
+    from edge.model.checkpoint import load_checkpoint
     ck = load_checkpoint(src)
     for a in man["artifacts"]:
         assert a["fingerprint"] == a["kv_fingerprint"] == ck.fingerprint
@@ -143,9 +143,9 @@ def test_broken_manifests_are_refused(bundle, tmp_path):
 
 def test_sun_parts_carry_the_decoder_fingerprint(exports, tmp_path):
     """A SUN decoder and a prefill module tuned for it, bundled together, serve each other."""
-    from edge.roles.decoder import AdmissionError, SharedDecoder
-    from edge.roles.prefill import PrefillWorker
-    from edge.sun import save_module, split_generate, weights_fingerprint
+    from edge.sun.decoder import AdmissionError, SharedDecoder
+    from edge.sun.prefill import PrefillWorker
+    from edge.model.sun_modules import save_module, split_generate, weights_fingerprint
     dec_m, pre_m = exports.model("llama", 1), exports.model("llama", 0)
     dec_fp = weights_fingerprint(dec_m, "fp32")
     save_module(tmp_path / "dec", dec_m, {"kind": "sun-decoder", "precision": "fp32", "fingerprint": dec_fp})
@@ -172,7 +172,7 @@ def test_sun_parts_carry_the_decoder_fingerprint(exports, tmp_path):
 
 def test_cli_onnx_bundle_and_show(bundle, tmp_path):
     from click.testing import CliRunner
-    from export.cli import main
+    from export.export_cli import main
     src, _ = bundle
     r = CliRunner().invoke(main, ["onnx", str(src), str(tmp_path / "g"), "--graphs", "prefill", "--int4"])
     assert r.exit_code == 0, r.output
@@ -196,9 +196,9 @@ def test_qsun_decoder_served_from_a_q4_0_gguf(exports, tmp_path):
     tests/unit/test_quant.py); llama.cpp multiplies them with 8-bit activations, so the
     continuation is compared with the torch int4 decoder by agreement, not equality."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install .[llama])")
-    from edge.roles.decoder import SharedDecoder
-    from edge.roles.prefill import PrefillWorker
-    from edge.sun import save_module, split_generate
+    from edge.sun.decoder import SharedDecoder
+    from edge.sun.prefill import PrefillWorker
+    from edge.model.sun_modules import save_module, split_generate
     from export.tune import build_decoder, save_decoder
     qdec, qfp = build_decoder(exports.model("llama", 1), "int4")
     save_decoder(tmp_path / "dec", qdec, "int4", qfp)

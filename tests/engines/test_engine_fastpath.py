@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from edge.engines.torch_engine import TorchEngine, default_threads
-from edge.kv import BatchCache, SequenceKV
-from edge.model import Transformer, fast_linear, tiny_config
+from edge.model.kv import BatchCache, SequenceKV
+from edge.model.transformer import Transformer, fast_linear, tiny_config
 
 ATOL = 1e-10
 CONFIGS = {

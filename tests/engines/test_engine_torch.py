@@ -5,7 +5,7 @@ import torch
 
 from edge.engines.base import EngineError
 from edge.engines.torch_engine import TorchEngine
-from edge.model import Transformer, tiny_config
+from edge.model.transformer import Transformer, tiny_config
 
 
 def make_engine(arch="llama", seed=0, **kw):

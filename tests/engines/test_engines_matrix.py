@@ -1,6 +1,6 @@
 """The Engine contract on every backend, and the roles running across backends.
 
-Backends: torch (edge/model.py), onnx (a graph from export/onnx.py) and
+Backends: torch (edge/model/transformer.py), onnx (a graph from export/onnx.py) and
 llamacpp (an F32 GGUF from export/gguf.py), all holding the same tiny llama.
 Contract checks compare a backend with itself: forward in pieces == one call,
 a ragged batched step == single steps, truncate + refeed == a fresh run.
@@ -17,7 +17,7 @@ import pytest
 from edge.engines.base import EngineError
 from edge.engines.loader import load_engine
 from edge.engines.torch_engine import TorchEngine
-from edge.generate import ModelDrafter, generate_plain, generate_speculative
+from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
 
 BACKENDS = ["torch", "onnx", "llamacpp"]
 REL = {"torch": 1e-5, "onnx": 1e-5, "llamacpp": 1e-3}
@@ -180,9 +180,9 @@ def test_speculative_across_backends_is_lossless(exports, target_b, draft_b, dra
                                                  ("onnx-model", "onnx-decoder"), ("llamacpp", "torch"),
                                                  ("torch", "llamacpp"), ("onnx-prefill", "llamacpp")])
 def test_sun_prefill_and_decoder_across_backends(exports, prefill_b, decoder_b):
-    from edge.roles.decoder import SharedDecoder
-    from edge.roles.prefill import PrefillWorker
-    from edge.sun import split_generate
+    from edge.sun.decoder import SharedDecoder
+    from edge.sun.prefill import PrefillWorker
+    from edge.model.sun_modules import split_generate
     dec_fp = exports.fingerprint("llama", 1)
 
     def eng(spec, seed):

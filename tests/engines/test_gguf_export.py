@@ -7,7 +7,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, quants
 
-from edge.model import Transformer, tiny_config
+from edge.model.transformer import Transformer, tiny_config
 from export.gguf import GGUFExportError, as_vocab, gguf_name, write_gguf
 from export.quant import fake_quant_q4, fake_quant_state_dict, is_quantised_linear
 
@@ -192,7 +192,7 @@ def test_llama3_rope_round_trips_through_our_gguf_loader(tmp_path, tokenizer):
     """A Llama 3.1-style GGUF carries its RoPE scaling as the rope_freqs tensor: our loader reads
     it (rope_scaling "freq_factors"), computes what the source model computes, and writes the
     same file again -- which llama.cpp still runs like the source."""
-    from edge.checkpoint import load_model
+    from edge.model.checkpoint import load_model
     cfg = tiny_config("llama", vocab_size=320, rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16})
@@ -222,13 +222,13 @@ def test_qwen2_with_odd_head_dim_is_refused(tmp_path, tokenizer):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from edge.fetch import model_path
+    from edge.model.fetch import model_path
 
     path = model_path("smollm2-135m")
     if not path.exists():
         pytest.skip(f"{path} is missing; run `make models` to fetch SmolLM2-135M")
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from edge.checkpoint import load_model
+    from edge.model.checkpoint import load_model
 
     return load_model(path)
 
@@ -274,7 +274,7 @@ def test_smollm2_gguf_runs_in_llamacpp(tmp_path, smollm2, smollm2_forced):
     sure = _sure(ref)
     agree = {}
     for ftype in ("F32", "Q8_0"):
-        # the vocabulary goes through edge.tokenizer (pre-tokeniser "smollm" found by structure)
+        # the vocabulary goes through edge.model.tokenizer (pre-tokeniser "smollm" found by structure)
         llm = _llama(write_gguf(tmp_path / f"{ftype}.gguf", ck.config, ck.state_dict, ck.tokenizer, ftype))
         if ftype == "F32":
             assert llm.tokenize(prompt.encode(), add_bos=False, special=True) == ids
@@ -341,7 +341,7 @@ def test_edge_export_store_writes_once_and_prints_the_path(tmp_path, smollm2):
 
     from click.testing import CliRunner
 
-    from export.cli import main as export_main
+    from export.export_cli import main as export_main
     _, ck = smollm2
     src = Path(shutil.copy(ck.source, tmp_path / "smollm2-135m-instruct-q4_1.gguf"))
     res = CliRunner().invoke(export_main, ["store", str(src), "--as", "Q8_0"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.fetch import model_path
+from edge.model.fetch import model_path
 
 N_NEW = 6
 PROMPT = "def fibonacci(n):"
@@ -54,8 +54,8 @@ def _llama_greedy(path, ids):
 @pytest.mark.parametrize("ftype", ["Q4_0", "Q4_1", "Q4_K_M", "Q8_0", "F16"])
 def test_each_gguf_type_decodes_in_llama_and_in_our_engine(gguf_files, ftype):
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.generate import generate_plain
-    from edge.tokenizer import Tokenizer
+    from edge.spec.generate import generate_plain
+    from edge.model.tokenizer import Tokenizer
 
     path = gguf_files[ftype]
     ids = Tokenizer.from_gguf(path).encode(PROMPT)

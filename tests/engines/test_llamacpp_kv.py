@@ -78,7 +78,7 @@ def close(got, want, rel):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("kv_type,flash,rel", CACHES)
 def test_kv_crosses_between_llamacpp_and_torch(exports, arch, kv_type, flash, rel):
-    from edge.kv import SequenceKV
+    from edge.model.kv import SequenceKV
     t, e = engines(exports, arch, kv_type, flash)
     prompt = [5, 17, 99, 3, 250, 41, 8]
     ts, es = t.new_sequence(), e.new_sequence()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.fetch import model_path
+from edge.model.fetch import model_path
 
 
 @pytest.fixture(scope="module")

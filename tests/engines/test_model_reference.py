@@ -1,4 +1,4 @@
-"""edge/model.py against reference implementations.
+"""edge/model/transformer.py against reference implementations.
 
 * Tiny random configs vs transformers' LlamaForCausalLM / Qwen2ForCausalLM (eager
   attention, fp32): logits within atol 1e-4 (fp32 on O(1) logits of 2-layer models
@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edge.fetch import model_path
-from edge.model import Transformer, tiny_config
+from edge.model.fetch import model_path
+from edge.model.transformer import Transformer, tiny_config
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only reference")
 
@@ -100,7 +100,7 @@ def smollm():
     path = model_path("smollm2-135m")
     if not path.exists():
         pytest.skip(f"{path} is missing: run `make models` to fetch SmolLM2-135M")
-    from edge.checkpoint import load_model
+    from edge.model.checkpoint import load_model
     model, ckpt = load_model(path, torch.float32)
     return path, model, ckpt
 

@@ -16,7 +16,7 @@ import torch
 from edge.engines.base import EngineError
 from edge.engines.onnx_engine import OnnxEngine
 from edge.engines.torch_engine import TorchEngine
-from edge.model import Transformer
+from edge.model.transformer import Transformer
 from export.onnx import OnnxExportError, artifact_files, export_onnx, input_names, int4_names, output_names
 from export.quant import fake_quant_state_dict, quantize_q4, to_matmulnbits
 
@@ -180,7 +180,7 @@ def test_kv_blobs_move_between_torch_and_onnx(exports, arch):
 
 
 def test_greedy_64_tokens_identical_fp32(exports):
-    from edge.generate import generate_plain
+    from edge.spec.generate import generate_plain
     m = exports.model("qwen2")
     p = prompts(1, seed=7)[0]
     want = generate_plain(torch_engine(m), p, 64).tokens
@@ -266,10 +266,10 @@ def test_external_data_and_errors(exports, tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    from edge.fetch import model_path
+    from edge.model.fetch import model_path
     if not model_path("smollm2-135m").exists():
         pytest.skip("SmolLM2-135M is not fetched (run `make models`)")
-    from edge.checkpoint import load_model
+    from edge.model.checkpoint import load_model
     model, ckpt = load_model("smollm2-135m")
     d = tmp_path_factory.mktemp("smollm2-onnx")
     paths = {k: export_onnx(model, d / f"{k}.onnx", kind=k, fingerprint=ckpt.fingerprint)
@@ -281,7 +281,7 @@ def smollm2(tmp_path_factory):
 
 
 def test_smollm2_three_graphs_match_torch_and_greedy_is_identical(smollm2):
-    from edge.generate import generate_plain
+    from edge.spec.generate import generate_plain
     model, ckpt, paths = smollm2
     t = torch_engine(model, ckpt.fingerprint)
     o = OnnxEngine(paths["model"], device="cpu")

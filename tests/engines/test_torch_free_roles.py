@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, sys
 from edge.engines.loader import load_engine, open_model
-from edge.plan_command import check_before_load
+from edge.cli.plan_command import check_before_load
 spec, backend = sys.argv[1], sys.argv[2]
 kw = check_before_load("target", spec, backend, 256, None, "64G")
 if spec.endswith(".onnx"):            # a bare graph carries no tokenizer: the engine alone
@@ -61,7 +61,7 @@ def test_onnx_engine_does_not_import_torch(exports):
 
 def test_real_llamacpp_target_does_not_import_torch():
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
-    from edge.fetch import model_path
+    from edge.model.fetch import model_path
     p = model_path("smollm2-135m")
     if not p.exists():
         pytest.skip("SmolLM2-135M is not fetched: `make models`")
@@ -71,9 +71,9 @@ def test_real_llamacpp_target_does_not_import_torch():
 
 SUN_SCRIPT = r"""
 import json, sys
-import edge.agent_run, edge.link, edge.roles.decoder_node, edge.roles.prefill_node   # what `edge-agent run` loads
-from edge.roles.decoder import SharedDecoder
-from edge.roles.prefill import PrefillWorker
+import edge.cli.agent_run, edge.wire.link, edge.sun.decoder_node, edge.sun.prefill_node   # what `edge-agent run` loads
+from edge.sun.decoder import SharedDecoder
+from edge.sun.prefill import PrefillWorker
 bundle = sys.argv[1]
 worker = PrefillWorker.from_dir(bundle, task="t", backend="llamacpp", kv_dtype="float32")
 decoder = SharedDecoder.from_dir(bundle, backend="llamacpp", max_batch=2)
@@ -86,7 +86,7 @@ print("RESULT " + json.dumps({"torch": "torch" in sys.modules, "tokens": len(got
 def test_sun_roles_on_llamacpp_do_not_import_torch(exports, tmp_path):
     """A QSUN prefill worker and shared decoder from a GGUF bundle: no torch in the process."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
-    from edge.sun import save_module
+    from edge.model.sun_modules import save_module
     from export.bundle import build_bundle
     from export.tune import build_decoder, save_decoder
     qdec, qfp = build_decoder(exports.model("llama", 1), "int4")

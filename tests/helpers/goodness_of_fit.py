@@ -4,7 +4,7 @@ import itertools
 import math
 import statistics
 
-from edge.sampling import to_probs
+from edge.spec.sampling import to_probs
 
 from table_engine import TableEngine as _Table
 

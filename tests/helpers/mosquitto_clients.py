@@ -19,8 +19,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import msgpack
 
-from edge import protocol as P
-
+from edge.wire import protocol as P
 PUB, SUB = shutil.which("mosquitto_pub"), shutil.which("mosquitto_sub")
 
 

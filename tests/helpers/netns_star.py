@@ -42,7 +42,7 @@ class Monitor:
     """The hub-role observer: when each session's draft answers (down) and requests (up) pass."""
 
     def __init__(self, url: str, tls) -> None:
-        from edge.link import MqttLink
+        from edge.wire.link import MqttLink
         self.events: List[tuple] = []            # (monotonic time, client, draft service, "up"/"down")
         self._cv = threading.Condition()
         self.link = MqttLink(url, tls=tls, keepalive=5).connect(20)

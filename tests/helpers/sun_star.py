@@ -8,14 +8,14 @@ import numpy as np
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.link import MqttLink
-from edge.protocol import SunHello, encode, sun_ctl_topic, sun_hello_topic
-from edge.roles.decoder import SharedDecoder
-from edge.roles.decoder_node import DecoderNode
-from edge.roles.prefill import PrefillWorker
-from edge.roles.prefill_node import PrefillNode
-from edge.roles.sun_client import SunClient
-from edge.sun import split_generate, weights_fingerprint
+from edge.wire.link import MqttLink
+from edge.wire.protocol import SunHello, encode, sun_ctl_topic, sun_hello_topic
+from edge.sun.decoder import SharedDecoder
+from edge.sun.decoder_node import DecoderNode
+from edge.sun.prefill import PrefillWorker
+from edge.sun.prefill_node import PrefillNode
+from edge.sun.client import SunClient
+from edge.model.sun_modules import split_generate, weights_fingerprint
 from server.sun_router import SunRouter
 from tiny_models import random_model, specialist
 from waiting import wait_until

@@ -8,17 +8,17 @@ from typing import Optional
 
 import torch
 
-from edge.model import Transformer, tiny_config
+from edge.model.transformer import Transformer, tiny_config
 
 VOCAB = 262          # 256 bytes, 3 merges, 3 specials
 
 
 def tokenizer_dir(d: Path) -> None:
-    """A byte-level BPE (256 bytes, 3 merges, 3 specials) as edge.tokenizer saves it."""
+    """A byte-level BPE (256 bytes, 3 merges, 3 specials) as edge.model.tokenizer saves it."""
     from tokenizers import AddedToken, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as HF
 
-    from edge.tokenizer import Tokenizer
+    from edge.model.tokenizer import Tokenizer
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"] + specials
     merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]

@@ -4,7 +4,7 @@ import copy
 
 import torch
 
-from edge.model import Transformer, tiny_config
+from edge.model.transformer import Transformer, tiny_config
 
 
 def tiny_model(seed=0, noise=0.0, base=None):
@@ -40,7 +40,7 @@ def small_bpe(chat_template=None):
     """A small byte-level BPE (GPT-2 pre-tokeniser, 300 tokens, 3 specials) trained here."""
     from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers, trainers
 
-    from edge.tokenizer import Tokenizer
+    from edge.model.tokenizer import Tokenizer
     hf = HF(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()

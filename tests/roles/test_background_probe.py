@@ -1,15 +1,15 @@
 """RemoteDrafter.observe: greedy probes in the background, scored against the target's own
-tokens, never waited for (edge/roles/remote_drafter.py); a real hub on the memory bus."""
+tokens, never waited for (edge/star/remote_drafter.py); a real hub on the memory bus."""
 from __future__ import annotations
 
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.generate import generate_plain
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.roles.remote_drafter import RemoteDrafter
-from edge.roles.session import HubClient
-from edge.sampling import GREEDY
+from edge.spec.generate import generate_plain
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.star.remote_drafter import RemoteDrafter
+from edge.star.session import HubClient
+from edge.spec.sampling import GREEDY
 from server.hub import Hub
 
 from tiny_models import tiny_model

@@ -1,8 +1,8 @@
 """The draft service holds a batch for a session due back, so turns of one-request batches merge
-(edge/roles/batch_hold.py), and the loop wakes when the hold falls due."""
-from edge.protocol import DraftRequest, DraftResponse
-from edge.roles.draft import DraftLimits, DraftService
-from edge.roles.loop import EngineLoop
+(edge/star/batch_hold.py), and the loop wakes when the hold falls due."""
+from edge.wire.protocol import DraftRequest, DraftResponse
+from edge.star.draft_service import DraftLimits, DraftService
+from edge.runtime.loop import EngineLoop
 from edge.engines.torch_engine import TorchEngine
 
 from test_draft_service import FakeClock, make_engine

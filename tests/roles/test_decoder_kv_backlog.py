@@ -1,14 +1,14 @@
-"""A decoder's queue of KV messages is bounded in bytes (edge/roles/decoder_node.py): a flood faster
+"""A decoder's queue of KV messages is bounded in bytes (edge/sun/decoder_node.py): a flood faster
 than its loop is dropped and counted as it arrives (the real KV of an assigned request still
 gets in), and the bound frees as the loop catches up.
 (tests/system/test_hostile_clients.py floods a live decoder through Mosquitto.)"""
 from __future__ import annotations
 
-from edge import protocol as P
+from edge.wire import protocol as P
 from edge.engines.torch_engine import TorchEngine
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.roles.decoder import SharedDecoder
-from edge.roles.decoder_node import DecoderNode
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.sun.decoder import SharedDecoder
+from edge.sun.decoder_node import DecoderNode
 
 from tiny_models import random_model
 from waiting import wait_until

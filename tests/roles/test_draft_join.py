@@ -5,12 +5,12 @@ import threading
 
 import numpy as np
 
-from edge.generate import generate_plain
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.protocol import DraftRequest, DraftResponse
-from edge.roles.draft import DraftLimits
-from edge.roles.session import HubClient
-from edge.roles.target import StarTarget
+from edge.spec.generate import generate_plain
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.wire.protocol import DraftRequest, DraftResponse
+from edge.star.draft_service import DraftLimits
+from edge.star.session import HubClient
+from edge.star.target import StarTarget
 from server.hub import Hub
 from test_draft_service import contexts, make_engine, reference, service, step
 

@@ -1,4 +1,4 @@
-"""--max-kv-mb holds for what the draft engine really holds, within a batch too (edge/roles/draft.py).
+"""--max-kv-mb holds for what the draft engine really holds, within a batch too (edge/star/draft_service.py).
 
 The load test saw 8.26 MB of live tokens under an 8 MB limit (each request of a batch was
 checked against the KV held before the batch) and 16.8 MB allocated (the torch engine gives a
@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.protocol import E_OVERLOADED, DraftRequest, DraftResponse, Error
-from edge.roles.draft import DraftLimits, DraftService
+from edge.wire.protocol import E_OVERLOADED, DraftRequest, DraftResponse, Error
+from edge.star.draft_service import DraftLimits, DraftService
 from tiny_models import tiny_model
 
 torch.set_num_threads(1)
-CHUNK = 64                       # tokens a torch sequence is first allocated for (edge/kv.py)
+CHUNK = 64                       # tokens a torch sequence is first allocated for (edge/model/kv.py)
 
 
 def service(chunks: float, ahead: bool = False):

@@ -6,11 +6,11 @@ round (its 0.5 s initial deadline) to this race in every other generation."""
 
 import torch
 
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.protocol import (DraftRequest, DraftResponse, SessionAssign, decode, down_topic, draft_ctl_topic,
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.wire.protocol import (DraftRequest, DraftResponse, SessionAssign, decode, down_topic, draft_ctl_topic,
                            encode, sampling, up_topic)
-from edge.roles.draft import DraftLimits, DraftService
-from edge.roles.draft_node import DraftNode
+from edge.star.draft_service import DraftLimits, DraftService
+from edge.star.draft_node import DraftNode
 
 from test_draft_service import make_engine
 from waiting import wait_until

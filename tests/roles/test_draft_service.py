@@ -4,17 +4,17 @@ import numpy as np
 import pytest
 import torch
 
-from edge.generate import ModelDrafter, generate_plain
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, DraftRequest, DraftResponse,
+from edge.spec.generate import ModelDrafter, generate_plain
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.wire.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, DraftRequest, DraftResponse,
                            Error, sampling)
-from edge.roles.draft import DraftLimits, DraftRefused, DraftService
-from edge.roles.session import HubClient, JoinRefused
-from edge.roles.target import StarTarget
-from edge.sampling import SamplingParams, to_probs, truncate_top_k
+from edge.star.draft_service import DraftLimits, DraftRefused, DraftService
+from edge.star.session import HubClient, JoinRefused
+from edge.star.target import StarTarget
+from edge.spec.sampling import SamplingParams, to_probs, truncate_top_k
 from edge.engines.base import EngineError
 from edge.engines.torch_engine import TorchEngine
-from edge.model import Transformer, tiny_config
+from edge.model.transformer import Transformer, tiny_config
 from server.hub import Hub
 
 torch.set_num_threads(1)
@@ -146,7 +146,7 @@ def test_session_and_kv_limits():
     svc.submit(DraftRequest("a", 1, 0, list(range(40)), 4))
     step(svc, out)
     assert isinstance(out["a"][-1], DraftResponse)
-    # the limit counts what the engine allocates: 64 tokens per sequence at first (edge/kv.py)
+    # the limit counts what the engine allocates: 64 tokens per sequence at first (edge/model/kv.py)
     assert svc.kv_bytes() == 64 * per_token and 2 * 64 * per_token > 0.1e6
     svc.submit(DraftRequest("b", 1, 0, list(range(10)), 4))
     step(svc, out)

@@ -1,7 +1,7 @@
-"""The decoder's early-KV hold, per sender (edge/roles/early_kv.py): quotas, strangers, claims."""
+"""The decoder's early-KV hold, per sender (edge/sun/early_kv.py): quotas, strangers, claims."""
 from __future__ import annotations
 
-from edge.roles.early_kv import MAX_STRANGERS, EarlyKV
+from edge.sun.early_kv import MAX_STRANGERS, EarlyKV
 
 
 def test_each_sender_fills_only_its_own_quota():

@@ -2,12 +2,12 @@
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.protocol import (DecodeAssign, KVChunk, PrefillJob, SunTokens, decode, encode, new_secret, sampling,
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.wire.protocol import (DecodeAssign, KVChunk, PrefillJob, SunTokens, decode, encode, new_secret, sampling,
                            sun_ctl_topic, sun_hello_topic, sun_kv_sub, sun_stream_topic)
-from edge.roles.loop import EngineLoop
-from edge.roles.prefill import PrefillWorker
-from edge.roles.prefill_node import PrefillNode
+from edge.runtime.loop import EngineLoop
+from edge.sun.prefill import PrefillWorker
+from edge.sun.prefill_node import PrefillNode
 
 from tiny_models import random_model
 from waiting import wait_until

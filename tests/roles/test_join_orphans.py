@@ -1,5 +1,5 @@
-"""A join nobody waits for any more must not hold a draft slot (edge/roles/session.py HubClient,
-edge/roles/target.py RemoteDrafter): the load test's churn filled a 256-session draft with
+"""A join nobody waits for any more must not hold a draft slot (edge/star/session.py HubClient,
+edge/star/target.py RemoteDrafter): the load test's churn filled a 256-session draft with
 accepted joins whose targets had given up on them, until eviction 60 s later.
 
 The hub here answers joins only when the test releases them (a slow hub); eviction is an hour
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.protocol import sampling
-from edge.roles.draft import DraftLimits
-from edge.roles.session import HubClient, JoinRefused
-from edge.roles.target import RemoteDrafter
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.wire.protocol import sampling
+from edge.star.draft_service import DraftLimits
+from edge.star.session import HubClient, JoinRefused
+from edge.star.target import RemoteDrafter
 from server.hub import Hub
 from tiny_models import tiny_model
 from waiting import wait_until

@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 import torch
 
-import edge.roles.decoder as decoder_mod
-import edge.roles.prefill as prefill_mod
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.protocol import sampling, sun_hello_topic
-from edge.roles.decoder import SharedDecoder
-from edge.roles.decoder_node import DecoderNode
-from edge.roles.prefill import PrefillWorker
-from edge.roles.prefill_node import PrefillNode
-from edge.roles.sun_client import SunClient
-from edge.sampling import SamplingParams, to_probs
+import edge.sun.decoder as decoder_mod
+import edge.sun.prefill as prefill_mod
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.wire.protocol import sampling, sun_hello_topic
+from edge.sun.decoder import SharedDecoder
+from edge.sun.decoder_node import DecoderNode
+from edge.sun.prefill import PrefillWorker
+from edge.sun.prefill_node import PrefillNode
+from edge.sun.client import SunClient
+from edge.spec.sampling import SamplingParams, to_probs
 from server.sun_router import SunRouter
 
 from table_engine import TableEngine
@@ -57,7 +57,7 @@ class KVTable(TableEngine):
         return self._blob(np.zeros((1, 2, 1, len(toks), 1)), toks, dtype, meta)
 
     def import_kv(self, blob):
-        _, head = self._read_kv(blob, torch.float32)
+        _, head = self._read_kv_array(blob)
         seq = self.new_sequence()
         self._seqs[seq] = list(head["tokens"])
         return seq

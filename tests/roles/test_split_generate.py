@@ -4,7 +4,7 @@ Rows that hit a stop token leave the batch; the rest must continue exactly as if
 each prompt had been decoded alone (float64, greedy: token for token)."""
 import torch
 
-from edge.sun import split_generate
+from edge.model.sun_modules import split_generate
 from tiny_models import random_model, specialist
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.generate import generate_plain
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.roles.session import HubClient
-from edge.roles.target import Deadline, StarTarget
+from edge.spec.generate import generate_plain
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.star.session import HubClient
+from edge.star.target import Deadline, StarTarget
 from server.hub import Hub
 
 from tiny_models import tiny_model

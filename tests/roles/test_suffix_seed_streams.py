@@ -11,15 +11,15 @@ and must fail the same test.
 import numpy as np
 import pytest
 
-import edge.roles.suffix_draft as suffix_mod
-from edge.link import MqttLink
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.roles.draft import DraftLimits, DraftService
-from edge.roles.hybrid_draft import HybridDraftService
-from edge.roles.session import HubClient
-from edge.roles.suffix_draft import SuffixDraftService
-from edge.roles.target import Deadline, StarTarget
-from edge.sampling import SamplingParams
+import edge.star.suffix_service as suffix_mod
+from edge.wire.link import MqttLink
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.star.draft_service import DraftLimits, DraftService
+from edge.star.hybrid_service import HybridDraftService
+from edge.star.session import HubClient
+from edge.star.suffix_service import SuffixDraftService
+from edge.star.target import Deadline, StarTarget
+from edge.spec.sampling import SamplingParams
 from server.hub import Hub
 
 from goodness_of_fit import TableEngine, chi_square, critical_value, exact_distribution

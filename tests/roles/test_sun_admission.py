@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edge import protocol as P
+from edge.wire import protocol as P
 from edge.engines.torch_engine import TorchEngine
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.roles.decoder import DecoderFull, SharedDecoder
-from edge.roles.decoder_node import DecoderNode, size
-from edge.roles.prefill import PrefillWorker, QueueFull
-from edge.roles.prefill_node import PrefillNode
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.sun.decoder import DecoderFull, SharedDecoder
+from edge.sun.decoder_node import DecoderNode, size
+from edge.sun.prefill import PrefillWorker, QueueFull
+from edge.sun.prefill_node import PrefillNode
 from server.sun_router import SunRefusal, SunRouter
 from tiny_models import random_model
 from waiting import wait_until

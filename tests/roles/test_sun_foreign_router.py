@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.protocol import sun_hello_topic
-from edge.roles.decoder import SharedDecoder
-from edge.roles.decoder_node import DecoderNode
-from edge.roles.prefill import PrefillWorker
-from edge.roles.prefill_node import PrefillNode
-from edge.roles.sun_client import SunClient, SunRequestError
-from edge.sun import split_generate, weights_fingerprint
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.wire.protocol import sun_hello_topic
+from edge.sun.decoder import SharedDecoder
+from edge.sun.decoder_node import DecoderNode
+from edge.sun.prefill import PrefillWorker
+from edge.sun.prefill_node import PrefillNode
+from edge.sun.client import SunClient, SunRequestError
+from edge.model.sun_modules import split_generate, weights_fingerprint
 from server.hub import Hub
 from server.sun_router import SunRouter
 from tiny_models import random_model, specialist

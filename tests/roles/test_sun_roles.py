@@ -14,9 +14,9 @@ import torch
 
 from edge.engines.base import EngineError
 from edge.engines.torch_engine import TorchEngine
-from edge.roles.decoder import AdmissionError, SharedDecoder
-from edge.roles.prefill import PrefillWorker
-from edge.sun import load_module, split_generate, weights_fingerprint
+from edge.sun.decoder import AdmissionError, SharedDecoder
+from edge.sun.prefill import PrefillWorker
+from edge.model.sun_modules import load_module, split_generate, weights_fingerprint
 from export.quant import dequantize_q4, is_quantised_linear, quantize_q4
 from export.tune import build_decoder, save_decoder
 
@@ -135,7 +135,7 @@ def test_kv_blob_crosses_processes(setup, tmp_path):
         d = SharedDecoder(TorchEngine(base, fingerprint=fp))
         rid = d.admit(out.blob, max_new=8)
         expect.append(d.run()[rid].tokens)
-    cmd = [sys.executable, "-m", "edge.roles.decoder", str(tmp_path / "dec"), "--max-new", "8"]
+    cmd = [sys.executable, "-m", "edge.sun.decoder", str(tmp_path / "dec"), "--max-new", "8"]
     for f in files:
         cmd += ["--blob", f]
     env = dict(os.environ, PYTHONPATH=str(ROOT))

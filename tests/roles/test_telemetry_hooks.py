@@ -1,4 +1,4 @@
-"""Each role's `telemetry()` hook reports the counters it already keeps (edge/telemetry.py names
+"""Each role's `telemetry()` hook reports the counters it already keeps (edge/telemetry/readings.py names
 the keys), and a reporter turns them into a valid Telemetry message: the hub with its own
 draft service and a target over the memory bus, a SUN prefill worker and shared decoder
 behind the router."""
@@ -8,18 +8,18 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.model import Transformer, tiny_config
-from edge.protocol import decode, encode, sun_hello_topic
-from edge.roles.decoder import SharedDecoder
-from edge.roles.decoder_node import DecoderNode
-from edge.roles.prefill import PrefillWorker
-from edge.roles.prefill_node import PrefillNode
-from edge.roles.session import HubClient
-from edge.roles.sun_client import SunClient
-from edge.roles.target import StarTarget
-from edge.sun import weights_fingerprint
-from edge.telemetry import SystemSampler, TelemetryReporter
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.model.transformer import Transformer, tiny_config
+from edge.wire.protocol import decode, encode, sun_hello_topic
+from edge.sun.decoder import SharedDecoder
+from edge.sun.decoder_node import DecoderNode
+from edge.sun.prefill import PrefillWorker
+from edge.sun.prefill_node import PrefillNode
+from edge.star.session import HubClient
+from edge.sun.client import SunClient
+from edge.star.target import StarTarget
+from edge.model.sun_modules import weights_fingerprint
+from edge.telemetry.readings import SystemSampler, TelemetryReporter
 from server.hub import Hub
 from server.sun_router import SunRouter
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from edge.link import MqttLink
+from edge.wire.link import MqttLink
 from server.hub import Hub
 from test_cli_wiring import BIN, PROMPT, Procs, _hf_model, _sun_dirs
 
@@ -58,7 +58,7 @@ def agents(tmp_path_factory, mosquitto):
 
 def test_onnx_target_with_a_llamacpp_draft_service(agents):
     from edge.engines.loader import open_model
-    from edge.generate import generate_plain
+    from edge.spec.generate import generate_plain
     ps, _, bundle, _ = agents
     engine, tok = open_model(str(bundle), backend="onnx", role="target", dtype="float32", threads=1, max_len=4096)
     assert engine.name.startswith("onnx")
@@ -77,9 +77,9 @@ def test_onnx_target_with_a_llamacpp_draft_service(agents):
 
 
 def test_sun_request_through_onnx_prefill_and_llamacpp_decoder_processes(agents):
-    from edge.roles.decoder import SharedDecoder
-    from edge.roles.prefill import PrefillWorker
-    from edge.roles.sun_client import SunClient
+    from edge.sun.decoder import SharedDecoder
+    from edge.sun.prefill import PrefillWorker
+    from edge.sun.client import SunClient
     ps, url, _, sun = agents
     prompt = [5, 17, 99, 3, 42, 7]
     worker = PrefillWorker.from_dir(sun, threads=1, backend="onnx")
@@ -115,13 +115,13 @@ def test_sun_request_through_onnx_prefill_and_llamacpp_decoder_processes(agents)
 def test_backend_errors_name_the_fix(tmp_path):
     from click.testing import CliRunner
 
-    from edge.agent_run import run
+    from edge.cli.agent_run import run
     module = tmp_path / "not-a-bundle"
     module.mkdir()
     r = CliRunner().invoke(run, ["--role", "decoder", "--hub", "mqtt://127.0.0.1:1", "--backend", "onnx",
                                  "--module", str(module)])
     assert r.exit_code != 0 and "edge-export bundle" in r.output, r.output
-    from server.cli import main as hub_main
+    from server.hub_cli import main as hub_main
     r = CliRunner().invoke(hub_main, ["serve", "--broker", "mqtt://127.0.0.1:1", "--sun-decoder", str(module),
                                       "--sun-backend", "llamacpp"])
     assert r.exit_code != 0 and "--sun-decoder" in r.output and "edge-export bundle" in r.output, r.output

@@ -2,8 +2,8 @@
 import pytest
 from click.testing import CliRunner
 
-from edge.cli import main
-from edge.fetch import model_path
+from edge.cli.agent import main
+from edge.model.fetch import model_path
 
 SMOL, QWEN = model_path("smollm2-135m"), model_path("qwen2.5-coder-0.5b")
 needs_models = pytest.mark.skipif(not (SMOL.exists() and QWEN.exists()),

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge.link import MqttLink
-from edge.model import Transformer, tiny_config
-from edge.roles.sun_client import SunClient, SunRequestError
+from edge.wire.link import MqttLink
+from edge.model.transformer import Transformer, tiny_config
+from edge.sun.client import SunClient, SunRequestError
 from tiny_hf import tokenizer_dir
 from waiting import wait_until
 
@@ -50,7 +50,7 @@ def _hf_model(d: Path) -> Path:
 
 def _sun_dirs(root: Path) -> tuple[Path, Path]:
     """(shared decoder dir, 'maths' specialist dir) as export.tune writes them."""
-    from edge.sun import save_module, weights_fingerprint
+    from edge.model.sun_modules import save_module, weights_fingerprint
     from export.tune import save_decoder
     torch.manual_seed(0)
     base = Transformer(tiny_config(vocab_size=262)).double().eval()   # tokenizer_dir's vocabulary (a GGUF needs it)
@@ -149,7 +149,7 @@ def star(tmp_path_factory):
 
 def test_starsd_target_process_through_the_hub_process(star):
     from edge.engines.loader import open_model
-    from edge.generate import generate_plain
+    from edge.spec.generate import generate_plain
     ps, url, model, _, _ = star
     engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
     ids = tok.encode(PROMPT, add_special=True)
@@ -166,8 +166,8 @@ def test_starsd_target_process_through_the_hub_process(star):
 
 
 def _sun_reference(maths_dir, dec_dir, prompt, max_new):
-    from edge.roles.decoder import SharedDecoder
-    from edge.roles.prefill import PrefillWorker
+    from edge.sun.decoder import SharedDecoder
+    from edge.sun.prefill import PrefillWorker
     out = PrefillWorker.from_dir(maths_dir, threads=1).prefill(prompt)
     dec = SharedDecoder.from_dir(dec_dir, threads=1)
     rid = dec.admit(out.blob, max_new=max_new, first_token=out.first_token)
@@ -183,7 +183,7 @@ def test_sun_request_through_agent_prefill_and_both_decoders(star):
     ps.wait_for("prefill", "up at")
     ps.wait_for("decoder", "up at")
     # both decoders known to the hub's router: their retained hellos, as an operator's monitor sees them
-    from edge.protocol import SUN_WORKERS_SUB, decode
+    from edge.wire.protocol import SUN_WORKERS_SUB, decode
     hellos = {}
     mon = MqttLink(url, username="monitor", password=PW).connect(10)
     mon.subscribe(SUN_WORKERS_SUB,
@@ -213,8 +213,8 @@ def test_sun_request_through_agent_prefill_and_both_decoders(star):
 def test_cli_usage_errors():
     from click.testing import CliRunner
 
-    from edge.agent_run import run
-    from server.cli import main
+    from edge.cli.agent_run import run
+    from server.hub_cli import main
     r = CliRunner().invoke(main, ["serve", "--sun-pool", "maths=dec-a"])
     assert r.exit_code == 2 and "--sun-isolated" in r.output
     r = CliRunner().invoke(main, ["serve", "--sun-isolated", "--sun-pool", "maths"])

@@ -1,4 +1,4 @@
-"""A SUN decoder holds KV that overtook its assignment per sender (edge/roles/early_kv.py), the
+"""A SUN decoder holds KV that overtook its assignment per sender (edge/sun/early_kv.py), the
 sender being the KV topic's last level, which Mosquitto's ACL lets a worker write only under its
 own name. So an intruder with a SUN worker's credentials that floods the decoder with early KV
 for requests that do not exist fills only its own quota: the early KV of the real prefill
@@ -10,14 +10,14 @@ import os
 
 import torch
 
-from edge import protocol as P
+from edge.wire import protocol as P
 from edge.engines.torch_engine import TorchEngine
-from edge.link import MqttLink
-from edge.roles.decoder import SharedDecoder
-from edge.roles.decoder_node import DecoderNode
-from edge.roles.prefill import PrefillWorker
-from edge.roles.sun_client import SunClient
-from edge.sun import split_generate, weights_fingerprint
+from edge.wire.link import MqttLink
+from edge.sun.decoder import SharedDecoder
+from edge.sun.decoder_node import DecoderNode
+from edge.sun.prefill import PrefillWorker
+from edge.sun.client import SunClient
+from edge.model.sun_modules import split_generate, weights_fingerprint
 
 from tiny_models import random_model, specialist
 from waiting import wait_until

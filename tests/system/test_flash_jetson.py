@@ -22,7 +22,7 @@ from devices.agent_files import exec_start_of
 from devices.install_plan import build_wheel
 from devices.provision import main as provision
 from edge.engines.loader import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256_file
-from edge.fetch import model_path
+from edge.model.fetch import model_path
 from ssh_device import SshDevice, free_port
 
 SMOL = "smollm2-135m"
@@ -263,7 +263,7 @@ def test_dry_run_prints_each_step_and_contacts_nothing(smol):
 
 def _decoder_module(tmp_path: Path) -> Path:
     """A SUN shared-decoder directory (as `edge-export tune` writes one) of a tiny random model."""
-    from edge.sun import weights_fingerprint
+    from edge.model.sun_modules import weights_fingerprint
     from export.tune import save_decoder
     from tiny_models import tiny_model
     m = tiny_model()
@@ -280,8 +280,8 @@ def test_a_sun_decoder_is_planned_and_its_join_is_seen(tmp_path, hub):
         assert line in r.output, r.output
     # what step 10 reads for a SUN worker: its retained hello, here from a real decoder node on the hub's broker
     from devices.join_wait import JoinWatch
-    from edge.agent_run import open_node
-    from edge.link import MqttLink
+    from edge.cli.agent_run import open_node
+    from edge.wire.link import MqttLink
     watch = JoinWatch(hub.url, "decoder", "flash-dec").start()
     link = MqttLink(hub.url, client_id="flash-dec")
     node = open_node("decoder", link, str(module), "flash-dec", max_batch=16)

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the HTTP APIs: a device's OpenAI endpoint (edge/openai_http.py, in
+"""Property-based fuzzing of the HTTP APIs: a device's OpenAI endpoint (edge/api/openai_http.py, in
 front of a real StarSD target) and the hub's SUN endpoint (server/sun_http.py), each live on a
 port. Hypothesis writes the bodies (any JSON, plausible requests with hostile values, raw
 bytes, lying Content-Length headers). Every answer is a 200 or a 4xx whose JSON names what

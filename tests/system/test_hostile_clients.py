@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 import torch
 
-from edge import protocol as P
+from edge.wire import protocol as P
 from edge.engines.torch_engine import TorchEngine
-from edge.generate import generate_plain
-from edge.link import MqttLink
-from edge.roles.draft import DraftLimits
-from edge.roles.session import HubClient
-from edge.roles.target import StarTarget
-from edge.sun import weights_fingerprint
+from edge.spec.generate import generate_plain
+from edge.wire.link import MqttLink
+from edge.star.draft_service import DraftLimits
+from edge.star.session import HubClient
+from edge.star.target import StarTarget
+from edge.model.sun_modules import weights_fingerprint
 from server.hub import Hub
 from server.mosquitto import MosquittoBroker
 

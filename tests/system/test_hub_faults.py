@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.generate import generate_plain
-from edge.link import MqttLink
-from edge.roles.draft import DraftLimits
-from edge.roles.session import HubClient
-from edge.roles.target import StarTarget
+from edge.spec.generate import generate_plain
+from edge.wire.link import MqttLink
+from edge.star.draft_service import DraftLimits
+from edge.star.session import HubClient
+from edge.star.target import StarTarget
 from server.broker import find_free_port
 from server.hub import Hub
 
@@ -118,7 +118,7 @@ def test_vanished_target_is_evicted_and_its_kv_freed(mosquitto, models):
 def test_overloaded_draft_service_is_left_alone_with_a_backoff(memory_bus, models):
     """A draft service at its KV limit answers 'overloaded': the target decodes alone (same output)
     and backs off instead of asking again every round."""
-    from edge.memory_link import MemoryLink
+    from edge.wire.memory_link import MemoryLink
     target_model, draft_model = models
     hub = Hub(link=MemoryLink(memory_bus), draft_engine=TorchEngine(draft_model, "draft"), tokenizer_fp=TOK,
               limits=DraftLimits(ahead=False, max_kv_mb=0.01)).start()     # ~40 tokens of tiny KV

@@ -13,7 +13,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from edge.link import LinkError, MqttLink
+from edge.wire.link import LinkError, MqttLink
 from server.broker import find_free_port
 from server.certs import make_certs
 from test_cli_wiring import BIN, MAX_NEW, PROMPT, Procs, _hf_model
@@ -54,7 +54,7 @@ def test_certs_are_idempotent_and_name_the_client(tmp_path):
 
 def test_a_target_over_tls_decodes_its_plain_greedy_text(tls_star):
     from edge.engines.loader import open_model
-    from edge.generate import generate_plain
+    from edge.spec.generate import generate_plain
     ps, url, certs, model, common = tls_star
     ps.start("target", BIN / "edge-agent", "run", "--role", "target", "--hub", url, "--tls-dir", certs,
              "--client-id", "dev1", "--model", model, "--prompt", PROMPT, "-n", MAX_NEW, "-g", "3", *common)
@@ -106,7 +106,7 @@ def test_without_the_right_certificate_a_client_gets_nothing(tls_star, tmp_path,
 
 
 def test_listening_beyond_loopback_needs_acl_and_tls_unless_insecure(tmp_path):
-    from server.cli import main
+    from server.hub_cli import main
     r = CliRunner().invoke(main, ["serve", "--listen", "192.0.2.10:1883"])
     assert r.exit_code == 2 and "needs authentication and TLS" in r.output and "--insecure" in r.output, r.output
     r = CliRunner().invoke(main, ["serve", "--acl", "--listen", "192.0.2.10"])

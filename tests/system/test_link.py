@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from edge.link import KINDS, LinkError, MqttLink, parse_url
-from edge.memory_link import MemoryLink
+from edge.wire.link import KINDS, LinkError, MqttLink, parse_url
+from edge.wire.memory_link import MemoryLink
 from server.broker import EmbeddedBroker, MosquittoBroker, find_free_port
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))     # benchmarks/ i
 from benchmarks.load_monitor import Monitor  # noqa: E402
 from benchmarks.load_star import LoadConfig, LoadStar, check_proposals  # noqa: E402
 from benchmarks.load_sun import SunPool, big_jobs, first_message, jobs, refusal_codes, wrong  # noqa: E402
-from edge.roles.draft import DraftLimits  # noqa: E402
+from edge.star.draft_service import DraftLimits  # noqa: E402
 from server.mosquitto import MosquittoBroker  # noqa: E402
 from waiting import wait_until  # noqa: E402
 

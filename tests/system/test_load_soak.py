@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))     # benchmarks/ i
 from benchmarks.load_monitor import rss_mb  # noqa: E402
 from benchmarks.load_star import LoadConfig, LoadStar  # noqa: E402
 from benchmarks.load_sun import SunPool, jobs, wrong  # noqa: E402
-from edge.roles.draft import DraftLimits  # noqa: E402
+from edge.star.draft_service import DraftLimits  # noqa: E402
 from server.mosquitto import MosquittoBroker  # noqa: E402
 from waiting import wait_until  # noqa: E402
 

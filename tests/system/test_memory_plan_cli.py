@@ -5,9 +5,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from edge.cli import main
-from edge.memory_plan import Workload, estimate
-from edge.model_shape import read_shape
+from edge.cli.agent import main
+from edge.memory.plan import Workload, estimate
+from edge.memory.model_shape import read_shape
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_plan_usage_errors(gguf):
 
 def _run(monkeypatch, gguf, *extra):
     """`edge-agent run --role target` up to the engine load, which records its arguments and stops."""
-    import edge.agent_run as agent_run
+    import edge.cli.agent_run as agent_run
     loaded = {}
 
     def fake_open(*a, **kw):
@@ -87,7 +87,7 @@ def test_run_passes_the_plan_to_the_engine(monkeypatch, gguf):
 
 
 def test_real_model_on_an_orin_nano():
-    from edge.fetch import model_path
+    from edge.model.fetch import model_path
     if not model_path("qwen2.5-coder-1.5b").exists():
         pytest.skip("Qwen2.5-Coder-1.5B is not fetched: `make models`")
     r = _plan("--profile", "jetson-orin-nano-8gb", "--role", "target", "-m", "qwen2.5-coder-1.5b", "-b",

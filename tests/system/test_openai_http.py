@@ -11,14 +11,14 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from edge.engines.torch_engine import TorchEngine
-from edge.generate import generate_plain
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.model import Transformer, tiny_config
-from edge.openai_http import OpenAIServer, StopText
-from edge.roles.session import HubClient
-from edge.roles.target import StarTarget
-from edge.sampling import SamplingParams
-from edge.tokenizer import Tokenizer
+from edge.spec.generate import generate_plain
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.model.transformer import Transformer, tiny_config
+from edge.api.openai_http import OpenAIServer, StopText
+from edge.star.session import HubClient
+from edge.star.target import StarTarget
+from edge.spec.sampling import SamplingParams
+from edge.model.tokenizer import Tokenizer
 from server.hub import Hub
 
 torch.set_num_threads(1)

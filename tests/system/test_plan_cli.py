@@ -1,7 +1,7 @@
 """`edge-hub plan` prints the system model's table from flags."""
 from click.testing import CliRunner
 
-from server.cli import main
+from server.hub_cli import main
 
 
 def test_plan_from_flags_prints_table_and_n_full():

@@ -21,13 +21,13 @@ import pytest
 import torch
 
 from edge.engines.loader import open_model
-from edge.generate import generate_plain
-from edge.link import MqttLink
-from edge.protocol import STATUS_TOPIC, HubStatus, decode, draft_hello_topic
-from edge.roles.draft import DraftLimits, DraftService
-from edge.roles.draft_node import DraftNode
-from edge.roles.session import HubClient
-from edge.roles.target import StarTarget
+from edge.spec.generate import generate_plain
+from edge.wire.link import MqttLink
+from edge.wire.protocol import STATUS_TOPIC, HubStatus, decode, draft_hello_topic
+from edge.star.draft_service import DraftLimits, DraftService
+from edge.star.draft_node import DraftNode
+from edge.star.session import HubClient
+from edge.star.target import StarTarget
 from server.broker import find_free_port
 from server.hub import Hub
 from server.mosquitto import MosquittoBroker

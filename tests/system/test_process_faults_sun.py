@@ -12,8 +12,8 @@ import os
 import pytest
 import torch
 
-from edge.link import MqttLink
-from edge.roles.sun_client import SunClient, SunRequestError
+from edge.wire.link import MqttLink
+from edge.sun.client import SunClient, SunRequestError
 from server.hub import Hub
 
 from star_processes import BIN, Procs, sun_dirs, wait_until
@@ -33,8 +33,8 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sun_ref(files):
     """The in-process answer of a prompt: the specialist's prefill, then the shared decoder."""
-    from edge.roles.decoder import SharedDecoder
-    from edge.roles.prefill import PrefillWorker
+    from edge.sun.decoder import SharedDecoder
+    from edge.sun.prefill import PrefillWorker
     _, _, dec_dir, maths_dir = files
     pre, dec = PrefillWorker.from_dir(maths_dir, threads=1), SharedDecoder.from_dir(dec_dir, threads=1)
 
@@ -52,7 +52,7 @@ def sun_star(mosquitto, files):
     """An in-process hub (router + a shared decoder of its own, batch 4) and, as processes, a
     prefill worker and a decoder (batch 64: least-loaded routing prefers it). Each test leaves
     the star as it found it (what it killed, it starts again)."""
-    from edge.roles.decoder import SharedDecoder
+    from edge.sun.decoder import SharedDecoder
     root, _, dec_dir, maths_dir = files
     procs = Procs(root / "sun")
     procs.root.mkdir()

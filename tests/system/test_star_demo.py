@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from edge.engines.torch_engine import TorchEngine
-from server.cli import main as hub_main
+from server.hub_cli import main as hub_main
 from server.demos.star_demo import run_star_demo
 
 from tiny_models import tiny_model

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from edge.link import MqttLink
+from edge.wire.link import MqttLink
 from netns import available
 from netns_star import NamespaceStar
 
@@ -53,7 +53,7 @@ def star(tmp_path_factory):
 def refs(star):
     """The one-process run: each prompt's plain greedy text (what every target must print)."""
     from edge.engines.loader import open_model
-    from edge.generate import generate_plain
+    from edge.spec.generate import generate_plain
     engine, tok = open_model(str(star.model), dtype="float64", threads=1, max_len=4096)
     out = {}
     for host, prompt in PROMPTS.items():
@@ -201,7 +201,7 @@ def test_a_pulled_cable_of_the_hub(star, refs):
 @pytest.fixture(scope="module")
 def sun(star):
     """A SUN client (certificate `app`) and its prompts' in-process reference tokens."""
-    from edge.roles.sun_client import SunClient
+    from edge.sun.client import SunClient
     from test_cli_wiring import _sun_reference
     prompts = [[5, 17, 99, 3, 42, 7], [200, 11, 64, 8]]
     refs = [_sun_reference(star.maths_dir, star.dec_dir, p, 24) for p in prompts]

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.generate import generate_plain
-from edge.link import MqttLink
-from edge.protocol import DraftRequest, DraftResponse, encode, up_topic
-from edge.roles.draft import DraftLimits
-from edge.roles.session import HubClient, JoinRefused
-from edge.roles.target import StarTarget
+from edge.spec.generate import generate_plain
+from edge.wire.link import MqttLink
+from edge.wire.protocol import DraftRequest, DraftResponse, encode, up_topic
+from edge.star.draft_service import DraftLimits
+from edge.star.session import HubClient, JoinRefused
+from edge.star.target import StarTarget
 from server.hub import Hub
 
 from tiny_models import tiny_model
@@ -89,7 +89,7 @@ def test_eight_targets_share_one_draft_and_stay_lossless(broker, models):
 
 
 def test_auto_gamma_targets_stay_lossless_over_the_broker(broker, models):
-    """γ auto (edge/remote_gamma.py): each round picks 0..8 from the waits this target sees;
+    """γ auto (edge/spec/remote_gamma.py): each round picks 0..8 from the waits this target sees;
     three targets at once, every text its own plain greedy output."""
     target_model, draft_model = models
     hub = Hub(broker_url=broker.url, draft_engine=TorchEngine(draft_model, "draft"), tokenizer_fp=TOK).start()
@@ -189,9 +189,9 @@ def test_star_through_the_mosquitto_acl(mosquitto_acl, models):
 
 def test_a_draft_service_on_a_device_takes_the_hubs_sessions(mosquitto, models):
     """`edge-agent run --role draft`: the hub has no draft model and assigns to the device."""
-    from edge.protocol import draft_hello_topic
-    from edge.roles.draft import DraftService
-    from edge.roles.draft_node import DraftNode
+    from edge.wire.protocol import draft_hello_topic
+    from edge.star.draft_service import DraftService
+    from edge.star.draft_node import DraftNode
 
     hub = Hub(broker_url=mosquitto.url).start()
     link = MqttLink(mosquitto.url)
@@ -222,9 +222,9 @@ def test_a_draft_service_on_a_device_takes_the_hubs_sessions(mosquitto, models):
 def test_a_target_decodes_alone_without_a_draft_and_joins_when_one_comes(mosquitto, models):
     """No draft service online: the target never refuses to generate; it decodes alone and
     joins the star as soon as a draft service registers (mid-generation)."""
-    from edge.protocol import draft_hello_topic
-    from edge.roles.draft import DraftService
-    from edge.roles.draft_node import DraftNode
+    from edge.wire.protocol import draft_hello_topic
+    from edge.star.draft_service import DraftService
+    from edge.star.draft_node import DraftNode
 
     hub = Hub(broker_url=mosquitto.url).start()
     star = star_target(mosquitto.url, "lonely", models[0])

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from edge.engines.loader import open_model
-from edge.generate import generate_plain
-from edge.link import MqttLink
-from edge.roles.draft import DraftLimits
-from edge.roles.session import HubClient, JoinRefused
-from edge.roles.suffix_draft import SuffixDraftService
-from edge.roles.target import StarTarget
+from edge.spec.generate import generate_plain
+from edge.wire.link import MqttLink
+from edge.star.draft_service import DraftLimits
+from edge.star.session import HubClient, JoinRefused
+from edge.star.suffix_service import SuffixDraftService
+from edge.star.target import StarTarget
 from server.hub import Hub
 
 from tiny_hf import hf_dir
@@ -152,8 +152,8 @@ def test_four_concurrent_targets_share_one_suffix_hub(broker, model):
 def test_drafter_usage_errors_say_what_to_do():
     from click.testing import CliRunner
 
-    from edge.agent_run import run
-    from server.cli import main
+    from edge.cli.agent_run import run
+    from server.hub_cli import main
     r = CliRunner().invoke(main, ["serve", "--drafter", "suffix"])
     assert r.exit_code == 2 and "needs --draft-model" in r.output
     r = CliRunner().invoke(run, ["--role", "target", "--hub", "mqtt://127.0.0.1:1", "--model", "x",

@@ -9,7 +9,7 @@ modules give in-process.
 import io
 import shutil
 
-from edge.sun import save_module
+from edge.model.sun_modules import save_module
 from server.demos.sun_demo import run_sun_demo
 
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.memory_link import MemoryBus, MemoryLink
-from edge.protocol import sun_hello_topic
-from edge.roles.decoder import SharedDecoder
-from edge.roles.prefill import PrefillWorker
-from edge.roles.prefill_node import PrefillNode
-from edge.sun import split_generate, weights_fingerprint
+from edge.wire.memory_link import MemoryBus, MemoryLink
+from edge.wire.protocol import sun_hello_topic
+from edge.sun.decoder import SharedDecoder
+from edge.sun.prefill import PrefillWorker
+from edge.sun.prefill_node import PrefillNode
+from edge.model.sun_modules import split_generate, weights_fingerprint
 from server.hub import Hub
 from server.sun_http import start_sun_http
 from test_openai_http import byte_tokenizer, post

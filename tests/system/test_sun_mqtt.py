@@ -3,7 +3,7 @@ across processes, through the ACL and inside the hub (routing policy: test_sun_r
 
 Tiny random float64 models keep greedy comparisons exact; the reference for
 every request is the in-process split generation (specialist prefill, then
-the shared decoder), edge.sun.split_generate. KV caches travel in small
+the shared decoder), edge.model.sun_modules.split_generate. KV caches travel in small
 chunks here (chunk_bytes) so reassembly is exercised on every request.
 """
 from __future__ import annotations
@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from edge.engines.torch_engine import TorchEngine
-from edge.link import MqttLink
-from edge.protocol import (SunTokens, encode, sun_hello_topic, sun_stream_sub,
+from edge.wire.link import MqttLink
+from edge.wire.protocol import (SunTokens, encode, sun_hello_topic, sun_stream_sub,
                            sun_stream_topic)
-from edge.roles.decoder import SharedDecoder
-from edge.roles.prefill import PrefillWorker
-from edge.roles.sun_client import SunClient, SunRequestError
-from edge.roles.decoder_node import DecoderNode
-from edge.roles.prefill_node import PrefillNode
-from edge.sun import split_generate
+from edge.sun.decoder import SharedDecoder
+from edge.sun.prefill import PrefillWorker
+from edge.sun.client import SunClient, SunRequestError
+from edge.sun.decoder_node import DecoderNode
+from edge.sun.prefill_node import PrefillNode
+from edge.model.sun_modules import split_generate
 from sun_star import KEY, TASKS, Star, prompts, sun_models
 from waiting import wait_until
 
@@ -115,7 +115,7 @@ def test_kv_from_this_process_is_decoded_by_a_decoder_process(mosquitto, models,
     save_decoder(tmp_path / "dec", base, "fp32", fp)
     star = Star(mosquitto.url, models, decoders=(), ctl_key=None, tasks=("maths", "code"))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "edge.cli", "run", "--role", "decoder", "--module",
+    proc = subprocess.Popen([sys.executable, "-m", "edge.cli.agent", "run", "--role", "decoder", "--module",
                              str(tmp_path / "dec"), "--hub", mosquitto.url, "--client-id", "dec-proc",
                              "--threads", "1"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -139,8 +139,8 @@ def test_kv_from_this_process_is_decoded_by_a_decoder_process(mosquitto, models,
 
 def test_kv_that_overtakes_its_assignment_is_held_and_a_missing_kv_times_out(memory_bus, models):
     """Brokers may reorder publishers: KV that arrives before its DecodeAssign waits for it."""
-    from edge.memory_link import MemoryLink
-    from edge.protocol import DecodeAssign, KVChunk, new_secret, sun_ctl_topic, sun_kv_topic
+    from edge.wire.memory_link import MemoryLink
+    from edge.wire.protocol import DecodeAssign, KVChunk, new_secret, sun_ctl_topic, sun_kv_topic
     base, fp, specs = models
     dec = SharedDecoder(TorchEngine(base, fingerprint=fp))
     node = DecoderNode(dec, MemoryLink(memory_bus).connect(), "dec-m", KEY, kv_timeout=0.5).start()
@@ -219,7 +219,7 @@ def test_sun_runs_through_the_brokers_acl(acl_broker, models):
 
 
 def test_hub_routes_sun_and_hosts_a_decoder(memory_bus, models):
-    from edge.memory_link import MemoryLink
+    from edge.wire.memory_link import MemoryLink
     from server.hub import Hub
     base, fp, specs = models
     hub = Hub(link=MemoryLink(memory_bus), hub_id="hub", ctl_key=KEY,
@@ -249,6 +249,6 @@ def test_hub_routes_sun_and_hosts_a_decoder(memory_bus, models):
     spy = MemoryLink(memory_bus).connect()           # the hub's decoder said goodbye (retained)
     seen = []
     spy.subscribe(sun_hello_topic("hub-decoder"), lambda t, b: seen.append(b))
-    from edge.protocol import decode
+    from edge.wire.protocol import decode
     assert wait_until(lambda: seen) and decode(seen[-1], KEY).online is False
     spy.close()

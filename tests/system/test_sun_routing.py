@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge.roles.sun_client import SunRequestError
+from edge.sun.client import SunRequestError
 from sun_star import TASKS, Star, prompts, stuck_prefill, sun_models
 from waiting import wait_until
 

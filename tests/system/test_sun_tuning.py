@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from edge.engines.torch_engine import TorchEngine
-from edge.model import Transformer, tiny_config
-from edge.roles.decoder import SharedDecoder
-from edge.roles.prefill import PrefillWorker
-from edge.sun import load_module, split_generate, weights_fingerprint
+from edge.model.transformer import Transformer, tiny_config
+from edge.sun.decoder import SharedDecoder
+from edge.sun.prefill import PrefillWorker
+from edge.model.sun_modules import load_module, split_generate, weights_fingerprint
 from export.quant import is_quantised_linear
 from export.sun_eval import (ROWS, SYNTHETIC_TABLE, TableConfig, accuracy_table, markdown_table, row_mean, synthetic_base,
                              synthetic_suite)

@@ -19,9 +19,9 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge.link import MqttLink
-from edge.model import Transformer, tiny_config
-from edge.protocol import Telemetry, encode, telemetry_topic
+from edge.wire.link import MqttLink
+from edge.model.transformer import Transformer, tiny_config
+from edge.wire.protocol import Telemetry, encode, telemetry_topic
 
 from tiny_models import small_bpe
 from waiting import wait_until
@@ -134,8 +134,8 @@ def _until(check, timeout=30.0):
 
 def test_draft_node_and_hub_report_through_mqtt_metrics_and_top(star):
     from edge.engines.loader import open_model
-    from edge.roles.session import HubClient
-    from edge.roles.target import StarTarget
+    from edge.star.session import HubClient
+    from edge.star.target import StarTarget
     ps, url, model, pw, hub_url, draft_url = star
     engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=256)
     link = MqttLink(url, username="dev1", password=PW).connect(10)

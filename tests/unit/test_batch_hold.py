@@ -1,7 +1,7 @@
 """BatchHold: when a draft service waits for sessions about to come back (pure, fed with times)."""
 import pytest
 
-from edge.roles.batch_hold import BatchHold
+from edge.star.batch_hold import BatchHold
 
 
 def ping_pong(share=0.8, back=0.035, batch_s=0.150):

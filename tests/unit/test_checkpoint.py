@@ -1,4 +1,4 @@
-"""edge.checkpoint: GGUF and Hugging Face directories, the conversion cache, errors.
+"""edge.model.checkpoint: GGUF and Hugging Face directories, the conversion cache, errors.
 
 Tiny GGUF files are written here with the `gguf` package exactly as llama.cpp's
 converter lays them out (q/k rows permuted for arch llama, Q8_0 blocks for some
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from edge.checkpoint import CheckpointError, load_checkpoint, load_model, load_tokenizer
-from edge.fetch import model_path
-from edge.model import Transformer, tiny_config
-from edge.tokenizer import Tokenizer
+from edge.model.checkpoint import CheckpointError, load_checkpoint, load_model, load_tokenizer
+from edge.model.fetch import model_path
+from edge.model.transformer import Transformer, tiny_config
+from edge.model.tokenizer import Tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
@@ -218,8 +218,8 @@ def test_qwen_gguf_config():
     path = model_path("qwen2.5-coder-0.5b")
     if not path.exists():
         pytest.skip(f"{path} is missing: run `make models` to fetch Qwen2.5-Coder-0.5B")
-    from edge.tokenizer import open_gguf
-    from edge.checkpoint import _gguf_config
+    from edge.model.tokenizer import open_gguf
+    from edge.model.checkpoint import _gguf_config
     c = _gguf_config(open_gguf(path))
     assert (c.arch, c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads) == \
            ("qwen2", 151936, 896, 24, 14, 2)

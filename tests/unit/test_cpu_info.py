@@ -1,5 +1,5 @@
 """/proc/cpuinfo read once for the whole kit: the CPU's name and its feature flags."""
-from edge.cpu_info import cpu_flags, cpu_name
+from edge.telemetry.cpu_info import cpu_flags, cpu_name
 
 
 def test_name_and_flags_of_an_x86_and_an_arm_cpuinfo(tmp_path):

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the bundle reader (edge/engines/loader.py, edge/engines/bundle_manifest.py).
+"""Property-based fuzzing of the bundle reader (edge/engines/loader.py, edge/model/bundle_manifest.py).
 
 A bundle is copied onto a device, so its manifest.json is input. Arbitrary bytes, any JSON
 value, and a valid manifest with one field replaced: read_manifest, validate_bundle,

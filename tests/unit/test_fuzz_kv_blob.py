@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the KV blob readers (edge/kv_blob.py, edge/kv.py) and of the shared
+"""Property-based fuzzing of the KV blob readers (edge/model/kv_blob.py, edge/model/kv.py) and of the shared
 decoder's admission, which reads blobs from the network.
 
 Arbitrary bytes, valid blobs with one header field replaced by any JSON value, and blobs cut
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from edge import kv_blob
+from edge.model import kv_blob
 from edge.engines.torch_engine import TorchEngine
-from edge.kv import SequenceKV
-from edge.kv_blob import KVError
-from edge.roles.decoder import AdmissionError, SharedDecoder
+from edge.model.kv import SequenceKV
+from edge.model.kv_blob import KVError
+from edge.sun.decoder import AdmissionError, SharedDecoder
 
 from fuzz import JSON_VALUES, fuzz
 from tiny_models import random_model

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the wire decoder (edge/protocol.py + edge/wire_fields.py).
+"""Property-based fuzzing of the wire decoder (edge/wire/protocol.py + edge/wire/fields.py).
 
 Whatever arrives -- arbitrary bytes, an arbitrary msgpack envelope, a valid message with one
 field replaced by any msgpack value, correctly signed -- `decode` either returns a message
@@ -15,8 +15,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from edge import protocol as P
-
+from edge.wire import protocol as P
 from fuzz import MSGPACK_VALUES, fuzz
 
 SECRET = bytes(range(32))

@@ -1,12 +1,12 @@
-"""The numpy KV blob codec (edge/kv_blob.py) writes the same bytes torch's SequenceKV does,
+"""The numpy KV blob codec (edge/model/kv_blob.py) writes the same bytes torch's SequenceKV does,
 reads them back to the same values, and refuses what it must."""
 import numpy as np
 import pytest
 import torch
 
-from edge import kv_blob
-from edge.kv import SequenceKV
-from edge.kv_blob import KVError
+from edge.model import kv_blob
+from edge.model.kv import SequenceKV
+from edge.model.kv_blob import KVError
 
 
 def _data(seed=0, length=7):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge.protocol import DraftHello, Join
+from edge.wire.protocol import DraftHello, Join
 from server.liveness import Liveness
 from server.registry import Refusal, Registry
 

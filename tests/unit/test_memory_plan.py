@@ -1,4 +1,4 @@
-"""The memory planner (edge/memory_plan.py): estimates of known shapes, fits or not, the most that fits.
+"""The memory planner (edge/memory/plan.py): estimates of known shapes, fits or not, the most that fits.
 
 The constants themselves are checked against measured peak RSS by benchmarks/memory_plan.py
 (benchmarks/results/memory_plan.md); these tests pin the arithmetic the estimate is made of.
@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from edge.memory_plan import (LLAMACPP_CTX_PAD, LLAMACPP_SEQUENCES, Workload, engine_kwargs, estimate, fit,
+from edge.memory.plan import (LLAMACPP_CTX_PAD, LLAMACPP_SEQUENCES, Workload, engine_kwargs, estimate, fit,
                               kv_bytes_per_token, parse_bytes, role_sequences)
-from edge.model_shape import ModelShape
+from edge.memory.model_shape import ModelShape
 
 # Qwen2.5-Coder-1.5B-Instruct Q4_K_M as its GGUF header gives it (untied: the file has output.weight)
 QWEN15 = ModelShape("qwen15", "gguf", layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, head_dim=128,

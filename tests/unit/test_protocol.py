@@ -7,8 +7,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from edge import protocol as P
-from edge.roles.replay_guard import ReplayGuard
+from edge.wire import protocol as P
+from edge.wire.replay_guard import ReplayGuard
 
 SECRET = bytes(range(32))
 

@@ -8,7 +8,7 @@ from dataclasses import MISSING, fields
 
 import pytest
 
-import edge.protocol as P
+import edge.wire.protocol as P
 
 SECRET = bytes(range(32))
 

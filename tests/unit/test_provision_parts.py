@@ -9,8 +9,8 @@ from devices.agent_files import Layout, agent_config, exec_start_of, unit_text
 from devices.device_checks import DeviceFacts, check_facts, recovery_boards
 from devices.install_plan import install_commands, wheel_requirements
 from devices.profile import load_profile
-from edge.agent_config import read_config
-from edge.agent_run import run
+from edge.cli.agent_config import read_config
+from edge.cli.agent_run import run
 
 LSUSB = """Bus 001 Device 002: ID 046d:c52b Logitech, Inc. Unifying Receiver
 Bus 001 Device 007: ID 0955:7523 NVIDIA Corp. APX

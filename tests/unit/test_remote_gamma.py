@@ -1,6 +1,6 @@
-"""The star's adaptive γ (edge/remote_gamma.py), pure: a cost table stands in for the clock.
+"""The star's adaptive γ (edge/spec/remote_gamma.py), pure: a cost table stands in for the clock.
 
-Each simulated round feeds the policy what edge/generate.py and RemoteDrafter would: the
+Each simulated round feeds the policy what edge/spec/generate.py and RemoteDrafter would: the
 target call's seconds from a table v(k), the wait W(γ) = o + d·γ with its compute part, and
 the acceptance of drafts that agree with probability alpha_true."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.remote_gamma import RemoteGamma, RoundTrips, Wait, best_gamma
+from edge.spec.remote_gamma import RemoteGamma, RoundTrips, Wait, best_gamma
 
 
 def simulate(policy, rounds, alpha_true, step_s=0.05, verify_slope=1.0, overhead_s=0.1, draft_s=0.01,
@@ -157,7 +157,7 @@ def test_best_gamma_keeps_zero_unless_it_beats_plain_by_the_margin():
 def test_the_star_gamma_option_takes_integers_and_auto():
     import click
 
-    from edge.command_options import STAR_GAMMA
+    from edge.cli.options import STAR_GAMMA
     assert STAR_GAMMA.convert("3", None, None) == (3, False)
     assert STAR_GAMMA.convert("auto", None, None) == (8, True)
     assert STAR_GAMMA.convert("auto:12", None, None) == (12, True)
@@ -189,7 +189,7 @@ STEP_CURVE = {1: 1.0, 2: 1.5, 3: 1.6, 4: 1.7, 6: 2.1, 8: 2.6, 9: 2.8}
 
 
 def test_a_seeded_verify_curve_lets_a_memory_bound_target_speculate_deep():
-    from edge.speculative import CostTracker
+    from edge.spec.verify import CostTracker
     seeded = CostTracker()
     for k, v in STEP_CURVE.items():
         seeded.add_target(k, 0.1 * v)
@@ -201,7 +201,7 @@ def test_a_seeded_verify_curve_lets_a_memory_bound_target_speculate_deep():
 
 
 def test_a_deep_request_after_shallow_ones_gets_time_for_its_extra_drafts():
-    from edge.roles.target import Deadline
+    from edge.star.target import Deadline
     d = Deadline()
     for _ in range(8):
         d.sample(0.07, gamma=1, per_token_s=0.06)       # γ=1 round trips: 7 ms + one 60 ms draft
@@ -235,7 +235,7 @@ def test_with_the_feed_priced_once_a_memory_bound_target_asks_deeper():
     over 2 / 4 tokens 1.21 / 1.53 steps; α 0.85): from γ=1 answers alone a γ=3 round is priced
     at 2.33 steps and γ=2 looks best; with the γ=3 answers' line it is 2.02 and deeper pays (on
     a prompt where γ=auto asked 1.6 on average, the fixed γ=3 measured 1.32× against 1.12×)."""
-    from edge.speculative import AcceptanceTracker, CostTracker
+    from edge.spec.verify import AcceptanceTracker, CostTracker
 
     def policy(waits):
         costs, acc = CostTracker(), AcceptanceTracker()

@@ -1,4 +1,4 @@
-"""edge/speculative.py, edge/ngram.py and edge/generate.py: verification, cost
+"""edge/spec/verify.py, edge/spec/ngram.py and edge/spec/generate.py: verification, cost
 model, prompt lookup, and speculative == plain greedy output."""
 import time
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from edge.engines.base import EngineError
-from edge.drafter import Drafter
-from edge.adaptive import AdaptiveGamma
-from edge.generate import ModelDrafter, generate_plain, generate_speculative
-from edge.ngram import NgramDrafter
-from edge.sampling import SamplingParams, SparseDist
-from edge.speculative import (AcceptanceTracker, CostTracker, choose_gamma, expected_tokens,
+from edge.spec.drafter import Drafter
+from edge.spec.local_gamma import AdaptiveGamma
+from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
+from edge.spec.ngram import NgramDrafter
+from edge.spec.sampling import SamplingParams, SparseDist
+from edge.spec.verify import (AcceptanceTracker, CostTracker, choose_gamma, expected_tokens,
                               predicted_speedup, verify_greedy, verify_stochastic)
 from table_engine import TableEngine
 
@@ -323,7 +323,7 @@ def tiny_torch_engine(arch, seed, noise=0.0, **kw):
     that agrees with the seed's model often but not always."""
     torch = pytest.importorskip("torch")
     from edge.engines.torch_engine import TorchEngine
-    from edge.model import Transformer, tiny_config
+    from edge.model.transformer import Transformer, tiny_config
     torch.manual_seed(seed)
     model = Transformer(tiny_config(arch, **kw)).double()
     for p in model.parameters():

@@ -12,7 +12,7 @@ from export.target_format import FORMATS, NATIVE, converted_path, target_gguf
 @pytest.fixture
 def fetched(tmp_path, monkeypatch):
     """A fake fetched model: STARSUN_MODELS points at tmp_path, the GGUF is a placeholder file."""
-    from edge.fetch import model_path
+    from edge.model.fetch import model_path
     monkeypatch.setenv("STARSUN_MODELS", str(tmp_path))
     path = model_path("qwen2.5-coder-1.5b")
     path.write_bytes(b"GGUF placeholder")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.tegrastats import TegrastatsReader, parse_line
+from edge.telemetry.tegrastats import TegrastatsReader, parse_line
 
 from waiting import wait_until
 

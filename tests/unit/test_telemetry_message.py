@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from edge import protocol as P
-from edge.tegrastats import parse_line
-from edge.telemetry import SystemSampler, TelemetryReporter
+from edge.wire import protocol as P
+from edge.telemetry.tegrastats import parse_line
+from edge.telemetry.readings import SystemSampler, TelemetryReporter
 from server.acl import Acl
 from server.top import render
 

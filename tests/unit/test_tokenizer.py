@@ -1,4 +1,4 @@
-"""edge.tokenizer against llama.cpp's own tokenizer on the real GGUF files.
+"""edge.model.tokenizer against llama.cpp's own tokenizer on the real GGUF files.
 
 Reference: llama-cpp-python (`vocab_only=True`, `special=True`, no BOS). Without it,
 transformers' GGUF tokenizer is used instead, except on digit strings for SmolLM2:
@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from edge.fetch import model_path
-from edge.tokenizer import Tokenizer, TokenizerError
+from edge.model.fetch import model_path
+from edge.model.tokenizer import Tokenizer, TokenizerError
 
 FAMILIES = ("smollm2-135m", "qwen2.5-coder-0.5b")
 

@@ -1,0 +1,184 @@
+"""`edge-agent plan`: will a role fit a device? And the check `edge-agent run` makes before it loads.
+
+    edge-agent plan --profile jetson-orin-nano-8gb --role target -m qwen2.5-coder-1.5b -b llamacpp
+    edge-agent plan --memory-budget 2G --role draft -m qwen2.5-coder-0.5b --max-sessions 16 --json
+
+The numbers come from edge/memory/plan.py (estimates calibrated against measured peak RSS,
+benchmarks/results/memory_plan.md); the budget from a device profile's usable memory
+(devices/profiles/*.toml; devices/profile.py imports nothing from server/ or export/, so edge
+may read it) or from --memory-budget, which wins over the profile.
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import click
+
+from edge.memory.plan import (Fit, Workload, engine_kwargs, fit, parse_bytes, role_sequences)
+
+GB = 1e9
+_DEFAULT_CTX = 4096                     # `edge-agent run --max-len`'s default
+_SUN_CTX = {"llamacpp": 1024}           # SUN roles load their engine with its own default context
+
+
+def memory_options(f):
+    """--profile and --memory-budget of `edge-agent run` (the budget its role is checked against)."""
+    f = click.option("--memory-budget", default=None, metavar="SIZE",
+                     help="refuse to load a role whose memory plan exceeds this, e.g. 5.5G (wins over --profile)")(f)
+    return click.option("--profile", default=None,
+                        help="device profile (devices/profiles/*.toml): refuse a role that does not fit "
+                             "its usable memory (see `edge-agent plan`)")(f)
+
+
+def budget_bytes(profile: Optional[str], memory_budget: Optional[str]) -> Optional[int]:
+    """--memory-budget, else the profile's usable memory, else None (nothing to enforce)."""
+    if memory_budget:
+        try:
+            return parse_bytes(memory_budget)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--memory-budget") from None
+    if profile:
+        return int(load_device(profile).usable_memory_gb * GB)
+    return None
+
+
+def load_device(name: str):
+    from devices.profile import load_profile
+    try:
+        return load_profile(name)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--profile") from None
+
+
+def _backend_for(shape, backend: str) -> str:
+    """`auto` as the loader resolves it: a GGUF runs on llama.cpp, an .onnx on onnxruntime, else torch."""
+    if backend != "auto":
+        return backend
+    return "llamacpp" if shape.path.endswith(".gguf") else "onnx" if shape.path.endswith(".onnx") else "torch"
+
+
+def make_plan(role: str, spec: str, budget: Optional[int], backend: str = "auto", max_len: Optional[int] = None,
+              max_batch: int = 64, max_sessions: int = 64, dtype: str = "float32", gamma: int = 4,
+              max_kv_mb: Optional[float] = None):
+    """(Fit or None without a budget, Estimate) for a role as `edge-agent run` would load it."""
+    from edge.engines.base import EngineError
+    from edge.memory.plan import estimate
+    from edge.memory.model_shape import read_shape
+    try:
+        shape = read_shape(spec, role=role, backend=None if backend == "auto" else backend)
+    except (EngineError, OSError, ValueError) as e:
+        raise click.ClickException(f"cannot size {spec}: {e}") from None
+    b = _backend_for(shape, backend)
+    if max_len is None:
+        max_len = _SUN_CTX.get(b, shape.max_position) if role in ("prefill", "decoder") else _DEFAULT_CTX
+    w = Workload(role, b, int(max_len), role_sequences(role, b, max_sessions, max_batch), dtype=dtype,
+                 gamma=gamma, max_kv_bytes=int(max_kv_mb * 1e6) if max_kv_mb and role == "draft" else None)
+    if budget is None:
+        return None, estimate(shape, w)
+    f = fit(shape, w, budget)
+    return f, f.estimate
+
+
+def advice(f: Fit) -> list:
+    """What to change so the role fits (empty when it does)."""
+    if f.fits:
+        return []
+    w, e = f.estimate.workload, f.estimate
+    out = []
+    if f.max_context and w.role in ("target", "draft"):   # SUN roles take their module's context
+        out.append(f"lower --max-len to {f.max_context} or less")
+    if w.role in ("draft", "decoder") and f.max_sequences:
+        flag = "--max-sessions" if w.role == "draft" else "--max-batch"
+        out.append(f"lower {flag} to {f.max_sequences} or less")
+    if not out:
+        fixed = e.total - e.parts["kv"]
+        out.append(f"even without KV the role needs {fixed / GB:.2f} GB: use a smaller model or quantisation "
+                   "(GGUF Q4_0 / ONNX int4), or a device with more memory")
+    return out
+
+
+def refusal(f: Fit, where: str) -> str:
+    e = f.estimate
+    return (f"{e.workload.role} on {e.workload.backend} does not fit {where}: it needs {e.total / GB:.2f} GB "
+            f"(weights {e.parts['weights'] / GB:.2f}, KV {e.parts['kv'] / GB:.2f} for {e.workload.sequences} x "
+            f"{e.workload.context} tokens, compute {e.parts['compute'] / GB:.2f}, runtime "
+            f"{(e.parts['runtime'] + e.parts['tokenizer']) / GB:.2f}), the budget is {f.budget / GB:.2f} GB: "
+            + "; or ".join(advice(f)))
+
+
+def check_before_load(role, spec, backend, max_len, profile, memory_budget, max_batch=64, max_sessions=64,
+                      dtype="float32", max_kv_mb=None) -> dict:
+    """`edge-agent run`'s check: refuse a role that does not fit, before anything loads; returns the
+    engine arguments the plan counted (llama.cpp: n_seq_max)."""
+    budget = budget_bytes(profile, memory_budget)
+    try:
+        f, e = make_plan(role, spec, budget, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
+    except click.ClickException:
+        if budget is not None:
+            raise                         # a budget it cannot check is not enforced silently
+        b = {"auto": None}.get(backend, backend)   # unsized (the loader will say why, if it cannot load it)
+        return engine_kwargs(b, role, role_sequences(role, b, max_sessions, max_batch)) if b else {}
+    if f is not None and not f.fits:
+        where = f"--memory-budget {memory_budget}" if memory_budget else f"profile {profile}"
+        raise click.ClickException(refusal(f, where))
+    if f is not None:
+        click.echo(f"memory plan: {e.total / GB:.2f} GB of {f.budget / GB:.2f} GB "
+                   f"(KV {e.kv_bytes_per_token} B/token)", err=True)
+    return engine_kwargs(e.workload.backend, role, e.workload.sequences)
+
+
+def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
+    w = e.workload
+    rows = [("model", f"{e.shape.name} ({e.shape.quant})"), ("role / backend", f"{w.role} / {w.backend}"),
+            ("context x sequences", f"{w.context} x {w.sequences}")]
+    rows += [(k, f"{v / GB:.3f} GB") for k, v in e.parts.items()]
+    rows += [("total", f"{e.total / GB:.3f} GB"), ("KV per token", f"{e.kv_bytes_per_token} B")]
+    if f is not None:
+        rows += [("budget", f"{f.budget / GB:.3f} GB" + (f" ({profile})" if profile else "")),
+                 ("fits", f"yes, {f.headroom / GB:.3f} GB to spare" if f.fits
+                  else f"NO, short by {-f.headroom / GB:.3f} GB"),
+                 ("largest context", f"{f.max_context} (at {w.sequences} sequences)"),
+                 ("KV budget", f"{max(0, f.kv_budget_bytes) / GB:.3f} GB "
+                               f"({max(0, f.kv_budget_bytes) // max(1, e.kv_bytes_per_token)} tokens)")]
+        if w.role in ("draft", "decoder"):
+            rows.append(("most " + ("sessions" if w.role == "draft" else "batch rows"),
+                         f"{f.max_sequences} (at {w.context} tokens each)"))
+        rows += [("change", a) for a in advice(f)]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+@click.command()
+@click.option("--profile", default=None, help="device profile (devices/profiles/*.toml): its usable memory")
+@click.option("--memory-budget", default=None, metavar="SIZE", help="a budget instead, e.g. 5.5G, 800M")
+@click.option("--role", required=True, type=click.Choice(["target", "draft", "prefill", "decoder"]))
+@click.option("--model", "-m", default=None, help="model name (edge.model.fetch) or path: GGUF, HF dir, .onnx")
+@click.option("--bundle", default=None, type=click.Path(exists=True), help="a bundle (edge-export bundle)")
+@click.option("--module", "module_dir", default=None, type=click.Path(exists=True),
+              help="a SUN specialist / shared-decoder directory or its bundle")
+@click.option("--backend", "-b", default="auto", show_default=True,
+              type=click.Choice(["torch", "onnx", "llamacpp", "auto"]))
+@click.option("--max-len", type=int, default=None, help=f"context per sequence (default {_DEFAULT_CTX}; "
+              "SUN roles: their engine's default)")
+@click.option("--max-batch", type=int, default=64, show_default=True, help="decoder: rows per step")
+@click.option("--max-sessions", type=int, default=64, show_default=True, help="draft: sessions")
+@click.option("--max-kv-mb", type=float, default=None, help="draft on torch/onnx: the service's KV cap")
+@click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
+              show_default=True, help="torch only")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
+def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_len, max_batch, max_sessions,
+         max_kv_mb, dtype, as_json):
+    """Estimate a role's memory on a device: fits or not, by how much, and the most that fits."""
+    given = [x for x in (model, bundle, module_dir) if x]
+    if len(given) != 1:
+        raise click.UsageError("give exactly one of --model, --bundle, --module")
+    budget = budget_bytes(profile, memory_budget)
+    f, e = make_plan(role, given[0], budget, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
+    if as_json:
+        d = f.to_dict() if f is not None else e.to_dict()
+        d.update(profile=profile, advice=advice(f) if f is not None else [],
+                 engine_kwargs=engine_kwargs(e.workload.backend, role, e.workload.sequences))
+        click.echo(json.dumps(d, indent=1, sort_keys=True))
+    else:
+        click.echo(format_table(f, e, profile))

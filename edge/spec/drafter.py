@@ -1,0 +1,49 @@
+"""The Drafter interface: what edge.spec.generate's speculative loop asks of a proposer.
+
+ModelDrafter (a local draft model), NgramDrafter (prompt lookup) and RemoteDrafter
+(a StarSD hub session) implement it. Each proposal comes with the exact distribution q it
+was sampled from; verification is lossless whatever the proposals are (DESIGN.md).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edge.spec.local_gamma import AdaptiveGamma
+
+
+class Drafter(ABC):
+    name: str = "drafter"
+    vocab_size: Optional[int] = None     # None: works with any vocabulary
+
+    @abstractmethod
+    def draft(self, context: Sequence[int], gamma: int,
+              rng: np.random.Generator) -> Tuple[List[int], list]:
+        """Up to gamma proposed tokens after `context`, and the q (SparseDist or dense
+        probabilities) each was drawn from, using `rng` (the draft's own stream)."""
+
+    def probe_step_seconds(self, token: int) -> Optional[float]:
+        """Seconds one draft step costs, for the adaptive γ policy; None: not measurable here
+        (the draft's cost does not land on this device, or it is free)."""
+        return None
+
+    def gamma_policy(self, max_gamma: int):
+        """The adaptive γ policy for this drafter (next_gamma(), .costs, .acceptance): by default
+        edge/spec/local_gamma.py's, which prices the draft by its compute on this device."""
+        return AdaptiveGamma(max_gamma)
+
+    def observe(self, context: Sequence[int], gamma: int) -> Optional[Tuple[int, int]]:
+        """At a plain step of adaptive γ: ask for `gamma` drafts after `context` in the background
+        (0: ask nothing), without waiting. Returns (drafted, accepted) once an earlier background
+        answer can be scored against the tokens the target decoded itself, else None. By default
+        a drafter cannot probe in the background (its policy probes with real rounds)."""
+        return None
+
+    def prefill(self, prompt: Sequence[int]) -> bool:
+        """Get ready for `prompt` before the first round; True if that cost time worth timing."""
+        return False
+
+    def close(self) -> None:
+        """Release what the drafter holds."""

@@ -1,0 +1,348 @@
+"""Local generation loops over the Engine interface: target-only and speculative.
+
+Both loops feed the prompt minus its last token as prefill and then make
+every generated token come out of a target call over [pending, drafts...], so
+"tokens per verification" counts exactly what each target call yielded.
+
+Stop tokens: generation ends at the first stop token; it is NOT put in
+`tokens` (nor passed to on_token) but it is reported in `stop_token` and
+counted in `n_generated` and against `max_new` (the target did generate it).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from edge.spec.common_prefix import common_prefix
+from edge.spec.drafter import Drafter
+from edge.engines.base import Engine
+from edge.spec.sampling import GREEDY, Role, SamplingParams, SparseDist, pick, role_rng, to_probs
+from edge.spec.verify import verify_greedy, verify_stochastic
+
+
+@dataclass
+class CallTiming:
+    kind: str          # "prefill", "verify" (a target call, plain steps included) or "draft"
+    n_tokens: int      # tokens fed (prefill/verify) or drafted (draft)
+    seconds: float
+
+
+@dataclass
+class GenResult:
+    tokens: List[int]                 # generated ids, stop token excluded
+    stop_token: Optional[int] = None  # the stop id that ended generation, if any
+    finish_reason: str = "length"     # "length" (max_new), "stop", or "context" (context full)
+    n_verify_calls: int = 0           # target calls after prefill
+    n_drafted: int = 0
+    n_accepted: int = 0
+    wall_s: float = 0.0
+    prefill_s: float = 0.0
+    timings: List[CallTiming] = field(default_factory=list)
+    gammas: List[int] = field(default_factory=list)   # gamma asked for, per round
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) + (self.stop_token is not None)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted (0.0 when nothing was drafted)."""
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def tokens_per_verify(self) -> float:
+        return self.n_generated / self.n_verify_calls if self.n_verify_calls else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return self.wall_s - self.prefill_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput (prefill excluded)."""
+        return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
+
+
+class ModelDrafter(Drafter):
+    """A draft Engine kept in step with the committed tokens.
+
+    Each call truncates the draft's sequence to its common prefix with the
+    context, feeds what is missing and drafts gamma tokens, returning with
+    each the exact distribution it was sampled from. With top_k > 0 (and
+    temperature > 0) it samples from the renormalised top-k truncation and
+    returns that SparseDist — still exactly lossless (DESIGN.md).
+    """
+
+    def __init__(self, engine: Engine, params: SamplingParams = GREEDY, top_k: int = 0):
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ValueError(f"draft top_k must be an integer >= 0 (0 = full distribution), got {top_k!r}")
+        self.engine = engine
+        self.params = params
+        self.top_k = top_k
+        self.vocab_size = engine.vocab_size
+        self.name = f"model:{engine.fingerprint or engine.name}"
+        self._seq: Optional[int] = None
+        self._fed: List[int] = []
+
+    def _pick(self, logits: np.ndarray, rng: np.random.Generator) -> Tuple[int, Union[np.ndarray, SparseDist]]:
+        x, q = pick(logits, self.params, rng, self.top_k)
+        return x, (SparseDist.one_hot(x) if q is None else q)
+
+    def _sync(self, tokens: List[int]) -> np.ndarray:
+        """Make the draft's sequence hold exactly `tokens` (keeping the common
+        prefix, refeeding at least one token); the logits after the last one."""
+        eng = self.engine
+        if self._seq is None:
+            self._seq = eng.new_sequence()
+            self._fed = []
+        keep = min(common_prefix(self._fed, tokens), len(tokens) - 1)
+        if eng.length(self._seq) != keep:
+            eng.truncate(self._seq, keep)
+        self._fed = self._fed[:keep]          # stays true even if forward fails
+        logits = eng.forward_last(self._seq, tokens[keep:])[-1]
+        self._fed = list(tokens)
+        return logits
+
+    def draft(self, context: Sequence[int], gamma: int,
+              rng: np.random.Generator) -> Tuple[List[int], list]:
+        eng = self.engine
+        context = [int(t) for t in context]
+        # A draft with a shorter context drafts less, or nothing: speculation
+        # never decides correctness, the target just decodes alone.
+        gamma = min(gamma, eng.max_len - len(context) + 1)
+        if gamma <= 0 or not context:
+            return [], []
+        logits = self._sync(context)
+        tokens, qs = [], []
+        for j in range(gamma):
+            x, q = self._pick(logits, rng)
+            tokens.append(x)
+            qs.append(q)
+            if j + 1 < gamma:
+                logits = eng.forward(self._seq, [x])[-1]
+                self._fed.append(x)
+        return tokens, qs
+
+    def probe_step_seconds(self, token: int) -> float:
+        """Seconds of one draft step, measured on a scratch sequence (the second of two calls:
+        the first pays one-off costs). A draft-cost sample that needs no prefill."""
+        eng = self.engine
+        secs = 0.0
+        for _ in range(2):
+            seq = eng.new_sequence()
+            try:
+                t = time.perf_counter()
+                eng.forward_last(seq, [int(token)])
+                secs = time.perf_counter() - t
+            finally:
+                eng.free(seq)
+        return secs
+
+    def prefill(self, prompt: Sequence[int]) -> bool:
+        """Feed all but the last prompt token (what draft() would feed anyway)."""
+        prompt = [int(t) for t in prompt]
+        if 1 < len(prompt) <= self.engine.max_len:
+            self._sync(prompt[:-1])
+            return True
+        return False
+
+    def close(self) -> None:
+        """Free the draft's sequence (a later draft() starts a fresh one)."""
+        if self._seq is not None:
+            self.engine.free(self._seq)
+        self._seq, self._fed = None, []
+
+
+CATCH_UP_OK = 4   # a draft call feeding <= this many missed tokens still times as a step
+
+
+def _check_prompt(prompt_ids: Sequence[int], max_new: int) -> List[int]:
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one token (e.g. the BOS token)")
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
+        raise ValueError(f"max_new must be an integer >= 0, got {max_new!r}")
+    return prompt
+
+
+class _Run:
+    """State shared by both loops: the target sequence, output, timings."""
+
+    def __init__(self, target: Engine, prompt: List[int], max_new: int, stop_ids: Iterable[int],
+                 on_token: Optional[Callable[[int], None]]):
+        self.target, self.max_new, self.on_token = target, max_new, on_token
+        self.stops = {int(s) for s in stop_ids}
+        self.res = GenResult(tokens=[])
+        self.t0 = time.perf_counter()
+        self.context = list(prompt)            # committed tokens; the last one not yet fed
+        self.seq = target.new_sequence()
+        try:
+            target.check_room(self.seq, len(prompt))
+            if len(prompt) > 1:
+                self.forward(prompt[:-1], "prefill")
+        except BaseException:
+            target.free(self.seq)
+            raise
+        self.res.prefill_s = time.perf_counter() - self.t0
+
+    def forward(self, tokens: List[int], kind: str = "verify") -> np.ndarray:
+        t = time.perf_counter()
+        # a prefill's logits are thrown away (the last prompt token is fed by the first step)
+        out = (self.target.forward_last if kind == "prefill" else self.target.forward)(self.seq, tokens)
+        self.res.timings.append(CallTiming(kind, len(tokens), time.perf_counter() - t))
+        if kind == "verify":
+            self.res.n_verify_calls += 1
+        return out
+
+    @property
+    def done(self) -> bool:
+        return self.res.finish_reason != "length" or self.res.n_generated >= self.max_new
+
+    def room(self) -> int:
+        """Tokens the target can still take (the pending one included)."""
+        room = self.target.max_len - self.target.length(self.seq)
+        if room < 1:
+            self.res.finish_reason = "context"
+        return room
+
+    def commit(self, tokens: List[int]) -> None:
+        for t in tokens:
+            if t in self.stops:
+                self.res.stop_token, self.res.finish_reason = t, "stop"
+                return
+            self.res.tokens.append(t)
+            self.context.append(t)
+            if self.on_token is not None:
+                self.on_token(t)
+            if self.res.n_generated >= self.max_new:
+                return
+
+    def finish(self) -> GenResult:
+        self.target.free(self.seq)
+        self.res.wall_s = time.perf_counter() - self.t0
+        return self.res
+
+
+def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
+                   params: SamplingParams = GREEDY, stop_ids: Iterable[int] = (),
+                   on_token: Optional[Callable[[int], None]] = None) -> GenResult:
+    """Target-only decoding, one target call per generated token."""
+    prompt = _check_prompt(prompt_ids, max_new)
+    rng = role_rng(params.seed, Role.TARGET)
+    run = _Run(target, prompt, max_new, stop_ids, on_token)
+    try:
+        while not run.done and run.room() >= 1:
+            logits = run.forward([run.context[-1]])[-1]
+            t = pick(logits, params, rng)[0]
+            run.res.gammas.append(0)
+            run.commit([t])
+    except BaseException:
+        target.free(run.seq)
+        raise
+    return run.finish()
+
+
+def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[int], max_new: int,
+                         gamma: int, params: SamplingParams = GREEDY, stop_ids: Iterable[int] = (),
+                         on_token: Optional[Callable[[int], None]] = None,
+                         adaptive: bool = False) -> GenResult:
+    """Speculative decoding: the drafter proposes, one target call verifies.
+
+    The output has exactly the target's distribution (greedy: exactly the
+    target's greedy text) whatever the drafter does. gamma is the number of
+    drafted tokens per round (>= 1); with adaptive=True it is the largest
+    gamma tried and each round picks one in 0..gamma from measured costs.
+    """
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1 (drafted tokens per verification), got {gamma!r}; "
+                         f"for target-only decoding use generate_plain, or adaptive=True to let the "
+                         f"cost model switch speculation off")
+    dv = drafter.vocab_size
+    if dv is not None and dv != target.vocab_size:
+        raise ValueError(f"draft and target vocabularies differ ({dv} vs {target.vocab_size} tokens); "
+                         f"the draft must share the target's tokenizer")
+    prompt = _check_prompt(prompt_ids, max_new)
+    # The draft's proposals and the target's acceptance tests must use independent
+    # uniforms, or the output is no longer the target's distribution (role_rng).
+    rng = role_rng(params.seed, Role.TARGET)
+    draft_rng = role_rng(params.seed, Role.DRAFT)
+    policy = drafter.gamma_policy(gamma) if adaptive else None
+    run = _Run(target, prompt, max_new, stop_ids, on_token)
+    res = run.res
+    # Context length the drafter last saw. A draft call after many plain
+    # steps also feeds the tokens it missed: not a fair draft-step sample.
+    seen = len(prompt)
+    try:
+        if policy is not None:
+            # The draft is priced by a one-step probe, not prefilled: it catches up only if a
+            # round drafts, which it may never do (a target whose verify calls cost ~k steps).
+            # (The target's prefill is no verify-cost sample: a first call pays warm-up costs,
+            # hundreds of ms on a GPU, which would forbid speculation exactly where it pays.)
+            seen = 0
+            t = time.perf_counter()
+            probe = drafter.probe_step_seconds(prompt[-1])
+            if probe is not None:
+                policy.costs.add_draft(1, probe)
+                res.timings.append(CallTiming("draft_probe", 2, time.perf_counter() - t))
+        else:
+            # Prefill the draft too, so its first call is not a (slow) catch-up inside a round.
+            t = time.perf_counter()
+            if drafter.prefill(prompt):
+                res.timings.append(CallTiming("draft_prefill", len(prompt) - 1, time.perf_counter() - t))
+                res.prefill_s = time.perf_counter() - run.t0
+        while not run.done:
+            room = run.room()
+            if room < 1:
+                break
+            g = policy.next_gamma() if policy else gamma
+            res.gammas.append(g)
+            # A round yields at most g+1 tokens: never draft past max_new or the context.
+            g = min(g, max_new - res.n_generated - 1, room - 1)
+            drafts, qs = [], []
+            if g > 0:
+                t = time.perf_counter()
+                drafts, qs = drafter.draft(run.context, g, draft_rng)
+                dt = time.perf_counter() - t
+                drafts = [int(x) for x in drafts[:g]]
+                # No q given: verify against one-hot q at each proposal. That is
+                # lossless for ANY way the proposals were made (given the
+                # proposals, it is exact verification of a deterministic draft).
+                qs = list(qs[:g]) if qs is not None else [SparseDist.one_hot(x) for x in drafts]
+                # A drafter may propose ids the target lacks (an n-gram copying
+                # a bad prompt id): drop them rather than fail the generation.
+                bad = [i for i, x in enumerate(drafts) if not 0 <= x < target.vocab_size]
+                if bad:
+                    drafts, qs = drafts[:bad[0]], qs[:bad[0]]
+                res.timings.append(CallTiming("draft", len(drafts), dt))
+                if policy and len(run.context) - seen <= CATCH_UP_OK:
+                    policy.costs.add_draft(len(drafts), dt)
+                seen = len(run.context)
+            fed = len(run.context)
+            logits = run.forward([run.context[-1]] + drafts)
+            if policy and res.n_verify_calls > 1:     # the first call pays warm-up costs
+                policy.costs.add_target(len(drafts) + 1, res.timings[-1].seconds)
+            if params.greedy:
+                n, nxt = verify_greedy(drafts, logits)
+            else:
+                n, nxt = verify_stochastic(drafts, qs, to_probs(logits, params), rng)
+            res.n_drafted += len(drafts)
+            res.n_accepted += n
+            if policy and drafts:
+                # drafts asked for and not sent (a remote service unsure of them: --draft-p-min)
+                # failed as far as the yield of asking g goes; a round with no drafts at all is
+                # the round-trip model's to count (RoundTrips.answered)
+                policy.acceptance.update(max(g, len(drafts)), n)
+            if n < len(drafts):
+                target.truncate(run.seq, fed + n)   # drop the rejected drafts' KV
+            run.commit(drafts[:n] + [nxt])
+            if policy and policy.background and res.gammas[-1] == 0:
+                scored = drafter.observe(run.context, policy.probe)   # never waits
+                if scored is not None:
+                    policy.observed(*scored)
+    except BaseException:
+        target.free(run.seq)
+        raise
+    return run.finish()

@@ -1,0 +1,105 @@
+"""The StarSD target: verify locally, draft remotely (edge/star/remote_drafter.py), never
+depend on the draft. The output is the target's alone (greedy: its exact greedy text)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Iterable, Optional, Sequence
+
+from edge.engines.base import Engine
+from edge.spec.generate import GenResult, generate_speculative
+from edge.star.remote_drafter import Deadline, RemoteDrafter
+from edge.star.session import HubClient, JoinRefused
+from edge.spec.sampling import GREEDY, SamplingParams
+from edge.spec.verify_costs import measure_verify_costs
+
+__all__ = ["Deadline", "RemoteDrafter", "StarTarget"]
+log = logging.getLogger(__name__)
+
+
+class StarTarget:
+    """A target device: its engine, its link to the hub, and generation.
+
+    One generation at a time per StarTarget (the HTTP endpoint serialises
+    requests); each generation has its own hub session.
+    """
+
+    def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, join_timeout: float = 3.0,
+                 adaptive: bool = False):
+        """gamma: drafted tokens per round; with adaptive=True the largest γ, each round choosing
+        one in 0..gamma (edge/spec/remote_gamma.py)."""
+        if gamma < 1:
+            raise ValueError(f"gamma must be >= 1 for a StarSD target, got {gamma}")
+        self.engine, self.hub, self.gamma, self.adaptive = engine, hub, gamma, adaptive
+        self.join_timeout = join_timeout
+        self.verify_costs: Optional[dict] = None    # measured at the first adaptive generation
+        self.stop_aware = True      # γ=auto prices rounds by the drafts sent and sets their p_min (False: A/B)
+        self.lock = threading.Lock()
+        self.last_drafter: Optional[RemoteDrafter] = None
+        # telemetry (edge/telemetry/readings.py): tokens as they are committed, acceptance per generation
+        self.counts = {"generations": 0, "tokens": 0, "accepted": 0, "drafted": 0, "busy_s": 0.0}
+        self._t0 = time.monotonic()
+        hub.start()
+        if adaptive:
+            self.calibrate()
+
+    def telemetry(self) -> dict:
+        return {**self.counts, "sessions": int(self.lock.locked()), "wall_s": time.monotonic() - self._t0,
+                "dropped": dict(self.hub.keys.dropped)}
+
+    def calibrate(self) -> dict:
+        """Measure this engine's verify-cost curve now (seconds per call over k tokens), so that
+        the first adaptive generation does not pay for it; an adaptive target does at start."""
+        with self.lock:
+            return self._calibrate()
+
+    def _calibrate(self) -> dict:
+        self.verify_costs = c = measure_verify_costs(self.engine)    # k = 1..8 (KS): γ up to 8 reads them
+        log.info("verify cost over k tokens, in one-token steps (%.1f ms): %s", 1e3 * c[1],
+                 " ".join(f"{k}:{v / c[1]:.2f}" for k, v in sorted(c.items())))
+        return c
+
+    def check_join(self, params: SamplingParams = GREEDY) -> None:
+        """Join once and leave: raises JoinRefused (with the hub's reason) or TimeoutError."""
+        d = RemoteDrafter(self.hub, params.to_wire(), self.gamma)
+        try:
+            d.connect(self.join_timeout)
+        finally:
+            d.close()
+
+    def generate(self, prompt_ids: Sequence[int], max_new: int, params: SamplingParams = GREEDY,
+                 stop_ids: Iterable[int] = (), on_token: Optional[Callable[[int], None]] = None,
+                 deadline: Optional[Deadline] = None) -> GenResult:
+        with self.lock:
+            if self.adaptive and self.verify_costs is None:
+                self._calibrate()
+            drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline,
+                                    verify_costs=self.verify_costs if self.adaptive else None,
+                                    stop_aware=self.stop_aware)
+            self.last_drafter = drafter
+            try:
+                drafter.connect(self.join_timeout)
+                first = drafter.gamma_policy(self.gamma).first_gamma if self.adaptive else self.gamma
+                drafter.prime(prompt_ids, min(first, max(0, max_new - 1)))
+            except JoinRefused as e:
+                log.warning("%s; decoding without a draft", e)
+                drafter.refusal = e.reason
+            except TimeoutError as e:
+                log.warning("%s; decoding without a draft until the hub answers", e)
+            def counted(t: int) -> None:
+                self.counts["tokens"] += 1
+                if on_token is not None:
+                    on_token(t)
+            t0 = time.monotonic()
+            try:
+                res = generate_speculative(self.engine, drafter, prompt_ids, max_new, self.gamma,
+                                           params=params, stop_ids=stop_ids, on_token=counted,
+                                           adaptive=self.adaptive)
+                self.counts["accepted"] += res.n_accepted
+                self.counts["drafted"] += res.n_drafted
+                self.counts["generations"] += 1
+                return res
+            finally:
+                self.counts["busy_s"] += time.monotonic() - t0
+                drafter.close()

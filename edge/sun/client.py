@@ -1,0 +1,230 @@
+"""The requesting side of SUN: send a request naming a task, collect its signed token stream.
+
+A request carries a fresh secret drawn here (edge/wire/protocol.py explains the
+keys); the prefill worker's token 0 and the decoder's tokens 1.. arrive on
+ss/sun/r/{client}/{rid}, possibly out of order between the two senders, and
+are handed to `on_token` in answer order. Each sender's seq is accepted once,
+so a replayed message is dropped and counted; a forged one fails its HMAC.
+
+When the router says a worker died holding the request (worker_lost), a
+request whose tokens cannot change (greedy, or seeded sampling) is sent again
+under a new id (`retries` times): it is prefilled again and lands on a live
+decoder; the tokens already handed out are not repeated, and the new stream
+must agree with them (else the request fails, it never hands out a changed token).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+from edge.wire.link import Link
+from edge.wire.protocol import (E_WORKER_LOST, GREEDY, Error, ProtocolError, SunRequest, SunTokens, decode, encode,
+                           new_secret, new_sid, parse_topic, sampling, sun_req_topic, sun_stream_sub)
+from edge.spec.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class SunRequestError(RuntimeError):
+    """The star could not serve a request; `code` is the protocol's error code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+@dataclass
+class SunResult:
+    rid: str
+    task: str
+    tokens: List[int]
+    finish_reason: str
+    workers: List[str]             # who produced them: the prefill worker, then the decoder
+    ttft_s: float
+    total_s: float
+
+
+class SunHandle:
+    """One request in flight; tokens arrive in order through on_token, wait() gives the result."""
+
+    def __init__(self, req: SunRequest, on_token: Optional[Callable[[int, int], None]], retries: int = 0,
+                 resend: Optional[Callable[["SunHandle"], None]] = None):
+        self.req, self.on_token = req, on_token
+        self.retries, self._resend = retries, resend
+        self.resent = 0                   # times it was sent again after a lost worker
+        self.rid, self.task = req.rid, req.task
+        self.t0 = time.perf_counter()
+        self.t_first: Optional[float] = None
+        self._tokens: Dict[int, int] = {}
+        self._told = 0
+        self._total: Optional[int] = None
+        self._reason = ""
+        self._seqs: set = set()
+        self._workers: List[str] = []
+        self._error: Optional[SunRequestError] = None
+        self._done = threading.Event()
+
+    def _take(self, msg) -> bool:
+        """False for a replay (a seq seen before)."""
+        if isinstance(msg, Error):
+            if msg.code == E_WORKER_LOST and self.retries > 0 and self._resend and self._replayable():
+                self.retries -= 1
+                self.resent += 1
+                self._seqs, self._workers, self._total = set(), [], None
+                self._tokens = {i: t for i, t in self._tokens.items() if i < self._told}
+                self._resend(self)                        # a new id: the old stream's late tokens are dropped
+                return True
+            self._error = SunRequestError(msg.code, msg.message)
+            self._done.set()
+            return True
+        if msg.seq in self._seqs:
+            return False
+        self._seqs.add(msg.seq)
+        if msg.worker and msg.worker not in self._workers:
+            self._workers.append(msg.worker)
+        for i, t in enumerate(msg.tokens, msg.index):
+            if self.resent and i < self._told and self._tokens[i] != t:
+                self._error = SunRequestError("diverged", f"request {self.rid} was sent again after a lost "
+                                              f"worker and its token {i} differs from the one handed out")
+                self._done.set()
+                return True
+            self._tokens.setdefault(i, t)                 # the decoder may echo token 0 when it ends at once
+        if self.t_first is None and 0 in self._tokens:
+            self.t_first = time.perf_counter()
+        if msg.done:
+            self._total, self._reason = msg.index + len(msg.tokens), msg.finish_reason
+        while self._told in self._tokens and (self._total is None or self._told < self._total):
+            if self.on_token:
+                self.on_token(self._told, self._tokens[self._told])
+            self._told += 1
+        if self._total is not None and self._told >= self._total:
+            self._done.set()
+        return True
+
+    def _replayable(self) -> bool:
+        """Sent again, it gives the same tokens: greedy, or sampling with a seed."""
+        sp = self.req.sampling
+        return not self._told or float(sp.get("temperature", 0.0)) == 0.0 or sp.get("seed") is not None
+
+    def wait(self, timeout: float = 60.0) -> SunResult:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"SUN request {self.rid} (task {self.task!r}) got {self._told} tokens and no "
+                               f"end within {timeout:g} s: is the hub's SUN router running, and a decoder?")
+        if self._error is not None:
+            raise self._error
+        n = self._total or 0
+        now = time.perf_counter()
+        return SunResult(self.rid, self.task, [self._tokens[i] for i in range(n)], self._reason,
+                         list(self._workers), (self.t_first or now) - self.t0, now - self.t0)
+
+
+class SunClient:
+    """Sends SunRequests for `client_id` and collects their signed token streams."""
+
+    def __init__(self, link: Link, client_id: str, retries: int = 2):
+        """retries: how often a request is sent again after the router says its worker died."""
+        self.link, self.client, self.retries = link, client_id, retries
+        self._handles: Dict[str, SunHandle] = {}
+        self._lock = threading.Lock()
+        self.dropped: Dict[str, int] = {}
+        self._ids = itertools.count(1)
+
+    def start(self) -> "SunClient":
+        self.link.subscribe(sun_stream_sub(self.client), self._on_stream)
+        return self
+
+    def close(self) -> None:
+        self.link.unsubscribe(sun_stream_sub(self.client))
+
+    def submit(self, task: str, prompt: Sequence[int], max_new: int = 64, sampling: Optional[dict] = None,
+               stop: Sequence[int] = (), on_token: Optional[Callable[[int, int], None]] = None) -> SunHandle:
+        req = SunRequest(self.client, f"{new_sid()}{next(self._ids)}", task, [int(t) for t in prompt],
+                         max_new, dict(sampling or GREEDY), [int(s) for s in stop], new_secret())
+        payload = encode(req)                              # raises ProtocolError for a bad request
+        h = SunHandle(req, on_token, self.retries, self._resend)
+        with self._lock:
+            self._handles[req.rid] = h
+        self.link.publish(sun_req_topic(self.client), payload, kind="control")
+        return h
+
+    def _resend(self, h: SunHandle) -> None:
+        """Send `h` again under a new id and secret (the router prefills it anew, on live workers)."""
+        old = h.req
+        req = SunRequest(self.client, f"{new_sid()}{next(self._ids)}", old.task, old.prompt, old.max_new,
+                         old.sampling, old.stop, new_secret())
+        with self._lock:
+            self._handles.pop(old.rid, None)
+            self._handles[req.rid] = h
+            h.req, h.rid = req, req.rid
+        self.link.publish(sun_req_topic(self.client), encode(req), kind="control")
+
+    def generate(self, task: str, prompt: Sequence[int], max_new: int = 64, timeout: float = 60.0,
+                 **kw) -> SunResult:
+        h = self.submit(task, prompt, max_new, **kw)
+        try:
+            return h.wait(timeout)
+        finally:
+            self.forget(h.rid)
+
+    def stream(self, task: str, prompt: Sequence[int], max_new: int, params: SamplingParams = SamplingParams(),
+               stop_ids: Sequence[int] = (), on_token: Optional[Callable[[int], None]] = None,
+               timeout: float = 120.0) -> SunResult:
+        """Generate with `on_token` called in THIS thread (it may raise to stop early: the request
+        then runs out on the decoder and its tokens are dropped). The signature of
+        StarTarget.generate with the task first, so edge/api/openai_http.py can front the SUN star."""
+        tokens: queue.Queue = queue.Queue()
+        sp = sampling(params.temperature, params.top_k, params.top_p, params.seed)
+        h = self.submit(task, prompt, max_new, sampling=sp, stop=stop_ids, on_token=lambda i, t: tokens.put(t))
+        end = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    t = tokens.get(timeout=0.05)
+                except queue.Empty:
+                    if h._done.is_set() and tokens.empty():
+                        return h.wait(0)                   # raises the request's error, if any
+                    if time.monotonic() > end:
+                        return h.wait(0)                   # raises the timeout with what arrived
+                    continue
+                if on_token is not None:
+                    on_token(t)
+        finally:
+            self.forget(h.rid)
+
+    def forget(self, rid: str) -> None:
+        with self._lock:
+            self._handles.pop(rid, None)
+
+    def _drop(self, why: str) -> None:
+        n = self.dropped[why] = self.dropped.get(why, 0) + 1
+        # the first of each reason is worth a warning; a flood of them only a debug line each
+        log.log(logging.WARNING if n == 1 else logging.DEBUG, "sun client %s: dropped a stream message (%s; "
+                "%d so far)", self.client, why, n)
+
+    def _on_stream(self, topic: str, payload: bytes) -> None:
+        try:
+            _, ids = parse_topic(topic)
+        except ProtocolError:
+            self._drop("topic")
+            return
+        with self._lock:
+            h = self._handles.get(ids["rid"])
+        if h is None:
+            self._drop("unknown_request")
+            return
+        try:
+            msg = decode(payload, h.req.secret)
+        except ProtocolError as e:
+            self._drop(e.code)
+            return
+        if (msg.rid if isinstance(msg, SunTokens) else getattr(msg, "sid", None)) != h.rid \
+                or not isinstance(msg, (SunTokens, Error)):
+            self._drop("invalid")
+            return
+        if not h._take(msg):
+            self._drop("replay")

@@ -1,0 +1,296 @@
+"""The SUN shared decoder on the MQTT star (edge/sun/prefill_node.py has the flow).
+
+It reserves a slot on the router's DecodeAssign, collects the request's signed
+KV chunks (chunks that overtake their assignment are held, bounded in bytes
+and time, per sender: edge/sun/early_kv.py), admits the KV into its SharedDecoder and streams tokens 1.. to the
+client. Its hello carries its load, which the router's least-loaded choice reads, and the
+decoder's max_sequences: an assignment past it (running, waiting and awaited KV together) is
+answered `overloaded` at once, before its KV is on the way.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from edge.wire.link import Link
+from edge.wire.protocol import (E_INTERNAL, E_OVERLOADED, E_REFUSED, E_TIMEOUT, DecodeAssign, Error, KVChunk,
+                           ProtocolError, SunHello, SunTokens, decode, parse_topic, sun_ctl_topic,
+                           sun_hello_topic, sun_kv_sub, sun_stream_topic)
+from edge.sun.decoder import AdmissionError, DecoderFull, SharedDecoder, TokenEvent
+from edge.sun.early_kv import EarlyKV
+from edge.runtime.node import Node
+from edge.spec.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+MAX_ASSIGNED_KEYS = 4096       # recent assignments whose KV may pass a full queue (a bounded memory)
+EARLY_QUOTA = 64 << 20         # early KV one sender may have held (at most max_pending / 4)
+
+
+def size(n: int) -> str:
+    """Bytes as a person reads them (a limit under 1 MiB is not "0 MiB")."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{round(n / (1 << shift), 2):g} {unit}"
+    return f"{n} bytes"
+
+
+@dataclass
+class _Pending:
+    assign: DecodeAssign
+    since: float
+    chunks: Dict[int, bytes] = field(default_factory=dict)
+    total: int = 0
+    first: int = -1
+    nbytes: int = 0
+
+
+@dataclass
+class _Live:
+    client: str
+    secret: bytes
+    task: str
+    seq: int = 0
+
+
+class DecoderNode(Node):
+    """A SharedDecoder on the star: takes assignments, reassembles KV, batches every task together.
+
+    `batches` records the task of every sequence in each recent engine step (the
+    evidence that one step mixed tasks); `tasks_served` every task it decoded.
+    """
+    role = "decoder"
+
+    def __init__(self, decoder: SharedDecoder, link: Link, worker_id: str, ctl_key: Optional[bytes] = None,
+                 hello_every: float = 2.0, kv_timeout: float = 30.0, max_pending_mb: float = 1024.0):
+        super().__init__(decoder, link, worker_id, ctl_key, hello_every, idle_wait=0.05)
+        self.decoder, self.kv_timeout = decoder, kv_timeout
+        self.max_pending = int(max_pending_mb * (1 << 20))
+        self._pending: Dict[str, _Pending] = {}
+        # KV that overtook its assignment, per sender; all senders together within max_pending
+        self._early = EarlyKV(min(self.max_pending // 4, EARLY_QUOTA), self.max_pending)
+        self._live: Dict[str, _Live] = {}
+        self._last_sweep = time.monotonic()
+        self.tasks_served: set = set()
+        self.stats = {"admitted": 0, "refused": 0, "timeouts": 0, "overloaded": 0, "finished": 0}
+        self._queued, self._queued_lock = 0, threading.Lock()    # KV bytes waiting in the loop's queue
+        self._assigned: "OrderedDict[str, bytes]" = OrderedDict()  # rid -> secret of recent assignments
+        self._turned_away: "OrderedDict[str, None]" = OrderedDict()  # refused at assignment: KV dropped
+
+    @property
+    def load(self) -> int:
+        """Running sequences plus those whose KV is on its way."""
+        return self.decoder.load + len(self._pending)
+
+    @property
+    def batches(self):
+        return self.decoder.batches
+
+    def telemetry(self) -> dict:
+        """The node's counters plus the decoder's: requests held, tokens decoded, batch sizes."""
+        d = self.decoder
+        recent = list(d.batches)
+        return {**super().telemetry(), "sessions": self.load, "tokens": d.tokens_out,
+                "batch_mean": d.rows_out / d.steps if d.steps else 0.0,
+                "batch_max": max(map(len, recent)) if recent else 0}
+
+    # ---- the node's hooks ----
+    def hello_topic(self) -> str:
+        return sun_hello_topic(self.id)
+
+    def ctl_topic(self) -> str:
+        return sun_ctl_topic(self.id)
+
+    def status(self, online: bool = True) -> SunHello:
+        d = self.decoder
+        return SunHello(self.id, "decoder", "", d.fingerprint, d.engine.vocab_size, online, self.load,
+                        d.max_batch, self.served, d.max_sequences)
+
+    def status_key(self):
+        return self.load, self.served
+
+    def subscribe(self) -> None:
+        self.link.subscribe(sun_kv_sub(self.id), self._on_kv)
+
+    def _on_kv(self, topic: str, payload: bytes) -> None:
+        """Queue a KV message for the loop, within max_pending bytes queued. Past that (a flood faster
+        than the loop) only chunks signed for an assigned request still queue; the rest are dropped
+        and counted here, so a flood can neither grow the queue nor crowd out the real KV."""
+        try:
+            kind, ids = parse_topic(topic)                # the sender is the topic's last level
+        except ProtocolError:
+            kind, ids = "", {}
+        if kind != "sun_kv" or ids.get("worker") != self.id:
+            self.drop("invalid")
+            return
+        with self._queued_lock:
+            room = self._queued + len(payload) <= self.max_pending
+        if not room and not self._signed_for_assigned(payload):
+            self.drop("kv_backlog")
+            return
+        with self._queued_lock:
+            self._queued += len(payload)
+        self.put("kv", (ids["sender"], payload))
+
+    def put(self, kind: str, msg) -> None:
+        if kind == "ctl" and isinstance(msg, DecodeAssign) and msg.worker == self.id:
+            with self._queued_lock:                       # known before the loop reaches it (see _on_kv)
+                self._assigned[msg.rid] = msg.secret
+                while len(self._assigned) > MAX_ASSIGNED_KEYS:
+                    self._assigned.popitem(last=False)
+        super().put(kind, msg)
+
+    def _signed_for_assigned(self, payload: bytes) -> bool:
+        def key(rid: str) -> Optional[bytes]:
+            with self._queued_lock:
+                return self._assigned.get(rid)
+        try:
+            decode(payload, key)
+            return True
+        except ProtocolError:
+            return False
+
+    def tick(self, now: float) -> None:
+        if now - self._last_sweep > 0.25:
+            self._last_sweep = now
+            self._expire(now)
+
+    def publish(self, e: TokenEvent) -> None:
+        self._emit(e.request_id, e.index, e.token, e.finish_reason if e.done else None)
+
+    def handle(self, kind: str, msg) -> None:
+        if kind == "ctl":
+            if isinstance(msg, DecodeAssign) and msg.worker == self.id:
+                self._assign(msg)
+            else:
+                self.drop("not_mine")
+        else:
+            sender, payload = msg
+            with self._queued_lock:
+                self._queued -= len(payload)
+            self._kv(payload, sender)
+
+    def _assign(self, a: DecodeAssign) -> None:
+        if not self.fresh(a.rid):
+            return
+        self.served += 1                                  # taken, refused or not (the router counts it)
+        if self.load >= self.decoder.max_sequences:       # the KV it would send has nowhere to go
+            self.stats["overloaded"] += 1
+            self._turned_away[a.rid] = None
+            with self._queued_lock:                       # its KV may not pass a full queue either
+                self._assigned.pop(a.rid, None)
+            while len(self._turned_away) > MAX_ASSIGNED_KEYS:
+                self._turned_away.popitem(last=False)
+            self._fail(_Pending(a, time.monotonic()), E_OVERLOADED,
+                       f"decoder {self.id} holds its limit of {self.decoder.max_sequences} sequences (running, "
+                       "waiting and on their way); retry or add a decoder")
+            return
+        self._pending[a.rid] = _Pending(a, time.monotonic())
+        self._early.vouch(a.prefill)                      # the router's prefill worker: a quota of its own
+        mine, others = self._early.claim(a.rid, a.prefill)
+        for _ in range(others):
+            self.drop("kv_wrong_sender")                  # held for this request, but not from its prefill
+        for payload in mine:
+            self._kv(payload, a.prefill)
+
+    def _kv(self, payload: bytes, sender: str) -> None:
+        asked: List[str] = []
+
+        def key(rid: str) -> Optional[bytes]:
+            asked.append(rid)
+            p = self._pending.get(rid)
+            return p.assign.secret if p else None
+        try:
+            msg = decode(payload, key)
+        except ProtocolError as e:
+            rid = asked[0] if asked else None
+            if e.code == "auth" and rid and rid not in self._pending and rid not in self.seen:
+                self._hold_early(sender, rid, payload)    # its assignment has not arrived yet
+            elif rid in self._turned_away:
+                self.drop("kv_turned_away")               # the KV of a request refused as overloaded
+            else:
+                self.drop(e.code)
+            return
+        p = self._pending[asked[0]]
+        if isinstance(msg, Error):                        # the prefill failed and told the client
+            del self._pending[asked[0]]
+            return
+        if not isinstance(msg, KVChunk):
+            self.drop("invalid")
+            return
+        if p.total and (msg.total, msg.first_token) != (p.total, p.first) or msg.index in p.chunks:
+            self.drop("inconsistent")
+            return
+        p.total, p.first = msg.total, msg.first_token
+        if self._pending_bytes() + len(msg.data) > self.max_pending:
+            self.stats["overloaded"] += 1
+            self._fail(p, E_OVERLOADED, f"decoder {self.id} has no room for more KV in transit "
+                                        f"({size(self.max_pending)}); retry or add a decoder")
+            return
+        p.chunks[msg.index] = msg.data
+        p.nbytes += len(msg.data)
+        if len(p.chunks) == p.total:
+            del self._pending[msg.rid]
+            self._admit(p)
+
+    def _hold_early(self, sender: str, rid: str, payload: bytes) -> None:
+        if not self._early.hold(sender, rid, payload, time.monotonic()):
+            self.drop("early_overflow")                   # this sender's quota is full
+
+    def _pending_bytes(self) -> int:
+        return sum(p.nbytes for p in self._pending.values())
+
+    def _admit(self, p: _Pending) -> None:
+        a = p.assign
+        blob = b"".join(p.chunks[i] for i in range(p.total))
+        try:
+            rid = self.decoder.admit(blob, request_id=a.rid, max_new=a.max_new, params=SamplingParams.from_wire(a.sampling),
+                                     first_token=p.first, stop_ids=self.decoder.stop_ids | set(a.stop),
+                                     task=a.task)
+        except DecoderFull as e:                          # held by sequences admitted some other way
+            self.stats["overloaded"] += 1
+            self._fail(p, E_OVERLOADED, str(e))
+            return
+        except AdmissionError as e:
+            self.stats["refused"] += 1
+            self._fail(p, E_REFUSED, str(e))
+            return
+        except Exception as e:  # a bad blob must never stop the decoder
+            log.exception("decoder %s: admitting %s failed", self.id, a.rid)
+            self._fail(p, E_INTERNAL, f"decoder {self.id} could not admit the request: {e}")
+            return
+        self.stats["admitted"] += 1
+        self.tasks_served.add(a.task)
+        self._live[rid] = _Live(a.client, a.secret, a.task)
+        res = self.decoder.results.get(rid)
+        if res is not None:                               # done at once: stop token first, or max_new 1
+            self._emit(rid, len(res.tokens) - 1, res.tokens[-1], res.finish_reason)
+
+    def _emit(self, rid: str, index: int, token: int, reason: Optional[str]) -> None:
+        live = self._live.get(rid)
+        if live is None:
+            return
+        live.seq += 1
+        msg = SunTokens(rid, live.seq, index, [token], reason is not None, reason or "", self.id)
+        self.send(sun_stream_topic(live.client, rid), msg, live.secret)
+        if reason is not None:
+            del self._live[rid]
+            self.decoder.results.pop(rid, None)
+            self.stats["finished"] += 1
+
+    def _expire(self, now: float) -> None:
+        for rid, p in list(self._pending.items()):
+            if now - p.since > self.kv_timeout:
+                self.stats["timeouts"] += 1
+                self._fail(p, E_TIMEOUT, f"the KV cache from prefill worker {p.assign.prefill!r} did not "
+                                         f"reach decoder {self.id} within {self.kv_timeout:g} s")
+        for _ in range(self._early.expire(now, self.kv_timeout)):
+            self.drop("kv_unclaimed")                     # no assignment came: another decoder's, or forged
+
+    def _fail(self, p: _Pending, code: str, message: str) -> None:
+        a = p.assign
+        self._pending.pop(a.rid, None)
+        self.send(sun_stream_topic(a.client, a.rid), Error(a.rid, 0, code, message[:1024]), a.secret)

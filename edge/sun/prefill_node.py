@@ -1,0 +1,119 @@
+"""A SUN prefill worker on the MQTT star: PrefillJob -> token 0 to the client, KV chunks to the decoder.
+
+Flow of one request (topics in edge/wire/protocol.py; the router is server/sun_router.py,
+the decoder edge/sun/decoder_node.py, the client edge/sun/client.py):
+
+    client --SunRequest--> router --DecodeAssign--> decoder      (reserve, with the secret)
+                                  --PrefillJob----> prefill      (then: prompt -> KV + token 0)
+    prefill --SunTokens(token 0)--> client          (time to first token without a decoder hop)
+    prefill --KVChunk x n---------> decoder         (signed with the request's secret)
+    decoder --SunTokens(1..)------> client          (continuous batching across all tasks)
+
+Both SUN nodes announce themselves with a retained SunHello (the will says
+online=False) and re-announce whenever their load changes, which is what the
+router's least-loaded choice reads. KV chunks and tokens go at QoS 1: a lost
+chunk would cost the request, a lost token would leave a hole in the answer.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Dict, Optional
+
+from edge.wire.link import Link
+from edge.wire.protocol import (E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, SUN_CHUNK_BYTES, Error, KVChunk, PrefillJob,
+                           SunHello, SunTokens, sun_ctl_topic, sun_hello_topic, sun_kv_topic, sun_stream_topic)
+from edge.runtime.node import Node
+from edge.sun.prefill import PrefillFailed, PrefillOutput, PrefillWorker, QueueFull
+from edge.spec.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class PrefillNode(Node):
+    """One task's prefill worker on the star."""
+    role = "prefill"
+
+    def __init__(self, worker: PrefillWorker, link: Link, worker_id: str, ctl_key: Optional[bytes] = None,
+                 hello_every: float = 2.0, chunk_bytes: int = SUN_CHUNK_BYTES):
+        if not 0 < chunk_bytes <= SUN_CHUNK_BYTES:
+            raise ValueError(f"chunk_bytes must be in 1..{SUN_CHUNK_BYTES}")
+        super().__init__(worker, link, worker_id, ctl_key, hello_every, idle_wait=hello_every)
+        self.worker, self.chunk_bytes = worker, chunk_bytes
+        self.stats = {"jobs": 0, "failed": 0, "overloaded": 0, "kv_bytes": 0, "chunks": 0, "prefill_s": 0.0}
+        self._jobs: Dict[str, PrefillJob] = {}            # taken, not yet answered
+
+    @property
+    def load(self) -> int:
+        """Jobs received and not yet prefilled."""
+        return self.loop.backlog() + self.worker.load
+
+    def telemetry(self) -> dict:
+        """The node's counters plus jobs queued; each prefill produces an answer's first token."""
+        return {**super().telemetry(), "sessions": self.load, "tokens": self.stats["jobs"]}
+
+    # ---- the node's hooks ----
+    def hello_topic(self) -> str:
+        return sun_hello_topic(self.id)
+
+    def ctl_topic(self) -> str:
+        return sun_ctl_topic(self.id)
+
+    def status(self, online: bool = True) -> SunHello:
+        w = self.worker
+        return SunHello(self.id, "prefill", w.task, w.decoder_fingerprint, w.engine.vocab_size, online,
+                        self.load, 1, self.served, w.max_queue)
+
+    def status_key(self):
+        return self.load, self.served
+
+    def handle(self, kind: str, msg) -> None:
+        if not isinstance(msg, PrefillJob) or msg.worker != self.id:
+            self.drop("not_mine")
+        elif msg.task != self.worker.task:
+            self.drop("wrong_task")
+        elif self.fresh(msg.rid):
+            self.served += 1
+            try:
+                self.worker.submit(msg.prompt, msg.rid, SamplingParams.from_wire(msg.sampling))
+            except QueueFull as e:                        # tells the client and frees the decoder's slot
+                self.stats["overloaded"] += 1
+                self._fail(msg, E_OVERLOADED, str(e))
+                return
+            self._jobs[msg.rid] = msg
+
+    def publish(self, out) -> None:
+        job = self._jobs.pop(out.request_id, None)
+        if job is None:
+            return
+        if isinstance(out, PrefillFailed):
+            if out.refused:
+                self._fail(job, E_BAD_REQUEST, f"prefill of task {job.task!r} refused the prompt: {out.reason}")
+            else:
+                self._fail(job, E_INTERNAL, f"prefill worker {self.id} failed: {out.reason}")
+            return
+        try:
+            self._deliver(job, out)
+        except Exception as e:                            # one bad job must not end the worker
+            log.exception("prefill %s: request %s failed", self.id, job.rid)
+            self._fail(job, E_INTERNAL, f"prefill worker {self.id} failed: {e}")
+
+    # ---- answers ----
+    def _deliver(self, job: PrefillJob, out: PrefillOutput) -> None:
+        self.stats["jobs"] += 1
+        self.stats["prefill_s"] += out.prefill_s
+        self.send(sun_stream_topic(job.client, job.rid),
+                  SunTokens(job.rid, 0, 0, [out.first_token], worker=self.id), job.secret)
+        blob, n = out.blob, self.chunk_bytes
+        total = max(1, math.ceil(len(blob) / n))
+        for i in range(total):
+            self.send(sun_kv_topic(job.decoder, self.id),
+                      KVChunk(job.rid, i, total, out.first_token, blob[i * n:(i + 1) * n]), job.secret)
+        self.stats["kv_bytes"] += len(blob)
+        self.stats["chunks"] += total
+
+    def _fail(self, job: PrefillJob, code: str, message: str) -> None:
+        self.stats["failed"] += 1
+        err = Error(job.rid, 0, code, message[:1024])
+        self.send(sun_stream_topic(job.client, job.rid), err, job.secret)
+        self.send(sun_kv_topic(job.decoder, self.id), err, job.secret)   # frees the decoder's reservation

@@ -18,8 +18,8 @@ Pure: fed with seconds, reads no clock (edge/star/target.py's RemoteDrafter feed
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 
@@ -190,6 +190,25 @@ class RoundTrips:
         miss = 1.0 if alpha is None else 1.0 - self.hit_share(alpha, gamma, sent)
         drafted = sum(s * p for s, p in self.sent_shares(gamma)) if sent else gamma
         return o + (c + b * drafted) * miss
+
+
+@dataclass(frozen=True)
+class GammaPricing:
+    """What a StarSD target's γ=auto starts from, in one place: StarTarget hands it to its
+    RemoteDrafter, whose gamma_policy() builds the RemoteGamma from it and the waits it measures.
+
+    verify_costs: {k: seconds of a target call over k tokens} measured beforehand
+    (edge/spec/verify_costs.py), seeding the cost model (empty: measured as it goes).
+    stop_aware: RemoteGamma's; False is the pricing before the confidence stop's sent count was
+    priced, kept for the A/B runs that set it side by side (`--gammas auto-asked`)."""
+    verify_costs: Mapping[int, float] = field(default_factory=dict)
+    stop_aware: bool = True
+
+    def cost_tracker(self) -> CostTracker:
+        costs = CostTracker()
+        for k, seconds in sorted(self.verify_costs.items()):
+            costs.add_target(k, seconds)
+        return costs
 
 
 class RemoteGamma:

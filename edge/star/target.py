@@ -9,7 +9,9 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from edge.engines.base import Engine
 from edge.spec.generate import GenResult, generate_speculative
-from edge.star.remote_drafter import Deadline, RemoteDrafter
+from edge.spec.remote_gamma import GammaPricing
+from edge.star.remote_drafter import RemoteDrafter
+from edge.star.remote_round import Deadline
 from edge.star.session import HubClient, JoinRefused
 from edge.spec.sampling import GREEDY, SamplingParams
 from edge.spec.verify_costs import measure_verify_costs
@@ -34,7 +36,7 @@ class StarTarget:
         self.engine, self.hub, self.gamma, self.adaptive = engine, hub, gamma, adaptive
         self.join_timeout = join_timeout
         self.verify_costs: Optional[dict] = None    # measured at the first adaptive generation
-        self.stop_aware = True      # γ=auto prices rounds by the drafts sent and sets their p_min (False: A/B)
+        self.stop_aware = True      # γ=auto's pricing (GammaPricing.stop_aware; False: A/B runs)
         self.lock = threading.Lock()
         self.last_drafter: Optional[RemoteDrafter] = None
         # telemetry (edge/telemetry/readings.py): tokens as they are committed, acceptance per generation
@@ -74,9 +76,8 @@ class StarTarget:
         with self.lock:
             if self.adaptive and self.verify_costs is None:
                 self._calibrate()
-            drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline,
-                                    verify_costs=self.verify_costs if self.adaptive else None,
-                                    stop_aware=self.stop_aware)
+            pricing = GammaPricing((self.verify_costs or {}) if self.adaptive else {}, self.stop_aware)
+            drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline, pricing=pricing)
             self.last_drafter = drafter
             try:
                 drafter.connect(self.join_timeout)

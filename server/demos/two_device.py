@@ -240,8 +240,8 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
             "tok_s": tps, "speedup": tps / row["alone_tok_s"] if row["alone_tok_s"] else float("nan"),
             "acceptance": statistics.median(x[0].acceptance_rate for x in rs),
             "tokens_per_verify": statistics.median(x[0].tokens_per_verify for x in rs),
-            "answered_rounds": f"{d['answered'] - d['probe_answers']}/{d['rounds']}",   # probes apart
-            "probes_answered": f"{d['probe_answers']}/{d['probes']}",
+            "answered_rounds": f"{d.answered - d.probe_answers}/{d.rounds}",   # probes apart
+            "probes_answered": f"{d.probe_answers}/{d.probes}",
             "wait_overhead_ms": 1e3 * w.overhead_s, "wait_per_draft_ms": 1e3 * w.per_token_s,
             "gamma_mean": statistics.mean(s.gammas) if s.gammas else 0.0,
             "gamma_zero_share": s.gammas.count(0) / len(s.gammas) if s.gammas else 1.0,

@@ -8,6 +8,7 @@ from edge.engines.torch_engine import TorchEngine
 from edge.spec.generate import generate_plain
 from edge.model.transformer import Transformer, tiny_config
 from edge.spec.remote_gamma import RoundTrips
+from edge.star.remote_round import DrafterStats
 from server.demos.two_device import measure_prompt, parse_modes
 
 
@@ -16,8 +17,7 @@ class Star:
 
     def __init__(self, engine):
         self.engine, self.runs, self.gamma, self.adaptive = engine, 0, 0, False
-        self.last_drafter = SimpleNamespace(stats={"answered": 0, "rounds": 0, "probes": 0, "probe_answers": 0},
-                                            waits=RoundTrips())
+        self.last_drafter = SimpleNamespace(stats=DrafterStats(), waits=RoundTrips())
 
     def generate(self, ids, max_new, stop_ids=()):
         self.runs += 1

@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import starsd_scaling as sc  # noqa: E402
-from benchmarks.emulated_target import DeviceTiming  # noqa: E402
+from harness.emulated_target import DeviceTiming  # noqa: E402
 from edge.telemetry.cpu_info import cpu_name  # noqa: E402
 from export.target_format import FORMATS  # noqa: E402
 

@@ -151,7 +151,7 @@ def _latency(profile: str) -> Callable[[Bench], Outcome]:
 
 def _netem_loss(pct: int) -> Callable[[Bench], Outcome]:
     def run(b: Bench) -> Outcome:
-        from netns import netem_available
+        from harness.netns import netem_available
         if not netem_available():
             return Outcome("not run: this kernel has no netem qdisc (`tc qdisc ... netem` is unknown)")
         import subprocess
@@ -337,11 +337,11 @@ def main(argv=None) -> None:
         for x in faults:
             print(f"{x.kind:8} {x.name}")
         return
-    from netns import available
+    from harness.netns import available
     why = available()
     if why:
         sys.exit(f"error: {why}")
-    from netns_star import NamespaceStar
+    from harness.netns_star import NamespaceStar
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
             "cpus": os.cpu_count(), "load_start": [round(x, 1) for x in os.getloadavg()],
             "model": a.model or "tiny random llama (float64)", "requests": a.requests, "max_new": a.max_new,

@@ -27,7 +27,7 @@ from benchmarks.faults import SUN_PROMPTS, Fault
 from benchmarks.hostile_star import Hostile, Load, PeakRss, answers, body, new_rid, reheader, tag
 from edge.model import kv_blob
 from edge.wire import protocol as P
-from mosquitto_clients import signed
+from harness.mosquitto_clients import signed
 
 N = 50                         # copies of each forged message (a flood sends FLOOD)
 FLOOD = 2000                   # small forged messages in the flood, on each of two targets

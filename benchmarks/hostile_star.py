@@ -26,7 +26,7 @@ import msgpack
 
 from benchmarks.faults import REQUEST_TIMEOUT, SUN_PROMPTS
 from edge.wire import protocol as P
-from mosquitto_clients import MosquittoClients
+from harness.mosquitto_clients import MosquittoClients
 
 
 def body(payload: bytes) -> dict:

@@ -35,9 +35,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.load_monitor import Monitor, rss_mb  # noqa: E402
-from benchmarks.load_star import LoadConfig, LoadStar  # noqa: E402
-from benchmarks.load_sun import SunPool, big_jobs, jobs, refusal_codes, wrong  # noqa: E402
+from harness.load_monitor import Monitor, rss_mb  # noqa: E402
+from harness.load_star import LoadConfig, LoadStar  # noqa: E402
+from harness.load_sun import SunPool, big_jobs, jobs, refusal_codes, wrong  # noqa: E402
 from edge.star.draft_service import DraftLimits  # noqa: E402
 from server.mosquitto import MosquittoBroker  # noqa: E402
 

@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.emulated_target import DeviceTiming  # noqa: E402
+from harness.emulated_target import DeviceTiming  # noqa: E402
 from benchmarks.starsd_worker import TargetProcess  # noqa: E402
 from edge.model.fetch import model_path  # noqa: E402
 from export.target_format import FORMATS, NATIVE, target_gguf  # noqa: E402

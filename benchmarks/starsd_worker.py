@@ -30,7 +30,7 @@ from typing import Callable, List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.emulated_target import (DelayLink, DeviceTiming, EmulatedDrafter,  # noqa: E402
+from harness.emulated_target import (DelayLink, DeviceTiming, EmulatedDrafter,  # noqa: E402
                                         EmulatedEngine, MeasuringHubClient, _Delayer)
 from edge.engines.counting import CountingEngine  # noqa: E402
 

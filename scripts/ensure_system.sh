@@ -16,7 +16,7 @@ for need in "$@"; do
     ssh)       command -v ssh >/dev/null 2>&1 || missing+=(openssh-client) ;;
     sshd)      [ -x /usr/sbin/sshd ] || missing+=(openssh-server) ;;
     rsync)     command -v rsync >/dev/null 2>&1 || missing+=(rsync) ;;
-    # ip netns / veth / tc: the star across network namespaces (tests/helpers/netns.py)
+    # ip netns / veth / tc: the star across network namespaces (harness/netns.py)
     netns)     { command -v ip || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ]; } >/dev/null 2>&1 || missing+=(iproute2) ;;
     *) echo "ensure_system.sh: unknown need '$need'" >&2; exit 2 ;;
   esac

@@ -8,16 +8,13 @@ it, with the install hint: CI installs it, so a skip would hide a broken setup.
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-# tests/helpers: tiny models, table engines, goodness-of-fit tools (importable from every layer)
-sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
-
+# Tiny models, table engines, goodness-of-fit tools, live stars: the top-level `harness` package
+# (shared with benchmarks/), importable from the repository root ([tool.pytest.ini_options] pythonpath).
 
 
 class Inbox:
@@ -127,9 +124,9 @@ class ExportCache:
         return self._files[key]
 
     def tokenizer(self):
-        """tiny_models.small_bpe, trained once per session."""
+        """harness.tiny_models.small_bpe, trained once per session."""
         if self._tok is None:
-            from tiny_models import small_bpe
+            from harness.tiny_models import small_bpe
             self._tok = small_bpe()
         return self._tok
 

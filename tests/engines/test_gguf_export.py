@@ -11,7 +11,7 @@ from edge.model.transformer import Transformer, tiny_config
 from export.gguf import GGUFExportError, as_vocab, gguf_name, write_gguf
 from export.quant import fake_quant_q4, fake_quant_state_dict, is_quantised_linear
 
-from tiny_models import small_bpe
+from harness.tiny_models import small_bpe
 
 FTYPES = ["F32", "F16", "Q8_0", "Q4_0"]
 CHAT = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

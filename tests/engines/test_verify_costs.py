@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from edge.engines.torch_engine import TorchEngine
 from edge.spec.verify_costs import measure_verify_costs
-from tests.helpers.tiny_models import random_model
+from harness.tiny_models import random_model
 
 
 def test_the_curve_covers_every_k_and_frees_its_sequence():

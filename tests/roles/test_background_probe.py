@@ -12,8 +12,8 @@ from edge.star.session import HubClient
 from edge.spec.sampling import GREEDY
 from server.hub import Hub
 
-from tiny_models import tiny_model
-from waiting import wait_until
+from harness.tiny_models import tiny_model
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 PROMPT = [1, 2, 3, 4]

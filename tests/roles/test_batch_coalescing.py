@@ -5,7 +5,7 @@ from edge.star.draft_service import DraftLimits, DraftService
 from edge.runtime.loop import EngineLoop
 from edge.engines.torch_engine import TorchEngine
 
-from test_draft_service import FakeClock, make_engine
+from harness.draft_services import FakeClock, make_engine
 
 
 class TimedEngine(TorchEngine):

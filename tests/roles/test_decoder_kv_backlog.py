@@ -10,8 +10,8 @@ from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.sun.decoder import SharedDecoder
 from edge.sun.decoder_node import DecoderNode
 
-from tiny_models import random_model
-from waiting import wait_until
+from harness.tiny_models import random_model
+from harness.waiting import wait_until
 
 
 def test_kv_queue_is_bounded_in_bytes_and_drains():

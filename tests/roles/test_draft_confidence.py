@@ -14,7 +14,7 @@ from edge.star.session import HubClient
 from edge.star.target import StarTarget
 from server.hub import Hub
 
-from test_draft_service import make_engine, reference, step
+from harness.draft_services import make_engine, reference, step
 
 
 def greedy_path(ctx, n, seed=0):

@@ -12,7 +12,7 @@ from edge.star.draft_service import DraftLimits
 from edge.star.session import HubClient
 from edge.star.target import StarTarget
 from server.hub import Hub
-from test_draft_service import contexts, make_engine, reference, service, step
+from harness.draft_services import contexts, make_engine, reference, service, step
 
 
 def test_a_request_joins_the_batch_in_flight_and_is_answered_first():

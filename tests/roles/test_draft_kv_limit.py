@@ -11,7 +11,7 @@ import torch
 from edge.engines.torch_engine import TorchEngine
 from edge.wire.protocol import E_OVERLOADED, DraftRequest, DraftResponse, Error
 from edge.star.draft_service import DraftLimits, DraftService
-from tiny_models import tiny_model
+from harness.tiny_models import tiny_model
 
 torch.set_num_threads(1)
 CHUNK = 64                       # tokens a torch sequence is first allocated for (edge/model/kv.py)

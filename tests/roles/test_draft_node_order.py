@@ -12,8 +12,8 @@ from edge.wire.protocol import (DraftRequest, DraftResponse, SessionAssign, deco
 from edge.star.draft_service import DraftLimits, DraftService
 from edge.star.draft_node import DraftNode
 
-from test_draft_service import make_engine
-from waiting import wait_until
+from harness.draft_services import make_engine
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge.spec.generate import ModelDrafter, generate_plain
+from edge.spec.generate import generate_plain
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, DraftRequest, DraftResponse,
                            Error, sampling)
@@ -14,50 +14,10 @@ from edge.star.target import StarTarget
 from edge.spec.sampling import SamplingParams, to_probs, truncate_top_k
 from edge.engines.base import EngineError
 from edge.engines.torch_engine import TorchEngine
-from edge.model.transformer import Transformer, tiny_config
 from server.hub import Hub
+from harness.draft_services import FakeClock, contexts, make_engine, reference, service, step  # noqa: F401
 
 torch.set_num_threads(1)
-
-
-def make_engine(seed=0, cls=TorchEngine):
-    """A tiny float64 model: outputs are exact, so greedy texts compare token for token."""
-    torch.manual_seed(seed)
-    model = Transformer(tiny_config("llama")).double()
-    for p in model.parameters():
-        p.data.normal_(0, 0.2)
-    return cls(model, fingerprint=f"tiny-{seed}")
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-
-def service(limits=None, seed=0, clock=None, engine=None):
-    svc = DraftService(engine or make_engine(seed=seed), limits or DraftLimits(ahead=False),
-                       **({"clock": clock} if clock else {}))
-    return svc, {}
-
-
-def step(svc, out):
-    """One step of the core, its replies filed by session as the node would send them; how many."""
-    replies = svc.step()
-    for sid, m in replies:
-        out.setdefault(sid, []).append(m)
-    return len(replies)
-
-
-def contexts(n, seed=3):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, size=int(rng.integers(3, 12))).tolist() for _ in range(n)]
-
-
-def reference(ctx, gamma, seed=0):
-    return ModelDrafter(make_engine(seed=seed)).draft(ctx, gamma, np.random.default_rng(0))[0]
 
 
 def test_one_batch_serves_all_pending_with_one_step_per_position():

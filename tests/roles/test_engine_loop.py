@@ -9,8 +9,8 @@ from edge.runtime.loop import EngineLoop
 from edge.sun.prefill import PrefillWorker
 from edge.sun.prefill_node import PrefillNode
 
-from tiny_models import random_model
-from waiting import wait_until
+from harness.tiny_models import random_model
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 KEY = b"k" * 32

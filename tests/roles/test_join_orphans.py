@@ -18,8 +18,8 @@ from edge.star.draft_service import DraftLimits
 from edge.star.session import HubClient, JoinRefused
 from edge.star.target import RemoteDrafter
 from server.hub import Hub
-from tiny_models import tiny_model
-from waiting import wait_until
+from harness.tiny_models import tiny_model
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 TOK = "tok"

@@ -23,7 +23,7 @@ from edge.star.target import Deadline, StarTarget
 from edge.spec.sampling import Role, SamplingParams, role_rng
 from server.hub import Hub
 
-from goodness_of_fit import TableEngine, chi_square, critical_value, exact_distribution
+from harness.goodness_of_fit import TableEngine, chi_square, critical_value, exact_distribution
 
 PROMPT = [1, 3, 0]
 TOK = "tok-table"

@@ -29,8 +29,8 @@ from edge.sun.client import SunClient
 from edge.spec.sampling import SamplingParams, to_probs
 from server.sun_router import SunRouter
 
-from table_engine import TableEngine
-from goodness_of_fit import chi_square, critical_value
+from harness.table_engine import TableEngine
+from harness.goodness_of_fit import chi_square, critical_value
 
 FP = "table-decoder"
 PROMPT = [1, 3, 0]

@@ -5,7 +5,7 @@ each prompt had been decoded alone (float64, greedy: token for token)."""
 import torch
 
 from edge.model.sun_modules import split_generate
-from tiny_models import random_model, specialist
+from harness.tiny_models import random_model, specialist
 
 
 def alone(prefill, decoder, prompt, max_new, stops=()):

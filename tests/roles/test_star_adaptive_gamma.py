@@ -11,7 +11,7 @@ from edge.star.session import HubClient
 from edge.star.target import Deadline, StarTarget
 from server.hub import Hub
 
-from tiny_models import tiny_model
+from harness.tiny_models import tiny_model
 
 torch.set_num_threads(1)
 PROMPT = [1, 2, 3, 4]

@@ -20,7 +20,7 @@ from edge.spec.sampling import SamplingParams
 from edge.spec.suffix_drafter import SuffixDrafter
 from server.hub import Hub
 
-from tiny_models import tiny_model
+from harness.tiny_models import tiny_model
 
 torch.set_num_threads(1)
 TOK = "tok-tiny"

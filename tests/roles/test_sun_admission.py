@@ -16,8 +16,8 @@ from edge.sun.decoder_node import DecoderNode, size
 from edge.sun.prefill import PrefillWorker, QueueFull
 from edge.sun.prefill_node import PrefillNode
 from server.sun_router import SunRefusal, SunRouter
-from tiny_models import random_model
-from waiting import wait_until
+from harness.tiny_models import random_model
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 FP = "fp"

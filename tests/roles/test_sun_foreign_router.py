@@ -21,8 +21,8 @@ from edge.sun.client import SunClient, SunRequestError
 from edge.model.sun_modules import split_generate, weights_fingerprint
 from server.hub import Hub
 from server.sun_router import SunRouter
-from tiny_models import random_model, specialist
-from waiting import wait_until
+from harness.tiny_models import random_model, specialist
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 KEY = b"k" * 32

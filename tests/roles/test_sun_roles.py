@@ -20,7 +20,7 @@ from edge.model.sun_modules import load_module, split_generate, weights_fingerpr
 from export.quant import dequantize_q4, is_quantised_linear, quantize_q4
 from export.tune import build_decoder, save_decoder
 
-from tiny_models import random_model, specialist
+from harness.tiny_models import random_model, specialist
 
 ROOT = Path(__file__).resolve().parents[2]
 

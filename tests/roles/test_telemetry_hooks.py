@@ -23,8 +23,8 @@ from edge.telemetry.readings import SystemSampler, TelemetryReporter
 from server.hub import Hub
 from server.sun_router import SunRouter
 
-from tiny_models import random_model
-from waiting import wait_until
+from harness.tiny_models import random_model
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 KEY = b"k" * 32

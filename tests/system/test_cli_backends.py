@@ -20,7 +20,7 @@ import pytest
 
 from edge.wire.link import MqttLink
 from server.hub import Hub
-from test_cli_wiring import BIN, PROMPT, Procs, _hf_model, _sun_dirs
+from harness.console_scripts import BIN, PROMPT, Procs, hf_model as _hf_model, sun_dirs as _sun_dirs
 
 MAX_NEW = 20
 

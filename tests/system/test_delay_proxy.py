@@ -1,4 +1,4 @@
-"""tests/helpers/delay_proxy.py, the stand-in for netem: bytes pass unchanged and in order, each
+"""harness/delay_proxy.py, the stand-in for netem: bytes pass unchanged and in order, each
 direction at least its minimum one-way delay later (a sleep never ends early, so this lower
 bound holds on any machine), and the delay changes while it runs."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from delay_proxy import PROFILES, Delay, serve
+from harness.delay_proxy import PROFILES, Delay, serve
 from server.broker import find_free_port
 
 

@@ -19,8 +19,8 @@ from edge.sun.prefill import PrefillWorker
 from edge.sun.client import SunClient
 from edge.model.sun_modules import split_generate, weights_fingerprint
 
-from tiny_models import random_model, specialist
-from waiting import wait_until
+from harness.tiny_models import random_model, specialist
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 KEY = b"k" * 32                  # the deployment's ctl key (signs the router's assignments)

@@ -1,4 +1,4 @@
-"""`make flash-jetson` against a real sshd "device" (tests/helpers/ssh_device.py), a real hub on a
+"""`make flash-jetson` against a real sshd "device" (harness/ssh_device.py), a real hub on a
 real Mosquitto, and the agent started from the unit's own ExecStart line as the device's user
 (there is no systemd PID 1 here, so nothing starts the unit itself).
 """
@@ -23,7 +23,7 @@ from devices.install_plan import build_wheel
 from devices.provision import main as provision
 from edge.engines.loader import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256_file
 from edge.model.fetch import model_path
-from ssh_device import SshDevice, free_port
+from harness.ssh_device import SshDevice, free_port
 
 SMOL = "smollm2-135m"
 REPO = Path(__file__).resolve().parents[2]
@@ -265,7 +265,7 @@ def _decoder_module(tmp_path: Path) -> Path:
     """A SUN shared-decoder directory (as `edge-export tune` writes one) of a tiny random model."""
     from edge.model.sun_modules import weights_fingerprint
     from export.tune import save_decoder
-    from tiny_models import tiny_model
+    from harness.tiny_models import tiny_model
     m = tiny_model()
     return save_decoder(tmp_path / "decoder", m, "fp32", weights_fingerprint(m))
 

@@ -15,9 +15,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from fuzz import JSON_VALUES, fuzz
-from test_openai_http import endpoint  # noqa: F401  (fixture: a StarSD target behind the endpoint)
-from test_sun_http import sun_endpoint  # noqa: F401  (fixture: the hub's SUN endpoint)
+from harness.fuzz import JSON_VALUES, fuzz
+from harness.http_endpoints import openai_endpoint, sun_http_endpoint
 
 TIMEOUT = 20.0
 CAP = 6                                      # max_tokens cap: a valid request stays a short generation
@@ -80,14 +79,26 @@ def still_serving(port):
 
 
 @pytest.fixture(scope="module")
-def star_port(endpoint):  # noqa: F811
+def endpoint():
+    """A StarSD target behind the OpenAI endpoint."""
+    yield from openai_endpoint()
+
+
+@pytest.fixture(scope="module")
+def sun_endpoint():
+    """The hub's SUN endpoint (tasks maths and code, as tests/system/test_sun_http.py's)."""
+    yield from sun_http_endpoint(("maths", "code"))
+
+
+@pytest.fixture(scope="module")
+def star_port(endpoint):
     server = endpoint[0]
     server.max_tokens_cap = CAP
     return server.port
 
 
 @pytest.fixture(scope="module")
-def sun_port(sun_endpoint):  # noqa: F811
+def sun_port(sun_endpoint):
     server = sun_endpoint[0]
     server.max_tokens_cap = CAP
     server.context = 64

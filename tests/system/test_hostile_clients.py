@@ -31,10 +31,10 @@ from edge.model.sun_modules import weights_fingerprint
 from server.hub import Hub
 from server.mosquitto import MosquittoBroker
 
-from mosquitto_clients import PUB, SUB, MosquittoClients, signed
-from sun_star import Star
-from tiny_models import random_model, specialist, tiny_model
-from waiting import wait_until
+from harness.mosquitto_clients import PUB, SUB, MosquittoClients, signed
+from harness.sun_star import Star
+from harness.tiny_models import random_model, specialist, tiny_model
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 TOK = "tok-tiny"

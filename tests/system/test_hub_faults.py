@@ -16,8 +16,8 @@ from edge.star.target import StarTarget
 from server.broker import find_free_port
 from server.hub import Hub
 
-from tiny_models import tiny_model
-from waiting import wait_until
+from harness.tiny_models import tiny_model
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 TOK = "tok-tiny"

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from edge.wire.link import LinkError, MqttLink
 from server.broker import find_free_port
 from server.certs import make_certs
-from test_cli_wiring import BIN, MAX_NEW, PROMPT, Procs, _hf_model
+from harness.console_scripts import BIN, MAX_NEW, PROMPT, Procs, hf_model as _hf_model
 
 ADDR = "127.0.0.2"
 

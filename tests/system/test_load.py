@@ -1,7 +1,7 @@
 """Load (#12 part 5), the fast version: 256 concurrent StarSD sessions against one real draft
 service, and a mixed SUN pool with one shared decoder under many concurrent requests.
 
-StarSD: 256 emulated targets (the real target code on benchmarks/emulated_target.py's
+StarSD: 256 emulated targets (the real target code on harness/emulated_target.py's
 engine, each with its own MQTT connection, in 4 processes) join one hub whose draft service
 (a tiny float64 llama) is configured for exactly 256 sessions and a KV limit below what
 they would all hold at the end (counted as the engine allocates it). Every target is held
@@ -9,25 +9,20 @@ inside its session once all have joined; 8 more clients then ask for sessions. S
 requests of three tasks at once on one decoder (8 rows per step, 0.25 MiB of KV in transit,
 128 sequences at most), then 6 whose KV alone is more, then 24, then 256 longer ones at once:
 more than the decoder may hold.
-Each load runs once per module (benchmarks/load_star.py, benchmarks/load_sun.py); the tests
+Each load runs once per module (harness/load_star.py, harness/load_sun.py); the tests
 read what it recorded. No timing is asserted: starvation is counted in steps.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))     # benchmarks/ is not installed
-
-from benchmarks.load_monitor import Monitor  # noqa: E402
-from benchmarks.load_star import LoadConfig, LoadStar, check_proposals  # noqa: E402
-from benchmarks.load_sun import SunPool, big_jobs, first_message, jobs, refusal_codes, wrong  # noqa: E402
-from edge.star.draft_service import DraftLimits  # noqa: E402
-from server.mosquitto import MosquittoBroker  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from edge.star.draft_service import DraftLimits
+from server.mosquitto import MosquittoBroker
+from harness.load_monitor import Monitor
+from harness.load_star import LoadConfig, LoadStar, check_proposals
+from harness.load_sun import SunPool, big_jobs, first_message, jobs, refusal_codes, wrong
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

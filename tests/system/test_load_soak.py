@@ -14,22 +14,18 @@ the one-process greedy output, and at the end nothing may be left.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))     # benchmarks/ is not installed
-
-from benchmarks.load_monitor import rss_mb  # noqa: E402
-from benchmarks.load_star import LoadConfig, LoadStar  # noqa: E402
-from benchmarks.load_sun import SunPool, jobs, wrong  # noqa: E402
-from edge.star.draft_service import DraftLimits  # noqa: E402
-from server.mosquitto import MosquittoBroker  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from edge.star.draft_service import DraftLimits
+from server.mosquitto import MosquittoBroker
+from harness.load_monitor import rss_mb
+from harness.load_star import LoadConfig, LoadStar
+from harness.load_sun import SunPool, jobs, wrong
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.broker]

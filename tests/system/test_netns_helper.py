@@ -1,4 +1,4 @@
-"""tests/helpers/netns.py itself: hosts reach each other over the switch and the test reaches
+"""harness/netns.py itself: hosts reach each other over the switch and the test reaches
 them off it; a pulled cable stalls a live TCP connection (no reset, no close) that carries
 on once the cable is back; close() leaves nothing, and a crashed run's leftovers are removed."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from netns import PREFIX, NetLab, available, ip, remove_leftovers
+from harness.netns import PREFIX, NetLab, available, ip, remove_leftovers
 
 if os.geteuid() != 0:
     pytest.skip("network namespaces need root (CAP_NET_ADMIN)", allow_module_level=True)

@@ -7,59 +7,16 @@ import urllib.request
 
 import pytest
 import torch
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
 
-from edge.engines.torch_engine import TorchEngine
 from edge.spec.generate import generate_plain
-from edge.wire.memory_link import MemoryBus, MemoryLink
-from edge.model.transformer import Transformer, tiny_config
-from edge.api.openai_http import OpenAIServer, StopText
-from edge.star.session import HubClient
-from edge.star.target import StarTarget
+from edge.api.openai_http import StopText
 from edge.spec.sampling import SamplingParams
-from edge.model.tokenizer import Tokenizer
-from server.hub import Hub
+from harness.http_endpoints import openai_endpoint, post
 
 torch.set_num_threads(1)
-TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
-
-
-def byte_tokenizer() -> Tokenizer:
-    """256 byte tokens, no merges: every string encodes, ids fit the tiny model."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    hf = HFTokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    hf.decoder = decoders.ByteLevel()
-    return Tokenizer(hf, chat_template=TEMPLATE, vocab_size=256)
-
-
-def tiny_engine(seed=0):
-    torch.manual_seed(seed)
-    model = Transformer(tiny_config("llama")).double()
-    for p in model.parameters():
-        p.data.normal_(0, 0.2)
-    return TorchEngine(model, fingerprint=f"tiny-{seed}")
-
-
 @pytest.fixture(scope="module")
 def endpoint():
-    bus = MemoryBus()
-    tok = byte_tokenizer()
-    fp = tok.fingerprint()
-    hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=tiny_engine(1), tokenizer_fp=fp).start()
-    star = StarTarget(tiny_engine(0), HubClient(MemoryLink(bus, "dev"), "dev", fp, 256), gamma=3)
-    server = OpenAIServer(star.generate, tok, "tiny", port=0, context=512).start()
-    yield server, star, tok
-    server.stop()
-    hub.stop()
-
-
-def post(server, path, body, raw=False):
-    req = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return r.read().decode() if raw else json.loads(r.read())
+    yield from openai_endpoint()
 
 
 def test_completion_is_the_targets_greedy_text(endpoint):

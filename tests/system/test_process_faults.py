@@ -32,7 +32,7 @@ from server.broker import find_free_port
 from server.hub import Hub
 from server.mosquitto import MosquittoBroker
 
-from star_processes import BIN, Procs, hf_model, sun_dirs, wait_until
+from harness.star_processes import BIN, Procs, hf_model, sun_dirs, wait_until
 
 torch.set_num_threads(1)
 PID = os.getpid()                       # ids of this run: a shared broker may hold older hellos

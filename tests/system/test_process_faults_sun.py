@@ -16,7 +16,7 @@ from edge.wire.link import MqttLink
 from edge.sun.client import SunClient, SunRequestError
 from server.hub import Hub
 
-from star_processes import BIN, Procs, sun_dirs, wait_until
+from harness.star_processes import BIN, Procs, sun_dirs, wait_until
 
 torch.set_num_threads(1)
 PID = os.getpid()                       # ids of this run: a shared broker may hold older hellos

@@ -10,7 +10,7 @@ from edge.engines.torch_engine import TorchEngine
 from server.hub_cli import main as hub_main
 from server.demos.star_demo import run_star_demo
 
-from tiny_models import tiny_model
+from harness.tiny_models import tiny_model
 
 torch.set_num_threads(1)
 
@@ -77,7 +77,7 @@ def test_two_devices_target_alone_vs_the_star_on_another_core(tmp_path):
     from edge.engines.loader import open_model
     from server.demos.two_device import parse_modes, run_two_device, two_cores
 
-    from tiny_hf import hf_pair
+    from harness.tiny_hf import hf_pair
     target_dir, draft_dir = hf_pair(tmp_path / "models")
     engine, tok = open_model(str(target_dir), dtype="float64", threads=1, max_len=512)
     prompts = [tok.encode("the the he", add_special=True), tok.encode("hello there", add_special=True)]

@@ -1,6 +1,6 @@
 """The star across hosts: hub + Mosquitto, a remote draft service, two targets and the SUN
-workers (a prefill worker and a shared decoder), each in its own network namespace on one switch (tests/helpers/netns.py), as real processes over TLS with
-the hub's ACL (tests/helpers/netns_star.py) -- then the network breaks under them.
+workers (a prefill worker and a shared decoder), each in its own network namespace on one switch (harness/netns.py), as real processes over TLS with
+the hub's ACL (harness/netns_star.py) -- then the network breaks under them.
 
 * greedy outputs equal the one-process run (float64 tiny llama: exact), StarSD and SUN;
 * a client without a certificate, with one of another CA, speaking plain MQTT, or holding
@@ -24,8 +24,8 @@ import time
 import pytest
 
 from edge.wire.link import MqttLink
-from netns import available
-from netns_star import NamespaceStar
+from harness.netns import available
+from harness.netns_star import NamespaceStar
 
 PROMPTS = {"t1": "the the he", "t2": "he the t"}
 MAX_NEW = 40
@@ -202,7 +202,7 @@ def test_a_pulled_cable_of_the_hub(star, refs):
 def sun(star):
     """A SUN client (certificate `app`) and its prompts' in-process reference tokens."""
     from edge.sun.client import SunClient
-    from test_cli_wiring import _sun_reference
+    from harness.console_scripts import sun_reference as _sun_reference
     prompts = [[5, 17, 99, 3, 42, 7], [200, 11, 64, 8]]
     refs = [_sun_reference(star.maths_dir, star.dec_dir, p, 24) for p in prompts]
     client = SunClient(MqttLink(star.url, tls=star.tls("app")).connect(10), "app").start()

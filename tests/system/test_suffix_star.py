@@ -21,7 +21,7 @@ from edge.star.suffix_service import SuffixDraftService
 from edge.star.target import StarTarget
 from server.hub import Hub
 
-from tiny_hf import hf_dir
+from harness.tiny_hf import hf_dir
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,19 +12,8 @@ import urllib.request
 import pytest
 import torch
 
-from edge.engines.torch_engine import TorchEngine
-from edge.wire.memory_link import MemoryBus, MemoryLink
-from edge.wire.protocol import sun_hello_topic
-from edge.sun.decoder import SharedDecoder
-from edge.sun.prefill import PrefillWorker
-from edge.sun.prefill_node import PrefillNode
-from edge.model.sun_modules import split_generate, weights_fingerprint
-from server.hub import Hub
-from server.sun_http import start_sun_http
-from test_openai_http import byte_tokenizer, post
-from sun_star import KEY
-from waiting import wait_until as _wait
-from tiny_models import random_model, specialist
+from edge.model.sun_modules import split_generate
+from harness.http_endpoints import post, sun_http_endpoint
 
 torch.set_num_threads(1)
 TASKS = ("maths", "code")
@@ -32,28 +21,7 @@ TASKS = ("maths", "code")
 
 @pytest.fixture(scope="module")
 def sun_endpoint():
-    base = random_model()
-    fp = weights_fingerprint(base)
-    specs = {t: specialist(base, 20 + i) for i, t in enumerate(TASKS)}
-    bus, tok = MemoryBus(), byte_tokenizer()
-    hub = Hub(link=MemoryLink(bus), hub_id="hub", ctl_key=KEY,
-              sun_decoder=SharedDecoder(TorchEngine(base, fingerprint=fp), name="hub-decoder")).start()
-    nodes = []
-    for t in TASKS:
-        link = MemoryLink(bus)
-        node = PrefillNode(PrefillWorker(TorchEngine(specs[t], fingerprint=fp), t, kv_dtype="float64"), link,
-                           f"prefill-{t}", KEY)
-        link.set_will(sun_hello_topic(f"prefill-{t}"), node.will())
-        link.connect()
-        nodes.append(node.start())
-    assert _wait(lambda: hub.router.tasks() == sorted(TASKS))
-    server = start_sun_http(hub, tok, port=0)
-    yield server, tok, base, specs
-    server.stop()
-    for n in nodes:
-        n.stop()
-        n.link.close()
-    hub.stop()
+    yield from sun_http_endpoint(TASKS)
 
 
 def expect(tok, base, spec, prompt, max_new):

@@ -26,8 +26,8 @@ from edge.sun.client import SunClient, SunRequestError
 from edge.sun.decoder_node import DecoderNode
 from edge.sun.prefill_node import PrefillNode
 from edge.model.sun_modules import split_generate
-from sun_star import KEY, TASKS, Star, prompts, sun_models
-from waiting import wait_until
+from harness.sun_star import KEY, TASKS, Star, prompts, sun_models
+from harness.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,12 +1,12 @@
 """SUN routing policy over Mosquitto: isolated pools, the least-loaded decoder, a decoder lost
-mid-request (its requests fail at once with worker_lost). The star: tests/helpers/sun_star.py."""
+mid-request (its requests fail at once with worker_lost). The star: harness/sun_star.py."""
 from __future__ import annotations
 
 import pytest
 
 from edge.sun.client import SunRequestError
-from sun_star import TASKS, Star, prompts, stuck_prefill, sun_models
-from waiting import wait_until
+from harness.sun_star import TASKS, Star, prompts, stuck_prefill, sun_models
+from harness.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from edge.wire.link import MqttLink
 from edge.model.transformer import Transformer, tiny_config
 from edge.wire.protocol import Telemetry, encode, telemetry_topic
 
-from tiny_models import small_bpe
-from waiting import wait_until
+from harness.tiny_models import small_bpe
+from harness.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"

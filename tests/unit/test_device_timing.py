@@ -1,7 +1,7 @@
 """The emulated device's timing travels to the target processes as a dict: a target step given
 on the command line (a target measured on this machine) must survive the trip, and the
 device's own draft step and the network must keep the profile's figures."""
-from benchmarks.emulated_target import DeviceTiming
+from harness.emulated_target import DeviceTiming
 
 
 def test_a_given_target_step_survives_the_round_trip_and_prices_verifies():

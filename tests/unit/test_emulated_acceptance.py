@@ -2,7 +2,7 @@
 model (P(n >= j) = alpha^j), and its mean over a short run is close to the expected one."""
 import numpy as np
 
-from benchmarks.emulated_target import DeviceTiming, EmulatedEngine, accepted_drafts
+from harness.emulated_target import DeviceTiming, EmulatedEngine, accepted_drafts
 
 
 def expected(alpha, gamma):

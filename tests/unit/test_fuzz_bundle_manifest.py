@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from edge.engines.loader import BundleError, list_artifacts, pick_artifact, read_manifest, validate_bundle
 
-from fuzz import JSON_VALUES, fuzz
+from harness.fuzz import JSON_VALUES, fuzz
 
 WEIGHTS = b"not really a gguf, but sized and hashed"
 

@@ -23,8 +23,8 @@ from edge.model.kv import SequenceKV
 from edge.model.kv_blob import KVError
 from edge.sun.decoder import AdmissionError, SharedDecoder
 
-from fuzz import JSON_VALUES, fuzz
-from tiny_models import random_model
+from harness.fuzz import JSON_VALUES, fuzz
+from harness.tiny_models import random_model
 
 SHAPE = dict(layers=2, kv_heads=1, head_dim=4)
 DATA = np.arange(2 * 2 * 1 * 3 * 4, dtype=np.float32).reshape(2, 2, 1, 3, 4) / 7

@@ -16,7 +16,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from edge.wire import protocol as P
-from fuzz import MSGPACK_VALUES, fuzz
+from harness.fuzz import MSGPACK_VALUES, fuzz
 
 SECRET = bytes(range(32))
 # integers at and just past every limit a field is checked against

@@ -18,7 +18,7 @@ from edge.spec.ngram import NgramDrafter
 from edge.spec.sampling import SamplingParams, sample
 
 
-from goodness_of_fit import ALPHA, TableEngine, bad_draft_of, chi_square, critical_value, exact_distribution  # noqa: F401
+from harness.goodness_of_fit import ALPHA, TableEngine, bad_draft_of, chi_square, critical_value, exact_distribution  # noqa: F401
 
 
 PROMPT = [1, 3, 0]

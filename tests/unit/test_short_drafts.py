@@ -4,7 +4,7 @@ yields, not only how often the drafts that came were right."""
 from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
 from edge.spec.remote_gamma import RemoteGamma
 
-from table_engine import TableEngine
+from harness.table_engine import TableEngine
 
 
 class OneOfAsked(ModelDrafter):

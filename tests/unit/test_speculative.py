@@ -13,7 +13,7 @@ from edge.spec.ngram import NgramDrafter
 from edge.spec.sampling import SamplingParams, SparseDist
 from edge.spec.verify import (AcceptanceTracker, CostTracker, choose_gamma, expected_tokens,
                               predicted_speedup, verify_greedy, verify_stochastic)
-from table_engine import TableEngine
+from harness.table_engine import TableEngine
 
 GREEDY = SamplingParams()
 

@@ -9,7 +9,7 @@ import pytest
 
 from edge.telemetry.tegrastats import TegrastatsReader, parse_line
 
-from waiting import wait_until
+from harness.waiting import wait_until
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tegrastats_orin.txt"
 

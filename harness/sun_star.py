@@ -17,8 +17,8 @@ from edge.sun.prefill_node import PrefillNode
 from edge.sun.client import SunClient
 from edge.model.sun_modules import split_generate, weights_fingerprint
 from server.sun_router import SunRouter
-from tiny_models import random_model, specialist
-from waiting import wait_until
+from harness.tiny_models import random_model, specialist
+from harness.waiting import wait_until
 
 torch.set_num_threads(1)
 TASKS = ("maths", "code", "tools")

@@ -19,7 +19,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from waiting import wait_until
+from harness.waiting import wait_until
 
 SSHD = "/usr/sbin/sshd"
 NOT_DEPS = ("starsun", "__editable__", "_virtualenv")     # the kit comes from the provisioned wheel

@@ -15,7 +15,6 @@ that is 1; a request passed over (starved) would count more.
 """
 from __future__ import annotations
 
-import sys
 import tempfile
 import threading
 from collections import Counter
@@ -25,19 +24,15 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "helpers"))
-
-from benchmarks.emulated_target import DeviceTiming  # noqa: E402
-from benchmarks.load_monitor import Monitor, rss_mb  # noqa: E402
-from benchmarks.load_targets import TargetFleet  # noqa: E402
-from edge.engines.torch_engine import TorchEngine  # noqa: E402
-from edge.wire.link import MqttLink  # noqa: E402
-from edge.wire.protocol import sampling  # noqa: E402
-from edge.star.draft_service import DraftLimits, DraftService  # noqa: E402
-from edge.star.session import HubClient, JoinRefused  # noqa: E402
-from server.hub import Hub  # noqa: E402
+from harness.emulated_target import DeviceTiming
+from harness.load_monitor import Monitor, rss_mb
+from harness.load_targets import TargetFleet
+from edge.engines.torch_engine import TorchEngine
+from edge.wire.link import MqttLink
+from edge.wire.protocol import sampling
+from edge.star.draft_service import DraftLimits, DraftService
+from edge.star.session import HubClient, JoinRefused
+from server.hub import Hub
 
 TOK = "tok-tiny"
 VOCAB = 256
@@ -72,7 +67,7 @@ class WaitCountingDraftService(DraftService):
 
 
 def draft_model():
-    from tiny_models import tiny_model
+    from harness.tiny_models import tiny_model
     return tiny_model(1)
 
 
@@ -174,7 +169,7 @@ class LoadStar:
                     fleet.send("RELEASE")
                 during()
                 targets = fleet.results(timeout=(c.duration_s or 0) + 600)
-                from waiting import wait_until
+                from harness.waiting import wait_until
                 wait_until(self.drained, 30)
         finally:
             fleet.close()

@@ -1,15 +1,15 @@
-"""Many emulated StarSD targets in a few processes, for the load test, the soak and benchmarks/load.py.
+"""Many emulated StarSD targets in a few processes, for the load test, the soak and benchmarks/load/load.py.
 
-    python -m benchmarks.load_targets SPEC.json      (TargetFleet below starts them)
+    python -m harness.load_targets SPEC.json      (TargetFleet below starts them, from the repository root)
 
 Each target is the REAL target code (StarTarget: join, DraftRequest/DraftResponse over MQTT,
-greedy verification) on benchmarks/emulated_target.py's EmulatedEngine, with its own MQTT
+greedy verification) on harness/emulated_target.py's EmulatedEngine, with its own MQTT
 connection, as a device would have. Processes keep the targets' Python off the draft
 service's GIL. Per generation a target records what the load checks need:
 
 * the committed sequence S (prompt + output) and, per draft answer, the context length L its
   request named with the proposed tokens: the draft's proposals must be its own greedy
-  continuation of S[:L] (benchmarks/load_star.py checks them against the model);
+  continuation of S[:L] (harness/load_star.py checks them against the model);
 * the round trip of every answer (DraftResponse or Error), and the error codes with one
   message each (the reason a refusal gave).
 
@@ -34,11 +34,10 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Dict, List
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]     # the repository: `-m harness.load_targets` runs from it
 
-from edge.wire.protocol import DraftResponse, Error  # noqa: E402
-from edge.star.session import HubClient, Session  # noqa: E402
+from edge.wire.protocol import DraftResponse, Error
+from edge.star.session import HubClient, Session
 
 LATENCIES_KEPT = 4096          # per target: a soak must not grow the worker without bound
 
@@ -126,7 +125,7 @@ def _say(line: str) -> None:
 
 
 def run(spec: dict, commands: "queue.Queue[str]") -> dict:
-    from benchmarks.emulated_target import DelayLink, DeviceTiming, EmulatedEngine, _Delayer
+    from harness.emulated_target import DelayLink, DeviceTiming, EmulatedEngine, _Delayer
     from edge.wire.link import MqttLink
     from edge.star.target import Deadline, StarTarget
     from edge.spec.sampling import GREEDY
@@ -256,7 +255,7 @@ class TargetFleet:
             path = self.workdir / f"load-targets-{os.getpid()}-{k}.json"
             path.write_text(json.dumps(spec))
             err = open(self.workdir / f"load-targets-{k}.err", "wb")
-            p = subprocess.Popen([sys.executable, "-m", "benchmarks.load_targets", str(path)], cwd=ROOT, env=env,
+            p = subprocess.Popen([sys.executable, "-m", "harness.load_targets", str(path)], cwd=ROOT, env=env,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
                                  preexec_fn=_die_with_parent)
             err.close()

@@ -1,4 +1,4 @@
-"""The star as real processes, each host in its own network namespace (tests/helpers/netns.py),
+"""The star as real processes, each host in its own network namespace (harness/netns.py),
 over TLS with the hub's ACL: the fixture of tests/system/test_star_namespaces.py and the
 set-up of benchmarks/faults.py.
 
@@ -13,7 +13,7 @@ set-up of benchmarks/faults.py.
 The test process (root namespace) reaches every host over its management link, never over the
 switch: its monitor (role hub: sees every session's answers, which says when drafting works
 again after a fault) and its HTTP requests keep working while a host's cable is pulled.
-Control messages are signed with one --ctl-key-file. Models: test_cli_wiring's tiny float64
+Control messages are signed with one --ctl-key-file. Models: harness/console_scripts.py's tiny float64
 llama (greedy outputs compare exactly) and its SUN decoder + specialist.
 """
 from __future__ import annotations
@@ -28,11 +28,8 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "system"))        # test_cli_wiring: how processes and models start
-
-from netns import NetLab  # noqa: E402
-from test_cli_wiring import BIN, Procs, _hf_model, _sun_dirs  # noqa: E402
+from harness.console_scripts import BIN, ROOT, Procs, hf_model as _hf_model, sun_dirs as _sun_dirs
+from harness.netns import NetLab
 
 HTTP_PORT = 8000
 DEVICES = {"t1": "dev1", "t2": "dev2"}
@@ -124,10 +121,10 @@ class NamespaceStar:
                                       "--stats-every", "0", *signed, *self.common,
                                       *[x for u in users for x in ("--user", u)]))
         err = open(self.root / "proxy.err", "wb")
-        self.proxy = subprocess.Popen(hub.cmd(sys.executable, HERE / "delay_proxy.py", "--listen",
+        self.proxy = subprocess.Popen(hub.cmd(sys.executable, "-m", "harness.delay_proxy", "--listen",
                                               f"{hub.ip}:{self.proxy_port}", "--to", f"{hub.ip}:{self.tls_port}",
                                               "--profile", self.proxy_profile),
-                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
+                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
         err.close()
         self.model = self.model or _hf_model(self.root / "tiny-hf")     # while the hub starts
         if self.sun:

@@ -6,13 +6,13 @@ import statistics
 
 from edge.spec.sampling import to_probs
 
-from table_engine import TableEngine as _Table
+from harness.table_engine import TableEngine as _Table
 
 ALPHA = 1e-4   # significance: a correct implementation fails for ~1 seed in 10^4
 
 
 class TableEngine(_Table):
-    """tests/helpers/table_engine.py's model, small: every sequence can be enumerated."""
+    """harness/table_engine.py's model, small: every sequence can be enumerated."""
 
     def __init__(self, vocab=5, rows=4099, seed=0, max_len=64):
         super().__init__(vocab, rows, seed, window=None, max_len=max_len)

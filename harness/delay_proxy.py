@@ -1,7 +1,7 @@
 """A TCP proxy that delays each direction by a one-way latency with jitter: a stand-in for
 `tc netem delay` on kernels without netem (this one has none).
 
-    python tests/helpers/delay_proxy.py --listen 10.1.2.1:9883 --to 10.1.2.1:8883 --profile wifi
+    python -m harness.delay_proxy --listen 10.1.2.1:9883 --to 10.1.2.1:8883 --profile wifi
 
 Every chunk read from one side is written to the other `mean +- jitter` ms later (uniform),
 never before the chunk read before it (TCP is a byte stream: the delay may vary, the order

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,22 +23,18 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "helpers"))
-
-from edge.engines.torch_engine import TorchEngine  # noqa: E402
-from edge.wire.link import MqttLink  # noqa: E402
-from edge.wire.protocol import sun_hello_topic  # noqa: E402
-from edge.sun.decoder import SharedDecoder  # noqa: E402
-from edge.sun.decoder_node import DecoderNode  # noqa: E402
-from edge.sun.prefill import PrefillWorker  # noqa: E402
-from edge.sun.prefill_node import PrefillNode  # noqa: E402
-from edge.sun.client import SunClient, SunRequestError  # noqa: E402
-from edge.sun.limits import DEFAULT_MAX_SEQUENCES  # noqa: E402
-from edge.model.sun_modules import split_generate, weights_fingerprint  # noqa: E402
-from server.sun_router import SunRouter  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from edge.engines.torch_engine import TorchEngine
+from edge.wire.link import MqttLink
+from edge.wire.protocol import sun_hello_topic
+from edge.sun.decoder import SharedDecoder
+from edge.sun.decoder_node import DecoderNode
+from edge.sun.prefill import PrefillWorker
+from edge.sun.prefill_node import PrefillNode
+from edge.sun.client import SunClient, SunRequestError
+from edge.sun.limits import DEFAULT_MAX_SEQUENCES
+from edge.model.sun_modules import split_generate, weights_fingerprint
+from server.sun_router import SunRouter
+from harness.waiting import wait_until
 
 TASKS = ("maths", "code", "tools")
 KEY = b"k" * 32                   # the deployment's ctl key
@@ -85,7 +80,7 @@ class RowCountingDecoder(SharedDecoder):
 
 def sun_models():
     """(base, its fingerprint, {task: specialist}): a tiny float64 base and perturbed prefill modules."""
-    from tiny_models import random_model, specialist
+    from harness.tiny_models import random_model, specialist
     base = random_model()
     return base, weights_fingerprint(base), {t: specialist(base, i + 10) for i, t in enumerate(TASKS)}
 

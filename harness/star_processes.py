@@ -1,24 +1,20 @@
 """The console scripts as real processes that a test can pause and kill.
 
-test_cli_wiring's `Procs` (output in files, SIGTERM stop) plus what process faults need:
+harness/console_scripts.py's `Procs` (output in files, SIGTERM stop) plus what process faults need:
 `pause` (SIGSTOP: a process that holds work and answers nothing) and `kill9` (SIGKILL: no
 goodbye; the broker sends the last will when the kernel closes the socket). Each child also
 gets SIGTERM when the test process dies (PR_SET_PDEATHSIG), so a crashed pytest leaves no
-agent behind. The tiny saved models come from test_cli_wiring too (`hf_model`, `sun_dirs`).
+agent behind. The tiny saved models come from console_scripts too (`hf_model`, `sun_dirs`).
 """
 from __future__ import annotations
 
 import ctypes
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "system"))
-
-from test_cli_wiring import BIN, ROOT, _hf_model as hf_model, _sun_dirs as sun_dirs  # noqa: E402,F401
-from test_cli_wiring import Procs as _Procs  # noqa: E402
-from waiting import wait_until  # noqa: E402,F401  (re-exported for the fault tests)
+from harness.console_scripts import BIN, ROOT, hf_model, sun_dirs  # noqa: F401  (re-exported for the fault tests)
+from harness.console_scripts import Procs as _Procs
+from harness.waiting import wait_until  # noqa: F401  (re-exported for the fault tests)
 
 
 def _die_with_parent() -> None:

@@ -243,10 +243,9 @@ def open_model(spec, backend: str = "torch", role: Optional[str] = None, dtype=N
     what to do, so a command line only has to show it."""
     from edge.model.checkpoint_files import load_tokenizer   # torch-free (edge.model.checkpoint is not)
     p = resolve_model(spec)
-    is_bundle = is_bundle(p)
     # the tokenizer first: building a Qwen vocabulary from GGUF metadata peaks ~0.25 GB above what
     # it keeps (measured here), and that transient must not stack on top of the loaded weights
-    tok = bundle_tokenizer(p) if is_bundle else load_tokenizer(p)
+    tok = bundle_tokenizer(p) if is_bundle(p) else load_tokenizer(p)
     engine = load_engine(p, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len, **kw)
     return engine, tok
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from edge.spec.common_prefix import common_prefix
 from edge.spec.drafter import Drafter
+from edge.spec.gamma_rounds import GammaRounds
 from edge.engines.base import Engine
 from edge.spec.sampling import GREEDY, Role, SamplingParams, SparseDist, pick, role_rng, to_probs
 from edge.spec.verify import verify_greedy, verify_stochastic
@@ -156,9 +157,6 @@ class ModelDrafter(Drafter):
         self._seq, self._fed = None, []
 
 
-CATCH_UP_OK = 4   # a draft call feeding <= this many missed tokens still times as a step
-
-
 def _check_prompt(prompt_ids: Sequence[int], max_new: int) -> List[int]:
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -254,8 +252,54 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     The output has exactly the target's distribution (greedy: exactly the
     target's greedy text) whatever the drafter does. gamma is the number of
     drafted tokens per round (>= 1); with adaptive=True it is the largest
-    gamma tried and each round picks one in 0..gamma from measured costs.
+    gamma tried and each round picks one in 0..gamma from measured costs
+    (edge/spec/gamma_rounds.py keeps that bookkeeping).
     """
+    _check_speculative(target, drafter, gamma)
+    prompt = _check_prompt(prompt_ids, max_new)
+    # The draft's proposals and the target's acceptance tests must use independent
+    # uniforms, or the output is no longer the target's distribution (role_rng).
+    rng = role_rng(params.seed, Role.TARGET)
+    draft_rng = role_rng(params.seed, Role.DRAFT)
+    rounds = GammaRounds(drafter.gamma_policy(gamma) if adaptive else None, gamma)
+    run = _Run(target, prompt, max_new, stop_ids, on_token)
+    res = run.res
+    try:
+        _prepare_draft(drafter, rounds, prompt, run)
+        while not run.done:
+            room = run.room()
+            if room < 1:
+                break
+            asked = rounds.next_gamma()
+            res.gammas.append(asked)
+            # A round yields at most g+1 tokens: never draft past max_new or the context.
+            g = min(asked, max_new - res.n_generated - 1, room - 1)
+            drafts, qs = [], []
+            if g > 0:                                           # propose
+                drafts, qs, dt = _propose(drafter, run.context, g, draft_rng, target.vocab_size)
+                res.timings.append(CallTiming("draft", len(drafts), dt))
+                rounds.drafted(len(run.context), len(drafts), dt)
+            fed = len(run.context)                              # verify: one target call
+            logits = run.forward([run.context[-1]] + drafts)
+            rounds.verified(len(drafts) + 1, res.timings[-1].seconds, res.n_verify_calls)
+            if params.greedy:
+                n, nxt = verify_greedy(drafts, logits)
+            else:
+                n, nxt = verify_stochastic(drafts, qs, to_probs(logits, params), rng)
+            res.n_drafted += len(drafts)                        # accept and commit
+            res.n_accepted += n
+            rounds.accepted(g, len(drafts), n)
+            if n < len(drafts):
+                target.truncate(run.seq, fed + n)   # drop the rejected drafts' KV
+            run.commit(drafts[:n] + [nxt])
+            rounds.after_round(drafter, run.context, asked)
+    except BaseException:
+        target.free(run.seq)
+        raise
+    return run.finish()
+
+
+def _check_speculative(target: Engine, drafter: Drafter, gamma: int) -> None:
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1 (drafted tokens per verification), got {gamma!r}; "
                          f"for target-only decoding use generate_plain, or adaptive=True to let the "
@@ -264,85 +308,36 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     if dv is not None and dv != target.vocab_size:
         raise ValueError(f"draft and target vocabularies differ ({dv} vs {target.vocab_size} tokens); "
                          f"the draft must share the target's tokenizer")
-    prompt = _check_prompt(prompt_ids, max_new)
-    # The draft's proposals and the target's acceptance tests must use independent
-    # uniforms, or the output is no longer the target's distribution (role_rng).
-    rng = role_rng(params.seed, Role.TARGET)
-    draft_rng = role_rng(params.seed, Role.DRAFT)
-    policy = drafter.gamma_policy(gamma) if adaptive else None
-    run = _Run(target, prompt, max_new, stop_ids, on_token)
-    res = run.res
-    # Context length the drafter last saw. A draft call after many plain
-    # steps also feeds the tokens it missed: not a fair draft-step sample.
-    seen = len(prompt)
-    try:
-        if policy is not None:
-            # The draft is priced by a one-step probe, not prefilled: it catches up only if a
-            # round drafts, which it may never do (a target whose verify calls cost ~k steps).
-            # (The target's prefill is no verify-cost sample: a first call pays warm-up costs,
-            # hundreds of ms on a GPU, which would forbid speculation exactly where it pays.)
-            seen = 0
-            t = time.perf_counter()
-            probe = drafter.probe_step_seconds(prompt[-1])
-            if probe is not None:
-                policy.costs.add_draft(1, probe)
-                res.timings.append(CallTiming("draft_probe", 2, time.perf_counter() - t))
-        else:
-            # Prefill the draft too, so its first call is not a (slow) catch-up inside a round.
-            t = time.perf_counter()
-            if drafter.prefill(prompt):
-                res.timings.append(CallTiming("draft_prefill", len(prompt) - 1, time.perf_counter() - t))
-                res.prefill_s = time.perf_counter() - run.t0
-        while not run.done:
-            room = run.room()
-            if room < 1:
-                break
-            g = policy.next_gamma() if policy else gamma
-            res.gammas.append(g)
-            # A round yields at most g+1 tokens: never draft past max_new or the context.
-            g = min(g, max_new - res.n_generated - 1, room - 1)
-            drafts, qs = [], []
-            if g > 0:
-                t = time.perf_counter()
-                drafts, qs = drafter.draft(run.context, g, draft_rng)
-                dt = time.perf_counter() - t
-                drafts = [int(x) for x in drafts[:g]]
-                # No q given: verify against one-hot q at each proposal. That is
-                # lossless for ANY way the proposals were made (given the
-                # proposals, it is exact verification of a deterministic draft).
-                qs = list(qs[:g]) if qs is not None else [SparseDist.one_hot(x) for x in drafts]
-                # A drafter may propose ids the target lacks (an n-gram copying
-                # a bad prompt id): drop them rather than fail the generation.
-                bad = [i for i, x in enumerate(drafts) if not 0 <= x < target.vocab_size]
-                if bad:
-                    drafts, qs = drafts[:bad[0]], qs[:bad[0]]
-                res.timings.append(CallTiming("draft", len(drafts), dt))
-                if policy and len(run.context) - seen <= CATCH_UP_OK:
-                    policy.costs.add_draft(len(drafts), dt)
-                seen = len(run.context)
-            fed = len(run.context)
-            logits = run.forward([run.context[-1]] + drafts)
-            if policy and res.n_verify_calls > 1:     # the first call pays warm-up costs
-                policy.costs.add_target(len(drafts) + 1, res.timings[-1].seconds)
-            if params.greedy:
-                n, nxt = verify_greedy(drafts, logits)
-            else:
-                n, nxt = verify_stochastic(drafts, qs, to_probs(logits, params), rng)
-            res.n_drafted += len(drafts)
-            res.n_accepted += n
-            if policy and drafts:
-                # drafts asked for and not sent (a remote service unsure of them: --draft-p-min)
-                # failed as far as the yield of asking g goes; a round with no drafts at all is
-                # the round-trip model's to count (RoundTrips.answered)
-                policy.acceptance.update(max(g, len(drafts)), n)
-            if n < len(drafts):
-                target.truncate(run.seq, fed + n)   # drop the rejected drafts' KV
-            run.commit(drafts[:n] + [nxt])
-            if policy and policy.background and res.gammas[-1] == 0:
-                scored = drafter.observe(run.context, policy.probe)   # never waits
-                if scored is not None:
-                    policy.observed(*scored)
-    except BaseException:
-        target.free(run.seq)
-        raise
-    return run.finish()
+
+
+def _prepare_draft(drafter: Drafter, rounds: GammaRounds, prompt: List[int], run: _Run) -> None:
+    """Adaptive: a one-step probe prices the draft (GammaRounds.price_draft). Fixed γ: prefill the
+    draft too, so its first call is not a (slow) catch-up inside a round."""
+    if rounds.policy is not None:
+        seconds = rounds.price_draft(drafter, prompt[-1])
+        if seconds is not None:
+            run.res.timings.append(CallTiming("draft_probe", 2, seconds))
+        return
+    t = time.perf_counter()
+    if drafter.prefill(prompt):
+        run.res.timings.append(CallTiming("draft_prefill", len(prompt) - 1, time.perf_counter() - t))
+        run.res.prefill_s = time.perf_counter() - run.t0
+
+
+def _propose(drafter: Drafter, context: List[int], g: int, rng: np.random.Generator,
+             vocab_size: int) -> Tuple[List[int], list, float]:
+    """Up to g drafts after `context`, the q each was drawn from, and the seconds the drafter took."""
+    t = time.perf_counter()
+    drafts, qs = drafter.draft(context, g, rng)
+    dt = time.perf_counter() - t
+    drafts = [int(x) for x in drafts[:g]]
+    # No q given: verify against one-hot q at each proposal. That is
+    # lossless for ANY way the proposals were made (given the
+    # proposals, it is exact verification of a deterministic draft).
+    qs = list(qs[:g]) if qs is not None else [SparseDist.one_hot(x) for x in drafts]
+    # A drafter may propose ids the target lacks (an n-gram copying
+    # a bad prompt id): drop them rather than fail the generation.
+    bad = [i for i, x in enumerate(drafts) if not 0 <= x < vocab_size]
+    if bad:
+        drafts, qs = drafts[:bad[0]], qs[:bad[0]]
+    return drafts, qs, dt

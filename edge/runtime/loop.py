@@ -1,14 +1,15 @@
 """The one engine loop: the draft service, the shared decoder and the prefill worker all run on it.
 
-Shaped like vLLM v1's engine core busy loop. A *core* is a plain object with
-no thread and no I/O: `has_work()` says whether `step()` would make progress,
-`step()` does one unit of work (a batch of drafts or one draft-ahead step, one
-batched decode step, one prefill) and returns its outputs; an optional `wake_in()`
-says how soon it wants a step with no new input (a held batch). The loop owns the
-thread. Each turn it drains the inputs that network callbacks queued with
-`put` into `handle`, calls `tick` (the node's timers: hellos, evictions,
-timeouts), steps the core once and hands every output to `publish`; a turn
-that found nothing to do waits for the next input, at most `idle_wait` s.
+Shaped like vLLM v1's engine core busy loop. A *core* (edge/runtime/core.py:
+`EngineCore`) is a plain object with no thread and no I/O: `has_work()` says whether
+`step()` would make progress, `step()` does one unit of work (a batch of drafts or
+one draft-ahead step, one batched decode step, one prefill) and returns its outputs;
+an optional `wake_in()` (`HeldBatchCore`) says how soon it wants a step with no new
+input (a held batch). The loop owns the thread. Each turn it drains the inputs
+that network callbacks queued with `put` into `handle`, calls `tick` (the node's
+timers: hellos, evictions, timeouts), steps the core once and hands every output
+to `publish`; a turn that found nothing to do waits for the next input, at most
+`idle_wait` s.
 
 Errors stay where they happen: an input, an output or a tick that raises is
 logged and counted and the loop goes on; a step that raises is logged,
@@ -25,6 +26,7 @@ import time
 from collections import deque
 from typing import Callable, Dict, Optional
 
+from edge.runtime.core import EngineCore
 log = logging.getLogger(__name__)
 
 
@@ -50,7 +52,7 @@ class LoopStats:
 class EngineLoop:
     """Runs `core` on its own thread (`start`/`stop`), or turn by turn (`run_once`) in tests."""
 
-    def __init__(self, core, name: str, *, handle: Optional[Callable[[object], None]] = None,
+    def __init__(self, core: EngineCore, name: str, *, handle: Optional[Callable[[object], None]] = None,
                  publish: Optional[Callable[[object], None]] = None,
                  tick: Optional[Callable[[float], None]] = None, idle_wait: float = 0.25,
                  on_idle: Optional[Callable[[float], None]] = None, error_backoff: float = 0.1,
@@ -150,7 +152,7 @@ class EngineLoop:
 
     def _sleep(self) -> float:
         """idle_wait, or less where the core wants a step sooner (a held batch falls due)."""
-        wake = getattr(self.core, "wake_in", None)
+        wake = getattr(self.core, "wake_in", None)       # optional: HeldBatchCore
         due = self._guard("wake_in", wake) if wake is not None else None
         return self.idle_wait if due is None else max(0.0, min(self.idle_wait, due))
 

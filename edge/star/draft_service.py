@@ -69,8 +69,8 @@ FEED_BY_STEP = 2        # appends up to this long are fed inside the batched ste
 
 
 class DraftService(DraftSessions):
-    """The draft core: open/close/submit from any thread (a hub admits sessions from its own);
-    the engine is used only by `step`, which one loop calls."""
+    """The draft core (an edge.runtime.core.HeldBatchCore): open/close/submit from any thread (a hub
+    admits sessions from its own); the engine is used only by `step`, which one loop calls."""
 
     def __init__(self, engine: Engine, limits: Optional[DraftLimits] = None,
                  clock: Callable[[], float] = time.monotonic, name: str = "draft"):

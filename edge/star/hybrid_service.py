@@ -45,6 +45,7 @@ FLEET_EMA = 0.1          # ... and in the fleet's, a new session's prior
 
 
 class HybridDraftService(SuffixDraftService):
+    """The mixed draft core (an edge.runtime.core.HeldBatchCore: the model's held batch)."""
     counts_sessions = False               # the model's core counts them, in the same stats
     def __init__(self, model: DraftService, cfg: Optional[SuffixConfig] = None,
                  shared: Optional[SuffixTree] = None, min_score: float = MIN_SCORE,

@@ -48,7 +48,8 @@ def point_mass_q(tokens: List[int]) -> list:
 
 
 class SuffixDraftService(DraftSessions):
-    """Open/close/submit from any thread; `step` (one loop) answers everything pending."""
+    """The model-free draft core (an edge.runtime.core.EngineCore): open/close/submit from any
+    thread; `step` (one loop) answers everything pending."""
     full_hint = "raise --max-sessions (a suffix draft costs microseconds a request) or add a draft service"
 
     def __init__(self, vocab_size: int, limits: Optional[DraftLimits] = None,

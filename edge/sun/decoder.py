@@ -86,6 +86,8 @@ class _Running:
 
 
 class SharedDecoder:
+    """The decoder core (an edge.runtime.core.EngineCore): one batched decode step at a time."""
+
     def __init__(self, engine: Engine, max_batch: int = 64, stop_ids: Sequence[int] = (),
                  name: str = "decoder", clock: Callable[[], float] = time.perf_counter,
                  max_sequences: int = DEFAULT_MAX_SEQUENCES):

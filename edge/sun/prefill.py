@@ -53,7 +53,8 @@ class PrefillFailed:
 
 
 class PrefillWorker:
-    """Serves one task. The engine's fingerprint must be the target decoder's fingerprint."""
+    """The prefill core (an edge.runtime.core.EngineCore) of one task. The engine's fingerprint
+    must be the target decoder's fingerprint."""
 
     def __init__(self, engine: Engine, task: str, kv_dtype: str = "float16", name: str = "",
                  max_queue: int = DEFAULT_MAX_QUEUE):

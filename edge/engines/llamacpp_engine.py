@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import heapq
 import itertools
-import logging
 import os
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence
@@ -28,35 +27,10 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine, EngineError
+from edge.engines.llamacpp_load import KV_ITEMSIZE, amx_compiled, init_backend, llama_lib, load_model, new_context
 from edge.engines.stream_placement import plan_moves
 
-log = logging.getLogger(__name__)
-_BACKEND_READY = False
-_KV_TYPES = {"f32": 0, "f16": 1}   # ggml types
-
-
-def _lib():
-    try:
-        import llama_cpp
-    except ImportError:
-        raise EngineError("the llamacpp backend needs llama-cpp-python: "
-                          "pip install 'llama-cpp-python==0.3.36' (or `pip install .[llama]`)") from None
-    return llama_cpp
-
-
-def amx_compiled(llama_cpp) -> bool:
-    """Was this llama.cpp built with ggml's AMX backend? It segfaults in the first matmul of a
-    quantised model on AMX CPUs (upstream llama.cpp issue 20824); `make llama` builds without it."""
-    return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
-
-
-def _init_backend(llama_cpp, verbose: bool) -> None:
-    global _BACKEND_READY
-    if not _BACKEND_READY:
-        llama_cpp.llama_backend_init()
-        _BACKEND_READY = True
-    from llama_cpp._logger import set_verbose  # its log callback prints only at this level or above
-    set_verbose(verbose)
+__all__ = ["LlamaCppEngine", "amx_compiled"]   # amx_compiled: read by benchmarks/engines/llamacpp_amx_fix.py
 
 
 class LlamaCppEngine(Engine):
@@ -76,50 +50,17 @@ class LlamaCppEngine(Engine):
         buffer types on, no GPU layers): the mapped pages of repacked tensors stay resident
         beside their repacked copy, ~0.6 GB of RSS for Qwen2.5-Coder-1.5B Q4_K_M (measured
         here, model + a 4096-token context: 1862 MiB peak mapped, 1272 MiB read)."""
-        lc = _lib()
-        _init_backend(lc, verbose)
+        lc = llama_lib()
+        init_backend(lc, verbose)
         self._lc = lc
         path = str(path)
         if not os.path.isfile(path):
             raise EngineError(f"no GGUF file at {path}")
-        mp = lc.llama_model_default_params()
-        mp.n_gpu_layers = int(n_gpu_layers)
-        if extra_bufts is None and amx_compiled(lc):
-            log.warning("this llama-cpp-python was built with ggml's AMX backend, which crashes on "
-                        "quantised models (llama.cpp issue 20824): running without extra buffer types "
-                        "(no weight repacking, slower). Rebuild it with AMX off: `make llama`")
-            extra_bufts = False
-        if extra_bufts is not None:
-            mp.use_extra_bufts = bool(extra_bufts)
-        if mmap is None:
-            mmap = not (extra_bufts is not False and int(n_gpu_layers) == 0)
-        self.mmap = bool(mmap)
-        if hasattr(mp, "load_mode"):     # llama.cpp >= 0.3.3x: llama_load_mode replaces use_mmap
-            mp.load_mode = lc.LLAMA_LOAD_MODE_MMAP if mmap else lc.LLAMA_LOAD_MODE_NONE
-        else:
-            mp.use_mmap = bool(mmap)
-        self._model = lc.llama_model_load_from_file(path.encode(), mp)
-        if not self._model:
-            raise EngineError(f"llama.cpp could not load {path} (not a GGUF it supports, or truncated)")
+        self._model, self.mmap = load_model(lc, path, n_gpu_layers, extra_bufts, mmap)
         self._ctx = None
         self._batch = None
-        cp = lc.llama_context_default_params()
-        cp.n_seq_max = int(n_seq_max)
-        cp.n_ctx = int(max_len) * int(n_seq_max)
-        cp.n_batch = cp.n_ubatch = int(n_batch)
-        cp.kv_unified = False  # each sequence gets its own max_len slots
-        cp.no_perf = True
-        if kv_type not in _KV_TYPES:
-            raise EngineError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
-        cp.type_k = cp.type_v = _KV_TYPES[kv_type]
-        self.kv_itemsize = 2 if kv_type == "f16" else 4
-        if flash_attn is not None:
-            cp.flash_attn_type = int(bool(flash_attn))   # LLAMA_FLASH_ATTN_TYPE_DISABLED / _ENABLED
-        if threads:
-            cp.n_threads = cp.n_threads_batch = int(threads)
-        self._ctx = lc.llama_init_from_model(self._model, cp)
-        if not self._ctx:
-            raise EngineError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {path}")
+        self._ctx = new_context(lc, self._model, path, max_len, n_seq_max, n_batch, kv_type, flash_attn, threads)
+        self.kv_itemsize = KV_ITEMSIZE[kv_type]
         self._mem = lc.llama_get_memory(self._ctx)
         self._n_batch = int(n_batch)
         self._batch = lc.llama_batch_init(self._n_batch, 0, 1)
@@ -142,14 +83,17 @@ class LlamaCppEngine(Engine):
         self._slot: Dict[int, int] = {}
         self._tokens: Dict[int, List[int]] = {}
         self._ids = itertools.count(1)
-        m = self._model
+        self._read_shape()
+        self._kv_layout = None
+
+    def _read_shape(self) -> None:
+        """The architecture, and the dimensions a KV blob must have (Engine._read_kv_array checks them)."""
+        lc, m = self._lc, self._model
         heads = int(lc.llama_model_n_head(m))
         self.arch = self._meta("general.architecture") or "?"
         head_dim = int(self._meta(f"{self.arch}.attention.key_length") or int(lc.llama_model_n_embd(m)) // heads)
-        # the dimensions a KV blob must have (Engine._read_kv_array checks them)
         self.cfg = SimpleNamespace(num_layers=int(lc.llama_model_n_layer(m)), num_heads=heads,
                                    num_kv_heads=int(lc.llama_model_n_head_kv(m)), head_dim=head_dim)
-        self._kv_layout = None
 
     def _meta(self, key: str) -> Optional[str]:
         buf = ctypes.create_string_buffer(256)

@@ -1,0 +1,84 @@
+"""Opening a GGUF with llama-cpp-python for LlamaCppEngine (edge/engines/llamacpp_engine.py): the
+library and its backend, the model (weight buffers, mmap or read) and a context of sequences."""
+from __future__ import annotations
+
+import logging
+from typing import Optional, Tuple
+
+from edge.engines.base import EngineError
+
+log = logging.getLogger(__name__)
+_BACKEND_READY = False
+KV_TYPES = {"f32": 0, "f16": 1}   # ggml types
+KV_ITEMSIZE = {"f32": 4, "f16": 2}
+
+
+def llama_lib():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise EngineError("the llamacpp backend needs llama-cpp-python: "
+                          "pip install 'llama-cpp-python==0.3.36' (or `pip install .[llama]`)") from None
+    return llama_cpp
+
+
+def amx_compiled(llama_cpp) -> bool:
+    """Was this llama.cpp built with ggml's AMX backend? It segfaults in the first matmul of a
+    quantised model on AMX CPUs (upstream llama.cpp issue 20824); `make llama` builds without it."""
+    return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
+
+
+def init_backend(llama_cpp, verbose: bool) -> None:
+    global _BACKEND_READY
+    if not _BACKEND_READY:
+        llama_cpp.llama_backend_init()
+        _BACKEND_READY = True
+    from llama_cpp._logger import set_verbose  # its log callback prints only at this level or above
+    set_verbose(verbose)
+
+
+def load_model(lc, path: str, n_gpu_layers: int, extra_bufts: Optional[bool],
+               mmap: Optional[bool]) -> Tuple[object, bool]:
+    """(the llama model of the GGUF at `path`, whether it is mapped); extra_bufts and mmap as
+    LlamaCppEngine's (None: chosen here)."""
+    mp = lc.llama_model_default_params()
+    mp.n_gpu_layers = int(n_gpu_layers)
+    if extra_bufts is None and amx_compiled(lc):
+        log.warning("this llama-cpp-python was built with ggml's AMX backend, which crashes on "
+                    "quantised models (llama.cpp issue 20824): running without extra buffer types "
+                    "(no weight repacking, slower). Rebuild it with AMX off: `make llama`")
+        extra_bufts = False
+    if extra_bufts is not None:
+        mp.use_extra_bufts = bool(extra_bufts)
+    if mmap is None:
+        mmap = not (extra_bufts is not False and int(n_gpu_layers) == 0)
+    if hasattr(mp, "load_mode"):     # llama.cpp >= 0.3.3x: llama_load_mode replaces use_mmap
+        mp.load_mode = lc.LLAMA_LOAD_MODE_MMAP if mmap else lc.LLAMA_LOAD_MODE_NONE
+    else:
+        mp.use_mmap = bool(mmap)
+    model = lc.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        raise EngineError(f"llama.cpp could not load {path} (not a GGUF it supports, or truncated)")
+    return model, bool(mmap)
+
+
+def new_context(lc, model, path: str, max_len: int, n_seq_max: int, n_batch: int, kv_type: str,
+                flash_attn: Optional[bool], threads: Optional[int]):
+    """A llama context of `model` holding n_seq_max sequences of max_len tokens each."""
+    cp = lc.llama_context_default_params()
+    cp.n_seq_max = int(n_seq_max)
+    cp.n_ctx = int(max_len) * int(n_seq_max)
+    cp.n_batch = cp.n_ubatch = int(n_batch)
+    cp.kv_unified = False  # each sequence gets its own max_len slots
+    cp.no_perf = True
+    if kv_type not in KV_TYPES:
+        raise EngineError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+    cp.type_k = cp.type_v = KV_TYPES[kv_type]
+    if flash_attn is not None:
+        cp.flash_attn_type = int(bool(flash_attn))   # LLAMA_FLASH_ATTN_TYPE_DISABLED / _ENABLED
+    if threads:
+        cp.n_threads = cp.n_threads_batch = int(threads)
+    ctx = lc.llama_init_from_model(model, cp)
+    if not ctx:
+        raise EngineError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {path}")
+    return ctx

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from edge.wire.link import Link
-from edge.wire.protocol import (E_WORKER_LOST, GREEDY, Error, ProtocolError, SunRequest, SunTokens, decode, encode,
+from edge.wire.protocol import (E_WORKER_LOST, GREEDY_WIRE, Error, ProtocolError, SunRequest, SunTokens, decode, encode,
                            new_secret, new_sid, parse_topic, sampling, sun_req_topic, sun_stream_sub)
 from edge.spec.sampling import SamplingParams
 
@@ -144,7 +144,7 @@ class SunClient:
     def submit(self, task: str, prompt: Sequence[int], max_new: int = 64, sampling: Optional[dict] = None,
                stop: Sequence[int] = (), on_token: Optional[Callable[[int, int], None]] = None) -> SunHandle:
         req = SunRequest(self.client, f"{new_sid()}{next(self._ids)}", task, [int(t) for t in prompt],
-                         max_new, dict(sampling or GREEDY), [int(s) for s in stop], new_secret())
+                         max_new, dict(sampling or GREEDY_WIRE), [int(s) for s in stop], new_secret())
         payload = encode(req)                              # raises ProtocolError for a bad request
         h = SunHandle(req, on_token, self.retries, self._resend)
         with self._lock:

@@ -84,7 +84,8 @@ def sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                                        "seed": seed})
 
 
-GREEDY = sampling()
+# greedy decoding as a sampling dict on the wire (the SamplingParams is edge.spec.sampling.GREEDY)
+GREEDY_WIRE = sampling()
 
 # ---- messages: each field declared once, with its checker ----
 

@@ -133,7 +133,7 @@ def _signed(tag, body, sid="s1"):
 
 
 def _req(**kw):
-    body = {"sid": "s1", "seq": 1, "keep": 0, "append": [1], "gamma": 2, "sampling": dict(P.GREEDY),
+    body = {"sid": "s1", "seq": 1, "keep": 0, "append": [1], "gamma": 2, "sampling": dict(P.GREEDY_WIRE),
             "background": False, "p_min": None}   # every field: each bad case is refused for its own reason
     body.update(kw)
     return _signed("draft_req", body)
@@ -168,10 +168,10 @@ BAD = {
     "append too long": _req(append=[1] * (P.MAX_APPEND + 1)),
     "token id too big": _req(append=[P.MAX_VOCAB]),
     "token not int": _req(append=["1"]),
-    "nan temperature": _req(sampling=dict(P.GREEDY, temperature=float("nan"))),
-    "top_k too big": _req(sampling=dict(P.GREEDY, top_k=P.MAX_TOP_K + 1)),
-    "top_p zero": _req(sampling=dict(P.GREEDY, top_p=0.0)),
-    "sampling extra key": _req(sampling=dict(P.GREEDY, min_p=0.1)),
+    "nan temperature": _req(sampling=dict(P.GREEDY_WIRE, temperature=float("nan"))),
+    "top_k too big": _req(sampling=dict(P.GREEDY_WIRE, top_k=P.MAX_TOP_K + 1)),
+    "top_p zero": _req(sampling=dict(P.GREEDY_WIRE, top_p=0.0)),
+    "sampling extra key": _req(sampling=dict(P.GREEDY_WIRE, min_p=0.1)),
     "sid mismatch": _req(sid="s2"),
     "bad sid chars": _signed("bye", {"sid": "a/b"}, sid="a/b"),
     "object dtype": _resp(idx=_arr("|O", [2], b"\0" * 16)),
@@ -203,7 +203,7 @@ BAD = {
 def test_the_base_of_the_bad_requests_is_a_good_one():
     """Each bad `_req` differs from a valid request in one field only (a field added to the wire
     and missed here would make every case fail for that reason instead of its own)."""
-    assert P.decode(_req(), SECRET) == P.DraftRequest("s1", 1, 0, [1], 2, dict(P.GREEDY))
+    assert P.decode(_req(), SECRET) == P.DraftRequest("s1", 1, 0, [1], 2, dict(P.GREEDY_WIRE))
 
 
 @pytest.mark.parametrize("name", list(BAD))

@@ -24,6 +24,7 @@ from edge.wire.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, 
                            ProtocolError, SessionAssign, SessionRelease, decode, down_topic,
                            draft_ctl_topic, draft_hello_topic, encode, joined_topic, parse_topic,
                            sun_hello_topic, up_topic)
+from edge.star.draft_kinds import make_draft_core
 from edge.star.draft_service import DraftLimits, DraftRefused, DraftService
 from edge.star.draft_node import DraftNode
 from edge.wire.seen_ids import SeenIds
@@ -120,7 +121,8 @@ class Hub:
                 self.sun_node.start()
         if self.draft_engine is not None or self.draft_core is not None:
             did = f"{self.hub_id}-draft"
-            svc = self.draft_core or DraftService(self.draft_engine, self.limits, name=did)
+            # one path builds every kind of draft core (edge/star/draft_kinds.py): a draft_engine is a model draft
+            svc = self.draft_core or make_draft_core("model", self.draft_engine, self.limits, name=did)
             # its own connection and will: a killed hub must not leave an online hello of its
             # draft service behind (a hub without that service would assign sessions to it)
             self._draft_link = self._second_link(did)

@@ -1,5 +1,11 @@
-"""`edge-agent`: the command line (agent.py), the options it shares with `edge-hub` (options.py),
-`edge-agent run`'s factory (agent_run.py, agent_config.py: the TOML config) and `plan` (plan_command.py).
+"""`edge-agent`'s commands and the command-line pieces `edge-hub` shares with it.
+
+agent.py (`edge-agent`: generate, demo), agent_run.py (`run`: its AgentConfig and the factory that
+starts a role), agent_roles.py (each role's loop), agent_config.py (`run --config`, a flat TOML),
+plan_command.py (`plan`: will a role fit a device), and what both CLIs share: options.py (every
+shared option, declared once, and the readers of their values), sections.py (options grouped into
+--help sections), config_file.py (`--config` files, flat or one table per section), startup.py
+(opening a model, building a draft of any kind, telemetry, signals).
 
 May import: every package of edge/, and devices.profile (the device profiles). Nothing imports it but server/.
 """

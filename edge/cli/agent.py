@@ -6,7 +6,9 @@ from pathlib import Path
 
 import click
 
-from edge.cli.options import open_model_for_command
+from edge.cli.options import adaptive_refusal, apply, backend_option, gamma_option, model_options
+from edge.cli.sections import GENERATION, MODEL, SectionedCommand, option
+from edge.cli.startup import open_model_for_command
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
@@ -24,15 +26,14 @@ def streamer(tokenizer):
 
 
 def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature, top_k, top_p,
-                   seed, chat, compare, adaptive, dtype, threads, max_len, backend="torch",
+                   seed, chat, compare, dtype, threads, max_len, backend="torch",
                    draft_backend=None, draft_top_k=64):
+    """gamma: (γ, adaptive) as --gamma reads it: the fixed γ, or the largest one a policy picks from."""
     from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
     from edge.spec.ngram import NgramDrafter
     from edge.spec.sampling import SamplingParams
 
-    if gamma < 1 and not adaptive:
-        raise click.ClickException(f"--gamma must be at least 1 (got {gamma}); "
-                                   "use --adaptive to let the cost model pick γ, 0 included")
+    gamma, adaptive = gamma
     target, tok = open_model_for_command(target_spec, dtype, threads, max_len, backend)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if draft_spec == "ngram":
@@ -54,7 +55,7 @@ def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature,
         raise click.ClickException(f"the prompt has {len(ids)} tokens; with {max_new} new tokens it "
                                    f"exceeds the context of {target.max_len}: shorten it or lower --max-new")
     stops = tuple(tok.eos_ids)
-    click.echo(f"--- speculative: draft {draft_name}, γ={'adaptive' if adaptive else gamma} ---", err=True)
+    click.echo(f"--- speculative: draft {draft_name}, γ={f'auto:{gamma}' if adaptive else gamma} ---", err=True)
     spec = generate_speculative(target, drafter, ids, max_new, gamma, params, stop_ids=stops,
                                 on_token=streamer(tok), adaptive=adaptive)
     click.echo("")
@@ -92,49 +93,39 @@ def main():
     """StarSun edge agent: run a role on a device, or generate locally."""
 
 
-_model_opts = [
-    click.option("--gamma", "-g", default=4, show_default=True, help="drafted tokens per verification"),
-    click.option("--max-new", "-n", default=64, show_default=True, help="new tokens to generate"),
-    click.option("--temperature", "-t", default=0.0, show_default=True, help="0 = greedy"),
-    click.option("--top-k", default=0, show_default=True, help="target top-k (0 = off)"),
-    click.option("--top-p", default=1.0, show_default=True, help="target nucleus p (1 = off)"),
-    click.option("--seed", default=0, show_default=True),
-    click.option("--chat/--raw", default=True, show_default=True, help="apply the chat template"),
-    click.option("--compare/--no-compare", default=True, show_default=True,
-                 help="also run the target alone and report the speedup"),
-    click.option("--adaptive", is_flag=True, help="choose γ (0 included) from measured costs and acceptance"),
-    click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
-                 show_default=True),
-    click.option("--threads", default=None, type=int, help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always use 1)"),
-    click.option("--max-len", default=4096, show_default=True, help="context cap per sequence"),
-    click.option("--backend", "-b", default="torch", show_default=True,
-                 type=click.Choice(["torch", "onnx", "llamacpp", "auto"]),
-                 help="engine for the target (and the draft unless --draft-backend)"),
-    click.option("--draft-backend", default=None, type=click.Choice(["torch", "onnx", "llamacpp", "auto"]),
-                 help="engine for the draft (default: --backend)"),
-]
+def generation_options(f):
+    """What `generate` and `demo` share: γ, sampling, output, and how the models load."""
+    return apply(f, [
+        gamma_option(GENERATION),
+        adaptive_refusal,
+        option(GENERATION, "--max-new", "-n", default=64, show_default=True, help="new tokens to generate"),
+        option(GENERATION, "--temperature", "-t", default=0.0, show_default=True, help="0 = greedy"),
+        option(GENERATION, "--top-k", default=0, show_default=True, help="target top-k (0 = off)"),
+        option(GENERATION, "--top-p", default=1.0, show_default=True, help="target nucleus p (1 = off)"),
+        option(GENERATION, "--seed", default=0, show_default=True),
+        option(GENERATION, "--chat/--raw", default=True, show_default=True, help="apply the chat template"),
+        option(GENERATION, "--compare/--no-compare", default=True, show_default=True,
+               help="also run the target alone and report the speedup"),
+        backend_option(help="engine for the target (and the draft unless --draft-backend)"),
+        backend_option("--draft-backend", default=None, help="engine for the draft (default: --backend)"),
+        model_options,
+    ])
 
 
-def model_options(f):
-    for opt in reversed(_model_opts):
-        f = opt(f)
-    return f
-
-
-@main.command()
+@main.command(cls=SectionedCommand)
 @click.argument("prompt")
-@click.option("--target", "-T", default=DEFAULT_TARGET, show_default=True, help="model name or path")
-@click.option("--draft", "-D", default=DEFAULT_DRAFT, show_default=True,
-              help="draft model name/path, 'ngram' for prompt lookup or 'suffix' for suffix trees (no model)")
-@model_options
+@option(MODEL, "--target", "-T", default=DEFAULT_TARGET, show_default=True, help="model name or path")
+@option(MODEL, "--draft", "-D", default=DEFAULT_DRAFT, show_default=True,
+        help="draft model name/path, 'ngram' for prompt lookup or 'suffix' for suffix trees (no model)")
+@generation_options
 def generate(prompt, target, draft, **kw):
     """Generate from PROMPT with a draft and a target on this machine."""
     run_generation(target, draft, prompt, **kw)
 
 
-@main.command()
-@click.option("--prompt", default=DEMO_PROMPT, show_default=True)
-@model_options
+@main.command(cls=SectionedCommand)
+@option(GENERATION, "--prompt", default=DEMO_PROMPT, show_default=True)
+@generation_options
 def demo(prompt, **kw):
     """The main job on one machine: Qwen2.5-Coder 0.5B drafts for 1.5B."""
     run_generation(DEFAULT_TARGET, DEFAULT_DRAFT, prompt, **kw)

@@ -1,138 +1,69 @@
-"""Command-line pieces `edge-agent` and `edge-hub` share: the draft service's limits, the
-control key, and opening a model with errors a user can act on.
+"""Every option `edge-agent` and `edge-hub` share, declared once, and the readers of their values.
 
-They live here, not in a command module, so that each CLI imports only this
-file and no CLI imports another (the hub never imports the agent's commands).
+Each decorator below adds options to a command under their --help section (edge/cli/sections.py):
+the broker and its credentials, the model (dtype, threads, context, backend), γ, the draft
+service's limits and kind, the SUN decoder's stop ids, telemetry. The readers turn option values
+into what a role needs (a password, TLS files, the control key, DraftLimits) with errors that
+say what to do.
+
+They live here, not in a command module, so that each CLI imports only this file and no CLI
+imports another (the hub never imports the agent's commands).
 """
 from __future__ import annotations
 
-import signal
-import threading
-import time
+from dataclasses import dataclass
+from typing import Optional
 
 import click
 
-_draft_opts = [
-    click.option("--max-sessions", default=64, show_default=True, help="sessions one draft service takes"),
-    click.option("--max-kv-mb", default=1024.0, show_default=True,
-                 help="KV memory the draft engine holds for all sessions, as it allocates it (torch: "
-                      "64-token chunks that double and are kept after a rollback); MB = 10^6 bytes"),
-    click.option("--max-gamma", default=16, show_default=True, help="largest γ a session may ask for"),
-    click.option("--evict-after", default=60.0, show_default=True, help="seconds of silence before eviction"),
-    click.option("--ahead/--no-ahead", default=True, show_default=True,
-                 help="draft ahead for recently served sessions while idle"),
-    click.option("--coalesce/--no-coalesce", default=True, show_default=True,
-                 help="with --no-join: hold a batch a moment for sessions due back when batching has a "
-                      "fixed cost (a GPU draft): turns of half-size batches merge; a CPU draft whose "
-                      "batch time grows with its size is not held"),
-    click.option("--join/--no-join", default=True, show_default=True,
-                 help="iteration-level batching: one draft step at a time, a request arriving while a "
-                      "batch drafts joins it at the next step instead of waiting for the whole batch "
-                      "(past N_full 11-28% more system tok/s on a one-core CPU draft; "
-                      "benchmarks/results/starsd_scaling_pinned_xeon_f16_targets_join.md)"),
-    click.option("--q-top-k", default=32, show_default=True,
-                 help="entries of q sent per drafted token when sampling"),
-    click.option("--draft-p-min", default=0.75, show_default=True, type=click.FloatRange(0.0, 1.0, max_open=True),
-                 help="end each answer before a position where the draft model's top probability is "
-                      "below this (as llama.cpp's --draft-p-min); 0 sends every γ asked for. A γ=auto "
-                      "target sends its own with each request (from its verify cost), used where lower"),
-]
+from edge.cli.sections import BROKER, DRAFT, MODEL, SUN, TELEMETRY, Section, option
+
+DTYPES = click.Choice(["float32", "float64", "bfloat16"])
+BACKENDS = click.Choice(["torch", "onnx", "llamacpp", "auto"])
+DRAFT_KINDS = click.Choice(["model", "suffix", "hybrid"])      # edge/star/draft_kinds.py
+PASSWORD_ENV = "STARSUN_MQTT_PASSWORD"
+AUTO_MAX_GAMMA = 8
 
 
-def draft_options(f):
-    """The draft service's limits (`edge-agent run` and `edge-hub serve`)."""
-    for opt in reversed(_draft_opts):
-        f = opt(f)
+def apply(f, decorators):
+    """`f` decorated by each of `decorators`, the first one listed first in --help."""
+    for d in reversed(decorators):
+        f = d(f)
     return f
 
 
-def draft_limits(max_sessions, max_kv_mb, max_gamma, evict_after, ahead, q_top_k, draft_p_min=0.0,
-                 coalesce=False, join=False):
-    from edge.star.draft_service import DraftLimits
-    return DraftLimits(max_sessions=max_sessions, max_kv_mb=max_kv_mb, max_gamma=max_gamma,
-                       evict_after_s=evict_after, ahead=ahead, q_top_k=q_top_k, p_min=draft_p_min,
-                       coalesce=coalesce, join=join)
+# ---- broker and credentials ----
+
+def hub_url_option(required: bool = True):
+    """--hub: the star's MQTT broker (`edge-agent run`, `edge-hub top`)."""
+    return option(BROKER, "--hub", "hub_url", required=required, metavar="mqtt[s]://HOST:PORT",
+                  help="the star's MQTT broker (the hub's)")
 
 
-def drafter_options(f):
-    """Which draft a service runs (`edge-agent run --role draft`, `edge-hub serve`)."""
-    f = click.option("--suffix-min-score", default=1.5, show_default=True,
-                     help="--drafter hybrid: a suffix proposal whose expected accepted tokens reach this "
-                          "(and what the model's answers kept in the session) answers; else the model "
-                          "drafts")(f)
-    return click.option("--drafter", default="model", show_default=True,
-                        type=click.Choice(["model", "suffix", "hybrid"]),
-                        help="model: the draft model; suffix: model-free suffix trees over each session and "
-                             "the whole fleet's outputs (only the tokenizer of --model/--draft-model is "
-                             "loaded); hybrid: the suffix proposal when it scores high, else the model's")(f)
+def tls_dir_option(help: str):
+    return option(BROKER, "--tls-dir", default=None, type=click.Path(file_okay=False), help=help)
 
 
-def suffix_identity(spec: str):
-    """(tokenizer, vocabulary size) of `spec` without loading its weights: all a suffix draft
-    needs to tell the hub which targets it can serve."""
-    from edge.model.checkpoint_files import CheckpointError, load_tokenizer
-    from edge.engines.base import EngineError
-    from edge.memory.model_shape import read_shape
-    from edge.model.spec import resolve_model
-    try:
-        return load_tokenizer(resolve_model(spec)), read_shape(spec).vocab
-    except (CheckpointError, EngineError, OSError) as e:
-        raise click.ClickException(f"{spec}: {e} (a suffix draft reads the model's tokenizer and "
-                                   "vocabulary size: pass the targets' model name or path)") from None
+CLIENT_TLS_HELP = ("with an mqtts:// --hub: ca.crt and this client's CLIENT_ID.crt/.key (or clients/CLIENT_ID.*), "
+                   "from `edge-hub certs`")
 
 
-def draft_core_for_command(kind: str, engine, limits, name: str, vocab_size=None, min_score=None):
-    """The draft core `--drafter` asks for (edge/star/draft_kinds.py)."""
-    from edge.star.draft_kinds import make_draft_core
-    try:
-        return make_draft_core(kind, engine, limits, name=name, vocab_size=vocab_size, min_score=min_score)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+def credential_options(f):
+    """--username / --password / --password-file: who this process is on the broker."""
+    return apply(f, [
+        option(BROKER, "--username", default=None,
+               help="broker username (with the hub's ACL: the client id; edge-hub serve: its user on an "
+                    "external --broker)"),
+        option(BROKER, "--password", default=None,
+               help=f"broker password (visible in ps: prefer --password-file or ${PASSWORD_ENV})"),
+        option(BROKER, "--password-file", default=None, type=click.Path(dir_okay=False),
+               help="file holding the broker password (the hub issued it: --credentials-out)"),
+    ])
 
 
-def read_ctl_key(path):
-    """The deployment's control key (hub <-> draft services and SUN workers sign their control
-    messages with it): the bytes of a file, at least 16; None without --ctl-key-file."""
-    if not path:
-        return None
-    from pathlib import Path
-    try:
-        key = Path(path).read_bytes().strip()
-    except OSError as e:
-        raise click.BadParameter(f"cannot read {path}: {e.strerror}", param_hint="--ctl-key-file") from None
-    if len(key) < 16:
-        raise click.BadParameter(f"{path} holds {len(key)} bytes; a control key needs at least 16 "
-                                 "(e.g. `head -c 32 /dev/urandom | base64 > ctl.key`)",
-                                 param_hint="--ctl-key-file")
-    return key
-
-
-ctl_key_option = click.option("--ctl-key-file", default=None, type=click.Path(dir_okay=False),
-                              help="sign control messages with this shared key (the same file on the hub "
-                                   "and every draft service / SUN worker)")
-
-
-def open_model_for_command(spec: str, dtype: str, threads, max_len: int, backend: str = "torch",
-                           role=None, **engine_kw):
-    """edge.engines.loader.open_model, its errors shown as click errors and the load time reported;
-    engine_kw go to the engine (what the memory plan counted, e.g. llama.cpp's n_seq_max)."""
-    from edge.model.checkpoint_files import CheckpointError   # torch-free: llama.cpp / ORT roles skip torch
-    from edge.engines.base import EngineError       # ModelNotFound is one
-    from edge.engines.loader import open_model
-    from edge.model.spec import resolve_model
-
-    t0 = time.perf_counter()
-    try:
-        engine, tok = open_model(spec, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len,
-                                 **engine_kw)
-    except (CheckpointError, EngineError) as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(f"loaded {resolve_model(spec).name} on {engine.name} (vocab {engine.vocab_size}) "
-               f"in {time.perf_counter() - t0:.1f}s", err=True)
-    return engine, tok
-
-
-PASSWORD_ENV = "STARSUN_MQTT_PASSWORD"
+ctl_key_option = option(BROKER, "--ctl-key-file", default=None, type=click.Path(dir_okay=False),
+                        help="sign control messages with this shared key (the same file on the hub and every "
+                             "draft service / SUN worker)")
 
 
 def read_password(password, path):
@@ -174,12 +105,73 @@ def tls_files(tls_dir, client_id: str, hub_url: str):
                            f"with `edge-hub certs --out DIR --device {client_id}`")
 
 
-AUTO_MAX_GAMMA = 8
+def read_ctl_key(path):
+    """The deployment's control key (hub <-> draft services and SUN workers sign their control
+    messages with it): the bytes of a file, at least 16; None without --ctl-key-file."""
+    if not path:
+        return None
+    from pathlib import Path
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {path}: {e.strerror}", param_hint="--ctl-key-file") from None
+    if len(key) < 16:
+        raise click.BadParameter(f"{path} holds {len(key)} bytes; a control key needs at least 16 "
+                                 "(e.g. `head -c 32 /dev/urandom | base64 > ctl.key`)",
+                                 param_hint="--ctl-key-file")
+    return key
 
+
+@dataclass
+class BrokerAccess:
+    """How a process reaches the star's broker: its URL, credentials and TLS files."""
+    url: str
+    username: Optional[str] = None
+    password: Optional[str] = None
+    tls: Optional[tuple] = None           # (CA, certificate, key) for mqtts://
+
+    def link(self, **kw):
+        from edge.wire.link import MqttLink
+        return MqttLink(self.url, username=self.username, password=self.password, tls=self.tls, **kw)
+
+
+def broker_access(options: dict, tls_name: str) -> BrokerAccess:
+    """--hub, --username, --password(-file) and --tls-dir read (TLS files named for `tls_name`)."""
+    return BrokerAccess(options["hub_url"], options["username"],
+                        read_password(options["password"], options["password_file"]),
+                        tls_files(options["tls_dir"], tls_name, options["hub_url"]))
+
+
+# ---- the model ----
+
+def backend_option(*names, default="torch", section: Section = MODEL, help="engine"):
+    """A backend choice (--backend of the agent's commands, --draft-backend, --sun-backend)."""
+    return option(section, *(names or ("--backend", "-b")), default=default, show_default=default is not None,
+                  type=BACKENDS, help=help)
+
+
+dtype_option = option(MODEL, "--dtype", default="float32", type=DTYPES, show_default=True,
+                      help="torch: the weights' dtype (onnx / llama.cpp take their file's)")
+
+
+def threads_option(f):
+    return option(MODEL, "--threads", default=None, type=int,
+                  help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always "
+                       "use 1)")(f)
+
+
+def model_options(f):
+    """--dtype / --threads / --max-len of a loaded model (`edge-agent run|generate`, `edge-hub serve`)."""
+    return apply(f, [dtype_option, threads_option,
+                     option(MODEL, "--max-len", default=4096, show_default=True, help="context cap per sequence")])
+
+
+# ---- γ ----
 
 class StarGamma(click.ParamType):
-    """A StarSD target's --gamma: an integer >= 1 (fixed), `auto` (0..8 per round from measured
-    costs, edge/spec/remote_gamma.py) or `auto:N` (0..N). Converts to (gamma, adaptive)."""
+    """--gamma: an integer >= 1 (fixed), `auto` (0..8 per round from measured costs,
+    edge/spec/remote_gamma.py, edge/spec/adaptive.py) or `auto:N` (0..N). Converts to
+    (gamma, adaptive): the fixed γ or the largest γ, and whether a policy picks it."""
     name = "γ|auto[:N]"
 
     def convert(self, value, param, ctx):
@@ -204,44 +196,89 @@ class StarGamma(click.ParamType):
 STAR_GAMMA = StarGamma()
 
 
-_telemetry_opts = [
-    click.option("--telemetry-interval", default=10.0, show_default=True, metavar="SECONDS",
-                 type=click.FloatRange(min=0.0),
-                 help="publish memory, load, temperature, power and the role's counters, retained, to "
-                      "ss/dev/CLIENT_ID/telemetry this often (0: off; `edge-hub top` shows them)"),
-    click.option("--metrics-port", default=0, show_default=True, type=click.IntRange(0, 65535),
-                 help="serve Prometheus text (starsun_* metrics) on http://HOST:PORT/metrics (0: off)"),
-    click.option("--metrics-host", default="127.0.0.1", show_default=True,
-                 help="address of the /metrics endpoint (0.0.0.0 for a scraper on another machine)"),
-]
+def gamma_option(section: Section, what: str = "drafted tokens per verification"):
+    """--gamma / -g N|auto[:N] (`edge-agent run`, `edge-agent generate`, `edge-hub demo`)."""
+    return option(section, "--gamma", "-g", default="4", show_default=True, type=STAR_GAMMA,
+                  metavar="γ|auto[:N]",
+                  help=f"{what}, or `auto` (0..{AUTO_MAX_GAMMA} each round from the acceptance and the measured "
+                       "costs; `auto:N` for 0..N)")
+
+
+def _no_adaptive(ctx, param, value):
+    if value:
+        raise click.UsageError("--adaptive is gone: write --gamma auto (γ 0..8 chosen each round) or "
+                               "--gamma auto:N (0..N; `--gamma 4 --adaptive` is --gamma auto:4)")
+
+
+# the old spelling of γ=auto on `edge-agent generate`: refused with the new one
+adaptive_refusal = click.option("--adaptive", is_flag=True, hidden=True, expose_value=False, callback=_no_adaptive)
+
+
+# ---- the draft service ----
+
+def draft_options(f):
+    """The draft service's limits (`edge-agent run --role draft` and `edge-hub serve`)."""
+    return apply(f, [
+        option(DRAFT, "--max-sessions", default=64, show_default=True, help="sessions one draft service takes"),
+        option(DRAFT, "--max-kv-mb", default=1024.0, show_default=True,
+               help="KV memory the draft engine holds for all sessions, as it allocates it (torch: 64-token "
+                    "chunks that double and are kept after a rollback); MB = 10^6 bytes"),
+        option(DRAFT, "--max-gamma", default=16, show_default=True, help="largest γ a session may ask for"),
+        option(DRAFT, "--evict-after", default=60.0, show_default=True, help="seconds of silence before eviction"),
+        option(DRAFT, "--ahead/--no-ahead", default=True, show_default=True,
+               help="draft ahead for recently served sessions while idle"),
+        option(DRAFT, "--coalesce/--no-coalesce", default=True, show_default=True,
+               help="with --no-join: hold a batch a moment for sessions due back when batching has a fixed "
+                    "cost (a GPU draft): turns of half-size batches merge; a CPU draft whose batch time grows "
+                    "with its size is not held"),
+        option(DRAFT, "--join/--no-join", default=True, show_default=True,
+               help="iteration-level batching: one draft step at a time, a request arriving while a batch "
+                    "drafts joins it at the next step instead of waiting for the whole batch (past N_full "
+                    "11-28% more system tok/s on a one-core CPU draft; "
+                    "benchmarks/results/starsd_scaling_pinned_xeon_f16_targets_join.md)"),
+        option(DRAFT, "--q-top-k", default=32, show_default=True,
+               help="entries of q sent per drafted token when sampling"),
+        option(DRAFT, "--draft-p-min", default=0.75, show_default=True,
+               type=click.FloatRange(0.0, 1.0, max_open=True),
+               help="end each answer before a position where the draft model's top probability is below this "
+                    "(as llama.cpp's --draft-p-min); 0 sends every γ asked for. A γ=auto target sends its own "
+                    "with each request (from its verify cost), used where lower"),
+        option(DRAFT, "--drafter", default="model", show_default=True, type=DRAFT_KINDS,
+               help="model: the draft model; suffix: model-free suffix trees over each session and the whole "
+                    "fleet's outputs (only the model's tokenizer is loaded); hybrid: the suffix proposal when "
+                    "it scores high, else the model's"),
+        option(DRAFT, "--suffix-min-score", default=1.5, show_default=True,
+               help="--drafter hybrid: a suffix proposal whose expected accepted tokens reach this (and what "
+                    "the model's answers kept in the session) answers; else the model drafts"),
+    ])
+
+
+def draft_limits(options: dict):
+    """The DraftLimits of draft_options' values (a command's options by parameter name)."""
+    from edge.star.draft_service import DraftLimits
+    o = options
+    return DraftLimits(max_sessions=o["max_sessions"], max_kv_mb=o["max_kv_mb"], max_gamma=o["max_gamma"],
+                       evict_after_s=o["evict_after"], ahead=o["ahead"], q_top_k=o["q_top_k"],
+                       p_min=o["draft_p_min"], coalesce=o["coalesce"], join=o["join"])
+
+
+# ---- SUN and telemetry ----
+
+def stop_ids_option(what: str):
+    return option(SUN, "--stop-id", "stop_ids", multiple=True, type=int,
+                  help=f"{what}: extra end-of-sequence token ids (repeatable)")
 
 
 def telemetry_options(f):
     """--telemetry-interval / --metrics-port / --metrics-host (`edge-agent run` and `edge-hub serve`)."""
-    for opt in reversed(_telemetry_opts):
-        f = opt(f)
-    return f
+    return apply(f, [
+        option(TELEMETRY, "--telemetry-interval", default=10.0, show_default=True, metavar="SECONDS",
+               type=click.FloatRange(min=0.0),
+               help="publish memory, load, temperature, power and the role's counters, retained, to "
+                    "ss/dev/CLIENT_ID/telemetry this often (0: off; `edge-hub top` shows them)"),
+        option(TELEMETRY, "--metrics-port", default=0, show_default=True, type=click.IntRange(0, 65535),
+               help="serve Prometheus text (starsun_* metrics) on http://HOST:PORT/metrics (0: off)"),
+        option(TELEMETRY, "--metrics-host", default="127.0.0.1", show_default=True,
+               help="address of the /metrics endpoint (0.0.0.0 for a scraper on another machine)"),
+    ])
 
-
-def start_telemetry_for_command(link, client_id, role, counters, telemetry_interval, metrics_host, metrics_port,
-                                ctl_key=None, board=None):
-    """edge.telemetry.publisher.start_telemetry with its errors as click errors; says where /metrics is."""
-    from edge.telemetry.publisher import start_telemetry
-    try:
-        svc = start_telemetry(link, client_id, role, counters, telemetry_interval, metrics_host, metrics_port,
-                              ctl_key=ctl_key, board=board)
-    except OSError as e:
-        raise click.ClickException(f"--metrics-port {metrics_port}: cannot listen on {metrics_host}: {e.strerror}; "
-                                   "pick a free port or 0 (off)") from None
-    if svc is not None and svc.metrics is not None:
-        click.echo(f"metrics on {svc.metrics.url}", err=True)
-    return svc
-
-
-def leave_on_sigterm() -> threading.Event:
-    """From now on SIGTERM asks the node (or hub) to leave cleanly: an event it waits on. Installed
-    before a node starts: one that others already use (its hello is out) must not die of a SIGTERM
-    that comes before it waits (a test saw it killed by signal 15 there, on a busy machine)."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    return stop

@@ -15,6 +15,8 @@ from typing import Optional
 
 import click
 
+from edge.cli.options import backend_option, dtype_option
+from edge.cli.sections import MODEL, option
 from edge.memory.plan import (Fit, Workload, engine_kwargs, fit, parse_bytes, role_sequences)
 
 GB = 1e9
@@ -24,11 +26,11 @@ _SUN_CTX = {"llamacpp": 1024}           # SUN roles load their engine with its o
 
 def memory_options(f):
     """--profile and --memory-budget of `edge-agent run` (the budget its role is checked against)."""
-    f = click.option("--memory-budget", default=None, metavar="SIZE",
-                     help="refuse to load a role whose memory plan exceeds this, e.g. 5.5G (wins over --profile)")(f)
-    return click.option("--profile", default=None,
-                        help="device profile (devices/profiles/*.toml): refuse a role that does not fit "
-                             "its usable memory (see `edge-agent plan`)")(f)
+    f = option(MODEL, "--memory-budget", default=None, metavar="SIZE",
+               help="refuse to load a role whose memory plan exceeds this, e.g. 5.5G (wins over --profile)")(f)
+    return option(MODEL, "--profile", default=None,
+                  help="device profile (devices/profiles/*.toml): refuse a role that does not fit its usable "
+                       "memory (see `edge-agent plan`)")(f)
 
 
 def budget_bytes(profile: Optional[str], memory_budget: Optional[str]) -> Optional[int]:
@@ -157,15 +159,13 @@ def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
 @click.option("--bundle", default=None, type=click.Path(exists=True), help="a bundle (edge-export bundle)")
 @click.option("--module", "module_dir", default=None, type=click.Path(exists=True),
               help="a SUN specialist / shared-decoder directory or its bundle")
-@click.option("--backend", "-b", default="auto", show_default=True,
-              type=click.Choice(["torch", "onnx", "llamacpp", "auto"]))
+@backend_option(default="auto", help="engine the role runs on (auto: as the loader picks for the file)")
 @click.option("--max-len", type=int, default=None, help=f"context per sequence (default {_DEFAULT_CTX}; "
               "SUN roles: their engine's default)")
 @click.option("--max-batch", type=int, default=64, show_default=True, help="decoder: rows per step")
 @click.option("--max-sessions", type=int, default=64, show_default=True, help="draft: sessions")
 @click.option("--max-kv-mb", type=float, default=None, help="draft on torch/onnx: the service's KV cap")
-@click.option("--dtype", default="float32", type=click.Choice(["float32", "float64", "bfloat16"]),
-              show_default=True, help="torch only")
+@dtype_option
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
 def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_len, max_batch, max_sessions,
          max_kv_mb, dtype, as_json):

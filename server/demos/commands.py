@@ -5,15 +5,15 @@ from pathlib import Path
 
 import click
 
-from edge.cli.options import STAR_GAMMA
+from edge.cli.options import gamma_option
+from edge.cli.sections import TARGET
 from export.target_format import FORMATS
 
 
 @click.command("demo")
 @click.option("--targets", "-N", "n_targets", default=4, show_default=True, help="targets in the star")
 @click.option("--max-new", "-n", default=48, show_default=True, help="new tokens per target")
-@click.option("--gamma", "-g", default="4", show_default=True, type=STAR_GAMMA, metavar="γ|auto[:N]",
-              help="the N targets' drafted tokens per verification, or auto[:N] (chosen each round)")
+@gamma_option(TARGET, "the N targets' drafted tokens per verification")
 @click.option("--draft", "-D", default="qwen2.5-coder-0.5b", show_default=True, help="the hub's draft model")
 @click.option("--target", "-T", default="qwen2.5-coder-1.5b", show_default=True, help="every target's model")
 @click.option("--backend", type=click.Choice(["llamacpp", "torch"]), default="llamacpp", show_default=True)

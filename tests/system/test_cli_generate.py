@@ -16,8 +16,13 @@ def run(*args):
 
 def test_gamma_below_one_is_refused():
     r = run("hi", "-g", "0")
-    assert r.exit_code == 1
-    assert "--gamma must be at least 1" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2
+    assert "--gamma" in r.output and "an integer >= 1" in r.output and "Traceback" not in r.output
+
+
+def test_the_old_adaptive_flag_names_the_new_spelling():
+    r = run("hi", "-g", "4", "--adaptive")
+    assert r.exit_code == 2 and "--gamma auto:4" in r.output
 
 
 def test_missing_and_corrupt_checkpoints(tmp_path):
@@ -42,9 +47,10 @@ def test_prompt_longer_than_the_context_is_refused():
 
 
 @needs_models
-def test_ngram_run_reports_stats_and_matches_target_alone():
+@pytest.mark.parametrize("gamma", ["3", "auto:3"])
+def test_ngram_run_reports_stats_and_matches_target_alone(gamma):
     r = run("Say the alphabet: a b c d e f", "-T", "smollm2-135m", "-D", "ngram", "-b", "llamacpp",
-            "-n", "12", "-g", "3")
+            "-n", "12", "-g", gamma)
     assert r.exit_code == 0, r.output
-    for label in ("speculative", "target alone", "speedup vs target alone", "tok/verify"):
+    for label in ("speculative", "target alone", "speedup vs target alone", "tok/verify", f"γ={gamma}"):
         assert label in r.output

@@ -1,0 +1,170 @@
+"""The roles `edge-agent run` starts (edge/cli/agent_run.py builds what each needs): a draft
+service, a SUN prefill worker or shared decoder, a target. Each connects, says where it is,
+publishes its telemetry and runs until SIGINT / SIGTERM, then leaves cleanly and prints its stats.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import click
+
+from edge.cli.startup import TelemetrySettings, leave_on_sigterm, start_telemetry_for_command, wait_for_signal
+from edge.sun.limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
+
+
+@dataclass
+class TargetSettings:
+    """A target's γ and how it serves: --gamma, --http-host/--http-port, or --prompt once."""
+    gamma: int                      # the fixed γ, or the largest with adaptive
+    adaptive: bool                  # --gamma auto[:N]
+    http_host: str
+    http_port: int
+    prompt: Optional[str]
+    max_new: int
+    temperature: float
+
+
+def run_draft(core, tok, link, service_id, ctl_key=None, tele: Optional[TelemetrySettings] = None) -> None:
+    """core: a draft core of any kind (edge/cli/startup.py build_draft)."""
+    from edge.wire.link import LinkError
+    from edge.wire.protocol import draft_hello_topic
+    from edge.star.draft_node import DraftNode
+
+    node = DraftNode(core, link, service_id, tok.fingerprint(), ctl_key=ctl_key)
+    link.set_will(draft_hello_topic(service_id), node.will())
+    try:
+        link.connect(timeout=10)
+    except LinkError as e:
+        raise click.ClickException(str(e)) from None
+    stop = leave_on_sigterm()
+    node.start()
+    click.echo(f"draft service {service_id} registered at {link.url}; Ctrl-C to leave", err=True)
+    telemetry = None
+    try:
+        if tele:
+            telemetry = start_telemetry_for_command(link, service_id, "draft", node.telemetry, tele, ctl_key)
+        wait_for_signal(stop)
+    finally:
+        if telemetry is not None:
+            telemetry.stop()
+        node.stop()
+        link.close()
+        st = node.service.stats.snapshot()
+        click.echo(f"served {st['requests']} requests, busy {st['busy_ratio']:.2f}, "
+                   f"mean batch {st['batch_size_mean']:.1f}", err=True)
+
+
+def run_sun(role, link, directory, worker_id, sun, threads, backend, ctl_key=None,
+            tele: Optional[TelemetrySettings] = None) -> None:
+    """sun: the worker's SunSettings (task, max_batch, max_sequences, max_queue, stop_ids)."""
+    from edge.engines.base import EngineError
+    from edge.wire.link import LinkError
+    from edge.model.sun_error import SunError
+
+    stop = leave_on_sigterm()
+    try:
+        node = open_node(role, link, directory, worker_id, task=sun.task, threads=threads, max_batch=sun.max_batch,
+                         stop_ids=sun.stop_ids, backend=backend, ctl_key=ctl_key,
+                         max_sequences=sun.max_sequences, max_queue=sun.max_queue)
+    except (SunError, OSError, EngineError) as e:
+        raise click.ClickException(f"--module {directory}: {e}") from None
+    except LinkError as e:
+        raise click.ClickException(str(e)) from None
+    what = f"prefill worker for task {node.worker.task!r}" if role == "prefill" else "shared decoder"
+    click.echo(f"{what} {worker_id} up at {link.url}; Ctrl-C to leave", err=True)
+    telemetry = None
+    try:
+        if tele:
+            telemetry = start_telemetry_for_command(link, worker_id, role, node.telemetry, tele, ctl_key)
+        wait_for_signal(stop)
+    finally:
+        if telemetry is not None:
+            telemetry.stop()
+        node.stop()
+        link.close()
+        click.echo(f"{worker_id}: {node.stats}", err=True)
+
+
+def open_node(role, link, directory, worker_id, task=None, threads=None, max_batch=64, stop_ids=(),
+              ctl_key=None, backend="torch", max_sequences=DEFAULT_MAX_SEQUENCES, max_queue=DEFAULT_MAX_QUEUE):
+    """The node factory of `edge-agent run --role prefill|decoder`: load the specialist (prefill) or
+    the shared decoder (decoder) from its directory, set the node's will on `link`, connect, start."""
+    from edge.wire.protocol import sun_hello_topic
+
+    if role == "prefill":
+        from edge.sun.prefill import PrefillWorker
+        from edge.sun.prefill_node import PrefillNode
+        node = PrefillNode(PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend,
+                                                  max_queue=max_queue), link, worker_id, ctl_key=ctl_key)
+    elif role == "decoder":
+        from edge.sun.decoder import SharedDecoder
+        from edge.sun.decoder_node import DecoderNode
+        dec = SharedDecoder.from_dir(directory, threads=threads, max_batch=max_batch, stop_ids=stop_ids,
+                                     name=worker_id, backend=backend, max_sequences=max_sequences)
+        node = DecoderNode(dec, link, worker_id, ctl_key=ctl_key)
+    else:
+        raise ValueError(f"role must be 'prefill' or 'decoder', got {role!r}")
+    link.set_will(sun_hello_topic(worker_id), node.will())
+    link.connect(timeout=10)
+    return node.start()
+
+
+def run_target(engine, tok, link, client_id, model, target: TargetSettings,
+               tele: Optional[TelemetrySettings] = None, ctl_key=None) -> None:
+    """Join the star (or decode alone until a draft comes online), then --prompt once or serve."""
+    from edge.star.session import HubClient, JoinRefused
+    from edge.star.target import StarTarget
+
+    star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size), gamma=target.gamma,
+                      adaptive=target.adaptive)
+    try:
+        star.check_join()
+        click.echo(f"target {client_id} joined the star at {link.url}", err=True)
+    except JoinRefused as e:      # no draft now: decode alone, and join when one comes online
+        click.echo(f"warning: {e}; decoding alone, joining when the hub can draft", err=True)
+    except TimeoutError as e:
+        click.echo(f"warning: {e}; decoding alone until the hub answers", err=True)
+    telemetry = None
+    try:
+        if tele:
+            telemetry = start_telemetry_for_command(link, client_id, "target", star.telemetry, tele, ctl_key)
+        if target.prompt is not None:
+            _generate_once(star, tok, target)
+        elif not target.http_port:
+            raise click.UsageError("a target needs --http-port (to serve clients) or --prompt")
+        else:
+            _serve_openai(star, tok, engine, model, target)
+    finally:
+        if telemetry is not None:
+            telemetry.stop()
+        star.hub.close()
+        link.close()
+
+
+def _generate_once(star, tok, target: TargetSettings) -> None:
+    from edge.spec.sampling import SamplingParams
+    prompt = target.prompt
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}])
+                     if tok.chat_template else prompt, add_special=not tok.chat_template)
+    stream = tok.decode_stream(skip_special=True)
+    res = star.generate(ids, target.max_new, SamplingParams(temperature=target.temperature), tuple(tok.eos_ids),
+                        on_token=lambda t: (sys.stdout.write(stream.put(t)), sys.stdout.flush()))
+    d = star.last_drafter.stats
+    click.echo(f"\n{len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, accepted "
+               f"{res.n_accepted}/{res.n_drafted}, answered {d['answered']}/{d['rounds']} rounds", err=True)
+
+
+def _serve_openai(star, tok, engine, model, target: TargetSettings) -> None:
+    from edge.api.openai_http import OpenAIServer
+
+    stop = leave_on_sigterm()
+    server = OpenAIServer(star.generate, tok, model_name=str(model), host=target.http_host, port=target.http_port,
+                          context=engine.max_len).start()
+    click.echo(f"OpenAI endpoint on http://{target.http_host}:{server.port}/v1 (model {model}); Ctrl-C to stop",
+               err=True)
+    try:
+        wait_for_signal(stop)
+    finally:
+        server.stop()

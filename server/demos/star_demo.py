@@ -20,13 +20,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import click
 
 from edge.engines.base import Engine
 from edge.engines.counting import CountingEngine
 from edge.spec.sampling import GREEDY
+from server.demos.live_table import LiveTable
 from server.hub import Hub
 
 # MT-bench first turns (questions 122, 127, 104, 141; Apache-2.0), coding first
@@ -143,9 +144,6 @@ def run_star_demo(draft_engine: Engine, target_engines: Sequence[Engine], tokeni
     `notes` are printed under the final table (the demo's draft-memory line); with `decode`,
     one line of each target's text follows."""
     from edge.spec.generate import generate_plain
-    from edge.wire.link import MqttLink
-    from edge.star.session import HubClient
-    from edge.star.target import StarTarget
 
     out = out or sys.stderr
     labels = list(labels or [f"prompt {i}" for i in range(len(prompts))])
@@ -154,43 +152,10 @@ def run_star_demo(draft_engine: Engine, target_engines: Sequence[Engine], tokeni
     hub = (start_hub or _local_hub)(draft_engine, tokenizer_fp, broker, gamma)
     links, timeline = [], []
     try:
-        for x in targets:      # one at a time: amqtt 0.12.1 may drop a client connecting during a SUBSCRIBE
-            link = MqttLink(hub.url, client_id=f"{x.name}-{os.getpid()}").connect(10)
-            links.append(link)
-            x.star = StarTarget(x.engine, HubClient(link, x.name, tokenizer_fp, x.engine.vocab_size), gamma=gamma,
-                                adaptive=adaptive)
-
-        def work(x: _Target) -> None:
-            _nice(target_nice)
-            try:
-                x.result = x.star.generate(x.prompt, max_new, GREEDY, tuple(stop_ids), x.on_token)
-            except Exception as e:  # shown in the table and the report
-                x.error = f"{type(e).__name__}: {e}"
-        window = _Window(hub.service.stats)
-        t0 = time.monotonic()
-        threads = [threading.Thread(target=work, args=(x,), daemon=True) for x in targets]
-        for th in threads:
-            th.start()
-        tty = live and hasattr(out, "isatty") and out.isatty()
-        shown, last_print = 0, 0.0
-        while any(th.is_alive() for th in threads):
-            time.sleep(refresh_s)
-            now = time.monotonic() - t0
-            d = window.look(now)
-            timeline.append((now, [len(x.tokens) for x in targets], d["busy"], d["batch"]))
-            if live and (tty or now - last_print >= 5.0):
-                rows = _table(targets, d, max_new, now, head)
-                if tty and shown:
-                    out.write(f"\x1b[{shown}F\x1b[J")       # redraw in place
-                out.write("\n".join(rows) + "\n")
-                out.flush()
-                shown, last_print = len(rows), now
-        wall = time.monotonic() - t0
-        d = window.look(wall)
-        final = _table(targets, {**d, "span": None}, max_new, wall, head)
-        if tty and shown:
-            out.write(f"\x1b[{shown}F\x1b[J")
-        out.write("\n".join([*final, *notes]) + "\n")
+        _join(targets, hub, tokenizer_fp, gamma, adaptive, links)
+        screen = LiveTable(out, live)
+        wall, d = _generate(targets, hub, screen, max_new, stop_ids, refresh_s, head, timeline, target_nice)
+        screen.final([*_table(targets, {**d, "span": None}, max_new, wall, head), *notes])
         if decode:
             out.write("".join(f"  {x.name}: {_snippet(decode(x.tokens))}\n" for x in targets))
         draft = hub.service.stats.snapshot()
@@ -213,6 +178,43 @@ def run_star_demo(draft_engine: Engine, target_engines: Sequence[Engine], tokeni
         report["plot"] = str(_plot(report, Path(plot_path), head))
         out.write(f"plot: {report['plot']}\n")
     return report
+
+
+def _join(targets: List[_Target], hub, tokenizer_fp: str, gamma: int, adaptive: bool, links: list) -> None:
+    """A StarTarget per target on its own MQTT connection (appended to `links`)."""
+    from edge.wire.link import MqttLink
+    from edge.star.session import HubClient
+    from edge.star.target import StarTarget
+    for x in targets:      # one at a time: amqtt 0.12.1 may drop a client connecting during a SUBSCRIBE
+        link = MqttLink(hub.url, client_id=f"{x.name}-{os.getpid()}").connect(10)
+        links.append(link)
+        x.star = StarTarget(x.engine, HubClient(link, x.name, tokenizer_fp, x.engine.vocab_size), gamma=gamma,
+                            adaptive=adaptive)
+
+
+def _generate(targets: List[_Target], hub, screen: LiveTable, max_new: int, stop_ids: Sequence[int],
+              refresh_s: float, head: str, timeline: list, target_nice: int) -> Tuple[float, dict]:
+    """Every target generates on its own thread, the live table showing them, each refresh_s a row
+    of `timeline`; (seconds they took, the draft's window at the end)."""
+    def work(x: _Target) -> None:
+        _nice(target_nice)
+        try:
+            x.result = x.star.generate(x.prompt, max_new, GREEDY, tuple(stop_ids), x.on_token)
+        except Exception as e:  # shown in the table and the report
+            x.error = f"{type(e).__name__}: {e}"
+    window = _Window(hub.service.stats)
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=work, args=(x,), daemon=True) for x in targets]
+    for th in threads:
+        th.start()
+    while any(th.is_alive() for th in threads):
+        time.sleep(refresh_s)
+        now = time.monotonic() - t0
+        d = window.look(now)
+        timeline.append((now, [len(x.tokens) for x in targets], d["busy"], d["batch"]))
+        screen.update(now, lambda: _table(targets, d, max_new, now, head))
+    wall = time.monotonic() - t0
+    return wall, window.look(wall)
 
 
 def _nice(n: int) -> None:

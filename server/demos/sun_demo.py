@@ -26,11 +26,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import click
 import numpy as np
 
+from server.demos.live_table import LiveTable
 from server.hub import Hub
 
 
@@ -99,13 +100,7 @@ def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: flo
                  max_batch: int = 32, live: bool = True, out=None) -> dict:
     """Serve n_requests over MQTT through the hub; returns a report (and checks every answer)."""
     from edge.wire.link import MqttLink
-    from edge.sun.decoder import SharedDecoder
-    from edge.sun.prefill import PrefillWorker
     from edge.sun.client import SunClient
-    from edge.sun.decoder_node import DecoderNode
-    from edge.sun.prefill_node import PrefillNode
-    from edge.wire.protocol import sun_hello_topic
-    from edge.model.sun_modules import load_module, split_generate
 
     out = out or sys.stderr
     made = make_specialists(Path(work), log=lambda s: out.write(s + "\n"))
@@ -115,68 +110,15 @@ def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: flo
     hub = Hub(broker="embedded", hub_id="sun-demo-hub", ctl_key=key).start()
     links, nodes = [], []
     st = _Stats(names)
+    served: list = []
     try:
-        def attach(node_cls, worker, wid):
-            link = MqttLink(hub.url, client_id=f"{wid}-{os.getpid()}")
-            node = node_cls(worker, link, wid, ctl_key=key)
-            link.set_will(sun_hello_topic(wid), node.will())
-            link.connect(10)             # one at a time: amqtt may drop a client connecting mid-SUBSCRIBE
-            links.append(link)
-            nodes.append(node.start())
-            return node
-        for name in names:
-            attach(PrefillNode, PrefillWorker.from_dir(made["specialists"][name], task=name, threads=1,
-                                                       kv_dtype="float32"), f"prefill-{name}")
-        decoder = SharedDecoder.from_dir(made["decoder"], threads=1, max_batch=max_batch, name="decoder-int4")
-        attach(DecoderNode, decoder, "decoder-int4")
+        decoder = _start_workers(hub, key, made, max_batch, links, nodes)
         client = SunClient(MqttLink(hub.url, client_id=f"sun-demo-client-{os.getpid()}").connect(10),
                            "demo-client").start()
         links.append(client.link)
         _wait_routes(hub, names)
-        rng = np.random.default_rng(seed)
-        pop = 1.0 / np.arange(1, len(names) + 1) ** zipf
-        picks = rng.choice(len(names), size=n_requests, p=pop / pop.sum())
-        served = []
-
-        def one(task, ex):
-            try:
-                r = client.submit(task, ex.prompt, max_new=tasks[task].max_new,
-                                  stop=list(tasks[task].stop_ids)).wait(120)
-                with st.lock:
-                    st.done[task].append((r.tokens == list(ex.answer), r.ttft_s, r.total_s))
-                served.append((task, ex, r))
-            except Exception as e:       # shown at the end; the other requests go on
-                with st.lock:
-                    st.errors.append(f"{task}: {type(e).__name__}: {e}")
-        threads, t0 = [], time.monotonic()
-        tty = live and hasattr(out, "isatty") and out.isatty()
-        shown, last = 0, 0.0
-        next_at = 0.0
-        for i, k in enumerate(picks):    # Poisson arrivals
-            next_at += rng.exponential(1.0 / rate)
-            while time.monotonic() - t0 < next_at:
-                time.sleep(0.005)
-            task = names[k]
-            ex = tasks[task].eval[i % len(tasks[task].eval)]
-            with st.lock:
-                st.sent[task] += 1
-            th = threading.Thread(target=one, args=(task, ex), daemon=True)
-            th.start()
-            threads.append(th)
-        while any(th.is_alive() for th in threads):
-            time.sleep(0.25)
-            now = time.monotonic() - t0
-            if live and (tty or now - last >= 5.0):
-                rows = _table(st, decoder, now, n_requests)
-                if tty and shown:
-                    out.write(f"\x1b[{shown}F\x1b[J")
-                out.write("\n".join(rows) + "\n")
-                out.flush()
-                shown, last = len(rows), now
-        wall = time.monotonic() - t0
-        if tty and shown:
-            out.write(f"\x1b[{shown}F\x1b[J")
-        out.write("\n".join(_table(st, decoder, wall, n_requests)) + "\n")
+        threads, t0 = _send_requests(client, tasks, st, served, n_requests, rate, zipf, seed)
+        wall = _show_until_done(threads, st, decoder, t0, n_requests, live, out)
         snap = decoder.stats_snapshot()
     finally:
         for node in nodes:
@@ -184,17 +126,7 @@ def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: flo
         for ln in links:
             ln.close()
         hub.stop()
-    # the check: each served answer equals the same two modules run in-process
-    dec_model = load_module(made["decoder"])[0]
-    same = 0
-    for name in names:
-        mine = [(ex, r) for t, ex, r in served if t == name]
-        if not mine:
-            continue
-        spec = load_module(made["specialists"][name])[0]
-        want = split_generate(spec, dec_model, [ex.prompt for ex, _ in mine], tasks[name].max_new,
-                              tasks[name].stop_ids)
-        same += sum(r.tokens == w for (_, r), w in zip(mine, want))
+    same = _same_as_in_process(made, tasks, served)
     report = {"served": len(served), "identical_to_in_process": same, "errors": st.errors, "wall_s": wall,
               "decoder": snap, "accuracy": {t: float(np.mean([c for c, _, _ in d])) if d else None
                                             for t, d in st.done.items()}}
@@ -205,6 +137,95 @@ def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: flo
     out.write(f"one int4 decoder served {len(names)} tasks: {snap['mixed_frac']:.0%} of its batched steps held "
               f"more than one task (isolated pools would need {len(names)} decoders)\n")
     return report
+
+
+def _start_workers(hub: Hub, key: bytes, made: dict, max_batch: int, links: list, nodes: list):
+    """A prefill node per task and the one shared decoder's node, each on its own MQTT connection
+    (appended to `links` and `nodes`, to be closed by the caller); the decoder."""
+    from edge.wire.link import MqttLink
+    from edge.sun.decoder import SharedDecoder
+    from edge.sun.prefill import PrefillWorker
+    from edge.sun.decoder_node import DecoderNode
+    from edge.sun.prefill_node import PrefillNode
+    from edge.wire.protocol import sun_hello_topic
+
+    def attach(node_cls, worker, wid):
+        link = MqttLink(hub.url, client_id=f"{wid}-{os.getpid()}")
+        node = node_cls(worker, link, wid, ctl_key=key)
+        link.set_will(sun_hello_topic(wid), node.will())
+        link.connect(10)             # one at a time: amqtt may drop a client connecting mid-SUBSCRIBE
+        links.append(link)
+        nodes.append(node.start())
+        return node
+    for name, path in made["specialists"].items():
+        attach(PrefillNode, PrefillWorker.from_dir(path, task=name, threads=1, kv_dtype="float32"),
+               f"prefill-{name}")
+    decoder = SharedDecoder.from_dir(made["decoder"], threads=1, max_batch=max_batch, name="decoder-int4")
+    attach(DecoderNode, decoder, "decoder-int4")
+    return decoder
+
+
+def _send_requests(client, tasks: dict, st: _Stats, served: list, n_requests: int, rate: float, zipf: float,
+                   seed: int) -> Tuple[List[threading.Thread], float]:
+    """Held-out prompts with Zipf-skewed task popularity and Poisson arrivals, each answered on its
+    own thread (into `st` and `served`); the threads, and when the first was due."""
+    names = list(tasks)
+    rng = np.random.default_rng(seed)
+    pop = 1.0 / np.arange(1, len(names) + 1) ** zipf
+    picks = rng.choice(len(names), size=n_requests, p=pop / pop.sum())
+
+    def one(task, ex):
+        try:
+            r = client.submit(task, ex.prompt, max_new=tasks[task].max_new,
+                              stop=list(tasks[task].stop_ids)).wait(120)
+            with st.lock:
+                st.done[task].append((r.tokens == list(ex.answer), r.ttft_s, r.total_s))
+            served.append((task, ex, r))
+        except Exception as e:       # shown at the end; the other requests go on
+            with st.lock:
+                st.errors.append(f"{task}: {type(e).__name__}: {e}")
+    threads, t0 = [], time.monotonic()
+    next_at = 0.0
+    for i, k in enumerate(picks):    # Poisson arrivals
+        next_at += rng.exponential(1.0 / rate)
+        while time.monotonic() - t0 < next_at:
+            time.sleep(0.005)
+        task = names[k]
+        ex = tasks[task].eval[i % len(tasks[task].eval)]
+        with st.lock:
+            st.sent[task] += 1
+        th = threading.Thread(target=one, args=(task, ex), daemon=True)
+        th.start()
+        threads.append(th)
+    return threads, t0
+
+
+def _show_until_done(threads: list, st: _Stats, decoder, t0: float, n_requests: int, live: bool, out) -> float:
+    """The live table until every request is answered, then the final one; the seconds since t0."""
+    screen = LiveTable(out, live)
+    while any(th.is_alive() for th in threads):
+        time.sleep(0.25)
+        now = time.monotonic() - t0
+        screen.update(now, lambda: _table(st, decoder, now, n_requests))
+    wall = time.monotonic() - t0
+    screen.final(_table(st, decoder, wall, n_requests))
+    return wall
+
+
+def _same_as_in_process(made: dict, tasks: dict, served: list) -> int:
+    """How many served answers equal the same two modules run in-process (split_generate)."""
+    from edge.model.sun_modules import load_module, split_generate
+    dec_model = load_module(made["decoder"])[0]
+    same = 0
+    for name in tasks:
+        mine = [(ex, r) for t, ex, r in served if t == name]
+        if not mine:
+            continue
+        spec = load_module(made["specialists"][name])[0]
+        want = split_generate(spec, dec_model, [ex.prompt for ex, _ in mine], tasks[name].max_new,
+                              tasks[name].stop_ids)
+        same += sum(r.tokens == w for (_, r), w in zip(mine, want))
+    return same
 
 
 def _wait_routes(hub: Hub, names, timeout: float = 20.0) -> None:

@@ -34,13 +34,13 @@ def probed(continuations):
         sent = []
         send = d.session.send
         d.session.send = lambda m: sent.append(m) or send(m)
-        assert d.observe(PROMPT, 0) is None and d.stats["probes"] == 0     # nothing asked: nothing sent
-        assert d.observe(PROMPT, 4) is None and d.stats["probes"] == 1
+        assert d.observe(PROMPT, 0) is None and d.stats.probes == 0     # nothing asked: nothing sent
+        assert d.observe(PROMPT, 4) is None and d.stats.probes == 1
         assert [m.background for m in sent] == [True]                     # the service knows it is a probe
-        assert wait_until(lambda: d.observe(PROMPT, 4) is not None or d.stats["answered"] == 1)
-        assert d.stats["probes"] == 1                                      # one out at a time
+        assert wait_until(lambda: d.observe(PROMPT, 4) is not None or d.stats.answered == 1)
+        assert d.stats.probes == 1                                      # one out at a time
         out = [d.observe(PROMPT + c(want), 4) for c in continuations]
-        assert d.stats["probe_answers"] == d.stats["answered"] == 1 and d.stats["rounds"] == 0  # no round
+        assert d.stats.probe_answers == d.stats.answered == 1 and d.stats.rounds == 0  # no round
         d.close()
         return out, want
     finally:

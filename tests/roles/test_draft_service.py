@@ -232,7 +232,7 @@ def test_star_on_a_memory_bus_is_lossless_and_refuses_a_foreign_tokenizer():
         star = StarTarget(target, HubClient(MemoryLink(bus, "t1"), "t1", "tok-a", 256), gamma=3)
         got = star.generate([1, 2, 3, 4], 30)
         assert got.tokens == generate_plain(target, [1, 2, 3, 4], 30).tokens
-        assert star.last_drafter.stats["answered"] > 0
+        assert star.last_drafter.stats.answered > 0
         foreign = StarTarget(target, HubClient(MemoryLink(bus, "t2"), "t2", "tok-b", 256), gamma=3)
         with pytest.raises(JoinRefused, match="tokenizer fingerprint mismatch"):
             foreign.check_join()
@@ -249,7 +249,7 @@ def test_sampling_through_the_star_uses_the_wire_q():
     try:
         star = StarTarget(make_engine(seed=0), HubClient(MemoryLink(bus, "t1"), "t1", "tok", 256), gamma=3)
         out = star.generate([1, 2, 3], 40, SamplingParams(temperature=0.9, seed=3))
-        assert len(out.tokens) == 40 and star.last_drafter.stats["errors"] == 0
+        assert len(out.tokens) == 40 and star.last_drafter.stats.errors == 0
         assert out.n_drafted > 0 and out.acceptance_rate > 0.5      # identical models accept almost all
     finally:
         hub.stop()

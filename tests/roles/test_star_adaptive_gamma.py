@@ -38,7 +38,7 @@ def test_auto_gamma_is_lossless_with_a_draft_that_agrees():
     target = tiny_model(0)
     got, want, drafter, _ = star(tiny_model(1, noise=0.02, base=target), target)
     assert got.tokens == want.tokens
-    assert drafter.stats["answered"] > 0 and got.n_accepted > 0
+    assert drafter.stats.answered > 0 and got.n_accepted > 0
     assert drafter.waits.samples > 0 and all(0 <= g <= 8 for g in got.gammas)
 
 
@@ -52,8 +52,8 @@ def test_auto_gamma_falls_to_plain_decoding_with_a_draft_that_disagrees():
     # ... then decoded alone: no probing rounds (greedy probes go in the background); a round
     # only where a probe agreed by chance and α said to try again
     assert late.count(0) >= 0.95 * len(late)
-    assert 1 <= drafter.stats["probes"] <= 8          # from 4 plain steps on, doubling to 32 apart
-    assert all(joined) and drafter.stats["rejoins"] == 0 and drafter.stats["errors"] == 0   # still joined
+    assert 1 <= drafter.stats.probes <= 8          # from 4 plain steps on, doubling to 32 apart
+    assert all(joined) and drafter.stats.rejoins == 0 and drafter.stats.errors == 0   # still joined
 
 
 def test_late_answers_keep_the_text_lossless():
@@ -63,5 +63,5 @@ def test_late_answers_keep_the_text_lossless():
     got, want, drafter, joined = star(tiny_model(1, noise=0.02, base=target), target, n=60,
                                       deadline=Deadline(initial=1e-4, lo=1e-5, hi=1e-4))
     assert got.tokens == want.tokens
-    assert drafter.stats["answered"] > 0
+    assert drafter.stats.answered > 0
     assert drafter.waits.answered < 1.0                  # the policy saw the requests not answered in time

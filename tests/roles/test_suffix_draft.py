@@ -100,7 +100,7 @@ def test_the_star_with_a_suffix_or_hybrid_draft_is_lossless(engines, kind):
         for p in PROMPTS:
             got = s.generate(p, 30)
             assert got.tokens == generate_plain(target, p, 30).tokens, (kind, p)
-        assert s.last_drafter.stats["answered"] > 0
+        assert s.last_drafter.stats.answered > 0
         c = hub.service.stats.snapshot()["counters"]
         if kind == "hybrid":                     # both halves answered some rounds
             assert c.get("hybrid_suffix", 0) > 0 and c.get("hybrid_model", 0) > 0, c

@@ -61,7 +61,7 @@ def test_hub_killed_mid_generation_targets_finish_and_rejoin(kind, models, reque
             st = stars[i].last_drafter.stats
             if not killed.is_set():
                 time.sleep(0.004)
-            elif st["rejoins"] == 0 or st["answered_since_join"] == 0:
+            elif st.rejoins == 0 or st.answered_since_join == 0:
                 time.sleep(0.02)
         try:
             got[i] = stars[i].generate(prompts[i], max_new, on_token=tick)
@@ -83,8 +83,8 @@ def test_hub_killed_mid_generation_targets_finish_and_rejoin(kind, models, reque
         for i in range(n):
             assert got[i].tokens == want[i], f"target {i}: the outage changed the output"
             st = stars[i].last_drafter.stats
-            assert st["rejoins"] >= 1, st
-            assert st["answered_since_join"] > 0, "no speculation after the hub came back"
+            assert st.rejoins >= 1, st
+            assert st.answered_since_join > 0, "no speculation after the hub came back"
         assert hub2.snapshot()["draft"]["requests"] > 0
     finally:
         for s in stars:
@@ -129,8 +129,8 @@ def test_overloaded_draft_service_is_left_alone_with_a_backoff(memory_bus, model
         out = star.generate(prompt, 40)
         assert out.tokens == generate_plain(star.engine, prompt, 40).tokens
         st = star.last_drafter.stats
-        assert st["overloaded"] >= 1 and st["answered"] == 0, st
-        assert st["overloaded"] <= 8 < st["rounds"], st                    # not one request per round
+        assert st.overloaded >= 1 and st.answered == 0, st
+        assert st.overloaded <= 8 < st.rounds, st                    # not one request per round
     finally:
         star.hub.close()
         hub.stop()

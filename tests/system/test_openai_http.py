@@ -26,7 +26,7 @@ def test_completion_is_the_targets_greedy_text(endpoint):
     want = generate_plain(star.engine, ids, 12, SamplingParams(), tuple(tok.eos_ids)).tokens
     assert out["object"] == "text_completion" and out["choices"][0]["text"] == tok.decode(want)
     assert out["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 12, "total_tokens": len(ids) + 12}
-    assert star.last_drafter.stats["answered"] > 0
+    assert star.last_drafter.stats.answered > 0
 
 
 def test_chat_stream_equals_the_non_streamed_answer(endpoint):

@@ -82,7 +82,7 @@ def generate_through(stars, fault, at=12):
     def run(i):
         def tick(_):
             progress[i] += 1
-            if progress[i] >= at and stars[i].last_drafter.stats["answered"] > 0:
+            if progress[i] >= at and stars[i].last_drafter.stats.answered > 0:
                 faulted.wait(60)
             time.sleep(0.003)
         try:
@@ -94,7 +94,7 @@ def generate_through(stars, fault, at=12):
         t.start()
     try:
         assert wait_until(lambda: min(progress) >= at and all(
-            s.last_drafter and s.last_drafter.stats["answered"] > 0 for s in stars), 30), progress
+            s.last_drafter and s.last_drafter.stats.answered > 0 for s in stars), 30), progress
         assert max(progress) < MAX_NEW, "a target finished before the fault"
         fault()
         faulted.set()
@@ -113,7 +113,7 @@ def assert_lossless(stars, got):
 def speculates_again(star, i=0):
     out = star.generate(PROMPTS[i], 24)
     assert out.tokens == generate_plain(star.engine, PROMPTS[i], 24).tokens
-    return star.last_drafter.stats["answered"] > 0
+    return star.last_drafter.stats.answered > 0
 
 
 def close_all(stars):

@@ -77,7 +77,7 @@ def test_eight_targets_share_one_draft_and_stay_lossless(broker, models):
         assert not errors, errors
         for i in range(8):
             assert got[i].tokens == want[i], f"target {i} differs from its own plain greedy output"
-        answered = sum(s.last_drafter.stats["answered"] for s in stars)
+        answered = sum(s.last_drafter.stats.answered for s in stars)
         accepted = sum(g.n_accepted for g in got)
         snap = hub.snapshot()["draft"]
         assert answered > 8 and accepted > 0
@@ -105,7 +105,7 @@ def test_auto_gamma_targets_stay_lossless_over_the_broker(broker, models):
         for i, s in enumerate(stars):
             assert got[i].tokens == generate_plain(s.engine, prompt(i), 40).tokens, f"target {i}"
             assert got[i].gammas[0] >= 1 and max(got[i].gammas) <= 8     # it explored, within bounds
-            assert s.last_drafter.waits.samples > 0 and s.last_drafter.stats["answered"] > 0
+            assert s.last_drafter.waits.samples > 0 and s.last_drafter.stats.answered > 0
     finally:
         for s in stars:
             s.hub.link.close()
@@ -180,7 +180,7 @@ def test_star_through_the_mosquitto_acl(mosquitto_acl, models):
         for i, s in enumerate(stars):
             out = s.generate(prompt(i), 16)
             assert out.tokens == generate_plain(s.engine, prompt(i), 16).tokens
-            assert s.last_drafter.stats["answered"] > 0
+            assert s.last_drafter.stats.answered > 0
     finally:
         for s in stars:
             s.hub.link.close()
@@ -205,7 +205,7 @@ def test_a_draft_service_on_a_device_takes_the_hubs_sessions(mosquitto, models):
         assert wait_until(lambda: hub.registry.online_services() == ["jetson-1"])
         out = star.generate(prompt(2), 20)
         assert out.tokens == generate_plain(star.engine, prompt(2), 20).tokens
-        assert star.last_drafter.session is None and star.last_drafter.stats["answered"] > 0
+        assert star.last_drafter.session is None and star.last_drafter.stats.answered > 0
         assert node.service.stats.requests > 0 and hub.counters["joins"] == 1
         assert wait_until(lambda: hub.registry.count() == 0)     # the device reported the bye
         link.crash()                                       # the device dies: its will says so
@@ -234,7 +234,7 @@ def test_a_target_decodes_alone_without_a_draft_and_joins_when_one_comes(mosquit
         out = star.generate(prompt(1), 12)                    # nobody drafts: plain decoding
         assert out.tokens == generate_plain(star.engine, prompt(1), 12).tokens
         st = star.last_drafter.stats
-        assert st["answered"] == 0 and "no draft service" in (star.last_drafter.refusal or ""), st
+        assert st.answered == 0 and "no draft service" in (star.last_drafter.refusal or ""), st
         started = threading.Event()
 
         def on_token(_t, n=[0]):                              # a draft service arrives mid-generation
@@ -252,7 +252,7 @@ def test_a_target_decodes_alone_without_a_draft_and_joins_when_one_comes(mosquit
         out = star.generate(prompt(3), 120, on_token=on_token)
         assert out.tokens == generate_plain(star.engine, prompt(3), 120).tokens
         st = star.last_drafter.stats
-        assert started.is_set() and st["rejoins"] >= 1 and st["answered"] > 0, st
+        assert started.is_set() and st.rejoins >= 1 and st.answered > 0, st
     finally:
         if node is not None:
             node.stop()                  # announce it: no retained online hello for later tests

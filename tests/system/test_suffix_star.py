@@ -107,7 +107,7 @@ def test_suffix_and_hybrid_drafts_from_the_console_scripts_are_lossless(broker, 
         for prompt in PROMPTS:
             got = star.generate(prompt, 24)
             assert got.tokens == generate_plain(engine, prompt, 24).tokens, (where, prompt)
-        assert star.last_drafter.stats["answered"] > 0
+        assert star.last_drafter.stats.answered > 0
         star.hub.link.close()
     finally:
         _stop(p)

@@ -172,7 +172,7 @@ def run(spec: dict, commands: "queue.Queue[str]") -> dict:
                 d = star.last_drafter
                 gens.append({"S": list(prompt) + list(res.tokens) if spec.get("record", True) else None,
                              "accepted": res.n_accepted, "drafted": res.n_drafted,
-                             "refusal": d.refusal, "stats": {k: v for k, v in d.stats.items()
+                             "refusal": d.refusal, "stats": {k: v for k, v in d.stats.as_dict().items()
                                                              if isinstance(v, (int, float))}})
                 g += 1
         except Exception as e:  # reported in RESULT and on stderr, never hidden

@@ -86,8 +86,8 @@ class DrafterStats:
         """The counters by name, the samples as lists (JSON-ready)."""
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), deque) else v for f in fields(self)}
 
-    # Dict-style reads, for the readers this change could not edit (edge/cli/agent_run.py,
-    # benchmarks/starsd_worker.py, harness/load_targets.py); new code reads the attributes.
+    # Dict-style reads, for the readers this change could not edit (edge/cli/agent_roles.py:
+    # d["answered"], benchmarks/lib/starsd_worker.py: stats.items()); new code reads the attributes.
     def __getitem__(self, name: str):
         if name not in {f.name for f in fields(self)}:
             raise KeyError(name)

@@ -1,5 +1,6 @@
 """The one Engine interface (base.py) and its backends: torch, onnxruntime, llama.cpp.
 
+llamacpp_engine.py opens its GGUF with llamacpp_load.py.
 `open_model(spec, backend=...)` in loader.py is the entry point: (engine, tokenizer) for a
 name, file or bundle. Logits come back as numpy so the verify math never sees a backend.
 

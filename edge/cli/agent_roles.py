@@ -153,7 +153,7 @@ def _generate_once(star, tok, target: TargetSettings) -> None:
                         on_token=lambda t: (sys.stdout.write(stream.put(t)), sys.stdout.flush()))
     d = star.last_drafter.stats
     click.echo(f"\n{len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, accepted "
-               f"{res.n_accepted}/{res.n_drafted}, answered {d['answered']}/{d['rounds']} rounds", err=True)
+               f"{res.n_accepted}/{res.n_drafted}, answered {d.answered}/{d.rounds} rounds", err=True)
 
 
 def _serve_openai(star, tok, engine, model, target: TargetSettings) -> None:

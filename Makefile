@@ -62,22 +62,25 @@ test: system-test install llama test-models
 	$(BIN)/lint-imports
 	STARSUN_STRICT=1 $(BIN)/python -m pytest -q --durations=25
 
-# every benchmark but sun_accuracy.py (hours; run it in the background, it resumes)
+# every benchmark but sun_accuracy (hours; run it in the background, it resumes), each as a module
+# from the repository root (python -m benchmarks lists them); each writes
+# benchmarks/results/<script>/default.* (device: <profile>.*); benchmarks/results/README.md says
+# which variant is each question's figure of record and the command that made it
 bench: install llama models
-	$(BIN)/python benchmarks/protocol_overhead.py
-	$(BIN)/python benchmarks/backends.py --rounds 2
-	$(BIN)/python benchmarks/torch_engine_costs.py
-	$(BIN)/python benchmarks/qsun_speed.py
-	$(BIN)/python benchmarks/sun_serving.py
-	$(BIN)/python benchmarks/starsd_scaling.py
-	$(BIN)/python benchmarks/draft_formats.py
-	$(BIN)/python benchmarks/local_spec.py
-	$(BIN)/python benchmarks/starsd_two_device.py
-	$(BIN)/python benchmarks/native_spec.py
-	$(BIN)/python benchmarks/device.py --profile $(or $(PROFILE),cpu-2core)
+	$(BIN)/python -m benchmarks.star.protocol_overhead
+	$(BIN)/python -m benchmarks.engines.backends --rounds 2
+	$(BIN)/python -m benchmarks.engines.torch_engine_costs
+	$(BIN)/python -m benchmarks.sun.qsun_speed
+	$(BIN)/python -m benchmarks.sun.sun_serving
+	$(BIN)/python -m benchmarks.star.starsd_scaling
+	$(BIN)/python -m benchmarks.star.draft_formats
+	$(BIN)/python -m benchmarks.spec.local_spec
+	$(BIN)/python -m benchmarks.star.starsd_two_device
+	$(BIN)/python -m benchmarks.spec.native_spec
+	$(BIN)/python -m benchmarks.device.device --profile $(or $(PROFILE),cpu-2core)
 
 # llama.cpp's own tools (llama-speculative-simple, llama-server, ...) from the vendored source, AMX off:
-# the native peer of benchmarks/native_spec.py (minutes; kept in ~/.cache/starsun/llama-tools-*)
+# the native peer of benchmarks/spec/native_spec.py (minutes; kept in ~/.cache/starsun/llama-tools-*)
 llama-tools: install
 	bash scripts/ensure_system.sh compiler cmake
 	bash scripts/llama_tools.sh $(BIN)

@@ -1,7 +1,7 @@
 """The StarSD side of the load: ONE real draft service (a tiny float64 llama on the torch engine)
 inside the real hub, on a broker the caller started, and N emulated targets
-(benchmarks/load_targets.py) in a few processes. Used by tests/system/test_load.py, the soak
-(tests/system/test_load_soak.py) and benchmarks/load.py.
+(harness/load_targets.py) in a few processes. Used by tests/system/test_load.py, the soak
+(tests/system/test_load_soak.py) and benchmarks/load/load.py.
 
 `LoadStar.run` starts the targets, optionally holds them once every one is inside its
 session (then asks for `extra_joins` more sessions, which the full service must refuse),

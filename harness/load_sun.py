@@ -1,6 +1,6 @@
 """The SUN side of the load: a mixed pool of task specialists and ONE shared decoder under many
 concurrent requests, on a broker the caller started. Used by tests/system/test_load.py, the
-soak and benchmarks/load.py.
+soak and benchmarks/load/load.py.
 
 Real parts, each on its own MQTT link: the router (server/sun_router.py), one prefill worker
 per task (a specialist of a tiny float64 base), one shared decoder node with its limits
@@ -18,7 +18,6 @@ import math
 import os
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np

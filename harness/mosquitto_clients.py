@@ -1,7 +1,7 @@
 """Third-party MQTT clients for attacks: the real `mosquitto_pub` / `mosquitto_sub` binaries
 (package mosquitto-clients), as one identity -- a TLS client certificate, only the CA (an
 outsider), or plain MQTT -- optionally inside a network namespace (a netns host's `cmd`).
-Shared by tests/system/test_hostile_clients.py and benchmarks/faults_hostile.py.
+Shared by tests/system/test_hostile_clients.py and benchmarks/lib/faults_hostile.py.
 
     cli = MosquittoClients("10.0.0.1", 8883, workdir, tls=(ca, crt, key), wrap=host.cmd)
     cli.pub("ss/sun/req/dev2", payload, repeat=2000)      # QoS 1: the broker takes every copy

@@ -1,6 +1,6 @@
 """The star as real processes, each host in its own network namespace (harness/netns.py),
 over TLS with the hub's ACL: the fixture of tests/system/test_star_namespaces.py and the
-set-up of benchmarks/faults.py.
+set-up of benchmarks/faults/faults.py.
 
     hub    edge-hub serve --mosquitto --acl --tls-dir certs --listen HUB:8883 (no draft of its own)
            + delay_proxy.py HUB:PROXY -> HUB:8883 (t1 connects through it: latency and jitter)
@@ -78,7 +78,7 @@ class NamespaceStar:
                  dtype: str = "float64", telemetry_s: float = 0.0) -> None:
         """model: a model name or path for the draft and both targets (default: the tiny llama).
         telemetry_s: the draft service and SUN workers publish telemetry this often (their dropped
-        counts: what benchmarks/faults_hostile.py reads); 0: off."""
+        counts: what benchmarks/lib/faults_hostile.py reads); 0: off."""
         self.root, self.sun, self.proxy_profile = Path(root), sun, proxy_profile
         self.telemetry = ["--telemetry-interval", str(telemetry_s)] if telemetry_s else []
         self.model = model
@@ -119,7 +119,8 @@ class NamespaceStar:
         self.ps.start("hub", *hub.cmd(BIN / "edge-hub", "serve", "--mosquitto", "--acl", "--port", find_free_port(),
                                       "--tls-dir", self.certs, "--listen", f"{hub.ip}:{self.tls_port}",
                                       "--stats-every", "0", *signed, *self.common,
-                                      *[x for u in users for x in ("--user", u)]))
+                                      *[x for u in users for x in ("--user", u)],
+                                      "--credentials-out", self.root / "hub-users.txt"))
         err = open(self.root / "proxy.err", "wb")
         self.proxy = subprocess.Popen(hub.cmd(sys.executable, "-m", "harness.delay_proxy", "--listen",
                                               f"{hub.ip}:{self.proxy_port}", "--to", f"{hub.ip}:{self.tls_port}",

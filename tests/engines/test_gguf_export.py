@@ -317,7 +317,7 @@ def test_storage_formats_of_a_fetched_gguf(tmp_path, smollm2, smollm2_forced, fm
     the source's weights: top-1 agreement (raw / where torch's margin >= 0.5 logit). Measured over
     the 80 positions: F16 1.00 / 1.00, BF16 0.99 / 1.00, Q8_0 0.94 / 1.00; Q4_0 0.59 / 0.62 (this
     135M model's Q4_1 weights rounded to a second 4-bit grid; the 0.5B draft lost 0.02 of its
-    agreement with the 1.5B that way, benchmarks/results/draft_formats.md)."""
+    agreement with the 1.5B that way, benchmarks/results/draft_formats/default.md)."""
     from export.gguf import quantize_with_llamacpp
 
     _, ck = smollm2

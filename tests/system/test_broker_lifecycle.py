@@ -18,8 +18,7 @@ from server.mosquitto import MosquittoBroker
 ROOT = Path(__file__).resolve().parents[2]
 
 PARENT = """
-import sys, threading, time
-sys.path.insert(0, {root!r})
+import threading, time
 from server.mosquitto import MosquittoBroker
 def start():
     b = MosquittoBroker(port={port}).start()
@@ -46,8 +45,9 @@ def _gone(pid: int, timeout: float) -> bool:
 
 
 def _kill_parent(port: int, in_thread: bool) -> int:
-    code = PARENT.format(root=str(ROOT), port=port, in_thread=in_thread)
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    code = PARENT.format(port=port, in_thread=in_thread)
+    # `-c` puts the working directory on sys.path: the repository root, for its packages
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     child = int(parent.stdout.readline())
     parent.send_signal(signal.SIGKILL)
     parent.wait(10)

@@ -1,7 +1,7 @@
 """The memory planner (edge/memory/plan.py): estimates of known shapes, fits or not, the most that fits.
 
-The constants themselves are checked against measured peak RSS by benchmarks/memory_plan.py
-(benchmarks/results/memory_plan.md); these tests pin the arithmetic the estimate is made of.
+The constants themselves are checked against measured peak RSS by benchmarks/device/memory_plan.py
+(benchmarks/results/memory_plan/default.md); these tests pin the arithmetic the estimate is made of.
 """
 import inspect
 from dataclasses import replace

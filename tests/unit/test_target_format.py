@@ -75,8 +75,3 @@ def test_only_a_gguf_can_be_converted(tmp_path, quantiser):
     with pytest.raises(ValueError, match="needs a GGUF file"):
         target_gguf(hf_dir, "F16")
     assert quantiser == []
-
-
-def test_benchmarks_keep_their_names():
-    import benchmarks.target_format as bt
-    assert bt.target_gguf is target_gguf and bt.FORMATS is FORMATS and bt.NATIVE == NATIVE

@@ -1,8 +1,8 @@
-"""benchmarks/starsd_two_device.py's report: one table column group and one bar series a γ mode,
-medians over passes, the drafts asked and sent side by side."""
+"""benchmarks/lib/two_device_report.py, starsd_two_device's report: one table column group and one
+bar series a γ mode, medians over passes, the drafts asked and sent side by side."""
 from types import SimpleNamespace
 
-from benchmarks.starsd_two_device import merge_passes, write
+from benchmarks.lib.two_device_report import merge_passes, write
 
 
 def _row(speedup, gamma_mean, sent, same=True):

@@ -1,0 +1,1 @@
+"""One report per device profile, and the memory planner against measured peak RSS."""

@@ -1,0 +1,17 @@
+"""What the benchmark scripts share and the processes they start; nothing here is a script.
+
+    results              where results go (benchmarks/results/<script>/<variant>.*), ROOT
+    datasets             MT-bench turns from the registry packages (DATA.md)
+    repetitive_workloads BFCL calls, code edits, multi-turn: prompts where text repeats
+    backends_report      engines/backends.py's table, ratios and plot
+    starsd_report        star/starsd_scaling.py's planner overlay, plot and table
+    two_device_report    star/starsd_two_device.py's table, passes and plot
+    starsd_worker        the targets of one scaling point, in their own process (-m)
+    memory_workload      one memory case in a fresh process (-m), for device/memory_plan.py
+    fault_bench          the faults run's types (Fault, Outcome) and its live-star bench
+    faults_network, faults_process, faults_hostile   the faults faults/faults.py runs
+    hostile_star         the attackers' side of faults_hostile
+
+The code benchmarks share with the tests (emulated targets, load drivers, tiny models,
+namespace stars) is the top-level `harness` package.
+"""

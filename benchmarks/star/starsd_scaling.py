@@ -38,6 +38,29 @@ from export.target_format import target_gguf
 from harness.emulated_target import DeviceTiming
 
 
+def alpha_of(a, draft, tok, prompts) -> dict:
+    """The emulated targets' acceptance: measured against the real 1.5B, DATA.md's, or given."""
+    if a.alpha == "measure":
+        return measure_alpha(draft, tok, prompts, a.alpha_prompts, a.alpha_tokens, a.draft_threads)
+    if a.alpha == "data":
+        return {"alpha": DATA_ALPHA, "source": "DATA.md: measured 0.5B/1.5B greedy agreement 0.64-0.72"}
+    return {"alpha": float(a.alpha), "source": "given on the command line"}
+
+
+def report_of(a, timing, alpha_info: dict, d_of_b: dict) -> dict:
+    """The report's inputs (options, acceptance, emulated device, the draft's measured time per batch
+    size and memory), with empty lists the sweep fills."""
+    return {"config": {k: v for k, v in vars(a).items() if k != "verify"}, "alpha": alpha_info,
+            "timing": {"profile": a.profile, "target_step_ms": timing.target_step_ms,
+                       "draft_step_on_device_ms": timing.draft_step_ms, "net_rtt_ms": timing.net_rtt_ms,
+                       "verify_cost": {k: timing.verify_cost(k) for k in range(1, a.gamma + 2)},
+                       "source": timing.source, "label": a.target_label},
+            "service_ms": {str(b): 1e3 * d for b, d in d_of_b.items()}, "points": [], "baselines": {},
+            "draft_mb": target_gguf(DRAFT, a.draft_format).stat().st_size / 1e6 if a.draft_backend == "llamacpp"
+            else model_path(DRAFT).stat().st_size / 1e6,
+            "overhead": {}, "real": []}
+
+
 def main(argv=None) -> None:
     from edge.star.draft_service import DraftLimits
     from server.broker import EmbeddedBroker, MosquittoBroker
@@ -57,25 +80,12 @@ def main(argv=None) -> None:
     fp, vocab = tok.fingerprint(), draft.vocab_size
     prompts = mtbench_prompts(tok, a.prompt_tokens)
     log(f"draft {DRAFT} on {a.draft_backend} ({a.draft_threads} threads); {len(prompts)} MT-bench prompts")
-    if a.alpha == "measure":
-        alpha_info = measure_alpha(draft, tok, prompts, a.alpha_prompts, a.alpha_tokens, a.draft_threads)
-    elif a.alpha == "data":
-        alpha_info = {"alpha": DATA_ALPHA, "source": "DATA.md: measured 0.5B/1.5B greedy agreement 0.64-0.72"}
-    else:
-        alpha_info = {"alpha": float(a.alpha), "source": "given on the command line"}
+    alpha_info = alpha_of(a, draft, tok, prompts)
     alpha = alpha_info["alpha"]
     log(f"alpha = {alpha:.3f} ({alpha_info['source']})")
     d_of_b = measure_service(draft, a.ns, a.gamma, prompts, a.reps)
     r_ms = timing.call_ms(a.gamma + 1) + timing.net_rtt_ms
-    out = {"config": {k: v for k, v in vars(a).items() if k != "verify"}, "alpha": alpha_info,
-           "timing": {"profile": a.profile, "target_step_ms": timing.target_step_ms,
-                      "draft_step_on_device_ms": timing.draft_step_ms, "net_rtt_ms": timing.net_rtt_ms,
-                      "verify_cost": {k: timing.verify_cost(k) for k in range(1, a.gamma + 2)},
-                      "source": timing.source, "label": a.target_label},
-           "service_ms": {str(b): 1e3 * d for b, d in d_of_b.items()}, "points": [], "baselines": {},
-           "draft_mb": target_gguf(DRAFT, a.draft_format).stat().st_size / 1e6 if a.draft_backend == "llamacpp"
-           else model_path(DRAFT).stat().st_size / 1e6,
-           "overhead": {}, "real": []}
+    out = report_of(a, timing, alpha_info, d_of_b)
     work = Path(tempfile.mkdtemp(prefix="starsd-"))
     # a long eviction timeout: the service measures silence from a session's last request, so a batch
     # slower than the timeout (a loaded machine, 32 prefills) would evict the sessions it just answered

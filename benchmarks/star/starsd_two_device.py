@@ -37,7 +37,12 @@ from benchmarks.lib.two_device_report import merge_passes, write
 from export.target_format import FORMATS, target_gguf
 
 
-def main() -> None:
+def args_of(argv=None):
+    """The options, with a learning draft's passes: a suffix tree learns every session's output, so
+    a second run of a prompt would replay its own first. A learning draft runs each prompt once per
+    pass, and each of --rounds passes starts a fresh hub and draft service (whose tree holds the
+    earlier prompts' outputs, never this one's)."""
+    from server.demos.two_device import parse_modes
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
@@ -73,27 +78,29 @@ def main() -> None:
                     help="a real hub elsewhere (its draft services draft): this process is the device")
     ap.add_argument("--tls-dir", default=None, help="with an mqtts:// --hub: ca.crt and this device's certificate")
     ap.add_argument("--client-id", default="dev0", help="this device's client id at --hub")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.modes = parse_modes(args.gammas)
+    learns = args.drafter != "model"
+    args.passes = args.rounds if learns and not args.hub else 1
+    args.star_rounds = 1 if learns else args.rounds
+    if learns and len(args.modes) > 1:
+        ap.error(f"--drafter {args.drafter} learns from every session: give one γ mode a run (--gammas auto), "
+                 "or the later mode drafts from the earlier one's output of the same prompt")
+    return args
+
+
+def main(argv=None) -> None:
+    args = args_of(argv)
     os.sched_setaffinity(0, {0})                    # this process is the target device
     from benchmarks.lib.datasets import code_prompts, mtbench_first_turns
     from edge.engines.loader import open_model
     from edge.wire.link import MqttLink
     from edge.star.session import HubClient
     from edge.star.target import StarTarget
-    from server.demos.two_device import RemoteStar, measure_prompt, parse_modes
+    from server.demos.two_device import RemoteStar, measure_prompt
     from server.mosquitto import MosquittoBroker
 
-    modes = parse_modes(args.gammas)
-    # A suffix tree learns every session's output: a second run of a prompt would replay its own
-    # first. So a learning draft runs each prompt once per pass, and each of --rounds passes starts
-    # a fresh hub and draft service (whose tree holds the earlier prompts' outputs, never this one's).
-    learns = args.drafter != "model"
-    passes = args.rounds if learns and not args.hub else 1
-    args.star_rounds = 1 if learns else args.rounds
-    args.passes = passes
-    if learns and len(modes) > 1:
-        ap.error(f"--drafter {args.drafter} learns from every session: give one γ mode a run (--gammas auto), "
-                 "or the later mode drafts from the earlier one's output of the same prompt")
+    modes, passes, learns = args.modes, args.passes, args.drafter != "model"
     gammas = [m[0] for m in modes]
     engine, tok = open_model(str(target_gguf(args.target, args.target_format)), backend="llamacpp",
                              threads=1, max_len=4096)

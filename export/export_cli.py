@@ -84,7 +84,7 @@ def gguf_cmd(src, out, ftype, float_type):
               "Q4_0 is the cheaper draft; F16 / BF16 make a CPU target's verify memory-bound.")
 @click.argument("model")
 @click.option("--as", "fmt", required=True, type=click.Choice([f for f in FORMATS if f != NATIVE]),
-              help="the storage format (benchmarks/draft_formats.py measures which pays)")
+              help="the storage format (benchmarks/star/draft_formats.py measures which pays)")
 def store_cmd(model, fmt):
     from export.gguf import GGUFExportError
     from export.target_format import target_gguf

@@ -5,7 +5,7 @@ costs ~3.7 one-token steps, so no draft can pay there. Stored as F16 (or Q8_0) t
 decode memory-bound: 4 tokens for ~1.5 steps, the regime of a Jetson's GPU, where speculation
 is meant to pay. The Q4_K_M file alone is still the faster one on such a CPU, which is why the
 demo and the benchmarks print its tok/s next to each speedup. For a draft service on an x86 hub
-Q4_0 is the cheaper file: llama.cpp repacks it for its AVX kernels (benchmarks/draft_formats.py).
+Q4_0 is the cheaper file: llama.cpp repacks it for its AVX kernels (benchmarks/star/draft_formats.py).
 
 `target_gguf(name, "F16")` writes models/<stem>-f16.gguf once (llama.cpp's quantiser, ~20 s,
 dequantising each Q4_K tensor) and reuses it. Here (export/) so that both server/ (the demo)

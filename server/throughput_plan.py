@@ -20,7 +20,7 @@ def _table_arg(spec: str, what: str) -> dict:
 
 @click.command()
 @click.option("--measurements", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="JSON written by benchmarks/starsd_scaling.py: its measured inputs (flags below override)")
+              help="JSON written by benchmarks/star/starsd_scaling.py  (its parts: benchmarks/lib/scaling_sweep.py): its measured inputs (flags below override)")
 @click.option("--draft-step", default=None, metavar="B=MS,...",
               help="one batched draft step at batch size B, ms (measured), e.g. 1=40,4=55,16=120")
 @click.option("--draft-feed-ms", type=float, default=None, help="per-request feed cost, ms")
@@ -46,7 +46,7 @@ def plan(measurements, draft_step, draft_feed_ms, profile, target_step_ms, verif
             got = json.loads(open(measurements).read())["planner"]["inputs"]
         except (ValueError, KeyError, TypeError):
             raise click.ClickException(f"{measurements} has no planner inputs: write it with "
-                                       "benchmarks/starsd_scaling.py") from None
+                                       "benchmarks/star/starsd_scaling.py  (its parts: benchmarks/lib/scaling_sweep.py)") from None
         kw = {"draft_step_ms": {int(k): float(v) for k, v in got["draft_step_ms"].items()},
               "draft_feed_ms": got["draft_feed_ms"], "target_step_ms": got["target_step_ms"],
               "verify_cost": {int(k): float(v) for k, v in got["verify_cost"].items()},
@@ -71,7 +71,7 @@ def plan(measurements, draft_step, draft_feed_ms, profile, target_step_ms, verif
                ("draft_step_ms", "target_step_ms", "verify_cost", "alpha") if not kw.get(k) and kw.get(k) != 0]
     if missing:
         raise click.UsageError(f"missing {', '.join(missing)}: pass them, or --measurements FILE from "
-                               "benchmarks/starsd_scaling.py (and/or --profile for the target's costs)")
+                               "benchmarks/star/starsd_scaling.py  (its parts: benchmarks/lib/scaling_sweep.py) (and/or --profile for the target's costs)")
     if not 0.0 <= kw["alpha"] <= 1.0:
         raise click.BadParameter("must be in [0, 1]", param_hint="--alpha")
     try:

@@ -180,7 +180,7 @@ def run(spec: dict) -> dict:
             t["answers"] = [a[1:] for a in h.answers if ctl.t_start <= a[0] < ctl.t_end]
             d = stars[i].last_drafter
             if d is not None:
-                t["drafter"] = {k: v for k, v in d.stats.items() if isinstance(v, (int, float))}
+                t["drafter"] = {k: v for k, v in d.stats.as_dict().items() if isinstance(v, (int, float))}
         out["targets"].append(t)
     for h in hubs:
         try:

@@ -22,7 +22,7 @@ pending, nothing due soon, or no fixed cost: no hold, the service stays work-con
 share = 0.5 by default: hold only where the saving is twice the wait. On one CPU core the
 fitted `a` of the same Q4_0 draft came out 25 to 63 ms from run to run against targets
 back in 35 ms, and there the holds that went ahead cost 4-11% of system tok/s
-(benchmarks/results/batch_hold_q4_0.md); a memory-bound draft saves far more than it waits.
+(benchmarks/results/draft_switch/batch_hold_q4_0.md); a memory-bound draft saves far more than it waits.
 
 Pure: fed with times, reads no clock (edge/star/draft_service.py's DraftService feeds it).
 """

@@ -86,16 +86,6 @@ class DrafterStats:
         """The counters by name, the samples as lists (JSON-ready)."""
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), deque) else v for f in fields(self)}
 
-    # Dict-style reads, for the readers this change could not edit (edge/cli/agent_roles.py:
-    # d["answered"], benchmarks/lib/starsd_worker.py: stats.items()); new code reads the attributes.
-    def __getitem__(self, name: str):
-        if name not in {f.name for f in fields(self)}:
-            raise KeyError(name)
-        return getattr(self, name)
-
-    def items(self):
-        return self.as_dict().items()
-
 
 class Backoff:
     """A wait that doubles after each failure, from `lo` up to `hi`, and starts over on success."""

@@ -8,7 +8,7 @@ frozen decoder) and QSUN (SUN re-tuned against the int4 decoder). That is the
 accuracy table `make test` checks, ~3 minutes of one core on the first run,
 cached in --work afterwards (nothing trains silently: every run is a progress
 bar). Real-model specialists come from `edge-export tune` and
-benchmarks/sun_accuracy.py.
+benchmarks/sun/sun_accuracy.py.
 
 Then the serving: a hub (embedded broker, SUN router), one prefill worker per
 task (the QSUN modules) and ONE shared int4 decoder, each on its own MQTT

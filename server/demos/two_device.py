@@ -5,7 +5,7 @@ nearest thing is cores as devices: the target runs in this process on a thread p
 core; the hub (with its embedded broker, or on an external --broker) and a draft service
 (`edge-agent run --role draft`) are real processes pinned to a second core. Memory bandwidth is
 still shared between the cores (a second device would not share it), so this understates what a
-real second device gives. `edge-hub demo` and benchmarks/starsd_two_device.py both measure with
+real second device gives. `edge-hub demo` and benchmarks/star/starsd_two_device.py  (its report: benchmarks/lib/two_device_report.py) both measure with
 `measure_prompt`: the target alone, then through the star, same prompt, same core, texts compared.
 """
 from __future__ import annotations

@@ -7,6 +7,12 @@ every generated token come out of a target call over [pending, drafts...], so
 Stop tokens: generation ends at the first stop token; it is NOT put in
 `tokens` (nor passed to on_token) but it is reported in `stop_token` and
 counted in `n_generated` and against `max_new` (the target did generate it).
+
+Penalties and logit_bias (SamplingParams.adjusts_logits) adjust every target
+row before it is argmaxed, sampled or verified (adjust_logits), each row with
+the tokens before its position: plain and speculative decoding see the same
+distribution. on_logits(token, row) hands the caller that adjusted row for
+each committed token (logprobs: the same row whether the token was drafted).
 """
 from __future__ import annotations
 
@@ -17,10 +23,12 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edge.spec.common_prefix import common_prefix
+from edge.spec.constrained import ConstrainedProposer, legal_drafts, mask_rows
 from edge.spec.drafter import Drafter
 from edge.spec.gamma_rounds import GammaRounds
 from edge.engines.base import Engine
-from edge.spec.sampling import GREEDY, Role, SamplingParams, SparseDist, pick, role_rng, to_probs
+from edge.spec.sampling import (GREEDY, Role, SamplingParams, SparseDist, adjust_logits, pick, role_rng,
+                                to_probs)
 from edge.spec.verify import verify_greedy, verify_stochastic
 
 
@@ -87,6 +95,11 @@ class ModelDrafter(Drafter):
         self.name = f"model:{engine.fingerprint or engine.name}"
         self._seq: Optional[int] = None
         self._fed: List[int] = []
+        self._proposer: Optional[ConstrainedProposer] = None   # the grammar its proposals follow
+
+    def constrain(self, grammar, start: int) -> None:
+        """Propose under `grammar` (edge/spec/constrained.py) from context position `start` on."""
+        self._proposer = None if grammar is None else ConstrainedProposer(grammar, start)
 
     def _pick(self, logits: np.ndarray, rng: np.random.Generator) -> Tuple[int, Union[np.ndarray, SparseDist]]:
         x, q = pick(logits, self.params, rng, self.top_k)
@@ -117,14 +130,25 @@ class ModelDrafter(Drafter):
         if gamma <= 0 or not context:
             return [], []
         logits = self._sync(context)
+        grammar = self._proposer
+        if grammar is not None and not grammar.begin(context):
+            return [], []
         tokens, qs = [], []
-        for j in range(gamma):
-            x, q = self._pick(logits, rng)
-            tokens.append(x)
-            qs.append(q)
-            if j + 1 < gamma:
-                logits = eng.forward(self._seq, [x])[-1]
-                self._fed.append(x)
+        try:
+            for j in range(gamma):
+                if grammar is not None:          # q is then the masked, renormalised q
+                    logits = grammar.mask(logits)
+                x, q = self._pick(logits, rng)
+                tokens.append(x)
+                qs.append(q)
+                if grammar is not None and not grammar.advance(x):
+                    break                        # the grammar ended here: nothing follows
+                if j + 1 < gamma:
+                    logits = eng.forward(self._seq, [x])[-1]
+                    self._fed.append(x)
+        finally:
+            if grammar is not None:
+                grammar.end()
         return tokens, qs
 
     def probe_step_seconds(self, token: int) -> float:
@@ -170,8 +194,10 @@ class _Run:
     """State shared by both loops: the target sequence, output, timings."""
 
     def __init__(self, target: Engine, prompt: List[int], max_new: int, stop_ids: Iterable[int],
-                 on_token: Optional[Callable[[int], None]]):
-        self.target, self.max_new, self.on_token = target, max_new, on_token
+                 on_token: Optional[Callable[[int], None]],
+                 on_logits: Optional[Callable[[int, np.ndarray], None]] = None):
+        self.target, self.max_new, self.on_token, self.on_logits = target, max_new, on_token, on_logits
+        self.n_prompt = len(prompt)
         self.stops = {int(s) for s in stop_ids}
         self.res = GenResult(tokens=[])
         self.t0 = time.perf_counter()
@@ -206,13 +232,20 @@ class _Run:
             self.res.finish_reason = "context"
         return room
 
-    def commit(self, tokens: List[int]) -> None:
-        for t in tokens:
+    def adjusted(self, rows: np.ndarray, params: SamplingParams, drafts: Sequence[int] = ()) -> np.ndarray:
+        """A target call's rows after the penalties and logit_bias (unchanged when there are none)."""
+        return adjust_logits(rows, params, self.context, self.n_prompt, drafts)
+
+    def commit(self, tokens: List[int], rows: Optional[np.ndarray] = None) -> None:
+        """Commit tokens in order; rows[i] is the (adjusted) target row tokens[i] was chosen from."""
+        for i, t in enumerate(tokens):
             if t in self.stops:
                 self.res.stop_token, self.res.finish_reason = t, "stop"
                 return
             self.res.tokens.append(t)
             self.context.append(t)
+            if self.on_logits is not None:
+                self.on_logits(t, rows[i])
             if self.on_token is not None:
                 self.on_token(t)
             if self.res.n_generated >= self.max_new:
@@ -226,17 +259,25 @@ class _Run:
 
 def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
                    params: SamplingParams = GREEDY, stop_ids: Iterable[int] = (),
-                   on_token: Optional[Callable[[int], None]] = None) -> GenResult:
-    """Target-only decoding, one target call per generated token."""
+                   on_token: Optional[Callable[[int], None]] = None,
+                   on_logits: Optional[Callable[[int, np.ndarray], None]] = None,
+                   grammar=None) -> GenResult:
+    """Target-only decoding, one target call per generated token. grammar: an
+    edge.spec.grammar.Grammar the output follows (its end token stops the generation)."""
     prompt = _check_prompt(prompt_ids, max_new)
     rng = role_rng(params.seed, Role.TARGET)
-    run = _Run(target, prompt, max_new, stop_ids, on_token)
+    run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits)
+    matcher = _start_grammar(grammar, run)
     try:
         while not run.done and run.room() >= 1:
-            logits = run.forward([run.context[-1]])[-1]
-            t = pick(logits, params, rng)[0]
+            rows = run.adjusted(run.forward([run.context[-1]])[-1:], params)
+            if matcher is not None:
+                rows = mask_rows(rows, [matcher.allowed()])
+            t = pick(rows[0], params, rng)[0]
             run.res.gammas.append(0)
-            run.commit([t])
+            run.commit([t], rows)
+            if matcher is not None:
+                matcher.sync(run.res.tokens)
     except BaseException:
         target.free(run.seq)
         raise
@@ -246,14 +287,17 @@ def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
 def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[int], max_new: int,
                          gamma: int, params: SamplingParams = GREEDY, stop_ids: Iterable[int] = (),
                          on_token: Optional[Callable[[int], None]] = None,
-                         adaptive: bool = False) -> GenResult:
+                         adaptive: bool = False,
+                         on_logits: Optional[Callable[[int, np.ndarray], None]] = None,
+                         grammar=None) -> GenResult:
     """Speculative decoding: the drafter proposes, one target call verifies.
 
     The output has exactly the target's distribution (greedy: exactly the
     target's greedy text) whatever the drafter does. gamma is the number of
     drafted tokens per round (>= 1); with adaptive=True it is the largest
     gamma tried and each round picks one in 0..gamma from measured costs
-    (edge/spec/gamma_rounds.py keeps that bookkeeping).
+    (edge/spec/gamma_rounds.py keeps that bookkeeping). With a grammar the target's
+    distribution is the constrained one, and stays exactly that (edge/spec/constrained.py).
     """
     _check_speculative(target, drafter, gamma)
     prompt = _check_prompt(prompt_ids, max_new)
@@ -262,8 +306,10 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     rng = role_rng(params.seed, Role.TARGET)
     draft_rng = role_rng(params.seed, Role.DRAFT)
     rounds = GammaRounds(drafter.gamma_policy(gamma) if adaptive else None, gamma)
-    run = _Run(target, prompt, max_new, stop_ids, on_token)
+    run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits)
     res = run.res
+    matcher = _start_grammar(grammar, run)
+    drafter.constrain(grammar, len(prompt))
     try:
         _prepare_draft(drafter, rounds, prompt, run)
         while not run.done:
@@ -279,8 +325,12 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
                 drafts, qs, dt = _propose(drafter, run.context, g, draft_rng, target.vocab_size)
                 res.timings.append(CallTiming("draft", len(drafts), dt))
                 rounds.drafted(len(run.context), len(drafts), dt)
+            if matcher is not None:                             # the grammar's legal prefix
+                drafts, qs, masks = legal_drafts(matcher, drafts, qs)
             fed = len(run.context)                              # verify: one target call
-            logits = run.forward([run.context[-1]] + drafts)
+            logits = run.adjusted(run.forward([run.context[-1]] + drafts), params, drafts)
+            if matcher is not None:
+                logits = mask_rows(logits, masks)
             rounds.verified(len(drafts) + 1, res.timings[-1].seconds, res.n_verify_calls)
             if params.greedy:
                 n, nxt = verify_greedy(drafts, logits)
@@ -291,12 +341,23 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             rounds.accepted(g, len(drafts), n)
             if n < len(drafts):
                 target.truncate(run.seq, fed + n)   # drop the rejected drafts' KV
-            run.commit(drafts[:n] + [nxt])
+            run.commit(drafts[:n] + [nxt], logits)
+            if matcher is not None:
+                matcher.sync(res.tokens)
             rounds.after_round(drafter, run.context, asked)
     except BaseException:
         target.free(run.seq)
         raise
     return run.finish()
+
+
+def _start_grammar(grammar, run: _Run):
+    """The generation's grammar matcher (None: unconstrained); its end tokens stop the run."""
+    if grammar is None:
+        return None
+    matcher = grammar.matcher()
+    run.stops |= matcher.stop_ids
+    return matcher
 
 
 def _check_speculative(target: Engine, drafter: Drafter, gamma: int) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Optional, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -19,11 +19,22 @@ class SamplingParams:
     temperature 0 means greedy (argmax); top_k 0 and top_p 1.0 switch those
     filters off; seed makes a generation reproducible (None: fresh entropy).
     Each party that samples draws its own stream from the seed: see role_rng.
+
+    The logit adjustments (OpenAI's presence / frequency penalties and
+    logit_bias, vLLM's repetition_penalty) change the target's own
+    distribution before all of that: adjust_logits. They are the target's
+    alone -- the wire (to_wire) does not carry them, so a draft proposes
+    unadjusted and the verification against the adjusted target keeps the
+    output exact (only the acceptance pays).
     """
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Tuple[Tuple[int, float], ...] = ()     # (token id, bias) pairs
 
     def __post_init__(self):
         t = self.temperature
@@ -36,10 +47,25 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2] (0 = off), got {v!r}")
+        r = self.repetition_penalty
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 10.0:
+            raise ValueError(f"repetition_penalty must be in (0, 10] (1 = off), got {r!r}")
+        if not all(isinstance(t, int) and t >= 0 and np.isfinite(b) for t, b in self.logit_bias):
+            raise ValueError("logit_bias must be (token id >= 0, finite bias) pairs")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether adjust_logits changes anything (else the target's logits are used as they are)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
     @classmethod
     def from_wire(cls, d: dict) -> "SamplingParams":
@@ -106,6 +132,52 @@ def _as_logits(logits) -> np.ndarray:
             raise ValueError("logits contain NaN or +inf; the model produced invalid numbers")
         raise ValueError("a logits row is -inf everywhere; no token is possible")
     return x
+
+
+def adjust_logits(rows, params: SamplingParams, context: Sequence[int], n_prompt: int,
+                  drafts: Sequence[int] = ()) -> np.ndarray:
+    """The target's logits [rows, V] after params' penalties and logit_bias, as float64.
+
+    Row j is the distribution after `context` (prompt + committed tokens) and
+    drafts[:j] -- a verify call's rows -- so each row counts exactly the
+    tokens before its position, as plain decoding would: that is what keeps
+    speculation lossless. Presence and frequency count the generated tokens
+    (context[n_prompt:], as OpenAI and vLLM do); the repetition penalty every
+    token seen, the prompt included (as vLLM). Rows are returned unchanged
+    (not copied) when params adjust nothing.
+    """
+    if not params.adjusts_logits:
+        return rows
+    out = np.array(rows, dtype=np.float64)           # a copy: the engine's buffer stays as it was
+    vocab = out.shape[-1]
+    bias_ids = np.array([t for t, _ in params.logit_bias if t < vocab], dtype=np.int64)
+    bias = np.array([b for t, b in params.logit_bias if t < vocab], dtype=np.float64)
+    counts = np.bincount(np.asarray(context[n_prompt:], dtype=np.int64), minlength=vocab)[:vocab]
+    seen = np.zeros(vocab, dtype=bool)
+    seen[np.asarray(context, dtype=np.int64)] = True
+    for j in range(out.shape[0]):
+        if j:                                            # the draft before this row is in its context
+            counts[drafts[j - 1]] += 1
+            seen[drafts[j - 1]] = True
+        row = out[j]
+        row[bias_ids] += bias
+        if params.repetition_penalty != 1.0:
+            hit = row[seen]
+            row[seen] = np.where(hit > 0, hit / params.repetition_penalty, hit * params.repetition_penalty)
+        row -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
+    return out
+
+
+def top_logprobs(row, token: int, n: int) -> Tuple[float, list]:
+    """log-softmax of one logits row: the token's logprob and the n most likely (id, logprob) pairs."""
+    x = np.asarray(row, dtype=np.float64)
+    m = x.max()
+    lp = x - (m + np.log(np.exp(x - m).sum()))
+    if n <= 0:
+        return float(lp[token]), []
+    top = np.argpartition(-lp, min(n, lp.size) - 1)[:n]
+    top = top[np.lexsort((top, -lp[top]))]               # most likely first, ties by id
+    return float(lp[token]), [(int(t), float(lp[t])) for t in top]
 
 
 def _filter_rows(z: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -7,6 +7,8 @@ import threading
 import time
 from typing import Callable, Iterable, Optional, Sequence
 
+import numpy as np
+
 from edge.engines.base import Engine
 from edge.spec.generate import GenResult, generate_speculative
 from edge.spec.remote_gamma import GammaPricing
@@ -72,7 +74,10 @@ class StarTarget:
 
     def generate(self, prompt_ids: Sequence[int], max_new: int, params: SamplingParams = GREEDY,
                  stop_ids: Iterable[int] = (), on_token: Optional[Callable[[int], None]] = None,
-                 deadline: Optional[Deadline] = None) -> GenResult:
+                 deadline: Optional[Deadline] = None,
+                 on_logits: Optional[Callable[[int, np.ndarray], None]] = None) -> GenResult:
+        """Speculative generation through the star. on_logits(token, row): the target's own row
+        each committed token was chosen from (generate_speculative), drafted or not."""
         with self.lock:
             if self.adaptive and self.verify_costs is None:
                 self._calibrate()
@@ -96,7 +101,7 @@ class StarTarget:
             try:
                 res = generate_speculative(self.engine, drafter, prompt_ids, max_new, self.gamma,
                                            params=params, stop_ids=stop_ids, on_token=counted,
-                                           adaptive=self.adaptive)
+                                           adaptive=self.adaptive, on_logits=on_logits)
                 self.counts["accepted"] += res.n_accepted
                 self.counts["drafted"] += res.n_drafted
                 self.counts["generations"] += 1

@@ -6,7 +6,7 @@ The file has one table per --help section of `edge-hub serve`, each key the long
     [broker]     broker, mosquitto, port, listen, tls_dir, insecure, acl, user, credentials_out,
                  username, password_file, ctl_key_file
     [hub]        hub_id, stats_every
-    [model]      dtype, threads, max_len
+    [model]      dtype, threads, max_len, device, gpu_layers
     [draft]      draft_model, client_share, max_sessions, max_kv_mb, max_gamma, evict_after, ahead,
                  coalesce, join, q_top_k, draft_p_min, drafter, suffix_min_score
     [sun]        sun_isolated, sun_pool, sun_decoder, sun_max_batch, sun_max_sequences, sun_backend,
@@ -84,6 +84,8 @@ class HubConfig:
     client_share: float
     sun: SunSettings
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    device: str = "auto"                # where the draft and the SUN decoder run (--device)
+    gpu_layers: Optional[str] = None    # llama.cpp: N | all (--gpu-layers)
 
 
 def hub_config_from(o: dict) -> HubConfig:
@@ -92,7 +94,8 @@ def hub_config_from(o: dict) -> HubConfig:
     ctl_key = read_ctl_key(o["ctl_key_file"])
     sun = _sun_settings(o)
     return HubConfig(o["hub_id"], o["stats_every"], ctl_key, broker, o["dtype"], o["threads"], o["max_len"],
-                     _draft_plan(o), o["client_share"], sun, TelemetrySettings.from_options(o))
+                     _draft_plan(o), o["client_share"], sun, TelemetrySettings.from_options(o),
+                     o["device"], o["gpu_layers"])
 
 
 def broker_settings(o: dict) -> BrokerSettings:

@@ -124,7 +124,9 @@ def _make_hub(cfg: HubConfig):
     core, tok = None, None
     if cfg.draft is not None:
         core, tok = build_draft(cfg.draft, f"{cfg.hub_id}-draft",
-                                lambda: open_model_for_command(cfg.draft.model, cfg.dtype, cfg.threads, cfg.max_len))
+                                lambda: open_model_for_command(cfg.draft.model, cfg.dtype, cfg.threads, cfg.max_len,
+                                                               role="draft", device=cfg.device,
+                                                               gpu_layers=cfg.gpu_layers))
     else:
         click.echo("no --draft-model: this hub only routes to draft services on devices "
                    "(`edge-agent run --role draft`)", err=True)
@@ -151,13 +153,17 @@ def _sun_decoder(cfg: HubConfig):
         return None
     from edge.engines.base import EngineError
     from edge.model.sun_error import SunError
+    from edge.cli.placing import place_model
     from edge.sun.decoder import SharedDecoder
+    placement = place_model(sun.decoder_dir, sun.backend, "decoder", cfg.device, cfg.gpu_layers)
     try:
-        return SharedDecoder.from_dir(sun.decoder_dir, threads=cfg.threads, max_batch=sun.max_batch,
-                                      stop_ids=sun.stop_ids, name=f"{cfg.hub_id}-decoder", backend=sun.backend,
-                                      max_sequences=sun.max_sequences)
+        decoder = SharedDecoder.from_dir(sun.decoder_dir, threads=cfg.threads, max_batch=sun.max_batch,
+                                         stop_ids=sun.stop_ids, name=f"{cfg.hub_id}-decoder", backend=sun.backend,
+                                         max_sequences=sun.max_sequences, engine_kw=placement.engine_kwargs())
     except (SunError, OSError, EngineError) as e:
         raise click.ClickException(f"--sun-decoder {sun.decoder_dir}: {e}") from None
+    click.echo(f"SUN decoder: {decoder.engine.where()}", err=True)
+    return decoder
 
 
 def _start(hub) -> None:

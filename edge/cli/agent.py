@@ -27,14 +27,16 @@ def streamer(tokenizer):
 
 def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature, top_k, top_p,
                    seed, chat, compare, dtype, threads, max_len, backend="torch",
-                   draft_backend=None, draft_top_k=64):
-    """gamma: (γ, adaptive) as --gamma reads it: the fixed γ, or the largest one a policy picks from."""
+                   draft_backend=None, draft_top_k=64, device="auto", gpu_layers=None):
+    """gamma: (γ, adaptive) as --gamma reads it: the fixed γ, or the largest one a policy picks from.
+    device / gpu_layers: where both models run (edge/engines/placement.py)."""
     from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
     from edge.spec.ngram import NgramDrafter
     from edge.spec.sampling import SamplingParams
 
     gamma, adaptive = gamma
-    target, tok = open_model_for_command(target_spec, dtype, threads, max_len, backend)
+    target, tok = open_model_for_command(target_spec, dtype, threads, max_len, backend, device=device,
+                                         gpu_layers=gpu_layers)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if draft_spec == "ngram":
         drafter, draft_name = NgramDrafter(), "n-gram prompt lookup"
@@ -42,7 +44,8 @@ def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature,
         from edge.spec.suffix_drafter import SuffixDrafter
         drafter, draft_name = SuffixDrafter(), "suffix trees (prompt + output)"
     else:
-        draft, dtok = open_model_for_command(draft_spec, dtype, threads, max_len, draft_backend or backend)
+        draft, dtok = open_model_for_command(draft_spec, dtype, threads, max_len, draft_backend or backend,
+                                             device=device, gpu_layers=gpu_layers)
         if dtok.fingerprint() != tok.fingerprint():
             raise click.ClickException(
                 "draft and target use different tokenizers (fingerprints "

@@ -38,7 +38,8 @@ SUN_ROLES = ("prefill", "decoder")
 @dataclass
 class ModelSettings:
     """The role's model and how it loads: --model or --module, --backend, --dtype, --threads,
-    --max-len, and the memory budget it is checked against first (--profile, --memory-budget)."""
+    --max-len, where it runs (--device, --gpu-layers) and the memory budget it is checked against
+    first (--profile, --memory-budget)."""
     model: Optional[str]
     module_dir: Optional[str]
     backend: str
@@ -47,6 +48,8 @@ class ModelSettings:
     max_len: int
     profile: Optional[str]
     memory_budget: Optional[str]
+    device: str = "auto"
+    gpu_layers: Optional[str] = None        # N | all (llama.cpp)
 
 
 @dataclass
@@ -139,7 +142,7 @@ def agent_config_from(o: dict) -> AgentConfig:
     return AgentConfig(
         role, client_id, broker, ctl_key, TelemetrySettings.from_options(o),
         ModelSettings(o["model"], o["module_dir"], o["backend"], o["dtype"], o["threads"], o["max_len"],
-                      o["profile"], o["memory_budget"]),
+                      o["profile"], o["memory_budget"], o["device"], o["gpu_layers"]),
         draft,
         TargetSettings(gamma, adaptive, o["http_host"], o["http_port"], o["prompt"], o["max_new"], o["temperature"]),
         SunSettings(o["task"], o["max_batch"], o["max_sequences"], o["max_queue"], o["stop_ids"]))
@@ -165,9 +168,13 @@ def start_role(cfg: AgentConfig) -> None:
 
 
 def _open_planned(cfg: AgentConfig):
-    """The role's model, opened with what its memory plan counted (and refused if it does not fit)."""
+    """The role's model, placed (edge/cli/placing.py: the start line says where and why), then
+    opened with what its memory plan counted on that placement (and refused if it does not fit)."""
+    from edge.cli.placing import place_model
     m, limits = cfg.model, cfg.draft.limits if cfg.draft else None
-    engine_kw = check_before_load(cfg.role, m.model, m.backend, m.max_len, m.profile, m.memory_budget,
+    placement = place_model(m.model, m.backend, cfg.role, m.device, m.gpu_layers, m.profile)
+    engine_kw = check_before_load(cfg.role, m.model, placement.backend, m.max_len, m.profile, m.memory_budget,
                                   dtype=m.dtype, max_sessions=limits.max_sessions if limits else 64,
-                                  max_kv_mb=limits.max_kv_mb if limits else 1024.0)
-    return open_model_for_command(m.model, m.dtype, m.threads, m.max_len, m.backend, role=cfg.role, **engine_kw)
+                                  max_kv_mb=limits.max_kv_mb if limits else 1024.0, placement=placement)
+    return open_model_for_command(m.model, m.dtype, m.threads, m.max_len, placement.backend, role=cfg.role,
+                                  placement=placement, **engine_kw)

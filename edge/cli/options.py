@@ -18,7 +18,7 @@ import click
 
 from edge.cli.sections import BROKER, DRAFT, MODEL, SUN, TELEMETRY, Section, option
 
-DTYPES = click.Choice(["float32", "float64", "bfloat16"])
+DTYPES = click.Choice(["float32", "float64", "bfloat16", "float16"])
 BACKENDS = click.Choice(["torch", "onnx", "llamacpp", "auto"])
 DRAFT_KINDS = click.Choice(["model", "suffix", "hybrid"])      # edge/star/draft_kinds.py
 PASSWORD_ENV = "STARSUN_MQTT_PASSWORD"
@@ -151,7 +151,8 @@ def backend_option(*names, default="torch", section: Section = MODEL, help="engi
 
 
 dtype_option = option(MODEL, "--dtype", default="float32", type=DTYPES, show_default=True,
-                      help="torch: the weights' dtype (onnx / llama.cpp take their file's)")
+                      help="torch: the weights' dtype (bfloat16 / float16 on a GPU; onnx / llama.cpp take their "
+                           "file's)")
 
 
 def threads_option(f):
@@ -160,10 +161,25 @@ def threads_option(f):
                        "use 1)")(f)
 
 
+def placement_options(f):
+    """--device / --gpu-layers: where a model runs (edge/engines/placement.py decides `auto`)."""
+    return apply(f, [
+        option(MODEL, "--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
+               help="where the model runs. auto: the GPU where the backend's runtime can use one (llama.cpp "
+                    "built with CUDA, onnxruntime-gpu, CUDA torch) and the --profile has a GPU, else the CPU; "
+                    "cuda: the GPU or a refusal naming what to install"),
+        option(MODEL, "--gpu-layers", default=None, metavar="N|all",
+               help="llamacpp: layers on the GPU (all, or N of them; 0: none); other backends place the whole "
+                    "model by --device"),
+    ])
+
+
 def model_options(f):
-    """--dtype / --threads / --max-len of a loaded model (`edge-agent run|generate`, `edge-hub serve`)."""
+    """--dtype / --threads / --max-len and the placement (--device / --gpu-layers) of a loaded model
+    (`edge-agent run|generate`, `edge-hub serve`: its draft and SUN decoder)."""
     return apply(f, [dtype_option, threads_option,
-                     option(MODEL, "--max-len", default=4096, show_default=True, help="context cap per sequence")])
+                     option(MODEL, "--max-len", default=4096, show_default=True, help="context cap per sequence"),
+                     placement_options])
 
 
 # ---- γ ----
@@ -235,7 +251,7 @@ def draft_options(f):
                help="iteration-level batching: one draft step at a time, a request arriving while a batch "
                     "drafts joins it at the next step instead of waiting for the whole batch (past N_full "
                     "11-28% more system tok/s on a one-core CPU draft; "
-                    "benchmarks/results/starsd_scaling_pinned_xeon_f16_targets_join.md)"),
+                    "benchmarks/results/starsd_scaling/pinned_xeon_f16_targets_join.md)"),
         option(DRAFT, "--q-top-k", default=32, show_default=True,
                help="entries of q sent per drafted token when sampling"),
         option(DRAFT, "--draft-p-min", default=0.75, show_default=True,

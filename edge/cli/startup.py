@@ -16,14 +16,22 @@ import click
 
 
 def open_model_for_command(spec: str, dtype: str, threads, max_len: int, backend: str = "torch",
-                           role=None, **engine_kw):
+                           role=None, device: str = "auto", gpu_layers=None, profile: Optional[str] = None,
+                           placement=None, **engine_kw):
     """edge.engines.loader.open_model, its errors shown as click errors and the load time reported;
-    engine_kw go to the engine (what the memory plan counted, e.g. llama.cpp's n_seq_max)."""
+    engine_kw go to the engine (what the memory plan counted, e.g. llama.cpp's n_seq_max). Where
+    it runs: `placement` if decided already, else decided here from device / gpu_layers / profile
+    (edge/cli/placing.py); the loaded line ends with where the engine put the model."""
+    from edge.cli.placing import place_model
     from edge.model.checkpoint_files import CheckpointError   # torch-free: llama.cpp / ORT roles skip torch
     from edge.engines.base import EngineError       # ModelNotFound is one
     from edge.engines.loader import open_model
     from edge.model.spec import resolve_model
 
+    if placement is None:
+        placement = place_model(spec, backend, role, device, gpu_layers, profile)
+    engine_kw = {**engine_kw, **placement.engine_kwargs()}
+    backend = placement.backend                    # auto resolved: the backend it was placed for
     t0 = time.perf_counter()
     try:
         engine, tok = open_model(spec, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len,
@@ -31,7 +39,7 @@ def open_model_for_command(spec: str, dtype: str, threads, max_len: int, backend
     except (CheckpointError, EngineError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"loaded {resolve_model(spec).name} on {engine.name} (vocab {engine.vocab_size}) "
-               f"in {time.perf_counter() - t0:.1f}s", err=True)
+               f"in {time.perf_counter() - t0:.1f}s: {engine.where()}", err=True)
     return engine, tok
 
 

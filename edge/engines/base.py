@@ -63,6 +63,10 @@ class Engine(ABC):
     def active_sequences(self) -> int:
         """Sequences held now."""
 
+    def where(self) -> str:
+        """Where the model runs, in words, for the role's start line (engines on a GPU say so)."""
+        return "the CPU"
+
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes one token of one sequence costs (K and V of every layer)."""
         c = self.cfg

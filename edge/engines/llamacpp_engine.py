@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine, EngineError
-from edge.engines.llamacpp_load import KV_ITEMSIZE, amx_compiled, init_backend, llama_lib, load_model, new_context
+from edge.engines.llamacpp_load import (KV_ITEMSIZE, amx_compiled, init_backend, layers_on_gpu, llama_lib, load_model,
+                                        new_context)
 from edge.engines.stream_placement import plan_moves
 
 __all__ = ["LlamaCppEngine", "amx_compiled"]   # amx_compiled: read by benchmarks/engines/llamacpp_amx_fix.py
@@ -56,7 +57,7 @@ class LlamaCppEngine(Engine):
         path = str(path)
         if not os.path.isfile(path):
             raise EngineError(f"no GGUF file at {path}")
-        self._model, self.mmap = load_model(lc, path, n_gpu_layers, extra_bufts, mmap)
+        self._model, self.mmap, self.model_params = load_model(lc, path, n_gpu_layers, extra_bufts, mmap)
         self._ctx = None
         self._batch = None
         self._ctx = new_context(lc, self._model, path, max_len, n_seq_max, n_batch, kv_type, flash_attn, threads)
@@ -85,6 +86,16 @@ class LlamaCppEngine(Engine):
         self._ids = itertools.count(1)
         self._read_shape()
         self._kv_layout = None
+        # what llama.cpp was told (its llama_model_params) and what that puts on the GPU
+        self.n_gpu_layers = int(self.model_params.n_gpu_layers)
+        self.gpu_layers = layers_on_gpu(lc, self.n_gpu_layers, self.cfg.num_layers)
+
+    def where(self) -> str:
+        """Where the model runs, for the start line: layers on the GPU / CPU."""
+        n = self.cfg.num_layers
+        if self.gpu_layers == 0:
+            return f"all {n} layers on the CPU (n_gpu_layers={self.n_gpu_layers})"
+        return f"{self.gpu_layers} of {n} layers on the GPU (n_gpu_layers={self.n_gpu_layers})"
 
     def _read_shape(self) -> None:
         """The architecture, and the dimensions a KV blob must have (Engine._read_kv_array checks them)."""

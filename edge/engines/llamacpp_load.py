@@ -38,8 +38,9 @@ def init_backend(llama_cpp, verbose: bool) -> None:
 
 
 def load_model(lc, path: str, n_gpu_layers: int, extra_bufts: Optional[bool],
-               mmap: Optional[bool]) -> Tuple[object, bool]:
-    """(the llama model of the GGUF at `path`, whether it is mapped); extra_bufts and mmap as
+               mmap: Optional[bool]) -> Tuple[object, bool, object]:
+    """(the llama model of the GGUF at `path`, whether it is mapped, the llama_model_params it was
+    loaded with: its n_gpu_layers is what llama.cpp was told); extra_bufts and mmap as
     LlamaCppEngine's (None: chosen here)."""
     mp = lc.llama_model_default_params()
     mp.n_gpu_layers = int(n_gpu_layers)
@@ -59,7 +60,15 @@ def load_model(lc, path: str, n_gpu_layers: int, extra_bufts: Optional[bool],
     model = lc.llama_model_load_from_file(path.encode(), mp)
     if not model:
         raise EngineError(f"llama.cpp could not load {path} (not a GGUF it supports, or truncated)")
-    return model, bool(mmap)
+    return model, bool(mmap), mp
+
+
+def layers_on_gpu(lc, n_gpu_layers: int, n_layer: int) -> int:
+    """How many of the model's layers llama.cpp offloads for n_gpu_layers (< 0: all): none on a
+    build without a GPU backend, which runs everything on the CPU whatever it is told."""
+    if not lc.llama_supports_gpu_offload():
+        return 0
+    return n_layer if n_gpu_layers < 0 else min(int(n_gpu_layers), n_layer)
 
 
 def new_context(lc, model, path: str, max_len: int, n_seq_max: int, n_batch: int, kv_type: str,

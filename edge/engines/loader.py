@@ -176,17 +176,19 @@ def _torch_dtype(dtype):
         raise EngineError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or float64") from None
 
 
-def _torch_engine(path, dtype, threads, max_len, fingerprint) -> Engine:
+def _torch_engine(path, dtype, threads, max_len, fingerprint, device=None) -> Engine:
     from edge.engines.torch_engine import TorchEngine
+    device = None if device in (None, "auto") else device    # auto: the CPU (edge/engines/placement.py decides)
     p = Path(path)
     if p.is_dir() and (p / "model.safetensors").is_file() and (p / MANIFEST).is_file():
         from edge.model.sun_modules import load_module  # a SUN decoder / prefill module directory
         model, man = load_module(p, dtype=_torch_dtype(dtype))
         fp = fingerprint or man.get("fingerprint") or man.get("decoder_fingerprint", "")
-        return TorchEngine(model, fingerprint=fp, max_len=max_len, threads=threads)
+        return TorchEngine(model, fingerprint=fp, max_len=max_len, threads=threads, device=device)
     from edge.model.checkpoint import load_model
     model, ckpt = load_model(path, dtype=_torch_dtype(dtype))
-    return TorchEngine(model, fingerprint=fingerprint or ckpt.fingerprint, max_len=max_len, threads=threads)
+    return TorchEngine(model, fingerprint=fingerprint or ckpt.fingerprint, max_len=max_len, threads=threads,
+                       device=device)
 
 
 def load_engine(path, backend: str = "auto", role: Optional[str] = None, dtype=None,
@@ -198,7 +200,9 @@ def load_engine(path, backend: str = "auto", role: Optional[str] = None, dtype=N
     backend: torch | onnx | llamacpp | auto (a bundle's first artifact for the
     role; .onnx -> onnx; .gguf -> llamacpp if installed else torch; else torch).
     role: draft | target | prefill | decoder, used to pick a bundle artifact.
-    dtype: torch backend only (float32 default). kw go to the backend's engine.
+    dtype: torch backend only (float32 default). device: onnx (auto | cpu | cuda | tensorrt) and
+    torch (cpu, cuda, cuda:N; auto = cpu); llama.cpp takes n_gpu_layers in kw (edge/engines/
+    placement.py's Placement.engine_kwargs() gives each backend's). kw go to the backend's engine.
     """
     if backend not in BACKENDS + ("auto",):
         raise EngineError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
@@ -228,7 +232,7 @@ def load_engine(path, backend: str = "auto", role: Optional[str] = None, dtype=N
         from edge.engines.llamacpp_engine import LlamaCppEngine
         eng = LlamaCppEngine(p, threads=threads, max_len=max_len or 1024, **kw)
     else:
-        eng = _torch_engine(p, dtype, threads, max_len, kw.pop("fingerprint", None))
+        eng = _torch_engine(p, dtype, threads, max_len, kw.pop("fingerprint", None), device)
     if expect_fingerprint and eng.fingerprint != expect_fingerprint:
         raise EngineError(f"{path} is model {eng.fingerprint[:12]}, expected {expect_fingerprint[:12]}")
     return eng
@@ -248,6 +252,21 @@ def open_model(spec, backend: str = "torch", role: Optional[str] = None, dtype=N
     tok = bundle_tokenizer(p) if is_bundle(p) else load_tokenizer(p)
     engine = load_engine(p, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len, **kw)
     return engine, tok
+
+
+def resolve_backend(spec, backend: str = "auto", role: Optional[str] = None) -> str:
+    """The backend load_engine would run `spec` on (what `auto` becomes), without loading it:
+    placement is decided for that backend before the model loads."""
+    if backend != "auto":
+        return backend
+    p = resolve_model(spec)
+    if is_bundle(p):
+        return _ARTIFACT_BACKEND[pick_artifact(read_manifest(p), role=role, directory=p)["backend"]]
+    if p.suffix == ".onnx":
+        return "onnx"
+    if p.suffix == ".gguf":
+        return "llamacpp" if _has_llamacpp() else "torch"
+    return "torch"
 
 
 def _has_llamacpp() -> bool:

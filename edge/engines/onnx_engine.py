@@ -97,6 +97,9 @@ class OnnxEngine(Engine):
         self._seqs: Dict[int, _Seq] = {}
         self._ids = itertools.count(1)
 
+    def where(self) -> str:
+        return "onnxruntime providers " + ", ".join(self.providers)
+
     # -- sequences ---------------------------------------------------------------
     def _get(self, seq: int) -> _Seq:
         return self._known(self._seqs, seq)

@@ -18,6 +18,14 @@ torch_engine_costs.md): under load (load average ~8) two threads made a
 SmolLM2 step 5x (batch 1) to 50x (2..16 rows) slower than one thread; idle,
 two threads made 16-row steps and prefills ~1.4x faster. Pass threads=2 on a
 machine the engine has to itself.
+
+Device: `device` (cpu, cuda, cuda:N) holds the weights, every sequence's preallocated KV and
+the batched step / verify calls; only the logits rows come back to the host (as numpy, for
+sampling and the lossless verify math, which never change). `dtype` (float32, bfloat16,
+float16) converts the weights; the KV is kept in the weights' dtype. KV blobs are host bytes:
+export copies the cache to the host in the blob's dtype (float16 by default), import converts
+the blob's values to this engine's dtype on its device (round to nearest even), so a blob made
+on a GPU imports on a CPU engine and back, and between float32 and bfloat16 engines.
 """
 from __future__ import annotations
 
@@ -34,6 +42,10 @@ from edge.model.kv import INITIAL_CAPACITY, BatchCache, KVError, SequenceKV, gat
 from edge.model.transformer import SKINNY_MAX_ROWS, Transformer
 
 
+_DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+
+
 def default_threads() -> int:
     """Threads an engine uses when not told: 1 on machines with <= 4 cores, else torch's default."""
     return 1 if (os.cpu_count() or 1) <= 4 else torch.get_num_threads()
@@ -43,8 +55,15 @@ class TorchEngine(Engine):
     name = "torch"
 
     def __init__(self, model: Transformer, fingerprint: str = "", max_len: Optional[int] = None,
-                 threads: Optional[int] = None, fast: bool = True):
+                 threads: Optional[int] = None, fast: bool = True, device=None, dtype=None):
+        """device: where the weights, KV and calls live (None: where the model already is);
+        dtype: convert the weights (a torch dtype or float32 / bfloat16 / float16)."""
+        if dtype is not None:
+            model = model.to(dtype=_DTYPE_NAMES.get(dtype, dtype))
+        if device is not None:
+            model = model.to(device=device)
         self.model = model.eval()
+        self.device = next(model.parameters()).device
         self.fast = fast
         cfg = model.cfg
         self.cfg = cfg
@@ -58,6 +77,10 @@ class TorchEngine(Engine):
         self._tokens: Dict[int, list] = {}
         self._ids = itertools.count(1)
 
+    def where(self) -> str:
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "the CPU"
+        return f"torch device {self.device} ({name}), {str(self.dtype).replace('torch.', '')}"
+
     # -- sequences ---------------------------------------------------------------
     def _get(self, seq: int) -> SequenceKV:
         return self._known(self._seqs, seq)
@@ -65,7 +88,8 @@ class TorchEngine(Engine):
     def new_sequence(self) -> int:
         sid = next(self._ids)
         c = self.cfg
-        self._seqs[sid] = SequenceKV(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype, self.max_len)
+        self._seqs[sid] = SequenceKV(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype, self.max_len,
+                                     device=self.device)
         self._tokens[sid] = []
         return sid
 
@@ -105,7 +129,8 @@ class TorchEngine(Engine):
     # -- compute -----------------------------------------------------------------
     def _out(self, logits: torch.Tensor) -> np.ndarray:
         # float64 models keep float64 so exactness tests are not blurred by a cast
-        return logits.numpy() if logits.dtype == torch.float64 else logits.float().numpy()
+        # the one host copy of a call: its logits rows
+        return logits.cpu().numpy() if logits.dtype == torch.float64 else logits.float().cpu().numpy()
 
     def forward(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
         return self._feed(seq, tokens, last_only=False)
@@ -135,7 +160,7 @@ class TorchEngine(Engine):
             return np.zeros((0, self.vocab_size), dtype=np.float32)
         self._check_ids(tokens)
         self.check_room(seq, len(tokens))
-        t = torch.tensor([tokens], dtype=torch.long)
+        t = torch.tensor([tokens], dtype=torch.long, device=self.device)
         with self._threads(len(tokens)):
             if self.fast:
                 logits = self._cached([kv], t, last_only)
@@ -161,7 +186,7 @@ class TorchEngine(Engine):
         self._check_ids(tokens)
         for s in seqs:
             self.check_room(s, 1)
-        t = torch.tensor(tokens, dtype=torch.long)[:, None]
+        t = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
         with self._threads(len(tokens)):
             if self.fast:
                 logits = self._cached(kvs, t)
@@ -188,7 +213,7 @@ class TorchEngine(Engine):
         or an EngineError saying why it is refused."""
         from edge.model.kv import KVError, SequenceKV
         try:
-            return SequenceKV.from_bytes(blob, dtype=dtype, **self._kv_expect())
+            return SequenceKV.from_bytes(blob, dtype=dtype, device=self.device, **self._kv_expect())
         except KVError as e:
             raise EngineError(f"KV blob refused: {e}") from None
 

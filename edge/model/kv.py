@@ -3,7 +3,9 @@
 A sequence's cache is one tensor [layers, 2 (k/v), kv_heads, capacity, head_dim]
 plus `length`. Rollback after a rejected draft is `truncate(n)`: it only moves
 the pointer. Capacity grows by doubling (amortised O(1) per token) up to the
-model's context. Many sequences of different lengths are batched by padding
+model's context. The cache lives on its engine's device (CPU or CUDA); its bytes leave it
+only as a blob (to_bytes copies to the host), so a blob made on one device imports on another.
+Many sequences of different lengths are batched by padding
 their caches to the longest one (`gather`), which is what lets one draft or
 one shared decoder step many clients with one read of the weights.
 """
@@ -24,12 +26,12 @@ _DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.
 
 class SequenceKV:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype=torch.float32,
-                 max_len: int = 2048, capacity: int = INITIAL_CAPACITY):
+                 max_len: int = 2048, capacity: int = INITIAL_CAPACITY, device=None):
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.max_len = max_len
         self.dtype = dtype
         self.length = 0
-        self.data = torch.zeros(layers, 2, kv_heads, min(capacity, max_len), head_dim, dtype=dtype)
+        self.data = torch.zeros(layers, 2, kv_heads, min(capacity, max_len), head_dim, dtype=dtype, device=device)
 
     @property
     def capacity(self) -> int:
@@ -52,7 +54,7 @@ class SequenceKV:
         if need <= self.capacity:
             return
         cap = self.grown(self.capacity, need, self.max_len)
-        grown = torch.zeros(*self.data.shape[:3], cap, self.head_dim, dtype=self.dtype)
+        grown = torch.zeros(*self.data.shape[:3], cap, self.head_dim, dtype=self.dtype, device=self.data.device)
         grown[:, :, :, : self.length] = self.data[:, :, :, : self.length]
         self.data = grown
 
@@ -78,7 +80,7 @@ class SequenceKV:
                  meta: Optional[dict] = None) -> bytes:
         """Header (JSON) + raw KV in `dtype` (fp16 default) + crc32 of the payload."""
         kv_blob.check_dtype(dtype)
-        payload = self.data[:, :, :, : self.length].to(_DTYPES[dtype]).contiguous()
+        payload = self.data[:, :, :, : self.length].to(_DTYPES[dtype]).cpu().contiguous()   # host copy
         raw = payload.view(torch.uint8).numpy().tobytes() if dtype == "bfloat16" else payload.numpy().tobytes()
         return kv_blob.pack(raw, fingerprint, self.layers, self.kv_heads, self.head_dim, dtype, self.length,
                             tokens, meta)
@@ -88,8 +90,10 @@ class SequenceKV:
     @classmethod
     def from_bytes(cls, blob: bytes, fingerprint: Optional[str] = None, layers: Optional[int] = None,
                    kv_heads: Optional[int] = None, head_dim: Optional[int] = None,
-                   dtype=torch.float32, max_len: int = 2048) -> Tuple["SequenceKV", dict]:
-        """Parse and validate a blob; expected values, when given, must match."""
+                   dtype=torch.float32, max_len: int = 2048, device=None) -> Tuple["SequenceKV", dict]:
+        """Parse and validate a blob; expected values, when given, must match. The cache is made on
+        `device` in `dtype`: the blob's values converted as torch's .to() does (bfloat16 / float16:
+        round to nearest even)."""
         h, raw = kv_blob.unpack(blob, fingerprint=fingerprint, layers=layers, kv_heads=kv_heads,
                                 head_dim=head_dim, max_len=max_len)
         shape = kv_blob.shape_of(h)
@@ -97,19 +101,20 @@ class SequenceKV:
             t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(torch.bfloat16)
         else:
             t = torch.from_numpy(np.frombuffer(raw, dtype=h["dtype"]).copy())
-        kv = cls(shape[0], shape[2], shape[4], dtype=dtype, max_len=max_len, capacity=max(64, shape[3]))
-        kv.append(t.reshape(shape).to(dtype))
+        kv = cls(shape[0], shape[2], shape[4], dtype=dtype, max_len=max_len, capacity=max(64, shape[3]),
+                 device=device)
+        kv.append(t.reshape(shape).to(device=kv.data.device, dtype=dtype))
         return kv, h
 
 
 def gather(seqs: Sequence[SequenceKV]) -> Tuple[List[Tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
     """Right-padded past for a ragged batch: per layer (k, v) [B, kv_heads, P, hd] and lengths [B]."""
-    lengths = torch.tensor([s.length for s in seqs], dtype=torch.long)
+    lengths = torch.tensor([s.length for s in seqs], dtype=torch.long, device=seqs[0].data.device)
     if len(seqs) == 1:
         return seqs[0].past(), lengths
     P = int(lengths.max())
     s0 = seqs[0]
-    buf = torch.zeros(s0.layers, 2, len(seqs), s0.kv_heads, P, s0.head_dim, dtype=s0.dtype)
+    buf = torch.zeros(s0.layers, 2, len(seqs), s0.kv_heads, P, s0.head_dim, dtype=s0.dtype, device=s0.data.device)
     for b, s in enumerate(seqs):
         buf[:, :, b, :, : s.length] = s.data[:, :, :, : s.length]
     return [(buf[i, 0], buf[i, 1]) for i in range(s0.layers)], lengths
@@ -137,10 +142,12 @@ class BatchCache:
             s.reserve(T)               # may reallocate: take views only after this
         self.seqs, self.T = list(seqs), T
         self.starts = [s.length for s in self.seqs]
-        start = torch.tensor(self.starts, dtype=torch.long)
-        self.positions = start[:, None] + torch.arange(T)[None, :]     # [B, T]
+        dev = self.seqs[0].data.device if self.seqs else None     # positions and masks beside the cache
+        start = torch.tensor(self.starts, dtype=torch.long, device=dev)
+        self.positions = start[:, None] + torch.arange(T, device=dev)[None, :]     # [B, T]
         # new query t sees keys 0 .. start+t (one query sees everything: no mask)
-        self.masks = [None if T == 1 else torch.arange(st + T)[None, :] <= (st + torch.arange(T))[:, None]
+        self.masks = [None if T == 1 else (torch.arange(st + T, device=dev)[None, :]
+                                           <= (st + torch.arange(T, device=dev))[:, None])
                       for st in self.starts]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):

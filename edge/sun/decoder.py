@@ -121,14 +121,18 @@ class SharedDecoder:
         return len(self._run) + len(self._waiting)
 
     @classmethod
-    def from_dir(cls, directory, threads: Optional[int] = None, backend: str = "torch", **kw) -> "SharedDecoder":
+    def from_dir(cls, directory, threads: Optional[int] = None, backend: str = "torch",
+                 engine_kw: Optional[dict] = None, **kw) -> "SharedDecoder":
         """Load a decoder saved by export.tune.save_decoder (its weights must match its fingerprint),
-        or its decoder artifact from a bundle on backend onnx/llamacpp."""
+        or its decoder artifact from a bundle on backend onnx/llamacpp. engine_kw: where it runs
+        (edge/engines/placement.py's Placement.engine_kwargs(): device / providers / n_gpu_layers)."""
+        engine_kw = dict(engine_kw or {})
         from edge.model.sun_error import SunError
         if backend != "torch":
             from edge.sun.prefill import _bundle_engine
             # a llama.cpp context holds a fixed number of sequences: one per batch row
             extra = {"n_seq_max": kw.get("max_batch", 64)} if backend == "llamacpp" else {}
+            extra.update(engine_kw)
             engine = _bundle_engine(directory, backend, "decoder", threads, **extra)
             if engine.artifact.get("sun") != "sun-decoder":
                 raise SunError(f"{directory}: artifact {engine.artifact['name']!r} is not a SUN shared decoder; "
@@ -138,7 +142,7 @@ class SharedDecoder:
         from edge.model.sun_modules import check_fingerprint, load_module
         model, man = load_module(directory)
         fp = check_fingerprint(model, man)
-        return cls(TorchEngine(model, fingerprint=fp, threads=threads), **kw)
+        return cls(TorchEngine(model, fingerprint=fp, threads=threads, device=engine_kw.get("device")), **kw)
 
     # -- admission -----------------------------------------------------------------------------
     def admit(self, blob: bytes, request_id: Optional[str] = None, max_new: int = 64,

@@ -1,0 +1,43 @@
+"""Placement as a command applies it: where a role's model runs, decided before it loads
+(edge/engines/placement.py) from --device / --gpu-layers, the --profile and the installed
+runtime, with its warnings and refusals shown the way a command shows errors.
+
+The start line (`placement: ...`, then `loaded ...: <where>` once the engine says where it put
+the model) is what provisioning reads to confirm a Jetson decodes on its GPU.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+START_LINE = "placement: "
+
+
+def profile_facts(profile: Optional[str]):
+    """DeviceFacts of a --profile (None without one); the profile is read by plan_command, the one
+    module of edge/ that may import devices.profile."""
+    if not profile:
+        return None
+    from edge.cli.plan_command import load_device
+    from edge.engines.placement import DeviceFacts
+    return DeviceFacts.from_profile(load_device(profile))
+
+
+def place_model(spec, backend: str = "auto", role: Optional[str] = None, device: str = "auto",
+                gpu_layers=None, profile: Optional[str] = None, caps=None):
+    """The Placement of `spec` on `backend` (auto: as the loader resolves it), shown on stderr;
+    a request the runtime cannot honour is a click error naming the fix. caps: injected
+    capabilities (tests); None asks the installed runtime."""
+    from edge.engines.base import EngineError
+    from edge.engines.loader import resolve_backend
+    from edge.engines.placement import decide_placement, parse_gpu_layers
+    try:
+        b = resolve_backend(spec, backend, role)
+        p = decide_placement(b, device or "auto", parse_gpu_layers(gpu_layers), profile_facts(profile), caps)
+    except EngineError as e:           # PlacementError, ModelNotFound, BundleError: each says what to do
+        raise click.ClickException(str(e)) from None
+    for w in p.warnings:
+        click.echo(f"warning: {w}", err=True)
+    click.echo(START_LINE + p.describe(), err=True)
+    return p

@@ -28,7 +28,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,export,bench,tasks]"
+	$(BIN)/pip install -q -e ".[torch,onnx,hub,export,test,bench,tasks]"
 	$(BIN)/pip install -q --no-deps "bfcl-eval==2026.3.23"  # its deps pin an old numpy and pull torch
 	touch $@
 

@@ -5,11 +5,13 @@ directory, so a stale build/ never leaks into it, with SOURCE_DATE_EPOCH fixed: 
 sources give the same bytes, which is what lets a second provisioning see "unchanged".
 
 How dependencies come (`--deps`):
-  pypi    the kit with --no-deps, then its requirements from the index, less what the profile
-          brings otherwise: on a Jetson torch is JetPack's (the venv sees the system site
-          packages), onnxruntime becomes the profile's onnxruntime-gpu from the Jetson wheel
-          index (--ort-index), llama-cpp-python is built with CUDA for sm_87 when the role
-          runs on llama.cpp and the profile lists llamacpp-cuda;
+  pypi    the kit with --no-deps, then its core requirements and the extra of the role's backend
+          only (BACKEND_EXTRAS: a llama.cpp role gets llama-cpp-python, never torch or
+          onnxruntime), less what the profile brings otherwise: on a Jetson torch is JetPack's (the
+          venv sees the system site packages), onnxruntime becomes the profile's onnxruntime-gpu
+          from the Jetson wheel index (--ort-index), llama-cpp-python is built with CUDA for sm_87
+          when the profile lists llamacpp-cuda; off a Jetson torch comes from PyTorch's CPU index
+          unless the profile has a CUDA GPU (PyPI's default Linux torch pulls ~4 GB of CUDA);
   device  the device's Python already has them (a prepared image): the kit alone, --no-deps,
           into a venv over the system site packages; an import check says what is missing.
 --wheels DIR adds local wheels (e.g. NVIDIA's) as --find-links to every pip call.
@@ -30,6 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 WHEEL_EPOCH = "315532800"           # 1980-01-01, the earliest a zip can say
 JETSON_ORT_INDEX = "https://pypi.jetson-ai-lab.io/jp6/cu126"
 BACKEND_IMPORT = {"llamacpp": "llama_cpp", "onnx": "onnxruntime", "torch": "torch"}
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# the kit's extras a role on each backend imports; "auto" is a bundle, whose artifact the loader
+# picks at start (ONNX or GGUF, never torch)
+BACKEND_EXTRAS = {"llamacpp": ("llama",), "onnx": ("onnx",), "torch": ("torch",), "auto": ("onnx", "llama")}
 
 
 def build_wheel(out_dir: Path, repo: Path = REPO) -> Path:
@@ -95,7 +101,8 @@ def _name(req: str) -> str:
 def install_commands(profile, backend: str, deps: str, root: str, python: str, wheel: Path,
                      wheels_dir: Optional[str] = None, ort_index: Optional[str] = None,
                      system_pip: bool = False) -> List[str]:
-    """sh commands, in order, that build the venv at root/venv and install the kit into it.
+    """sh commands, in order, that build the venv at root/venv and install the kit into it: the
+    core requirements and the extras of `backend` only (BACKEND_EXTRAS).
     system_pip: the interpreter has pip, so a venv over the system site packages uses it (no
     ensurepip: seconds less on a small board)."""
     venv, q = f"{root}/venv", shlex.quote
@@ -107,25 +114,54 @@ def install_commands(profile, backend: str, deps: str, root: str, python: str, w
     flags = (" --system-site-packages" + (" --without-pip" if system_pip else "")) if system_site else ""
     cmds = [f"{q(python)} -m venv{flags} {q(venv)}",
             f"{pip}{links} --no-deps --force-reinstall {q(remote_wheel)}"]
-    if deps == "pypi":
-        reqs = wheel_requirements(wheel)
-        if jetson:                      # JetPack's CUDA torch from the system site packages
-            reqs = [r for r in reqs if _name(r) != "torch"]
-        ort = profile.onnxruntime_package
-        if ort != "onnxruntime":        # onnxruntime-gpu provides the same module: never both
-            reqs = [r for r in reqs if _name(r) != "onnxruntime"]
-        cmds.append(f"{pip}{links} " + " ".join(q(r) for r in reqs))
-        if ort != "onnxruntime":
-            index = ort_index or (JETSON_ORT_INDEX if jetson else None)
-            cmds.append(f"{pip}{links}" + (f" --extra-index-url {q(index)}" if index else "") + f" {q(ort)}")
-        if backend == "llamacpp":
-            llama = " ".join(q(r) for r in wheel_requirements(wheel, "llama")) or "llama-cpp-python"
-            if "llamacpp-cuda" in profile.backends:   # Orin is sm_87; no CUDA aarch64 wheel on PyPI
-                cmds.append(f"CMAKE_ARGS='-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=87' {pip}{links} "
-                            f"--no-binary llama-cpp-python {llama}")
-            else:
-                cmds.append(f"{pip}{links} {llama}")
+    if deps != "pypi":
+        return cmds
+    extras = BACKEND_EXTRAS.get(backend, ())
+    core = wheel_requirements(wheel)
+    if "torch" in extras:
+        torch_reqs = wheel_requirements(wheel, "torch")
+        core += [r for r in torch_reqs if _name(r) != "torch"]            # safetensors
+        torch = " ".join(q(r) for r in torch_reqs if _name(r) == "torch") or "torch"
+        if jetson:
+            pass                        # JetPack's CUDA torch from the system site packages
+        elif any(b.endswith("-cuda") for b in profile.backends):
+            cmds.append(f"{pip}{links} {torch}")                          # PyPI's Linux torch is a CUDA build
+        else:                           # first, alone: nothing after it may resolve torch from PyPI
+            cmds.append(f"{pip}{links} --index-url {TORCH_CPU_INDEX} {torch}")
+    cmds.append(f"{pip}{links} " + " ".join(q(r) for r in core))
+    if "onnx" in extras:
+        cmds.append(_onnxruntime_command(profile, pip + links, ort_index, jetson, wheel))
+    if "llama" in extras:
+        llama = " ".join(q(r) for r in wheel_requirements(wheel, "llama")) or "llama-cpp-python"
+        if "llamacpp-cuda" in profile.backends:   # Orin is sm_87; no CUDA aarch64 wheel on PyPI
+            arch = " -DCMAKE_CUDA_ARCHITECTURES=87" if jetson else ""
+            cmds.append(f"CMAKE_ARGS='-DGGML_CUDA=on{arch}' {pip}{links} --no-binary llama-cpp-python {llama}")
+        else:
+            cmds.append(f"{pip}{links} {llama}")
     return cmds
+
+
+def _onnxruntime_command(profile, pip: str, ort_index: Optional[str], jetson: bool, wheel: Path) -> str:
+    """The profile's onnxruntime: PyPI's, or onnxruntime-gpu (the Jetson AI Lab index on a Jetson);
+    never both, they provide the same module."""
+    ort = profile.onnxruntime_package
+    if ort == "onnxruntime":
+        return f"{pip} " + " ".join(shlex.quote(r) for r in wheel_requirements(wheel, "onnx"))
+    index = ort_index or (JETSON_ORT_INDEX if jetson else None)
+    return pip + (f" --extra-index-url {shlex.quote(index)}" if index else "") + f" {shlex.quote(ort)}"
+
+
+def venv_size_command(root: str) -> str:
+    """What the venv takes on the device, in KiB (its own files: not the system site packages)."""
+    return f"du -sk {shlex.quote(root + '/venv')} | cut -f1"
+
+
+def describe_size(du_output: str) -> str:
+    """du -sk's answer as the flash output says it."""
+    try:
+        return f"the venv takes {int(du_output.split()[0]) / 1024:.0f} MiB"
+    except (ValueError, IndexError):
+        return "the venv's size is unknown (du said nothing)"
 
 
 def check_command(root: str, backend: str, profile) -> str:

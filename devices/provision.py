@@ -63,6 +63,7 @@ def print_dry_run(p) -> None:
 
     from devices import agent_files as files
     from devices.device_checks import DeviceFacts, probe_script
+    from devices.install_plan import venv_size_command
     o = p.o
     user = o.device.split("@", 1)[0] if "@" in o.device else "USER"
     home = "/root" if user == "root" else f"/home/{user}"
@@ -77,7 +78,8 @@ def print_dry_run(p) -> None:
             ("files on the device", [shlex.join(p.remote.push_argv(src, d)) + "   # only if a hash differs"
                                      for src, d, _ in p._groups()]
              + [f"ssh stdin -> {r} (mode 600)" for _, r in p._secrets()]),
-            ("the venv on the device", p.install_commands()),
+            ("the venv on the device", p.install_commands()
+             + [venv_size_command(p.layout.root) + "   # the install size, reported"]),
             ("the agent's config", [f"{p.layout.config}:"] + files.agent_config(
                 p.config_values(), f"profile {o.profile.name}").splitlines()),
             ("the systemd unit", [f"{p.layout.unit_path(False)} (user unit; with sudo: "

@@ -18,7 +18,7 @@ import click
 from devices import agent_files as files
 from devices.artifact_check import Artifact, check_artifact
 from devices.device_checks import FLASH_HELP, DeviceFacts, check_facts, probe_script, recovery_boards
-from devices.install_plan import build_wheel, check_command, install_commands
+from devices.install_plan import build_wheel, check_command, describe_size, install_commands, venv_size_command
 from devices.remote import Remote, changed_files, local_files, sha256_file
 
 MB = 1e6
@@ -204,7 +204,8 @@ class Provisioning:
             raise click.ClickException(f"the agent does not start on the device: {e}\n  with --deps device the "
                                        "device's Python must already have the kit's dependencies; else use "
                                        "--deps pypi (or --wheels DIR)") from None
-        return result
+        size = self.remote.sh(venv_size_command(lay.root), check=False)   # what the role's install cost
+        return f"{result}; {describe_size(size)}"
 
     def config_values(self) -> dict:
         o, lay = self.o, self.layout

@@ -254,8 +254,9 @@ def test_dry_run_prints_each_step_and_contacts_nothing(smol):
     for n in range(1, 11):
         assert f"[{n}/10]" in r.output
     out = r.output
-    assert "onnxruntime-gpu" in out and "https://pypi.jetson-ai-lab.io/jp6/cu126" in out
+    assert "onnxruntime" not in out and "safetensors" not in out      # a llama.cpp target: its backend only
     assert "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=87" in out and "'torch" not in out
+    assert "du -sk /home/nvidia/starsun/venv" in out                    # the install size, reported
     assert "loginctl enable-linger nvidia" in out and "--system-site-packages" in out
     assert f'model = "/home/nvidia/starsun/artifacts/{smol.name}"' in out
     assert "dry run: nothing was changed on nvidia@jetson.invalid" in out

@@ -70,9 +70,11 @@ def test_jetson_install_keeps_jetpack_torch_and_takes_onnxruntime_gpu_and_cuda_l
     assert "--no-deps --force-reinstall /home/nv/starsun/wheels/" + wheel.name in cmds[1]
     deps = cmds[2]
     assert "'numpy>=1.24'" in deps and "torch" not in deps and "'onnxruntime" not in deps
-    assert "--extra-index-url https://pypi.jetson-ai-lab.io/jp6/cu126 onnxruntime-gpu" in cmds[3]
-    assert cmds[4].startswith("CMAKE_ARGS='-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=87'")
-    assert "llama-cpp-python==" in cmds[4]
+    assert len(cmds) == 4 and "onnxruntime" not in " ".join(cmds)      # a llama.cpp role: no onnxruntime
+    assert cmds[3].startswith("CMAKE_ARGS='-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=87'")
+    assert "llama-cpp-python==" in cmds[3]
+    onnx = install_commands(jet, "onnx", "pypi", "/home/nv/starsun", "python3", wheel)
+    assert "--extra-index-url https://pypi.jetson-ai-lab.io/jp6/cu126 onnxruntime-gpu" in onnx[3]
     cpu = install_commands(load_profile("cpu-2core"), "onnx", "device", "/r", "python3", wheel)
     assert len(cpu) == 2 and "--system-site-packages" in cpu[0]
     assert "tomli>=2.0" in wheel_requirements(wheel, python="3.10")

@@ -83,13 +83,26 @@ def _seed(body: dict) -> Optional[int]:
     return v
 
 
+MODEL_SUFFIXES = (".gguf", ".onnx", ".safetensors", ".pt", ".bin")
+
+
+def served_model_id(model: str) -> str:
+    """The id /v1/models shows for a model given as a fetch name or a path: the name, or the
+    file's stem (a client must not learn the device's paths; "qwen2.5-coder-1.5b" keeps its dots)."""
+    name = str(model).rstrip("/").rsplit("/", 1)[-1]
+    for suffix in MODEL_SUFFIXES:
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            return name[:-len(suffix)]
+    return name
+
+
 class OpenAIServer:
     """Serve `generate(prompt_ids, max_new, params, stop_ids, on_token) -> GenResult`."""
 
     def __init__(self, generate: Callable, tokenizer, model_name: str, host: str = "127.0.0.1",
                  port: int = 8000, max_tokens_cap: int = 4096, context: Optional[int] = None,
                  models: Optional[Callable[[], List[str]]] = None):
-        self.generate, self.tok, self.model_name = generate, tokenizer, model_name
+        self.generate, self.tok, self.model_name = generate, tokenizer, served_model_id(model_name)
         self.max_tokens_cap, self.context = max_tokens_cap, context
         self.models = models                  # None: one model, one generation at a time
         self.lock = threading.Lock()

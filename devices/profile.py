@@ -51,6 +51,9 @@ class DeviceProfile:
     power_modes: Dict[str, dict] = field(default_factory=dict)  # name -> {watts, bandwidth_gbs, ...}
     sources: Dict[str, str] = field(default_factory=dict)       # field -> where the figure comes from
     tok_s: List[dict] = field(default_factory=list)             # {model, backend, weight_bytes, params, tok_s, source}
+    unified_memory: bool = False        # Jetson: the GPU shares usable_memory_gb with the CPU
+    gpu_memory_gb: float = 0.0          # a discrete GPU's usable memory (0: none, or unified)
+    host_memory_gb: float = 0.0         # a discrete GPU's host: usable RAM (0: not said, not checked)
 
     def tok_s_fit(self) -> List[dict]:
         """Each public tok/s point next to the roofline's, with the ratio (roofline / public)."""

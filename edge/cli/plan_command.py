@@ -4,7 +4,7 @@
     edge-agent plan --memory-budget 2G --role draft -m qwen2.5-coder-0.5b --max-sessions 16 --json
 
 The numbers come from edge/memory/plan.py (estimates calibrated against measured peak RSS,
-benchmarks/results/memory_plan.md); the budget from a device profile's usable memory
+benchmarks/results/memory_plan/default.md); the budget from a device profile's usable memory
 (devices/profiles/*.toml; devices/profile.py imports nothing from server/ or export/, so edge
 may read it) or from --memory-budget, which wins over the profile.
 """
@@ -110,9 +110,13 @@ def refusal(f: Fit, where: str) -> str:
 
 
 def check_before_load(role, spec, backend, max_len, profile, memory_budget, max_batch=64, max_sessions=64,
-                      dtype="float32", max_kv_mb=None) -> dict:
+                      dtype="float32", max_kv_mb=None, placement=None) -> dict:
     """`edge-agent run`'s check: refuse a role that does not fit, before anything loads; returns the
-    engine arguments the plan counted (llama.cpp: n_seq_max)."""
+    engine arguments the plan counted (llama.cpp: n_seq_max). With a GPU `placement` and a profile,
+    each side (host, GPU, or a Jetson's shared pool) is checked where its bytes live."""
+    if placement is not None and placement.on_gpu and profile:
+        return _check_placed(role, spec, backend, max_len, profile, memory_budget, max_batch, max_sessions,
+                             dtype, max_kv_mb, placement)
     budget = budget_bytes(profile, memory_budget)
     try:
         f, e = make_plan(role, spec, budget, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
@@ -127,6 +131,22 @@ def check_before_load(role, spec, backend, max_len, profile, memory_budget, max_
     if f is not None:
         click.echo(f"memory plan: {e.total / GB:.2f} GB of {f.budget / GB:.2f} GB "
                    f"(KV {e.kv_bytes_per_token} B/token)", err=True)
+    return engine_kwargs(e.workload.backend, role, e.workload.sequences)
+
+
+def _check_placed(role, spec, backend, max_len, profile, memory_budget, max_batch, max_sessions, dtype, max_kv_mb,
+                  placement) -> dict:
+    """check_before_load for a model on the GPU: the estimate split by where it is placed
+    (edge/memory/placed.py), each side against its budget."""
+    from edge.memory.placed import MemorySides, check_sides, gpu_fraction
+    sides = MemorySides.of_profile(load_device(profile), budget_bytes(None, memory_budget))
+    _, e = make_plan(role, spec, None, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
+    why = check_sides(e, gpu_fraction(placement, e.shape.layers), sides)
+    if why:
+        raise click.ClickException(f"{role} on {e.workload.backend} placed on the GPU does not fit profile "
+                                   f"{profile}: it {why}; lower --max-len, use a smaller model or quantisation, "
+                                   "or put fewer layers on the GPU (--gpu-layers N)")
+    click.echo(f"memory plan: {e.total / GB:.2f} GB, placed on the GPU of profile {profile}", err=True)
     return engine_kwargs(e.workload.backend, role, e.workload.sequences)
 
 
@@ -166,19 +186,53 @@ def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
 @click.option("--max-sessions", type=int, default=64, show_default=True, help="draft: sessions")
 @click.option("--max-kv-mb", type=float, default=None, help="draft on torch/onnx: the service's KV cap")
 @dtype_option
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
+              help="where the role runs on the device (auto: its GPU where the profile has one)")
+@click.option("--gpu-layers", default=None, metavar="N|all", help="llamacpp: layers on the GPU")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
 def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_len, max_batch, max_sessions,
-         max_kv_mb, dtype, as_json):
+         max_kv_mb, dtype, device, gpu_layers, as_json):
     """Estimate a role's memory on a device: fits or not, by how much, and the most that fits."""
     given = [x for x in (model, bundle, module_dir) if x]
     if len(given) != 1:
         raise click.UsageError("give exactly one of --model, --bundle, --module")
     budget = budget_bytes(profile, memory_budget)
     f, e = make_plan(role, given[0], budget, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
+    placed = _placed(e, profile, memory_budget, device, gpu_layers)
     if as_json:
         d = f.to_dict() if f is not None else e.to_dict()
-        d.update(profile=profile, advice=advice(f) if f is not None else [],
+        d.update(profile=profile, advice=advice(f) if f is not None else [], placement=placed,
                  engine_kwargs=engine_kwargs(e.workload.backend, role, e.workload.sequences))
         click.echo(json.dumps(d, indent=1, sort_keys=True))
     else:
         click.echo(format_table(f, e, profile))
+        if placed is not None:
+            click.echo(format_placed(placed))
+
+
+def _placed(e, profile, memory_budget, device, gpu_layers) -> Optional[dict]:
+    """Where the plan's bytes live on the profile's device (edge/memory/placed.py), or None."""
+    if not profile:
+        return None
+    from edge.engines.placement import PlacementError
+    from edge.memory.placed import MemorySides, placed_report, planned_placement
+    dev = load_device(profile)
+    try:
+        placement = planned_placement(e.workload.backend, device, gpu_layers, dev)
+    except PlacementError as err:
+        raise click.ClickException(str(err)) from None
+    return placed_report(e, placement, MemorySides.of_profile(dev, budget_bytes(None, memory_budget)))
+
+
+def format_placed(p: dict) -> str:
+    def gb(n):
+        return "not checked" if n is None else f"{n / GB:.3f} GB"
+    rows = [("placed", f"{p['device']} ({p['reason']})"), ("on the host", gb(p["host_bytes"])),
+            ("on the GPU", gb(p["gpu_bytes"]))]
+    if p["unified"]:
+        rows.append(("shared pool", f"{gb(p['host_budget_bytes'])} (unified: CPU and GPU share it)"))
+    else:
+        rows += [("host budget", gb(p["host_budget_bytes"])), ("GPU budget", gb(p["gpu_budget_bytes"]))]
+    rows.append(("fits where placed", "yes" if p["refusal"] is None else f"NO: it {p['refusal']}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -41,6 +41,11 @@ class Drafter(ABC):
         a drafter cannot probe in the background (its policy probes with real rounds)."""
         return None
 
+    def constrain(self, grammar, start: int) -> None:
+        """Propose under `grammar` (an edge.spec.grammar.Grammar; None: unconstrained) for the
+        generated part of the context, from position `start` on. By default a drafter proposes
+        freely: the loop keeps the legal prefix of its proposals (still lossless, fewer accepted)."""
+
     def prefill(self, prompt: Sequence[int]) -> bool:
         """Get ready for `prompt` before the first round; True if that cost time worth timing."""
         return False

@@ -1,0 +1,108 @@
+"""Constrained decoding that stays lossless under speculation. Pure functions over token masks.
+
+With a grammar the target's distribution is the *constrained* one: its logits with every token
+the grammar forbids set to -inf, then temperature, top-k and top-p as usual (the mask comes
+first, as in vLLM and llama.cpp), so greedy is the argmax over allowed tokens and sampling
+draws from the renormalised allowed mass. Speculation keeps exactly that distribution:
+
+* the draft proposes under the same mask, advancing its own matcher through its proposals
+  (`ConstrainedProposer`), so its q is the masked, renormalised q;
+* before the target's call the proposals are cut just after the first token the grammar
+  refuses (`legal_drafts`): that token has p = 0 and is rejected for sure (its correction drawn
+  from the residual, as verification demands); nothing after it is ever reached;
+* every row of the target's call is masked with the grammar's state after the drafts before
+  it (`mask_rows`), so verify_greedy / verify_stochastic see the constrained p.
+
+Greedy output therefore equals plain constrained decoding, and sampled output has exactly the
+constrained distribution (tests/unit/test_constrained_lossless.py measures both).
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+
+class NoTokenAllowed(ValueError):
+    """The grammar allows no token here (it was left in an error state): nothing can be drawn."""
+
+
+def mask_logits(logits, allowed: np.ndarray) -> np.ndarray:
+    """One logits row [V] -> float64 copy with -inf wherever `allowed` is False. A mask shorter
+    than the row (a tokenizer narrower than the model's logits) forbids the tokens past it."""
+    row = np.array(logits, dtype=np.float64)
+    keep = np.zeros(row.shape[-1], dtype=bool)
+    n = min(allowed.size, row.shape[-1])
+    keep[:n] = allowed[:n]
+    if not keep.any():
+        raise NoTokenAllowed("the grammar allows no token at this position")
+    row[~keep] = -np.inf
+    return row
+
+
+def mask_rows(logits, masks: Sequence[np.ndarray]) -> np.ndarray:
+    """A target call's rows [k, V] masked row by row (masks[i]: the grammar after drafts[:i])."""
+    rows = np.asarray(logits)
+    if rows.shape[0] != len(masks):
+        raise ValueError(f"{rows.shape[0]} logits rows but {len(masks)} masks")
+    return np.stack([mask_logits(r, m) for r, m in zip(rows, masks)])
+
+
+def legal_drafts(matcher, drafts: Sequence[int], qs: Sequence) -> Tuple[List[int], list, List[np.ndarray]]:
+    """The drafts the target verifies under the grammar, their q's, and one mask per row of the
+    target's call over them (len(drafts) + 1), the matcher left as it was.
+
+    Kept: the longest prefix the grammar allows, AND the first token it refuses (if any). That
+    token has p = 0 and is rejected for sure, the correction drawn from norm(max(0, p - q)), as
+    verification demands: dropping it instead would decide on the drawn token itself, and the
+    tokens still proposed would no longer be distributed as their q (not lossless; the test's
+    negative control shows it). What follows it is never reached and is dropped. The row after a
+    refused token is never read; it gets the mask before it."""
+    masks = [matcher.allowed()]
+    n = 0
+    refused = False
+    for x in drafts:
+        x = int(x)
+        allowed_here = masks[-1]
+        if x >= allowed_here.size or not allowed_here[x] or not matcher.consume(x):
+            refused = True
+            break
+        n += 1
+        masks.append(matcher.allowed())
+    matcher.rollback(n)
+    if refused:
+        masks.append(masks[-1])
+        n += 1
+    return [int(x) for x in drafts[:n]], list(qs[:n]), masks
+
+
+class ConstrainedProposer:
+    """A draft's grammar state, following the contexts it is asked to draft after.
+
+    `begin(context)` syncs the draft's own matcher with the generated part of the context
+    (context[start:]); then, per proposal, `mask(row)` masks the draft's row and `advance(x)`
+    consumes the proposal (False: stop proposing, the grammar ended or refused it); `end()`
+    rolls the proposals back, so the next `begin` only consumes what the target committed."""
+
+    def __init__(self, grammar, start: int):
+        self.matcher = grammar.matcher()
+        self.start = int(start)
+        self._proposed = 0
+
+    def begin(self, context: Sequence[int]) -> bool:
+        """False when the context breaks the grammar (then propose nothing)."""
+        self._proposed = 0
+        return self.matcher.sync(list(context[self.start:]))
+
+    def mask(self, logits) -> np.ndarray:
+        return mask_logits(logits, self.matcher.allowed())
+
+    def advance(self, token: int) -> bool:
+        if int(token) in self.matcher.stop_ids or not self.matcher.consume(token):
+            return False
+        self._proposed += 1
+        return True
+
+    def end(self) -> None:
+        self.matcher.rollback(self._proposed)
+        self._proposed = 0

@@ -1,0 +1,180 @@
+"""Grammars for constrained decoding, over llguidance (a well-kept grammar engine: JSON schema,
+Lark, regex), and the stateful matcher the generation loops and the draft service advance.
+
+A `Grammar` is immutable and shareable: the grammar text (llguidance's JSON form, what the wire
+carries), its id (a hash of that text) and the tokenizer it is compiled against. A
+`GrammarMatcher` is one generation's state: the tokens consumed so far, the mask of tokens
+allowed next (`allowed`), and `sync(tokens)`, which rolls back to the common prefix and consumes
+the rest, so a draft or a target can follow any context cheaply.
+
+Everything that decides *which* token comes out lives in edge/spec/constrained.py (pure
+functions over masks); this module only answers "which tokens may come next".
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Iterable, List, Optional, Sequence
+
+import numpy as np
+
+MAX_GRAMMAR_BYTES = 64 * 1024      # a request's grammar text, past which it is refused (wire, API)
+
+
+class GrammarError(ValueError):
+    """A grammar that cannot be used: malformed, too large, or refused by the engine."""
+
+
+def _llg():
+    import llguidance   # local: a process that never constrains never loads the grammar engine
+    return llguidance
+
+
+def grammar_tokenizer(tokenizer, vocab_size: Optional[int] = None):
+    """llguidance's tokenizer for an edge.model.tokenizer.Tokenizer. vocab_size: the model's
+    logits width when it exceeds the tokenizer's (padding rows are never allowed). Its end of
+    grammar tokens are every end-of-generation id of the tokenizer."""
+    eos = sorted(tokenizer.eos_ids)
+    if not eos:
+        raise GrammarError("the tokenizer names no end-of-generation token: a grammar could never end")
+    return _llg().LLTokenizer(tokenizer.to_json(), n_vocab=vocab_size or tokenizer.vocab_size,
+                              eos_token=eos)
+
+
+# JSON laid out as Python's json.dumps does, no free whitespace: a small model cannot wander off
+# into blank runs (the schema's own "x-guidance" options may still change it)
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def grammar_from_json_schema(schema) -> str:
+    """llguidance's grammar text for a JSON schema (a dict, or its JSON text)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise GrammarError(f"the JSON schema is not valid JSON: {e}") from e
+    if not isinstance(schema, dict):
+        raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+    try:
+        text = _llg().LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+    except (ValueError, TypeError) as e:
+        raise GrammarError(f"the JSON schema cannot be compiled: {e}") from e
+    return _capped(text)
+
+
+def grammar_from_lark(lark: str) -> str:
+    """llguidance's grammar text for a Lark grammar (llguidance's syntax)."""
+    return _capped(_llg().LLMatcher.grammar_from_lark(lark))
+
+
+JSON_OBJECT = {"type": "object"}     # OpenAI's response_format json_object: any JSON object
+
+
+def _capped(text: str) -> str:
+    n = len(text.encode("utf-8"))
+    if n > MAX_GRAMMAR_BYTES:
+        raise GrammarError(f"the grammar is {n} bytes, over the limit of {MAX_GRAMMAR_BYTES}; "
+                           f"send a smaller schema")
+    return text
+
+
+def grammar_id(text: str) -> str:
+    """The id of a grammar text: 16 hex digits of its sha256 (the wire names a grammar by it)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+class Grammar:
+    """A grammar compiled against one tokenizer: `matcher()` starts a generation under it."""
+
+    def __init__(self, text: str, tokenizer):
+        """text: llguidance's grammar text (grammar_from_*); tokenizer: grammar_tokenizer()'s.
+        Raises GrammarError for a grammar over the size cap or one the engine refuses."""
+        if not isinstance(text, str):
+            raise GrammarError("a grammar is a text (llguidance's JSON form)")
+        self.text = _capped(text)
+        self.id = grammar_id(text)
+        self.tokenizer = tokenizer
+        llg = _llg()
+        error = llg.LLMatcher.validate_grammar(text, tokenizer)
+        if error:
+            raise GrammarError(f"the grammar is refused: {error.strip()[:500]}")
+        self.vocab_size = int(tokenizer.vocab_size)
+        self.stop_ids = frozenset(int(t) for t in tokenizer.eos_tokens)
+
+    def matcher(self) -> "GrammarMatcher":
+        return GrammarMatcher(self)
+
+    def __repr__(self) -> str:
+        return f"Grammar(id={self.id}, {len(self.text)} bytes)"
+
+
+class GrammarMatcher:
+    """One generation's grammar state: the tokens consumed (`tokens`), what may come next."""
+
+    def __init__(self, grammar: Grammar):
+        llg = _llg()
+        self.grammar = grammar
+        self._m = llg.LLMatcher(grammar.tokenizer, grammar.text, log_level=0)
+        if self._m.is_error():
+            raise GrammarError(f"the grammar is refused: {self._m.get_error()[:500]}")
+        self.tokens: List[int] = []
+
+    @property
+    def stop_ids(self) -> frozenset:
+        return self.grammar.stop_ids
+
+    def allowed(self) -> np.ndarray:
+        """A bool mask [grammar vocab]: the tokens the grammar allows next (only the stop ids once
+        it is complete). All False in an error state (a token it refused was consumed)."""
+        if self._m.is_error():
+            return np.zeros(self.grammar.vocab_size, dtype=bool)
+        bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[:self.grammar.vocab_size].astype(bool)
+
+    def consume(self, token: int) -> bool:
+        """Advance by one token; False (and nothing consumed) when the grammar refuses it."""
+        token = int(token)
+        if self._m.is_error() or self._m.validate_tokens([token]) != 1:
+            return False
+        if not self._m.consume_token(token):
+            return False
+        self.tokens.append(token)
+        return True
+
+    def consume_all(self, tokens: Iterable[int]) -> int:
+        """Advance through tokens up to the first one refused; returns how many were consumed."""
+        n = 0
+        for t in tokens:
+            if not self.consume(t):
+                break
+            n += 1
+        return n
+
+    def rollback(self, n: int) -> None:
+        """Undo the last n consumed tokens."""
+        if n <= 0:
+            return
+        if n > len(self.tokens) or not self._m.rollback(n):
+            raise GrammarError(f"cannot roll the grammar back {n} tokens ({len(self.tokens)} consumed)")
+        del self.tokens[len(self.tokens) - n:]
+
+    def sync(self, tokens: Sequence[int]) -> bool:
+        """Make the consumed tokens exactly `tokens` (roll back to the common prefix, consume the
+        rest). False when the grammar refuses one of them: it then holds the legal prefix."""
+        mine = self.tokens
+        if len(tokens) >= len(mine) and list(tokens[:len(mine)]) == mine:   # the usual case: it grew
+            keep = len(mine)
+        else:
+            keep = 0
+            for a, b in zip(mine, tokens):
+                if a != int(b):
+                    break
+                keep += 1
+            self.rollback(len(mine) - keep)
+        rest = [int(t) for t in tokens[keep:]]
+        return self.consume_all(rest) == len(rest)
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete and allows nothing but a stop id (or it is in error)."""
+        return self._m.is_stopped()

@@ -23,6 +23,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edge.spec.common_prefix import common_prefix
+from edge.spec.constrained import ConstrainedProposer, legal_drafts, mask_rows
 from edge.spec.drafter import Drafter
 from edge.spec.gamma_rounds import GammaRounds
 from edge.engines.base import Engine
@@ -94,6 +95,11 @@ class ModelDrafter(Drafter):
         self.name = f"model:{engine.fingerprint or engine.name}"
         self._seq: Optional[int] = None
         self._fed: List[int] = []
+        self._proposer: Optional[ConstrainedProposer] = None   # the grammar its proposals follow
+
+    def constrain(self, grammar, start: int) -> None:
+        """Propose under `grammar` (edge/spec/constrained.py) from context position `start` on."""
+        self._proposer = None if grammar is None else ConstrainedProposer(grammar, start)
 
     def _pick(self, logits: np.ndarray, rng: np.random.Generator) -> Tuple[int, Union[np.ndarray, SparseDist]]:
         x, q = pick(logits, self.params, rng, self.top_k)
@@ -124,14 +130,25 @@ class ModelDrafter(Drafter):
         if gamma <= 0 or not context:
             return [], []
         logits = self._sync(context)
+        grammar = self._proposer
+        if grammar is not None and not grammar.begin(context):
+            return [], []
         tokens, qs = [], []
-        for j in range(gamma):
-            x, q = self._pick(logits, rng)
-            tokens.append(x)
-            qs.append(q)
-            if j + 1 < gamma:
-                logits = eng.forward(self._seq, [x])[-1]
-                self._fed.append(x)
+        try:
+            for j in range(gamma):
+                if grammar is not None:          # q is then the masked, renormalised q
+                    logits = grammar.mask(logits)
+                x, q = self._pick(logits, rng)
+                tokens.append(x)
+                qs.append(q)
+                if grammar is not None and not grammar.advance(x):
+                    break                        # the grammar ended here: nothing follows
+                if j + 1 < gamma:
+                    logits = eng.forward(self._seq, [x])[-1]
+                    self._fed.append(x)
+        finally:
+            if grammar is not None:
+                grammar.end()
         return tokens, qs
 
     def probe_step_seconds(self, token: int) -> float:
@@ -243,17 +260,24 @@ class _Run:
 def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
                    params: SamplingParams = GREEDY, stop_ids: Iterable[int] = (),
                    on_token: Optional[Callable[[int], None]] = None,
-                   on_logits: Optional[Callable[[int, np.ndarray], None]] = None) -> GenResult:
-    """Target-only decoding, one target call per generated token."""
+                   on_logits: Optional[Callable[[int, np.ndarray], None]] = None,
+                   grammar=None) -> GenResult:
+    """Target-only decoding, one target call per generated token. grammar: an
+    edge.spec.grammar.Grammar the output follows (its end token stops the generation)."""
     prompt = _check_prompt(prompt_ids, max_new)
     rng = role_rng(params.seed, Role.TARGET)
     run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits)
+    matcher = _start_grammar(grammar, run)
     try:
         while not run.done and run.room() >= 1:
             rows = run.adjusted(run.forward([run.context[-1]])[-1:], params)
+            if matcher is not None:
+                rows = mask_rows(rows, [matcher.allowed()])
             t = pick(rows[0], params, rng)[0]
             run.res.gammas.append(0)
             run.commit([t], rows)
+            if matcher is not None:
+                matcher.sync(run.res.tokens)
     except BaseException:
         target.free(run.seq)
         raise
@@ -264,14 +288,16 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
                          gamma: int, params: SamplingParams = GREEDY, stop_ids: Iterable[int] = (),
                          on_token: Optional[Callable[[int], None]] = None,
                          adaptive: bool = False,
-                         on_logits: Optional[Callable[[int, np.ndarray], None]] = None) -> GenResult:
+                         on_logits: Optional[Callable[[int, np.ndarray], None]] = None,
+                         grammar=None) -> GenResult:
     """Speculative decoding: the drafter proposes, one target call verifies.
 
     The output has exactly the target's distribution (greedy: exactly the
     target's greedy text) whatever the drafter does. gamma is the number of
     drafted tokens per round (>= 1); with adaptive=True it is the largest
     gamma tried and each round picks one in 0..gamma from measured costs
-    (edge/spec/gamma_rounds.py keeps that bookkeeping).
+    (edge/spec/gamma_rounds.py keeps that bookkeeping). With a grammar the target's
+    distribution is the constrained one, and stays exactly that (edge/spec/constrained.py).
     """
     _check_speculative(target, drafter, gamma)
     prompt = _check_prompt(prompt_ids, max_new)
@@ -282,6 +308,8 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     rounds = GammaRounds(drafter.gamma_policy(gamma) if adaptive else None, gamma)
     run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits)
     res = run.res
+    matcher = _start_grammar(grammar, run)
+    drafter.constrain(grammar, len(prompt))
     try:
         _prepare_draft(drafter, rounds, prompt, run)
         while not run.done:
@@ -297,8 +325,12 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
                 drafts, qs, dt = _propose(drafter, run.context, g, draft_rng, target.vocab_size)
                 res.timings.append(CallTiming("draft", len(drafts), dt))
                 rounds.drafted(len(run.context), len(drafts), dt)
+            if matcher is not None:                             # the grammar's legal prefix
+                drafts, qs, masks = legal_drafts(matcher, drafts, qs)
             fed = len(run.context)                              # verify: one target call
             logits = run.adjusted(run.forward([run.context[-1]] + drafts), params, drafts)
+            if matcher is not None:
+                logits = mask_rows(logits, masks)
             rounds.verified(len(drafts) + 1, res.timings[-1].seconds, res.n_verify_calls)
             if params.greedy:
                 n, nxt = verify_greedy(drafts, logits)
@@ -310,11 +342,22 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             if n < len(drafts):
                 target.truncate(run.seq, fed + n)   # drop the rejected drafts' KV
             run.commit(drafts[:n] + [nxt], logits)
+            if matcher is not None:
+                matcher.sync(res.tokens)
             rounds.after_round(drafter, run.context, asked)
     except BaseException:
         target.free(run.seq)
         raise
     return run.finish()
+
+
+def _start_grammar(grammar, run: _Run):
+    """The generation's grammar matcher (None: unconstrained); its end tokens stop the run."""
+    if grammar is None:
+        return None
+    matcher = grammar.matcher()
+    run.stops |= matcher.stop_ids
+    return matcher
 
 
 def _check_speculative(target: Engine, drafter: Drafter, gamma: int) -> None:

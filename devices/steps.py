@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional
 import click
 
 from devices import agent_files as files
+from devices import gpu_confirm
 from devices.artifact_check import Artifact, check_artifact
 from devices.device_checks import FLASH_HELP, DeviceFacts, check_facts, probe_script, recovery_boards
 from devices.install_plan import build_wheel, check_command, describe_size, install_commands, venv_size_command
@@ -220,7 +221,12 @@ class Provisioning:
                   "username": o.username or (self.client_id if o.password_file else None),
                   "password_file": f"{cred}/mqtt.password" if o.password_file else None,
                   "tls_dir": tls_dir, "ctl_key_file": f"{cred}/ctl.key" if o.ctl_key_file else None}
-        return {**values, **o.extra}
+        # where the model runs, from the profile (a GPU profile: explicitly on the GPU; --set overrides)
+        placement = gpu_confirm.placement_values(o.profile, self._backend())
+        return {**values, **placement, **o.extra}
+
+    def _backend(self) -> str:
+        return gpu_confirm.backend_of(self.artifact.backend, str(self._artifact_remote()))
 
     def _write_if_changed(self, path: str, text: str, what: str, sudo: bool = False) -> bool:
         data = text.encode()
@@ -306,6 +312,10 @@ class Provisioning:
                         f"not re-checked (see `journalctl{'' if self.system else ' --user'} -u starsun-agent` "
                         "on the device)")
             self.echo(f"      waiting up to {self.o.timeout:.0f} s for {self.o.role} {self.client_id} on {self.o.hub}")
-            return self.watch.wait(self.o.timeout)
+            joined = self.watch.wait(self.o.timeout)
         finally:
             self.watch.close()
+        # the final check: the agent's own start line says where its model runs (a wrong build fails here)
+        where = gpu_confirm.confirm_on_gpu(self.remote, self.o.profile, self._backend(), self.system,
+                                           self.facts.systemd)
+        return f"{joined}; {where}"

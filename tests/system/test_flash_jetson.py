@@ -127,6 +127,7 @@ def test_provision_lands_files_joins_the_hub_and_a_second_run_changes_nothing(de
         for n in range(1, 11):
             assert f"[{n}/10]" in out
         assert "systemd is not running on the device" in out and START + cmd in out
+        assert 'CPU profile: the model runs on the CPU (device = "cpu")' in out     # the final placement check
 
         root = device.home / "starsun"
         assert sha256_file(root / "artifacts" / smol.name) == sha256_file(smol)
@@ -134,7 +135,8 @@ def test_provision_lands_files_joins_the_hub_and_a_second_run_changes_nothing(de
         cfg = (root / "agent.toml").read_text()
         for line in ('role = "draft"', f'hub = "{hub.url}"', 'client_id = "flash-draft"', 'backend = "llamacpp"',
                      f'model = "{root}/artifacts/{smol.name}"', 'profile = "cpu-2core"', "max_len = 256",
-                     "threads = 1", 'username = "flash-draft"', f'password_file = "{root}/credentials/mqtt.password"'):
+                     "threads = 1", 'username = "flash-draft"', f'password_file = "{root}/credentials/mqtt.password"',
+                     'device = "cpu"'):         # the profile's placement (devices/gpu_confirm.py)
             assert line in cfg.splitlines(), cfg
         pw = root / "credentials/mqtt.password"
         assert pw.read_text() == secret.read_text() and oct(pw.stat().st_mode & 0o777) == "0o600"

@@ -7,13 +7,22 @@ decoder; tokens stream back and are decoded here with the base model's
 tokenizer (every specialist shares it: they are tuned from one base). GET
 /v1/models lists the tasks some prefill worker serves right now. Requests run
 concurrently; the shared decoder batches them.
+
+Fields: the shared rule of edge/api/fields.py under the SUN_HUB profile (no
+logprobs, no penalties: the decoder streams tokens only). A request the star
+cannot take now -- no decoder online, every decoder full, its worker lost, no
+answer in time -- is a 503 with Retry-After; a bad one a 400.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from edge.api.openai_http import OpenAIServer
-from edge.sun.client import SunClient
+from edge.api.fields import SUN_HUB, BadRequest
+from edge.api.openai_http import OpenAIServer, Unavailable
+from edge.sun.client import SunClient, SunRequestError
+from edge.wire.protocol import E_BAD_REQUEST
+
+RETRY_AFTER_S = 5         # what a 503 asks the client to wait: a decoder (re)joins within seconds
 
 
 def start_sun_http(hub, tokenizer, host: str = "127.0.0.1", port: int = 8080,
@@ -24,10 +33,18 @@ def start_sun_http(hub, tokenizer, host: str = "127.0.0.1", port: int = 8080,
     client = SunClient(hub.link, hub.hub_id).start()
 
     def generate(ids, max_new, params, stop_ids=(), on_token=None, model=None):
-        return client.stream(model, ids, max_new, params, stop_ids, on_token, timeout=timeout)
+        try:
+            return client.stream(model, ids, max_new, params, stop_ids, on_token, timeout=timeout)
+        except SunRequestError as e:
+            if e.code == E_BAD_REQUEST:
+                raise BadRequest(e.message) from None
+            raise Unavailable(f"the SUN star cannot serve task {model!r} now ({e.code}): {e.message}",
+                              RETRY_AFTER_S) from None
+        except TimeoutError as e:
+            raise Unavailable(str(e), RETRY_AFTER_S) from None
 
     server = OpenAIServer(generate, tokenizer, model_name="sun", host=host, port=port, context=context,
-                          models=hub.router.tasks)
+                          models=hub.router.tasks, profile=SUN_HUB)
     stop = server.stop
 
     def stop_both() -> None:

@@ -8,6 +8,11 @@ engine. One generation runs at a time (the target serialises them); a client
 that disconnects mid-stream stops its generation. With `models` it fronts
 several models -- the hub's SUN tasks: "model" names the task, generations run
 concurrently (the shared decoder batches them) and generate gets model=.
+
+Which request fields each endpoint honours is one table, edge/api/fields.py
+(docs/api.md); `profile` says what this endpoint's generation can do. A
+generate that raises Unavailable (no decoder online, overloaded) answers 503
+with Retry-After -- also for a stream, whose headers wait for its first token.
 """
 from __future__ import annotations
 
@@ -20,14 +25,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from contextlib import nullcontext
 from typing import Callable, List, Optional
 
-from edge.spec.sampling import SamplingParams
+from edge.api.fields import TARGET, BadRequest, Profile
+from edge.api.logprobs import LogprobRecorder
+from edge.api.request import Request, parse_request
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20
 
 
-class BadRequest(ValueError):
-    pass
+__all__ = ["BadRequest", "OpenAIServer", "StopText", "Unavailable"]
+
+
+class Unavailable(RuntimeError):
+    """Raised by generate when the service cannot take the request now: a 503 with Retry-After."""
+
+    def __init__(self, message: str, retry_after: int = 5):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class _Stop(Exception):
@@ -67,22 +81,6 @@ class StopText:
         return out
 
 
-def _num(body: dict, key: str, default, lo, hi, kind=float):
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise BadRequest(f"'{key}' must be a number in [{lo}, {hi}], got {v!r}")
-    return kind(v)
-
-
-def _seed(body: dict) -> Optional[int]:
-    v = body.get("seed")
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 63):
-        raise BadRequest(f"'seed' must be an integer in [0, 2**63), got {str(v)[:40]}")
-    return v
-
-
 MODEL_SUFFIXES = (".gguf", ".onnx", ".safetensors", ".pt", ".bin")
 
 
@@ -97,13 +95,14 @@ def served_model_id(model: str) -> str:
 
 
 class OpenAIServer:
-    """Serve `generate(prompt_ids, max_new, params, stop_ids, on_token) -> GenResult`."""
+    """Serve `generate(prompt_ids, max_new, params, stop_ids, on_token[, on_logits]) -> GenResult`."""
 
     def __init__(self, generate: Callable, tokenizer, model_name: str, host: str = "127.0.0.1",
                  port: int = 8000, max_tokens_cap: int = 4096, context: Optional[int] = None,
-                 models: Optional[Callable[[], List[str]]] = None):
+                 models: Optional[Callable[[], List[str]]] = None, profile: Profile = TARGET):
+        """profile: what generate can honour (edge/api/fields.py); TARGET's generate takes on_logits."""
         self.generate, self.tok, self.model_name = generate, tokenizer, served_model_id(model_name)
-        self.max_tokens_cap, self.context = max_tokens_cap, context
+        self.max_tokens_cap, self.context, self.profile = max_tokens_cap, context, profile
         self.models = models                  # None: one model, one generation at a time
         self.lock = threading.Lock()
         server = self
@@ -131,84 +130,56 @@ class OpenAIServer:
         self.httpd.server_close()
 
     # ---- request -> generation ----
-    def parse(self, body: dict, chat: bool) -> tuple:
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
+    def parse(self, body, chat: bool) -> Request:
         model = self.model_name
-        if self.models is not None:
+        if self.models is not None and isinstance(body, dict):
             have = sorted(self.models())
             model = body.get("model")
-            if model not in have:
-                raise BadRequest(f"unknown model {model!r}: this endpoint serves {', '.join(have) or 'nothing yet'}"
-                                 " (GET /v1/models)")
-        if body.get("n", 1) != 1:
-            raise BadRequest("only n=1 is supported")
-        if chat:
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs or not all(
-                    isinstance(m, dict) and isinstance(m.get("content"), str)
-                    and isinstance(m.get("role"), str) for m in msgs):
-                raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
-            try:
-                ids = self.tok.encode(self.tok.apply_chat_template(msgs))
-            except ValueError as e:
-                raise BadRequest(str(e)) from None
-        else:
-            p = body.get("prompt")
-            if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-                p = p[0]
-            if isinstance(p, str):
-                ids = self.tok.encode(p, add_special=True)
-            elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                ids = list(p)
-                vocab = getattr(self.tok, "vocab_size", 0)
-                if vocab and not all(0 <= t < vocab for t in ids):   # else the engine fails: a 500
-                    raise BadRequest(f"'prompt' token ids must be in [0, {vocab}) (this model's vocabulary)")
-            else:
-                raise BadRequest("'prompt' must be a string or a list of token ids")
-        if not ids:
-            raise BadRequest("the prompt encodes to no tokens")
-        mt = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_new = _num({"max_tokens": mt}, "max_tokens", 256 if chat else 16, 1, self.max_tokens_cap, int)
-        if self.context and len(ids) + max_new > self.context:
-            raise BadRequest(f"the prompt has {len(ids)} tokens; with max_tokens={max_new} it exceeds the "
-                             f"context of {self.context}")
-        params = SamplingParams(temperature=_num(body, "temperature", 1.0, 0.0, 2.0),
-                                top_p=_num(body, "top_p", 1.0, 1e-6, 1.0),
-                                top_k=_num(body, "top_k", 0, 0, 4096, int),
-                                seed=_seed(body))
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
-            raise BadRequest("'stop' must be a string or a list of at most 4 strings")
-        return ids, max_new, params, stop, model
+            if not isinstance(model, str) or model not in have:
+                raise BadRequest(f"unknown model {str(model)[:80]!r}: this endpoint serves "
+                                 f"{', '.join(have) or 'nothing yet'} (GET /v1/models)", "model")
+        return parse_request(body, chat, self.tok, model, self.profile, self.max_tokens_cap, self.context)
 
-    def run(self, ids, max_new, params, stop, emit: Callable[[str], None], model: Optional[str] = None) -> tuple:
-        """Generate, calling emit(text) as text becomes final; -> (text, n_tokens, finish_reason)."""
+    def run(self, req: Request, emit: Callable[[str, list], None],
+            recorder: Optional[LogprobRecorder] = None) -> tuple:
+        """Generate, calling emit(text, logprob entries) as text becomes final;
+        -> (text, n_tokens, finish_reason)."""
         stream = self.tok.decode_stream(skip_special=True)
-        cut = StopText(stop)
+        cut = StopText(req.stop)
         n = [0]
+
+        def take() -> list:
+            return recorder.take() if recorder is not None else []
 
         def on_token(t: int) -> None:
             n[0] += 1
             out = cut.feed(stream.put(t))
             if out:
-                emit(out)
+                emit(out, take())
             if cut.hit:
                 raise _Stop()
         finish = "length"
-        kw = {} if self.models is None else {"model": model}
+        kw = {} if self.models is None else {"model": req.model}
+        if recorder is not None:
+            kw["on_logits"] = recorder.on_logits
         with self.lock if self.models is None else nullcontext():
             try:
-                res = self.generate(ids, max_new, params, stop_ids=tuple(self.tok.eos_ids), on_token=on_token,
-                                    **kw)
+                res = self.generate(req.ids, req.max_new, req.params, stop_ids=tuple(self.tok.eos_ids),
+                                    on_token=on_token, **kw)
                 finish = "stop" if res.finish_reason == "stop" else "length"
             except _Stop:
                 finish = "stop"
         rest = cut.flush()
-        if rest:
-            emit(rest)
+        if rest or (recorder is not None and recorder.pending):
+            emit(rest, take())
         return cut.text, n[0], finish
+
+    def recorder(self, req: Request) -> Optional[LogprobRecorder]:
+        return None if req.logprobs is None else LogprobRecorder(self.tok, req.logprobs)
+
+
+def _usage(req: Request, n: int) -> dict:
+    return {"prompt_tokens": len(req.ids), "completion_tokens": n, "total_tokens": len(req.ids) + n}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -218,16 +189,22 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args) -> None:
         log.debug("http %s", fmt % args)
 
-    def _json(self, code: int, obj: dict) -> None:
+    def _json(self, code: int, obj: dict, headers: Optional[dict] = None) -> None:
         data = json.dumps(obj).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(self, code: int, message: str, kind: str = "invalid_request_error") -> None:
-        self._json(code, {"error": {"message": message, "type": kind, "param": None, "code": None}})
+    def _error(self, code: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None,
+               headers: Optional[dict] = None) -> None:
+        self._json(code, {"error": {"message": message, "type": kind, "param": param, "code": None}}, headers)
+
+    def _unavailable(self, e: Unavailable) -> None:
+        self._error(503, str(e)[:1000], "service_unavailable", headers={"Retry-After": str(e.retry_after)})
 
     def do_GET(self) -> None:
         if self.path.rstrip("/") == "/v1/models":
@@ -239,6 +216,17 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, f"no route {self.path}; try /v1/completions or /v1/chat/completions")
 
+    def _read_body(self):
+        size = int(self.headers.get("Content-Length") or 0)
+        if size > MAX_BODY:
+            raise BadRequest(f"request body over {MAX_BODY} bytes")
+        if size < 0:                      # read(-1) would wait for the client to close
+            raise BadRequest("Content-Length must not be negative")
+        data = self.rfile.read(size)
+        if len(data) < size:
+            raise BadRequest(f"the body ended after {len(data)} of its {size} bytes (Content-Length)")
+        return json.loads(data or b"{}")
+
     def do_POST(self) -> None:
         path = self.path.rstrip("/")
         if path not in ("/v1/completions", "/v1/chat/completions"):
@@ -246,74 +234,116 @@ class _Handler(BaseHTTPRequestHandler):
             return
         chat = path.endswith("chat/completions")
         try:
-            size = int(self.headers.get("Content-Length") or 0)
-            if size > MAX_BODY:
-                raise BadRequest(f"request body over {MAX_BODY} bytes")
-            if size < 0:                      # read(-1) would wait for the client to close
-                raise BadRequest("Content-Length must not be negative")
-            data = self.rfile.read(size)
-            if len(data) < size:
-                raise BadRequest(f"the body ended after {len(data)} of its {size} bytes (Content-Length)")
-            body = json.loads(data or b"{}")
-            ids, max_new, params, stop, model = self.owner.parse(body, chat)
+            req = self.owner.parse(self._read_body(), chat)
         except (BadRequest, ValueError, RecursionError) as e:   # RecursionError: JSON nested too deep
             self.close_connection = True      # what is left of the body would be read as a request
-            self._error(400, str(e)[:1000] or "the JSON body is nested too deep")
+            self._error(400, str(e)[:1000] or "the JSON body is nested too deep", param=getattr(e, "param", None),
+                        headers={"Connection": "close"})     # so that a client does not reuse the socket
             return
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        head = {"id": rid, "created": int(time.time()), "model": model}
-        if body.get("stream"):
-            self._stream(head, chat, ids, max_new, params, stop, model)
-            return
+        head = {"id": rid, "created": int(time.time()), "model": req.model}
+        if req.stream:
+            _Stream(self, head, req).run()
+        else:
+            self._answer(head, req)
+
+    def _answer(self, head: dict, req: Request) -> None:
+        rec = self.owner.recorder(req)
         try:
-            text, n, finish = self.owner.run(ids, max_new, params, stop, lambda s: None, model)
+            text, n, finish = self.owner.run(req, lambda s, lp: None, rec)
+        except Unavailable as e:
+            self._unavailable(e)
+            return
+        except BadRequest as e:               # found out only by the generator (the SUN router)
+            self._error(400, str(e)[:1000], param=e.param)
+            return
         except Exception as e:  # an engine error: tell the client, keep serving
             log.exception("generation failed")
             self._error(500, f"generation failed: {e}", "server_error")
             return
-        usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-            self._json(200, {**head, "object": "chat.completion", "choices": [choice], "usage": usage})
+        if req.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                      "logprobs": rec.chat(rec.entries) if rec else None}
+            self._json(200, {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(req, n)})
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            self._json(200, {**head, "object": "text_completion", "choices": [choice], "usage": usage})
+            choice = {"index": 0, "text": text, "finish_reason": finish,
+                      "logprobs": rec.completion(rec.entries) if rec else None}
+            self._json(200, {**head, "object": "text_completion", "choices": [choice], "usage": _usage(req, n)})
 
-    def _stream(self, head, chat, ids, max_new, params, stop, model=None) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def send(choice: dict) -> None:
-            data = json.dumps({**head, "object": obj, "choices": [choice]})
-            try:
-                self.wfile.write(f"data: {data}\n\n".encode())
-                self.wfile.flush()
-            except OSError:
-                raise _Stop() from None              # the client left: stop generating
+class _Stream:
+    """One streamed answer. Its 200 and headers go out with the first chunk, so that a generate
+    refused before any token (Unavailable) can still answer 503."""
 
-        def delta(text: str, finish=None) -> dict:
-            if chat:
-                return {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish}
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def __init__(self, handler: _Handler, head: dict, req: Request):
+        self.h, self.head, self.req = handler, head, req
+        self.obj = "chat.completion.chunk" if req.chat else "text_completion"
+        self.rec = handler.owner.recorder(req)
+        self.started = False
+        self.offset = 0                       # completions' text_offset: characters sent so far
+
+    def _start(self) -> None:
+        h = self.h
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        self.started = True
+        if self.req.chat:
+            self.send({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                       "finish_reason": None})
+
+    def send(self, choice: Optional[dict], usage: Optional[dict] = None) -> None:
+        if not self.started:
+            self._start()
+        chunk = {**self.head, "object": self.obj, "choices": [choice] if choice else []}
+        if self.req.include_usage:
+            chunk["usage"] = usage            # null on every chunk but the last (as OpenAI)
         try:
-            if chat:
-                send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-            _, _, finish = self.owner.run(ids, max_new, params, stop, lambda s: send(delta(s)), model)
-            send(delta("", finish))
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-        except _Stop:
-            return
+            self.h.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.h.wfile.flush()
         except OSError:
+            raise _Stop() from None              # the client left: stop generating
+
+    def delta(self, text: str, entries: list, finish=None) -> dict:
+        if self.req.chat:
+            lp = self.rec.chat(entries) if self.rec else None
+            return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": lp, "finish_reason": finish}
+        lp = self.rec.completion(entries, self.offset) if self.rec else None
+        self.offset += len(text)
+        return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+
+    def run(self) -> None:
+        try:
+            _, n, finish = self.h.owner.run(self.req, lambda s, lp: self.send(self.delta(s, lp)), self.rec)
+            self.send(self.delta("", [], finish))
+            if self.req.include_usage:
+                self.send(None, _usage(self.req, n))
+            self.h.wfile.write(b"data: [DONE]\n\n")
+            self.h.wfile.flush()
+        except (_Stop, OSError):
             return
+        except Unavailable as e:
+            if not self.started:
+                self.h._unavailable(e)
+                return
+            self._fail(e)
+        except BadRequest as e:
+            if not self.started:
+                self.h._error(400, str(e)[:1000], param=e.param)
+                return
+            self._fail(e)
         except Exception as e:
             log.exception("generation failed")
-            try:
-                self.wfile.write(f"data: {json.dumps({'error': {'message': str(e)}})}\n\n".encode())
-            except OSError:
-                pass
+            if not self.started:
+                self.h._error(500, f"generation failed: {e}", "server_error")
+                return
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        try:
+            self.h.wfile.write(f"data: {json.dumps({'error': {'message': str(e)}})}\n\n".encode())
+        except OSError:
+            pass

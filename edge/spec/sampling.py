@@ -154,7 +154,8 @@ def adjust_logits(rows, params: SamplingParams, context: Sequence[int], n_prompt
     bias = np.array([b for t, b in params.logit_bias if t < vocab], dtype=np.float64)
     counts = np.bincount(np.asarray(context[n_prompt:], dtype=np.int64), minlength=vocab)[:vocab]
     seen = np.zeros(vocab, dtype=bool)
-    seen[np.asarray(context, dtype=np.int64)] = True
+    ctx = np.asarray(context, dtype=np.int64)
+    seen[ctx[ctx < vocab]] = True                    # a prompt id past the logits has no logit to penalise
     for j in range(out.shape[0]):
         if j:                                            # the draft before this row is in its context
             counts[drafts[j - 1]] += 1

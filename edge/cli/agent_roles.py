@@ -57,8 +57,9 @@ def run_draft(core, tok, link, service_id, ctl_key=None, tele: Optional[Telemetr
 
 
 def run_sun(role, link, directory, worker_id, sun, threads, backend, ctl_key=None,
-            tele: Optional[TelemetrySettings] = None) -> None:
-    """sun: the worker's SunSettings (task, max_batch, max_sequences, max_queue, stop_ids)."""
+            tele: Optional[TelemetrySettings] = None, engine_kw=None) -> None:
+    """sun: the worker's SunSettings (task, max_batch, max_sequences, max_queue, stop_ids); engine_kw:
+    where its engine runs (Placement.engine_kwargs())."""
     from edge.engines.base import EngineError
     from edge.wire.link import LinkError
     from edge.model.sun_error import SunError
@@ -67,7 +68,7 @@ def run_sun(role, link, directory, worker_id, sun, threads, backend, ctl_key=Non
     try:
         node = open_node(role, link, directory, worker_id, task=sun.task, threads=threads, max_batch=sun.max_batch,
                          stop_ids=sun.stop_ids, backend=backend, ctl_key=ctl_key,
-                         max_sequences=sun.max_sequences, max_queue=sun.max_queue)
+                         max_sequences=sun.max_sequences, max_queue=sun.max_queue, engine_kw=engine_kw)
     except (SunError, OSError, EngineError) as e:
         raise click.ClickException(f"--module {directory}: {e}") from None
     except LinkError as e:
@@ -88,24 +89,31 @@ def run_sun(role, link, directory, worker_id, sun, threads, backend, ctl_key=Non
 
 
 def open_node(role, link, directory, worker_id, task=None, threads=None, max_batch=64, stop_ids=(),
-              ctl_key=None, backend="torch", max_sequences=DEFAULT_MAX_SEQUENCES, max_queue=DEFAULT_MAX_QUEUE):
+              ctl_key=None, backend="torch", max_sequences=DEFAULT_MAX_SEQUENCES, max_queue=DEFAULT_MAX_QUEUE,
+              engine_kw=None):
     """The node factory of `edge-agent run --role prefill|decoder`: load the specialist (prefill) or
-    the shared decoder (decoder) from its directory, set the node's will on `link`, connect, start."""
+    the shared decoder (decoder) from its directory, set the node's will on `link`, connect, start.
+    engine_kw: where its engine runs (Placement.engine_kwargs())."""
     from edge.wire.protocol import sun_hello_topic
 
     if role == "prefill":
         from edge.sun.prefill import PrefillWorker
         from edge.sun.prefill_node import PrefillNode
-        node = PrefillNode(PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend,
-                                                  max_queue=max_queue), link, worker_id, ctl_key=ctl_key)
+        worker = PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend, max_queue=max_queue,
+                                        engine_kw=engine_kw)
+        engine = worker.engine
+        node = PrefillNode(worker, link, worker_id, ctl_key=ctl_key)
     elif role == "decoder":
         from edge.sun.decoder import SharedDecoder
         from edge.sun.decoder_node import DecoderNode
         dec = SharedDecoder.from_dir(directory, threads=threads, max_batch=max_batch, stop_ids=stop_ids,
-                                     name=worker_id, backend=backend, max_sequences=max_sequences)
+                                     name=worker_id, backend=backend, max_sequences=max_sequences,
+                                     engine_kw=engine_kw)
+        engine = dec.engine
         node = DecoderNode(dec, link, worker_id, ctl_key=ctl_key)
     else:
         raise ValueError(f"role must be 'prefill' or 'decoder', got {role!r}")
+    click.echo(f"loaded {directory} on {engine.name}: {engine.where()}", err=True)
     link.set_will(sun_hello_topic(worker_id), node.will())
     link.connect(timeout=10)
     return node.start()

@@ -153,11 +153,13 @@ def start_role(cfg: AgentConfig) -> None:
     memory budget is refused first), then run it on the star until a signal."""
     m = cfg.model
     if cfg.role in SUN_ROLES:             # the module dir carries its own model
+        from edge.cli.placing import place_model
         backend = "torch" if m.backend == "auto" else m.backend
+        placement = place_model(m.module_dir, backend, cfg.role, m.device, m.gpu_layers, m.profile)
         check_before_load(cfg.role, m.module_dir, backend, None, m.profile, m.memory_budget,
-                          max_batch=cfg.sun.max_batch)
+                          max_batch=cfg.sun.max_batch, placement=placement)
         run_sun(cfg.role, cfg.broker.link(), m.module_dir, cfg.client_id, cfg.sun, m.threads, backend,
-                cfg.ctl_key, cfg.telemetry)
+                cfg.ctl_key, cfg.telemetry, engine_kw=placement.engine_kwargs())
     elif cfg.role == "draft":
         core, tok = build_draft(cfg.draft, cfg.client_id, lambda: _open_planned(cfg))
         run_draft(core, tok, cfg.broker.link(), cfg.client_id, cfg.ctl_key, cfg.telemetry)

@@ -78,12 +78,14 @@ class PrefillWorker:
     @classmethod
     def from_dir(cls, directory, task: Optional[str] = None, threads: Optional[int] = None,
                  kv_dtype: str = "float16", backend: str = "torch",
-                 max_queue: int = DEFAULT_MAX_QUEUE) -> "PrefillWorker":
+                 max_queue: int = DEFAULT_MAX_QUEUE, engine_kw: Optional[dict] = None) -> "PrefillWorker":
         """Load a specialist written by `edge-export tune` (SUN, QSUN or full-FT), or its prefill
-        artifact from a bundle (`edge-export bundle DIR OUT --onnx prefill`) on backend onnx/llamacpp."""
+        artifact from a bundle (`edge-export bundle DIR OUT --onnx prefill`) on backend onnx/llamacpp.
+        engine_kw: where it runs (edge/engines/placement.py's Placement.engine_kwargs())."""
         from edge.model.sun_error import SunError
+        engine_kw = dict(engine_kw or {})
         if backend != "torch":
-            engine = _bundle_engine(directory, backend, "prefill", threads)
+            engine = _bundle_engine(directory, backend, "prefill", threads, **engine_kw)
             fp = engine.artifact.get("decoder_fingerprint")
             if not fp:
                 raise SunError(f"{directory}: artifact {engine.artifact['name']!r} is not a SUN prefill module "
@@ -95,7 +97,7 @@ class PrefillWorker:
         fp = man.get("decoder_fingerprint")
         if not fp:
             raise SunError(f"{directory}: the manifest names no decoder_fingerprint; re-run the tuning")
-        engine = TorchEngine(model, fingerprint=fp, threads=threads)
+        engine = TorchEngine(model, fingerprint=fp, threads=threads, device=engine_kw.get("device"))
         return cls(engine, task or man.get("task", "task"), kv_dtype=kv_dtype, max_queue=max_queue)
 
     def prefill(self, prompt: Sequence[int], request_id: Optional[str] = None,

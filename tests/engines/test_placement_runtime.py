@@ -84,3 +84,17 @@ def test_torch_device_from_the_loader(tmp_path):
         eng = load_engine(d, backend="torch", dtype="bfloat16", device=device)
         assert eng.device == torch.device("cpu") and eng.dtype == torch.bfloat16
         assert next(eng.model.parameters()).device == eng.device
+
+
+def test_sun_decoder_takes_the_placements_engine_arguments(tmp_path):
+    """The hub's and the agent's SUN decoder load on the placement's device (SharedDecoder.from_dir)."""
+    from edge.model.sun_modules import weights_fingerprint
+    from edge.sun.decoder import SharedDecoder
+    from export.tune import save_decoder
+    from harness.tiny_models import tiny_model
+    m = tiny_model()
+    d = save_decoder(tmp_path / "decoder", m, "fp32", weights_fingerprint(m))
+    p = decide_placement("torch", "cpu", None, None, None)
+    dec = SharedDecoder.from_dir(d, engine_kw=p.engine_kwargs())
+    assert dec.engine.device == torch.device("cpu")
+    assert next(dec.engine.model.parameters()).device.type == "cpu"

@@ -125,8 +125,7 @@ def _make_hub(cfg: HubConfig):
     if cfg.draft is not None:
         core, tok = build_draft(cfg.draft, f"{cfg.hub_id}-draft",
                                 lambda: open_model_for_command(cfg.draft.model, cfg.dtype, cfg.threads, cfg.max_len,
-                                                               role="draft", device=cfg.device,
-                                                               gpu_layers=cfg.gpu_layers))
+                                                               device=cfg.device, gpu_layers=cfg.gpu_layers))
     else:
         click.echo("no --draft-model: this hub only routes to draft services on devices "
                    "(`edge-agent run --role draft`)", err=True)

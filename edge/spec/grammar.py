@@ -18,7 +18,10 @@ from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 
-MAX_GRAMMAR_BYTES = 64 * 1024      # a request's grammar text, past which it is refused (wire, API)
+from edge.wire.fields import MAX_GRAMMAR_BYTES   # one cap: the API's, the wire's, the draft's
+
+__all__ = ["MAX_GRAMMAR_BYTES", "Grammar", "GrammarError", "GrammarMatcher", "grammar_from_json_schema",
+           "grammar_from_lark", "grammar_id", "grammar_tokenizer"]
 
 
 class GrammarError(ValueError):

@@ -54,6 +54,7 @@ class DraftSession:
         self.last_served = 0.0
         self.ahead_cap = 0                   # chain end draft-ahead aims for
         self.kv = 0                          # KV bytes the engine holds for it (reserved ahead of a step)
+        self.grammar = None                  # the SessionGrammar its drafts follow (edge/star/draft_grammar.py)
         self.closed = False
 
     def unsure(self, p_min: float) -> bool:

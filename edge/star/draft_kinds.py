@@ -15,15 +15,17 @@ DRAFT_KINDS = ("model", "suffix", "hybrid")
 
 
 def make_draft_core(kind: str, engine=None, limits: Optional[DraftLimits] = None, name: str = "draft",
-                    vocab_size: Optional[int] = None, suffix_cfg=None, min_score: Optional[float] = None):
-    """The draft core for `kind` (a DraftService-like object for DraftNode)."""
+                    vocab_size: Optional[int] = None, suffix_cfg=None, min_score: Optional[float] = None,
+                    grammar_tokenizer=None):
+    """The draft core for `kind` (a DraftService-like object for DraftNode). grammar_tokenizer: the
+    model draft's tokenizer for grammars (edge/star/draft_grammar.py); None: drafts unconstrained."""
     if kind not in DRAFT_KINDS:
         raise ValueError(f"draft kind must be one of {', '.join(DRAFT_KINDS)}, got {kind!r}")
     if kind in ("model", "hybrid") and engine is None:
         raise ValueError(f"a {kind} draft needs a draft model (engine); `suffix` runs without one")
     if kind == "model":
         from edge.star.draft_service import DraftService
-        return DraftService(engine, limits, name=name)
+        return DraftService(engine, limits, name=name, grammar_tokenizer=grammar_tokenizer)
     if kind == "suffix":
         from edge.star.suffix_service import SuffixDraftService
         vocab = vocab_size if vocab_size is not None else getattr(engine, "vocab_size", None)
@@ -33,5 +35,6 @@ def make_draft_core(kind: str, engine=None, limits: Optional[DraftLimits] = None
                                   fingerprint=getattr(engine, "fingerprint", ""))
     from edge.star.draft_service import DraftService
     from edge.star.hybrid_service import MIN_SCORE, HybridDraftService
-    return HybridDraftService(DraftService(engine, limits, name=name), suffix_cfg,
+    return HybridDraftService(DraftService(engine, limits, name=name, grammar_tokenizer=grammar_tokenizer),
+                              suffix_cfg,
                               min_score=MIN_SCORE if min_score is None else min_score, name=name)

@@ -30,6 +30,9 @@ guess of the target's bonus, and when the target agrees the next answer is ready
 tokens are sent depends only on the draft's own distributions, so the output is still exactly
 the target's.
 
+A request's grammar (constrained output) masks the row of each of its session's proposals:
+edge/star/draft_grammar.py.
+
 Batch coalescing (edge/star/batch_hold.py, `DraftLimits.coalesce`): with requests pending
 and sessions just served due back within the batch's fixed cost, the step waits for them
 (the loop sleeps until `wake_in`), so turns of half-size batches merge into one.
@@ -60,6 +63,7 @@ from edge.engines.base import Engine, EngineError
 from edge.wire.protocol import E_INTERNAL, E_OVERLOADED, DraftRequest, DraftResponse, Error
 from edge.star.batch_hold import BatchHold
 from edge.star.draft_chain import BatchItem, DraftSession, confidence, sure_prefix
+from edge.star.draft_grammar import DraftGrammars
 from edge.star.draft_limits import DraftLimits, DraftRefused
 from edge.star.draft_sessions import DraftSessions
 from edge.runtime.isolated_step import step_isolated
@@ -73,7 +77,9 @@ class DraftService(DraftSessions):
     admits sessions from its own); the engine is used only by `step`, which one loop calls."""
 
     def __init__(self, engine: Engine, limits: Optional[DraftLimits] = None,
-                 clock: Callable[[], float] = time.monotonic, name: str = "draft"):
+                 clock: Callable[[], float] = time.monotonic, name: str = "draft",
+                 grammar_tokenizer=None):
+        """grammar_tokenizer: for requests with a grammar (None: unconstrained drafts), draft_grammar.py."""
         limits = limits or DraftLimits()
         cap = getattr(engine, "capacity", None)
         if cap is not None and cap < limits.max_sessions:
@@ -91,6 +97,7 @@ class DraftService(DraftSessions):
         self.hold = BatchHold() if limits.coalesce and not limits.join else None
         self._prefilled = False                 # the batch being served fed a prompt
         self._batch: List[BatchItem] = []       # requests being served (in flight between steps with join)
+        self.grammars = DraftGrammars(grammar_tokenizer)
 
     # ---- sessions (the table and Q_in: edge/star/draft_sessions.py) ----
     def _new_session(self, sid: str) -> DraftSession:
@@ -229,11 +236,13 @@ class DraftService(DraftSessions):
     def _prepare(self, s: DraftSession, req: DraftRequest, t_in: float) -> Optional[BatchItem]:
         lim = self.limits
         self._check_request(s, req, len(s.fed))
+        self.grammars.apply(s, req, self.stats)
         T_len = req.keep + len(req.append)
         gamma = max(0, min(req.gamma, self.engine.max_len - T_len + 1))
         params = SamplingParams.from_wire(req.sampling)
         k = self._q_k(params)
         mode = (params.temperature, params.top_k, params.top_p, k) if not params.greedy else ("greedy",)
+        mode += (req.grammar_id, req.grammar_from)  # a chain drafted under another grammar is no use
         if gamma == 0:                             # nothing to draft: the state stays as it is
             return BatchItem(s, req, [], 0, params, k, t_in)
         # the most it holds while served: T + drafts[:-1], as the engine allocates it. Reserved
@@ -308,10 +317,21 @@ class DraftService(DraftSessions):
                     continue
                 w.sess.fed.append(t)
                 if not w.feed:
-                    x, q = pick(row, w.params, w.sess.rng, w.k)
-                    # a request may only loosen the service's stop: with none, no confidence is read
-                    w.sess.chain.append((x, q, confidence(row, q) if self.limits.p_min else 1.0))
+                    self._propose(w, row)
         return steps
+
+    def _propose(self, w: BatchItem, row) -> None:
+        """Draw the session's next draft from its row (masked by its grammar, if it has one)."""
+        s, grammar = w.sess, w.sess.grammar
+        row = row if grammar is None else grammar.mask(s.fed, row)
+        if row is None:                      # the grammar allows nothing here: answer what there is
+            w.stop()
+            return
+        x, q = pick(row, w.params, s.rng, w.k)
+        # a request may only loosen the service's stop: with none, no confidence is read
+        s.chain.append((x, q, confidence(row, q) if self.limits.p_min else 1.0))
+        if grammar is not None and grammar.ends(x):
+            w.stop()                         # the text ends here: nothing after it to draft
 
     def _p_min(self, req: Optional[DraftRequest]) -> float:
         """The confidence stop for a request: this service's, or the request's own where that is

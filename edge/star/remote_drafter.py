@@ -34,7 +34,8 @@ from edge.spec.remote_gamma import GammaPricing, RemoteGamma, RoundTrips, Wait
 from edge.spec.sampling import SamplingParams, SparseDist
 from edge.star.remote_round import Backoff, Deadline, DraftHeld, DrafterStats, Outstanding
 from edge.star.session import HubClient, JoinRefused, Session
-from edge.wire.protocol import E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, MAX_GAMMA, DraftResponse, Error
+from edge.wire.protocol import (E_BAD_GRAMMAR, E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, MAX_GAMMA,
+                                DraftResponse, Error)
 
 __all__ = ["Deadline", "DrafterStats", "RemoteDrafter"]
 log = logging.getLogger(__name__)
@@ -76,6 +77,12 @@ class RemoteDrafter(Drafter):
         self.policy: Optional[RemoteGamma] = None   # the adaptive γ's, when there is one: its p_min goes out
         self._wait: Optional[Wait] = None           # this round's, while draft() runs
         self._probe: Optional[tuple] = None    # (L, drafts, asked): a background answer not yet scored
+        # constrained output: the grammar the drafts follow, and whether the service has its text
+        self._grammar = None
+        self._grammar_from = 0
+        self._grammar_known = False     # the service answered a request that carried the text
+        self._grammar_sent: Optional[int] = None      # the first request (seq) that carried it
+        self._grammar_refused: Optional[str] = None   # the service cannot use it: decode alone
 
     # ---- session management ----
     def connect(self, timeout: float = 5.0) -> Session:
@@ -87,6 +94,7 @@ class RemoteDrafter(Drafter):
 
     def _reset_state(self) -> None:
         self._out = None
+        self._grammar_known, self._grammar_sent = False, None   # a new session has no grammar yet
         self._probe = None
         self._held = DraftHeld()
         self.stats.answered_since_join = 0
@@ -137,6 +145,20 @@ class RemoteDrafter(Drafter):
             self.session = None
 
     # ---- requests ----
+    def constrain(self, grammar, start: int) -> None:
+        """The drafts follow `grammar` from context position `start` on: the service applies it
+        (the wire carries its id, and its text until the service has answered one request)."""
+        same = grammar is not None and self._grammar is not None and grammar.id == self._grammar.id
+        if not same or start != self._grammar_from:
+            self._grammar, self._grammar_from = grammar, int(start)
+            self._grammar_known, self._grammar_sent, self._grammar_refused = False, None, None
+
+    def _grammar_fields(self) -> tuple:
+        g = self._grammar
+        if g is None:
+            return "", "", 0
+        return g.id, "" if self._grammar_known else g.text, self._grammar_from
+
     def prime(self, context: Sequence[int], gamma: int) -> bool:
         """Send the first request now, so the draft prefills while the target does.
 
@@ -151,8 +173,14 @@ class RemoteDrafter(Drafter):
         keep = min(self._held.keep_for(context), len(context))
         seq = s.next_seq()
         p_min = self.policy.p_min() if self.policy is not None else None
-        if not s.request(seq, keep, context[keep:], min(gamma, MAX_GAMMA), self.sampling, background, p_min):
+        if self._grammar_refused is not None:      # the service cannot draft under it: no requests
             return False
+        grammar = self._grammar_fields()
+        if not s.request(seq, keep, context[keep:], min(gamma, MAX_GAMMA), self.sampling, background, p_min,
+                         grammar):
+            return False
+        if grammar[1] and self._grammar_sent is None:
+            self._grammar_sent = seq
         self._held = DraftHeld(keep)
         d = self.deadline.for_gamma(gamma, self.waits.per_token_s)
         inf = float("inf")
@@ -193,6 +221,8 @@ class RemoteDrafter(Drafter):
         assert isinstance(msg, DraftResponse)
         self.stats.answered += 1
         self._busy_backoff.reset()
+        if self._grammar_sent is not None and msg.seq >= self._grammar_sent:
+            self._grammar_known = True             # it has the text: the id alone from now on
         if out.fed <= SHORT_FEED:                  # round trip minus the draft's own time
             self.stats.overhead_s.append(max(0.0, t_recv - out.sent - msg.compute_us * 1e-6))
         self.stats.answered_since_join += 1
@@ -206,6 +236,8 @@ class RemoteDrafter(Drafter):
             self._held = DraftHeld()
         elif msg.code == E_UNKNOWN_SESSION:
             s.mark_lost()
+        elif msg.code == E_BAD_GRAMMAR:
+            self._grammar_refused = msg.message
         elif msg.code == E_OVERLOADED:
             self.stats.overloaded += 1
             self._busy_until = time.monotonic() + self._busy_backoff.failed()

@@ -142,8 +142,10 @@ class Session:
                                      kind="control" if isinstance(msg, Bye) else "draft")
 
     def request(self, seq: int, keep: int, append, gamma: int, sampling: dict, background: bool = False,
-                p_min: Optional[float] = None) -> bool:
-        return self.send(DraftRequest(self.sid, seq, keep, list(append), gamma, sampling, background, p_min))
+                p_min: Optional[float] = None, grammar: tuple = ("", "", 0)) -> bool:
+        """grammar: (grammar_id, its text or "", grammar_from), edge/star/remote_drafter.py's."""
+        return self.send(DraftRequest(self.sid, seq, keep, list(append), gamma, sampling, background, p_min,
+                                      *grammar))
 
     def _deliver(self, msg) -> None:
         with self._cv:

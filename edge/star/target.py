@@ -75,15 +75,18 @@ class StarTarget:
     def generate(self, prompt_ids: Sequence[int], max_new: int, params: SamplingParams = GREEDY,
                  stop_ids: Iterable[int] = (), on_token: Optional[Callable[[int], None]] = None,
                  deadline: Optional[Deadline] = None,
-                 on_logits: Optional[Callable[[int, np.ndarray], None]] = None) -> GenResult:
+                 on_logits: Optional[Callable[[int, np.ndarray], None]] = None,
+                 grammar=None) -> GenResult:
         """Speculative generation through the star. on_logits(token, row): the target's own row
-        each committed token was chosen from (generate_speculative), drafted or not."""
+        each committed token was chosen from (generate_speculative), drafted or not. grammar: an
+        edge.spec.grammar.Grammar the output follows; the draft service proposes under it too."""
         with self.lock:
             if self.adaptive and self.verify_costs is None:
                 self._calibrate()
             pricing = GammaPricing((self.verify_costs or {}) if self.adaptive else {}, self.stop_aware)
             drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline, pricing=pricing)
             self.last_drafter = drafter
+            drafter.constrain(grammar, len(prompt_ids))     # before the primed first request
             try:
                 drafter.connect(self.join_timeout)
                 first = drafter.gamma_policy(self.gamma).first_gamma if self.adaptive else self.gamma
@@ -101,7 +104,7 @@ class StarTarget:
             try:
                 res = generate_speculative(self.engine, drafter, prompt_ids, max_new, self.gamma,
                                            params=params, stop_ids=stop_ids, on_token=counted,
-                                           adaptive=self.adaptive, on_logits=on_logits)
+                                           adaptive=self.adaptive, on_logits=on_logits, grammar=grammar)
                 self.counts["accepted"] += res.n_accepted
                 self.counts["drafted"] += res.n_drafted
                 self.counts["generations"] += 1

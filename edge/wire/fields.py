@@ -18,6 +18,7 @@ MAX_TOP_K = 4096               # top-k parameter and q entries per position
 MAX_TEMPERATURE = 100.0
 MAX_SEQ = (1 << 63) - 1
 SECRET_BYTES = (16, 64)        # allowed secret lengths
+MAX_GRAMMAR_BYTES = 64 * 1024  # a request's grammar text (llguidance's JSON form), UTF-8 bytes
 Q_SUM_TOLERANCE = 1e-3         # q must be a distribution: sum within this of 1
 ARRAY_DTYPES = ("<i4", "<i8", "<f4", "<f8")
 QEntry = tuple[np.ndarray, np.ndarray]      # (token indices, probabilities)
@@ -213,6 +214,17 @@ def wire_q(q: Optional[list]) -> Optional[list]:
             encode_array(np.array([a.size for a in idx], dtype=np.int64))]
 
 
+def grammar_text(name: str, v: Any) -> str:
+    """A grammar's text ("" for none), at most MAX_GRAMMAR_BYTES of UTF-8: the size cap every
+    receiver holds before it compiles anything."""
+    if not isinstance(v, str):
+        raise ProtocolError(f"{name} must be a string (a grammar's text), got {_short(v)}")
+    n = len(v.encode("utf-8", "surrogatepass"))
+    if n > MAX_GRAMMAR_BYTES:
+        raise ProtocolError(f"{name} is {n} bytes, over the limit of {MAX_GRAMMAR_BYTES}", "size")
+    return v
+
+
 def as_token_list(v: Any) -> Any:
     """numpy ints and tuples are welcome on the sending side; the wire carries plain ints."""
     return [int(t) for t in v] if isinstance(v, (list, tuple, np.ndarray)) else v
@@ -232,3 +244,4 @@ CODE = text(_CODE, 32)
 SEQ = integer(0, MAX_SEQ)
 VOCAB_SIZE = integer(1, MAX_VOCAB)
 GAMMA = integer(0, MAX_GAMMA)
+GRAMMAR_ID = text(re.compile(r"[0-9a-f]{16}\Z"), 16, empty=True)   # sha256 of the text, 16 hex digits

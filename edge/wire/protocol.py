@@ -30,7 +30,8 @@ from typing import Optional
 from edge.wire.envelope import (MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Message, SecretSource, _BY_TAG, _mac,  # noqa: F401
                            decode, encode, message, wire)
 
-from edge.wire.fields import (CODE, FINGERPRINT, GAMMA, ID, ID_OR_EMPTY, MAX_GAMMA, MAX_SEQ,  # noqa: F401
+from edge.wire.fields import (CODE, FINGERPRINT, GAMMA, GRAMMAR_ID, ID, ID_OR_EMPTY, MAX_GAMMA,  # noqa: F401
+                              MAX_GRAMMAR_BYTES, MAX_SEQ, grammar_text,
                               MAX_TEMPERATURE, MAX_TOP_K, MAX_VOCAB, MESSAGE_TEXT, SECRET_BYTES, SEQ, TOPIC,
                               VOCAB_SIZE, ProtocolError, QEntry, as_token_list, boolean, check_id,
                               check_sampling, decode_array, encode_array, id_list, integer, number, one_of, optional,
@@ -68,6 +69,7 @@ E_NO_DECODER = "no_decoder"             # SUN: no decoder fits the task's KV (fi
 E_REFUSED = "refused"                   # SUN: the decoder refused the KV blob (reason in message)
 E_TIMEOUT = "timeout"                   # SUN: the KV cache never arrived at the decoder
 E_WORKER_LOST = "worker_lost"           # SUN: the request's decoder went offline mid-request: resend
+E_BAD_GRAMMAR = "bad_grammar"           # StarSD: the draft cannot use the request's grammar (reason in message)
 
 def new_secret() -> bytes:
     return _secrets.token_bytes(32)
@@ -144,6 +146,18 @@ class DraftRequest(Message):
     # --draft-p-min (None: the service's): a target whose verify over k tokens costs well under
     # k steps wants the unsure drafts too
     p_min: Optional[float] = wire(optional(number(0.0, 0.999)), None)
+    # constrained output (edge/spec/constrained.py): the grammar the drafts follow, named by its id
+    # on every request, its text sent until the draft has answered one carrying it; it governs
+    # the context from position grammar_from on (the generated part)
+    grammar_id: str = wire(GRAMMAR_ID, "")
+    grammar: str = wire(grammar_text, "")
+    grammar_from: int = wire(integer(0, MAX_KEEP), 0)
+
+    def check_rules(self) -> None:
+        if self.grammar and not self.grammar_id:
+            raise ProtocolError("draft_req.grammar needs its grammar_id")
+        if self.grammar_id and self.grammar_from > self.keep + len(self.append):
+            raise ProtocolError("draft_req.grammar_from lies past the context it names")
 
 
 @message("draft_resp", session=True)

@@ -5,68 +5,26 @@ then renormalised). Greedy: speculative output equals plain constrained decoding
 (float64 tiny transformers, a JSON schema over a real byte-level BPE). Sampling: a 5-token table
 model under a small Lark grammar; its exact constrained distribution over whole outputs (stop
 included) is enumerated and compared with a chi-square test at alpha = 1e-4, with a draft that
-proposes under the grammar and with one that ignores it (the loop keeps the legal prefix). A
-negative control verifies against the unmasked p and must fail the very same test.
+proposes under the grammar and with one that ignores it (the loop verifies its legal prefix and
+the first refused token, rejected for sure). A negative control drops that refused token instead
+(a choice made on the drawn token) and must fail the very same test.
 """
 import json
 
-import numpy as np
 import pytest
 
 llg = pytest.importorskip("llguidance")
 
 import edge.spec.generate as gen  # noqa: E402
-from edge.spec.constrained import legal_drafts, mask_logits  # noqa: E402
+from edge.spec.constrained import legal_drafts  # noqa: E402
 from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
-from edge.spec.grammar import (Grammar, GrammarError, grammar_from_json_schema, grammar_from_lark,  # noqa: E402
-                               grammar_tokenizer)
-from edge.spec.sampling import GREEDY, SamplingParams, to_probs  # noqa: E402
+from edge.spec.grammar import Grammar, GrammarError, grammar_from_json_schema, grammar_tokenizer  # noqa: E402
+from edge.spec.sampling import GREEDY, SamplingParams  # noqa: E402
 
 from harness.goodness_of_fit import TableEngine, bad_draft_of, chi_square, critical_value  # noqa: E402
+from harness.grammars import EOS, SCHEMA, bpe_tokenizer, constrained_distribution, tiny_grammar, tiny_pair  # noqa: E402
 
-EOS = 4
 HOT = SamplingParams(temperature=1.0)
-
-
-class _TinyVocab:
-    """Five tokens: a, b, c, ab and an end token, as llguidance's TokenizerWrapper wants them."""
-    eos_token_id = EOS
-    bos_token_id = None
-    tokens = [b"a", b"b", b"c", b"ab", b"\xff<eos>"]
-    special_token_ids = [EOS]
-
-    def __call__(self, s):
-        s = s.decode() if isinstance(s, bytes) else s
-        return ["abc".index(ch) for ch in s]
-
-
-def tiny_grammar(lark=r"start: /(a|b)+c/"):
-    tok = llg.LLTokenizer(llg.TokenizerWrapper(_TinyVocab()), slices=[])
-    return Grammar(grammar_from_lark(lark), tok)
-
-
-def constrained_distribution(target, prompt, length, params, grammar):
-    """P(output) for every output of at most `length` tokens under the grammar, by enumeration:
-    an output is (tokens, stop token or None)."""
-    out = {}
-
-    def walk(ctx, toks, prob, matcher):
-        if len(toks) == length:
-            out[(tuple(toks), None)] = out.get((tuple(toks), None), 0.0) + prob
-            return
-        p = to_probs(mask_logits(target.row(ctx), matcher.allowed()), params)
-        for t in np.flatnonzero(p > 0):
-            t = int(t)
-            if t in grammar.stop_ids:
-                out[(tuple(toks), t)] = prob * p[t]
-                continue
-            assert matcher.consume(t)
-            walk(ctx + [t], toks + [t], prob * p[t], matcher)
-            matcher.rollback(1)
-
-    walk(list(prompt), [], 1.0, grammar.matcher())
-    assert abs(sum(out.values()) - 1.0) < 1e-9
-    return out
 
 
 class FreeDrafter(ModelDrafter):
@@ -130,36 +88,9 @@ def test_plain_sampling_follows_the_grammar():
 
 # ------------------------------------------------ greedy: float64 transformers, a JSON schema
 
-def tiny_pair(vocab):
-    torch = pytest.importorskip("torch")
-    from edge.engines.torch_engine import TorchEngine
-    from edge.model.transformer import Transformer, tiny_config
-    engines = []
-    for noise in (0.0, 0.03):
-        torch.manual_seed(3)
-        model = Transformer(tiny_config("llama", vocab_size=vocab)).double()
-        for p in model.parameters():
-            p.data.normal_(0, 0.2)
-        if noise:
-            g = torch.Generator().manual_seed(99)
-            for p in model.parameters():
-                p.data.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * noise)
-        engines.append(TorchEngine(model, fingerprint=f"tiny-json-{noise}", max_len=256))
-    return engines
-
-
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
-    from edge.model.tokenizer import Tokenizer
-    from harness.tiny_hf import tokenizer_dir
-    d = tmp_path_factory.mktemp("tok") / "t"
-    tokenizer_dir(d)
-    return Tokenizer.from_hf_dir(d)
-
-
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok", "n"],
-          "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},
-                         "n": {"enum": [1, 22, 333]}}}
+    return bpe_tokenizer(tmp_path_factory.mktemp("tok") / "t")
 
 
 def test_greedy_constrained_speculation_equals_plain(bpe):

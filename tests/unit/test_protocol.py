@@ -134,7 +134,8 @@ def _signed(tag, body, sid="s1"):
 
 def _req(**kw):
     body = {"sid": "s1", "seq": 1, "keep": 0, "append": [1], "gamma": 2, "sampling": dict(P.GREEDY_WIRE),
-            "background": False, "p_min": None}   # every field: each bad case is refused for its own reason
+            "background": False, "p_min": None,   # every field: each bad case is refused for its own reason
+            "grammar_id": "", "grammar": "", "grammar_from": 0}
     body.update(kw)
     return _signed("draft_req", body)
 
@@ -172,6 +173,10 @@ BAD = {
     "top_k too big": _req(sampling=dict(P.GREEDY_WIRE, top_k=P.MAX_TOP_K + 1)),
     "top_p zero": _req(sampling=dict(P.GREEDY_WIRE, top_p=0.0)),
     "sampling extra key": _req(sampling=dict(P.GREEDY_WIRE, min_p=0.1)),
+    "grammar over its cap": _req(grammar_id="0" * 16, grammar="x" * (P.MAX_GRAMMAR_BYTES + 1)),
+    "grammar without its id": _req(grammar="start: /a/"),
+    "grammar id not hex": _req(grammar_id="Z" * 16),
+    "grammar_from past the context": _req(grammar_id="0" * 16, grammar_from=5),
     "sid mismatch": _req(sid="s2"),
     "bad sid chars": _signed("bye", {"sid": "a/b"}, sid="a/b"),
     "object dtype": _resp(idx=_arr("|O", [2], b"\0" * 16)),

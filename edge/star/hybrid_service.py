@@ -111,7 +111,8 @@ class HybridDraftService(SuffixDraftService):
             context, keep = _model_feed(s)
             s.waiting = {req.seq: (context, t_in)}     # the model answers it within this step
             self.model.submit(DraftRequest(s.sid, req.seq, keep, context[keep:], req.gamma, req.sampling,
-                                           req.background, req.p_min))
+                                           req.background, req.p_min, req.grammar_id, req.grammar,
+                                           req.grammar_from))
             self._behind.pop(s.sid, None)
         if not taken and not self.model.has_work():
             self._sync_one()

@@ -74,3 +74,12 @@ def confirm_on_gpu(remote, profile, backend: str, system: bool, systemd: bool) -
         raise RuntimeError(what)
     return f"on the GPU: {what}" if ok else f"not confirmed: {what} (see journalctl -u starsun-agent)"
 
+
+
+def why_not_joined(remote, backend: str, system: bool, systemd: bool) -> str:
+    """What the agent's start lines add when it did not join: a refused placement or a CPU build
+    (its fix included), else nothing."""
+    if not systemd:
+        return ""
+    ok, what = judge_start_lines(remote.sh(start_lines_command(system)), backend)
+    return f"; the agent's start line: {what}" if ok is False else ""

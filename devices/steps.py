@@ -312,7 +312,11 @@ class Provisioning:
                         f"not re-checked (see `journalctl{'' if self.system else ' --user'} -u starsun-agent` "
                         "on the device)")
             self.echo(f"      waiting up to {self.o.timeout:.0f} s for {self.o.role} {self.client_id} on {self.o.hub}")
-            joined = self.watch.wait(self.o.timeout)
+            try:
+                joined = self.watch.wait(self.o.timeout)
+            except TimeoutError as e:   # an agent that refused its placement (a wrong build) says why at start
+                why = gpu_confirm.why_not_joined(self.remote, self._backend(), self.system, self.facts.systemd)
+                raise TimeoutError(f"{e}{why}") from None
         finally:
             self.watch.close()
         # the final check: the agent's own start line says where its model runs (a wrong build fails here)

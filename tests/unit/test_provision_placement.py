@@ -1,9 +1,12 @@
 """Provisioning writes the placement into agent.toml (a Jetson: on the GPU, explicitly) and its final
 check reads the agent's own start lines: layers on the GPU, or a wrong build reported as such."""
+import os
+import subprocess
+
 import pytest
 from click.testing import CliRunner
 
-from devices.gpu_confirm import backend_of, judge_start_lines, placement_values
+from devices.gpu_confirm import backend_of, confirm_on_gpu, judge_start_lines, placement_values, why_not_joined
 from devices.profile import load_profile
 from devices.provision import main as provision
 from edge.model.fetch import model_path
@@ -80,3 +83,35 @@ def test_layers_on_the_gpu_are_confirmed_and_silence_is_not():
     torch_cpu = "loaded m on torch (vocab 320) in 0.1s: torch device cpu (the CPU), float32"
     assert judge_start_lines(torch_cpu, "torch")[0] is False
     assert judge_start_lines("", "llamacpp") == (None, "no start line from the agent yet")
+
+
+class LocalShell:
+    """A device's shell run here: a `journalctl` on PATH that prints what the agent's unit logged
+    (with the noise a journal has), so the check runs its real command through bash and grep."""
+
+    def __init__(self, tmp_path, journal: str):
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(parents=True)
+        (tmp_path / "journal.txt").write_text("Started starsun-agent.service\n" + journal + "metrics on http://x\n")
+        script = bin_dir / "journalctl"
+        script.write_text(f"#!/bin/sh\ncat {tmp_path / 'journal.txt'}\n")
+        script.chmod(0o755)
+        self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def sh(self, cmd, check=True):
+        return subprocess.run(["bash", "-c", cmd], env=self.env, capture_output=True, text=True, check=check).stdout
+
+
+def test_final_check_confirms_the_gpu_or_fails_a_wrong_build(tmp_path, exports, capsys):
+    jet = load_profile("jetson-orin-nano-8gb")
+    gpu = ("placement: llamacpp on cuda: all layers on the GPU (asked for --device cuda)\n"
+           "loaded m.gguf on llamacpp (vocab 49152) in 0.6s: 30 of 30 layers on the GPU (n_gpu_layers=-1)\n")
+    assert confirm_on_gpu(LocalShell(tmp_path / "a", gpu), jet, "llamacpp", False, True) == (
+        "on the GPU: 30 of 30 layers on the GPU (n_gpu_layers=-1)")
+    cpu_lines = _start_lines(exports, capsys)              # what this CPU build's agent really prints
+    with pytest.raises(RuntimeError, match="wrong build: all 2 layers on the CPU"):
+        confirm_on_gpu(LocalShell(tmp_path / "b", cpu_lines), jet, "llamacpp", False, True)
+    assert why_not_joined(LocalShell(tmp_path / "c", cpu_lines), "llamacpp", False, True).startswith(
+        "; the agent's start line: wrong build")
+    assert "not confirmed" in confirm_on_gpu(LocalShell(tmp_path / "d", ""), jet, "llamacpp", False, True)
+    assert confirm_on_gpu(None, load_profile("cpu-2core"), "llamacpp", False, True).startswith("CPU profile")

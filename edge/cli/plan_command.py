@@ -112,9 +112,10 @@ def refusal(f: Fit, where: str) -> str:
 def check_before_load(role, spec, backend, max_len, profile, memory_budget, max_batch=64, max_sessions=64,
                       dtype="float32", max_kv_mb=None, placement=None) -> dict:
     """`edge-agent run`'s check: refuse a role that does not fit, before anything loads; returns the
-    engine arguments the plan counted (llama.cpp: n_seq_max). With a GPU `placement` and a profile,
-    each side (host, GPU, or a Jetson's shared pool) is checked where its bytes live."""
-    if placement is not None and placement.on_gpu and profile:
+    engine arguments the plan counted (llama.cpp: n_seq_max). With a `placement` on a GPU, or on
+    a discrete-GPU profile (whose usable memory is the card's), each side (host, GPU, or a Jetson's
+    shared pool) is checked where its bytes live."""
+    if placement is not None and profile and (placement.on_gpu or load_device(profile).kind == "gpu"):
         return _check_placed(role, spec, backend, max_len, profile, memory_budget, max_batch, max_sessions,
                              dtype, max_kv_mb, placement)
     budget = budget_bytes(profile, memory_budget)
@@ -136,17 +137,17 @@ def check_before_load(role, spec, backend, max_len, profile, memory_budget, max_
 
 def _check_placed(role, spec, backend, max_len, profile, memory_budget, max_batch, max_sessions, dtype, max_kv_mb,
                   placement) -> dict:
-    """check_before_load for a model on the GPU: the estimate split by where it is placed
-    (edge/memory/placed.py), each side against its budget."""
+    """check_before_load by sides: the estimate split by where it is placed (edge/memory/placed.py),
+    each side against its budget (a side the profile does not size is not checked)."""
     from edge.memory.placed import MemorySides, check_sides, gpu_fraction
     sides = MemorySides.of_profile(load_device(profile), budget_bytes(None, memory_budget))
     _, e = make_plan(role, spec, None, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
     why = check_sides(e, gpu_fraction(placement, e.shape.layers), sides)
     if why:
-        raise click.ClickException(f"{role} on {e.workload.backend} placed on the GPU does not fit profile "
-                                   f"{profile}: it {why}; lower --max-len, use a smaller model or quantisation, "
-                                   "or put fewer layers on the GPU (--gpu-layers N)")
-    click.echo(f"memory plan: {e.total / GB:.2f} GB, placed on the GPU of profile {profile}", err=True)
+        raise click.ClickException(f"{role} on {e.workload.backend} placed on {placement.device} does not fit "
+                                   f"profile {profile}: it {why}; lower --max-len, use a smaller model or "
+                                   "quantisation, or move layers between GPU and CPU (--gpu-layers N)")
+    click.echo(f"memory plan: {e.total / GB:.2f} GB, placed on {placement.device} of profile {profile}", err=True)
     return engine_kwargs(e.workload.backend, role, e.workload.sequences)
 
 

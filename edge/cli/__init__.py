@@ -5,7 +5,8 @@ starts a role), agent_roles.py (each role's loop), agent_config.py (`run --confi
 plan_command.py (`plan`: will a role fit a device), and what both CLIs share: options.py (every
 shared option, declared once, and the readers of their values), sections.py (options grouped into
 --help sections), config_file.py (`--config` files, flat or one table per section), startup.py
-(opening a model, building a draft of any kind, telemetry, signals).
+(opening a model, building a draft of any kind, telemetry, signals), placing.py (a model's
+placement as a command decides and shows it: the start line).
 
 May import: every package of edge/, and devices.profile (the device profiles). Nothing imports it but server/.
 """

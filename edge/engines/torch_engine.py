@@ -59,7 +59,10 @@ class TorchEngine(Engine):
         """device: where the weights, KV and calls live (None: where the model already is);
         dtype: convert the weights (a torch dtype or float32 / bfloat16 / float16)."""
         if dtype is not None:
+            inv_freq = getattr(model, "inv_freq", None)
             model = model.to(dtype=_DTYPE_NAMES.get(dtype, dtype))
+            if inv_freq is not None:      # RoPE frequencies stay float32, as the checkpoint loaders keep them
+                model.inv_freq = inv_freq
         if device is not None:
             model = model.to(device=device)
         self.model = model.eval()

@@ -75,6 +75,7 @@ def test_fp32_bf16_round_trip_follows_the_documented_conversion():
     e32 = TorchEngine(copy.deepcopy(m), fingerprint="fp")
     e16 = TorchEngine(copy.deepcopy(m), fingerprint="fp", dtype="bf16")
     assert (e32.dtype, e16.dtype, e16.kv_itemsize) == (torch.float32, torch.bfloat16, 2)
+    assert e16.model.inv_freq.dtype == torch.float32 and torch.equal(e16.model.inv_freq, m.inv_freq)
     s, _ = greedy(e32, 3)
     exact = _kv(e32, s).clone()
     # fp32 -> bf16: the importing engine rounds the blob's values to nearest even

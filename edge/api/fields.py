@@ -33,6 +33,7 @@ PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
 # What an endpoint's generation can do beyond text: a field that needs one is honoured only there.
 LOGPROBS = "logprobs"          # the generator hands back the target's row for each token
 PENALTIES = "penalties"        # the generator adjusts its logits (penalties, logit_bias)
+STRUCTURED = "structured"      # the generator follows a grammar (response_format, edge/api/structured.py)
 
 
 class BadRequest(ValueError):
@@ -51,9 +52,9 @@ class Profile:
     lacks_because: str = ""
 
 
-TARGET = Profile("target", frozenset({LOGPROBS, PENALTIES}))
+TARGET = Profile("target", frozenset({LOGPROBS, PENALTIES, STRUCTURED}))
 SUN_HUB = Profile("SUN hub", frozenset(), "the shared decoder streams tokens only (no logits) and samples "
-                                          "without penalties")
+                                          "without penalties or grammars")
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,9 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
     _f("parallel_tool_calls", REFUSED, "tool calling", _CHAT_ONLY),
     _f("functions", REFUSED, "tool calling (the deprecated form)", _CHAT_ONLY, neutral=([],)),
     _f("function_call", REFUSED, "tool calling (the deprecated form)", _CHAT_ONLY, neutral=("none",)),
-    _f("response_format", REFUSED, "structured output (json_object, json_schema); {type: text} is accepted",
-       _CHAT_ONLY, neutral=({"type": "text"},)),
+    _f("response_format", HONOURED, "json_object or json_schema {name, schema, strict}: the text follows it "
+       "exactly, under speculation too; a schema that cannot be compiled, or over 64 KiB as a grammar, is a 400",
+       _CHAT_ONLY, needs=STRUCTURED, neutral=({"type": "text"},)),
     _f("echo", REFUSED, "echoing the prompt back", _COMPLETIONS_ONLY, neutral=(False,)),
     _f("suffix", REFUSED, "insertion after a suffix", _COMPLETIONS_ONLY, neutral=("",)),
     _f("best_of", REFUSED, "server-side best of several", _COMPLETIONS_ONLY, neutral=(1,)),

@@ -25,9 +25,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from contextlib import nullcontext
 from typing import Callable, List, Optional
 
-from edge.api.fields import TARGET, BadRequest, Profile
+from edge.api.fields import STRUCTURED, TARGET, BadRequest, Profile
 from edge.api.logprobs import LogprobRecorder
 from edge.api.request import Request, parse_request
+from edge.api.structured import StructuredOutput
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20
@@ -104,6 +105,7 @@ class OpenAIServer:
         self.generate, self.tok, self.model_name = generate, tokenizer, served_model_id(model_name)
         self.max_tokens_cap, self.context, self.profile = max_tokens_cap, context, profile
         self.models = models                  # None: one model, one generation at a time
+        self.structured = StructuredOutput(tokenizer)   # response_format's grammars
         self.lock = threading.Lock()
         server = self
 
@@ -138,7 +140,10 @@ class OpenAIServer:
             if not isinstance(model, str) or model not in have:
                 raise BadRequest(f"unknown model {str(model)[:80]!r}: this endpoint serves "
                                  f"{', '.join(have) or 'nothing yet'} (GET /v1/models)", "model")
-        return parse_request(body, chat, self.tok, model, self.profile, self.max_tokens_cap, self.context)
+        req = parse_request(body, chat, self.tok, model, self.profile, self.max_tokens_cap, self.context)
+        if STRUCTURED in self.profile.features:
+            req.grammar = self.structured.grammar_for(body)
+        return req
 
     def run(self, req: Request, emit: Callable[[str, list], None],
             recorder: Optional[LogprobRecorder] = None) -> tuple:
@@ -162,6 +167,8 @@ class OpenAIServer:
         kw = {} if self.models is None else {"model": req.model}
         if recorder is not None:
             kw["on_logits"] = recorder.on_logits
+        if req.grammar is not None:
+            kw["grammar"] = req.grammar
         with self.lock if self.models is None else nullcontext():
             try:
                 res = self.generate(req.ids, req.max_new, req.params, stop_ids=tuple(self.tok.eos_ids),

@@ -26,6 +26,7 @@ class Request:
     stream: bool = False
     include_usage: bool = False        # stream_options.include_usage: a last chunk with the usage
     logprobs: Optional[int] = None     # None: not asked; N: the token's logprob and N alternatives
+    grammar: Optional[object] = None   # response_format's (edge/api/structured.py), set by the endpoint
 
 
 def number(body: dict, key: str, default, lo, hi, kind=float):

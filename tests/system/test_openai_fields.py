@@ -25,7 +25,7 @@ HI = [{"role": "user", "content": "hi"}]
 # a value that asks for something, for each refused field
 ASKS = {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
         "tool_choice": "required", "parallel_tool_calls": False, "functions": [{"name": "f"}],
-        "function_call": "auto", "response_format": {"type": "json_object"}, "echo": True, "suffix": "x",
+        "function_call": "auto", "echo": True, "suffix": "x",
         "best_of": 2, "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
         "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "low", "verbosity": "low",
         "web_search_options": {}}

@@ -122,12 +122,8 @@ def install_commands(profile, backend: str, deps: str, root: str, python: str, w
         torch_reqs = wheel_requirements(wheel, "torch")
         core += [r for r in torch_reqs if _name(r) != "torch"]            # safetensors
         torch = " ".join(q(r) for r in torch_reqs if _name(r) == "torch") or "torch"
-        if jetson:
-            pass                        # JetPack's CUDA torch from the system site packages
-        elif any(b.endswith("-cuda") for b in profile.backends):
-            cmds.append(f"{pip}{links} {torch}")                          # PyPI's Linux torch is a CUDA build
-        else:                           # first, alone: nothing after it may resolve torch from PyPI
-            cmds.append(f"{pip}{links} --index-url {TORCH_CPU_INDEX} {torch}")
+        if not jetson:                  # a Jetson's torch is JetPack's, from the system site packages
+            cmds.append(_torch_command(profile, pip + links, torch))
     cmds.append(f"{pip}{links} " + " ".join(q(r) for r in core))
     if "onnx" in extras:
         cmds.append(_onnxruntime_command(profile, pip + links, ort_index, jetson, wheel))
@@ -139,6 +135,15 @@ def install_commands(profile, backend: str, deps: str, root: str, python: str, w
         else:
             cmds.append(f"{pip}{links} {llama}")
     return cmds
+
+
+def _torch_command(profile, pip: str, torch: str) -> str:
+    """torch off a Jetson: PyPI's Linux build (CUDA) for a profile with a CUDA GPU, else the CPU
+    build from PyTorch's index -- first and alone, so nothing after it resolves torch from PyPI
+    (its default Linux wheels pull ~4 GB of nvidia-* and triton)."""
+    if any(b.endswith("-cuda") for b in profile.backends):
+        return f"{pip} {torch}"
+    return f"{pip} --index-url {TORCH_CPU_INDEX} {torch}"
 
 
 def _onnxruntime_command(profile, pip: str, ort_index: Optional[str], jetson: bool, wheel: Path) -> str:

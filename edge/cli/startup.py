@@ -78,10 +78,18 @@ def build_draft(plan: DraftPlan, name: str, load_model: Callable[[], tuple]):
         engine, tok = load_model()
     try:
         core = make_draft_core(plan.kind, engine, plan.limits, name=name, vocab_size=vocab,
-                               min_score=plan.min_score)
+                               min_score=plan.min_score, grammar_tokenizer=_grammars_of(tok, engine))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     return core, tok
+
+
+def _grammars_of(tok, engine):
+    """The draft's tokenizer for grammars (constrained output), made at the first grammar asked for."""
+    if engine is None or tok is None:
+        return None
+    from edge.spec.grammar import grammar_tokenizer
+    return lambda: grammar_tokenizer(tok, engine.vocab_size)
 
 
 @dataclass

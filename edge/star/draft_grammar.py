@@ -56,8 +56,10 @@ class DraftGrammars:
     """Grammars for one draft service: compiled against its tokenizer, kept by id."""
 
     def __init__(self, tokenizer=None):
-        """tokenizer: edge.spec.grammar.grammar_tokenizer()'s, or None (draft unconstrained)."""
-        self.tokenizer = tokenizer
+        """tokenizer: edge.spec.grammar.grammar_tokenizer()'s, or a function making it at the first
+        grammar (a large vocabulary takes a second), or None (draft unconstrained)."""
+        self._make = tokenizer if callable(tokenizer) else None
+        self.tokenizer = None if callable(tokenizer) else tokenizer
         self._compiled: "OrderedDict[str, Grammar]" = OrderedDict()
 
     def apply(self, s, req: DraftRequest, stats) -> None:
@@ -65,6 +67,8 @@ class DraftGrammars:
         if not req.grammar_id:
             s.grammar = None
             return
+        if self.tokenizer is None and self._make is not None:
+            self.tokenizer, self._make = self._make(), None
         if self.tokenizer is None:
             stats.count("grammar_unapplied")
             s.grammar = None

@@ -39,14 +39,16 @@ def star(target, draft_core):
     return hub, StarTarget(target, HubClient(MemoryLink(bus, "t1"), "t1", TOK, target.vocab_size), gamma=3)
 
 
-@pytest.mark.parametrize("applied", [True, False], ids=["service-applies-grammar", "service-without-tokenizer"])
+@pytest.mark.parametrize("applied", ["now", "lazy", None],
+                         ids=["service-applies-grammar", "tokenizer-made-at-first-grammar", "service-without-tokenizer"])
 def test_greedy_constrained_through_the_star_equals_plain(bpe, applied):
     target, draft = tiny_pair(bpe.vocab_size)
     tok = grammar_tokenizer(bpe, target.vocab_size)
     grammar = Grammar(grammar_from_json_schema(SCHEMA), tok)
     prompt = bpe.encode("give json: ")
     want = generate_plain(target, prompt, 80, GREEDY, grammar=grammar)
-    svc = DraftService(draft, DraftLimits(), name="hub-draft", grammar_tokenizer=tok if applied else None)
+    made = {"now": tok, "lazy": lambda: grammar_tokenizer(bpe, target.vocab_size), None: None}[applied]
+    svc = DraftService(draft, DraftLimits(), name="hub-draft", grammar_tokenizer=made)
     hub, st = star(target, svc)
     try:
         for _ in range(2):                     # a second generation: a new session, the grammar kept compiled

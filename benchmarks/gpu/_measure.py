@@ -45,7 +45,7 @@ def build_engine(cfg: ModelConfig, device: str, dtype: str, max_len: int, seed: 
     torch.manual_seed(seed)
     with torch.device(device):
         model = Transformer(cfg)
-    return TorchEngine(model.to(DTYPES[dtype]), max_len=max_len, device=device, threads=None)
+    return TorchEngine(model, max_len=max_len, device=device, dtype=DTYPES[dtype])   # RoPE stays float32
 
 
 def median_s(call: Callable[[], object], reps: int, warmup: int = 1) -> float:

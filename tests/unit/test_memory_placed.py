@@ -98,3 +98,16 @@ def test_a_cpu_placement_on_a_gpu_workstation_is_checked_against_host_ram():
     with pytest.raises(click.ClickException, match="placed on cpu does not fit .* of host RAM"):
         check_before_load("draft", "qwen2.5-coder-0.5b", "torch", 4096, "rtx4090-workstation", None,
                           max_sessions=4000, dtype="bfloat16", placement=cpu)
+
+
+def test_plan_json_says_where_the_bytes_live():
+    import json
+    out = CliRunner().invoke(main, ["plan", "--profile", "jetson-orin-nano-8gb", "--role", "target", "-m",
+                                    "qwen2.5-coder-1.5b", "-b", "llamacpp", "--gpu-layers", "14", "--json"])
+    assert out.exit_code == 0, out.output
+    p = json.loads(out.output)["placement"]
+    assert (p["device"], p["gpu_layers"], p["unified"], p["refusal"]) == ("cuda", 14, True, None)
+    assert 0 < p["gpu_fraction"] < 1 and p["host_bytes"] + p["gpu_bytes"] == json.loads(out.output)["total_bytes"]
+    cpu = CliRunner().invoke(main, ["plan", "--profile", "jetson-orin-nano-8gb", "--role", "target", "-m",
+                                    "qwen2.5-coder-1.5b", "-b", "llamacpp", "--device", "cpu", "--json"])
+    assert json.loads(cpu.output)["placement"]["gpu_bytes"] == 0

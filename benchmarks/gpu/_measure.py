@@ -140,19 +140,10 @@ def greedy_lossless(device: str, dtype: str, prompts: int = 6, max_new: int = 40
     """Speculative greedy == plain greedy on this device and dtype, with a tiny random target and a
     draft that is the target plus noise (so drafts are accepted and rejected both)."""
     from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
-    cfg = tiny_config("llama", vocab_size=256, num_layers=2, max_position=512)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model, noisy = Transformer(cfg), Transformer(cfg)
-    with torch.no_grad():              # weights as the engine tests draw them: default init's tied
-        for p, q in zip(model.parameters(), noisy.parameters()):   # embeddings echo the last token
-            p.normal_(0, 0.2)
-            q.copy_(p + 0.01 * torch.randn_like(p))
-    target = TorchEngine(model, max_len=512, device=device, dtype=DTYPES[dtype])
-    draft = TorchEngine(noisy, max_len=512, device=device, dtype=DTYPES[dtype])
+    target, draft = _tiny_pair(device, dtype, vocab=256, noise=0.01)      # acceptance ~0.5
     same, accepted, drafted, diffs = 0, 0, 0, []
     for i in range(prompts):
-        ids, rows = prompt(12, cfg.vocab_size, 50 + i), []
+        ids, rows = prompt(12, target.vocab_size, 50 + i), []
         plain = generate_plain(target, ids, max_new, on_logits=lambda t, row: rows.append(row)).tokens
         spec = generate_speculative(target, ModelDrafter(draft), ids, max_new, gamma)
         accepted, drafted = accepted + spec.n_accepted, drafted + spec.n_drafted
@@ -170,3 +161,56 @@ def greedy_lossless(device: str, dtype: str, prompts: int = 6, max_new: int = 40
     return {"prompts": prompts, "identical": same, "max_new": max_new, "gamma": gamma,
             "acceptance": accepted / max(1, drafted), "differences": diffs, "passed": same == prompts,
             "verdict": verdict}
+
+
+def _tiny_pair(device: str, dtype: str, vocab: int, noise: float):
+    """A tiny random target and its draft (the target plus noise), on the device."""
+    cfg = tiny_config("llama", vocab_size=vocab, num_layers=2, max_position=512)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model, noisy = Transformer(cfg), Transformer(cfg)
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), noisy.parameters()):
+            p.normal_(0, 0.2)
+            q.copy_(p + noise * torch.randn_like(p))
+    return (TorchEngine(model, max_len=512, device=device, dtype=DTYPES[dtype]),
+            TorchEngine(noisy, max_len=512, device=device, dtype=DTYPES[dtype]))
+
+
+def chi2_lossless(device: str, dtype: str, n: int, length: int = 3, vocab: int = 4, gamma: int = 3) -> dict:
+    """Sampled speculative decoding (temperature 1) against the target's exact distribution over
+    every `length`-token sequence, the target's rows computed on the device (harness.goodness_of_fit's
+    Pearson chi-square and its critical value at alpha 1e-4; its negative control runs in
+    tests/unit/test_lossless.py)."""
+    import itertools
+
+    from edge.spec.generate import ModelDrafter, generate_speculative
+    from edge.spec.sampling import SamplingParams, to_probs
+    from harness.goodness_of_fit import chi_square, critical_value
+    target, draft = _tiny_pair(device, dtype, vocab, noise=0.05)
+    params, start = SamplingParams(temperature=1.0), [3, 1, 0]
+
+    def row(ctx):
+        s = target.new_sequence()
+        out = target.forward_last(s, ctx)[-1]
+        target.free(s)
+        return to_probs(out, params)
+    want = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        p, ctx = 1.0, list(start)
+        for t in seq:
+            p *= float(row(ctx)[t])
+            ctx.append(t)
+        want[seq] = p
+    total = sum(want.values())
+    want = {k: v / total for k, v in want.items()}       # float32 rows: renormalise the product
+    counts: Dict[tuple, int] = {}
+    drafter = ModelDrafter(draft, params)
+    for i in range(n):
+        seeded = SamplingParams(temperature=1.0, seed=10_000 + i)
+        r = generate_speculative(target, drafter, start, length, gamma, seeded)
+        counts[tuple(r.tokens)] = counts.get(tuple(r.tokens), 0) + 1
+    stat, df = chi_square(counts, want, n)
+    crit = critical_value(df)
+    return {"n": n, "length": length, "vocab": vocab, "gamma": gamma, "chi2": stat, "df": df, "critical": crit,
+            "passed": stat < crit}

@@ -94,12 +94,16 @@ def markdown(res: dict) -> str:
     for key, r in res["draft_service"].items():
         lines.append(f"* {key}, γ={r['gamma']}: " + ", ".join(f"b={b}: {ms:.1f} ms"
                                                             for b, ms in r["service_ms"].items()))
-    lines += ["", "## Losslessness on this device (speculative greedy == plain greedy)", ""]
+    lines += ["", "## Losslessness on this device (speculative greedy == plain greedy; sampled: chi-square)", ""]
     for dtype, r in res["lossless"].items():
         gaps = ", ".join(f"prompt {d['prompt']} at token {d['at']} (plain's logit gap {d['plain_logit_gap']})"
                          for d in r["differences"])
         lines.append(f"* {dtype}: {r['identical']}/{r['prompts']} identical, acceptance {r['acceptance']:.2f}: "
                      f"{r['verdict']}" + (f"; {gaps}" if gaps else ""))
+        c = r.get("chi2")
+        if c:
+            lines.append(f"  * sampled (T=1, {c['n']} runs, {c['vocab'] ** c['length']} sequences): chi-square "
+                         f"{c['chi2']:.1f} vs {c['critical']:.1f} at df {c['df']}: {'PASS' if c['passed'] else 'FAIL'}")
     p = res["planner"]
     lines += ["", f"## StarSD planner (draft {p['draft']} here; α={p['alpha']}, RTT {p['rtt_ms']} ms)", "",
               f"α: {p['alpha_source']}.", "",

@@ -1,5 +1,5 @@
 """One prepared GPU check: the torch engine on CUDA with random weights of the real model shapes --
-step, verify, prefill, the draft service's D(b), losslessness on the device, the StarSD planner
+step, verify, prefill, the draft service's D(b), losslessness on the device (greedy and chi-square), the StarSD planner
 for Jetson targets, and (optionally) llama.cpp's GGUF path.
 
     bash benchmarks/gpu/gpu_check.sh                       # on an NVIDIA machine, ~5-8 min
@@ -9,7 +9,8 @@ Needs only what the repository carries and the machine's torch (no registry: the
 random weights of SmolLM2-135M, Qwen2.5-Coder-0.5B and 1.5B shapes; timings do not depend on
 weight values, acceptance comes from the CPU runs). Per model and dtype: step time at batch
 1/4/16/64/256, a verify over k = 1..8 in units of one step, prefill tok/s; per draft model the
-DraftService's D(b) up to b = 256; speculative greedy == plain greedy on the device per dtype;
+DraftService's D(b) up to b = 256; speculative greedy == plain greedy on the device per dtype,
+and sampled speculation against the target's exact distribution (chi-square);
 the planner (server/planner.py) fed with these for Orin Nano and AGX Orin targets: per-target
 speedup and N_full. Writes $OUT/gpu_check.json (everything, rewritten after each section, so a
 run cut short keeps what it measured) and $OUT/gpu_check.md. A time budget (--budget-s) skips
@@ -135,9 +136,12 @@ def run(a) -> dict:
 
     print(f"GPU check on {res['machine']['device_name']} -> {out}", flush=True)
     measure_models(a, shapes, res, budget, save)
-    for dtype in a.dtypes:            # cheap: a tiny pair, always run
+    for dtype in a.dtypes:            # a tiny pair: greedy always; the sampled chi-square while time lasts
         res["lossless"][dtype] = m.greedy_lossless(a.device, dtype)
+        if budget.allows(f"{dtype}: the chi-square losslessness test"):
+            res["lossless"][dtype]["chi2"] = m.chi2_lossless(a.device, dtype, n=1500 if a.quick else 3000)
         print(f"lossless {dtype}: {res['lossless'][dtype]}", flush=True)
+        save()
     draft, target = (QUICK_DRAFT, QUICK_TARGET) if a.quick else (PLANNER_DRAFT, PLANNER_TARGET)
     res["planner"] = planner_section(res, draft, target, a.alpha, a.rtt_ms, a.ns)
     save()

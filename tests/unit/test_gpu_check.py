@@ -36,6 +36,9 @@ def test_the_dry_run_writes_every_section(dry_run):
     fp32 = res["lossless"]["float32"]
     assert fp32["passed"] and fp32["identical"] == fp32["prompts"] and 0.1 < fp32["acceptance"] < 0.95
     assert res["lossless"]["bfloat16"]["verdict"] != "DIFFERS beyond rounding"
+    for dtype in ("float32", "bfloat16"):
+        chi2 = res["lossless"][dtype]["chi2"]
+        assert chi2["passed"] and chi2["df"] >= 30 and chi2["n"] == 1500
     plans = res["planner"]["plans"]
     assert {(p["draft_dtype"], p["target_name"]) for p in plans} == {
         (d, t) for d in ("float32", "bfloat16") for t in ("jetson-orin-nano-8gb", "jetson-agx-orin-32gb", "this device")}

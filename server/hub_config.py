@@ -7,7 +7,7 @@ The file has one table per --help section of `edge-hub serve`, each key the long
                  username, password_file, ctl_key_file
     [hub]        hub_id, stats_every
     [model]      dtype, threads, max_len, device, gpu_layers
-    [draft]      draft_model, client_share, max_sessions, max_kv_mb, max_gamma, evict_after, ahead,
+    [draft]      draft_model, draft_backend, client_share, max_sessions, max_kv_mb, max_gamma, evict_after, ahead,
                  coalesce, join, q_top_k, draft_p_min, drafter, suffix_min_score
     [sun]        sun_isolated, sun_pool, sun_decoder, sun_max_batch, sun_max_sequences, sun_backend,
                  stop_id, sun_http_port, sun_http_host, sun_tokenizer
@@ -86,6 +86,7 @@ class HubConfig:
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     device: str = "auto"                # where the draft and the SUN decoder run (--device)
     gpu_layers: Optional[str] = None    # llama.cpp: N | all (--gpu-layers)
+    draft_backend: str = "torch"        # the hub draft's engine (--draft-backend)
 
 
 def hub_config_from(o: dict) -> HubConfig:
@@ -95,7 +96,7 @@ def hub_config_from(o: dict) -> HubConfig:
     sun = _sun_settings(o)
     return HubConfig(o["hub_id"], o["stats_every"], ctl_key, broker, o["dtype"], o["threads"], o["max_len"],
                      _draft_plan(o), o["client_share"], sun, TelemetrySettings.from_options(o),
-                     o["device"], o["gpu_layers"])
+                     o["device"], o["gpu_layers"], o["draft_backend"])
 
 
 def broker_settings(o: dict) -> BrokerSettings:

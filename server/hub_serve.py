@@ -84,6 +84,8 @@ def sun_options(f):
 @option(HUB, "--stats-every", default=5.0, show_default=True, help="seconds between stats lines (0: off)")
 @model_options
 @option(DRAFT, "--draft-model", default=None, help="model name or path of the hub's own draft service")
+@backend_option("--draft-backend", section=DRAFT,
+                help="the hub draft's engine: torch, llamacpp (a GGUF, --gpu-layers), onnx, or auto (by the file)")
 @option(DRAFT, "--client-share", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True),
         help="the most of the draft slots that fit its model one client may hold (others keep room)")
 @draft_options
@@ -125,7 +127,8 @@ def _make_hub(cfg: HubConfig):
     if cfg.draft is not None:
         core, tok = build_draft(cfg.draft, f"{cfg.hub_id}-draft",
                                 lambda: open_model_for_command(cfg.draft.model, cfg.dtype, cfg.threads, cfg.max_len,
-                                                               device=cfg.device, gpu_layers=cfg.gpu_layers))
+                                                               cfg.draft_backend, device=cfg.device,
+                                                               gpu_layers=cfg.gpu_layers))
     else:
         click.echo("no --draft-model: this hub only routes to draft services on devices "
                    "(`edge-agent run --role draft`)", err=True)

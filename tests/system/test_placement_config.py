@@ -47,3 +47,19 @@ def test_bad_gpu_layers_is_a_usage_error(exports):
     r = CliRunner().invoke(agent, ["generate", "hi", "-T", str(exports.gguf("llama")), "-D", "ngram",
                                    "-b", "llamacpp", "--gpu-layers", "lots", "-n", "2"])
     assert r.exit_code != 0 and "--gpu-layers 'lots'" in r.output
+
+
+def test_hub_draft_runs_on_the_backend_and_placement_asked(exports, capsys):
+    """edge-hub serve --draft-backend llamacpp --gpu-layers 0: the hub's own draft is a llama.cpp
+    engine whose model params got n_gpu_layers=0, and the hub says so as it loads it."""
+    from server.hub_config import hub_config_from
+    from server.hub_serve import _make_hub, serve
+    ctx = serve.make_context("serve", ["--draft-model", str(exports.gguf("llama")), "--draft-backend", "llamacpp",
+                                       "--gpu-layers", "0", "--max-len", "128"])
+    cfg = hub_config_from(ctx.params)
+    assert (cfg.draft_backend, cfg.gpu_layers) == ("llamacpp", "0")
+    hub = _make_hub(cfg)
+    engine = hub.draft_core.engine
+    assert engine.name == "llamacpp" and engine.model_params.n_gpu_layers == 0
+    assert "placement: llamacpp on cpu: all layers on the CPU (asked for --gpu-layers 0)" in capsys.readouterr().err
+    engine.close()

@@ -34,6 +34,7 @@ PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
 LOGPROBS = "logprobs"          # the generator hands back the target's row for each token
 PENALTIES = "penalties"        # the generator adjusts its logits (penalties, logit_bias)
 STRUCTURED = "structured"      # the generator follows a grammar (response_format, edge/api/structured.py)
+TOOLS = "tools"                # the chat template renders tools, the reply's calls are parsed (edge/api/tools.py)
 
 
 class BadRequest(ValueError):
@@ -52,9 +53,9 @@ class Profile:
     lacks_because: str = ""
 
 
-TARGET = Profile("target", frozenset({LOGPROBS, PENALTIES, STRUCTURED}))
+TARGET = Profile("target", frozenset({LOGPROBS, PENALTIES, STRUCTURED, TOOLS}))
 SUN_HUB = Profile("SUN hub", frozenset(), "the shared decoder streams tokens only (no logits) and samples "
-                                          "without penalties or grammars")
+                                          "without penalties, grammars or tools")
 
 
 @dataclass(frozen=True)
@@ -110,9 +111,14 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
     _f("service_tier", IGNORED, "one tier here"),
     _f("prompt_cache_key", IGNORED, "prefix caching is per device and automatic"),
     # not here yet
-    _f("tools", REFUSED, "tool calling", _CHAT_ONLY, neutral=([],)),
-    _f("tool_choice", REFUSED, "tool calling", _CHAT_ONLY, neutral=("none",)),
-    _f("parallel_tool_calls", REFUSED, "tool calling", _CHAT_ONLY),
+    _f("tools", HONOURED, "functions rendered by the model's own chat template (a template without tool "
+       "support: a 400); the reply's <tool_call> blocks become message.tool_calls, finish_reason tool_calls",
+       _CHAT_ONLY, needs=TOOLS, neutral=([],)),
+    _f("tool_choice", HONOURED, "auto (default), none (tools not shown), required or {type: function, function: "
+       "{name}}: the reply is constrained to calls of those functions with arguments following their schemas",
+       _CHAT_ONLY, needs=TOOLS, neutral=("none", "auto")),
+    _f("parallel_tool_calls", HONOURED, "false: at most one call when tool_choice forces calls", _CHAT_ONLY,
+       needs=TOOLS, neutral=(True,)),
     _f("functions", REFUSED, "tool calling (the deprecated form)", _CHAT_ONLY, neutral=([],)),
     _f("function_call", REFUSED, "tool calling (the deprecated form)", _CHAT_ONLY, neutral=("none",)),
     _f("response_format", HONOURED, "json_object or json_schema {name, schema, strict}: the text follows it "

@@ -29,6 +29,7 @@ from edge.api.fields import STRUCTURED, TARGET, BadRequest, Profile
 from edge.api.logprobs import LogprobRecorder
 from edge.api.request import Request, parse_request
 from edge.api.structured import StructuredOutput
+from edge.api.tools import call_grammar_lark, parse_calls
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20
@@ -143,6 +144,11 @@ class OpenAIServer:
         req = parse_request(body, chat, self.tok, model, self.profile, self.max_tokens_cap, self.context)
         if STRUCTURED in self.profile.features:
             req.grammar = self.structured.grammar_for(body)
+        if req.tools is not None and req.tools.forced:       # tool_choice required / named: constrained
+            if req.grammar is not None:
+                raise BadRequest("a forced 'tool_choice' and a 'response_format' cannot both shape the reply",
+                                 "tool_choice")
+            req.grammar = self.structured.grammar_for_lark(call_grammar_lark(req.tools), "tool_choice")
         return req
 
     def run(self, req: Request, emit: Callable[[str, list], None],
@@ -183,6 +189,16 @@ class OpenAIServer:
 
     def recorder(self, req: Request) -> Optional[LogprobRecorder]:
         return None if req.logprobs is None else LogprobRecorder(self.tok, req.logprobs)
+
+
+def _message(req: Request, text: str, finish: str) -> tuple:
+    """(the assistant message, finish_reason): with tools offered, the reply's tool calls parsed out."""
+    if req.tools is None:
+        return {"role": "assistant", "content": text}, finish
+    content, calls = parse_calls(text)
+    if not calls:
+        return {"role": "assistant", "content": text}, finish
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
 
 def _usage(req: Request, n: int) -> dict:
@@ -269,7 +285,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(500, f"generation failed: {e}", "server_error")
             return
         if req.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+            message, finish = _message(req, text, finish)
+            choice = {"index": 0, "message": message, "finish_reason": finish,
                       "logprobs": rec.chat(rec.entries) if rec else None}
             self._json(200, {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(req, n)})
         else:
@@ -324,7 +341,10 @@ class _Stream:
 
     def run(self) -> None:
         try:
-            _, n, finish = self.h.owner.run(self.req, lambda s, lp: self.send(self.delta(s, lp)), self.rec)
+            if self.req.tools is not None:     # a tool call is known only once whole: the reply at the end
+                n, finish = self._tool_reply()
+            else:
+                _, n, finish = self.h.owner.run(self.req, lambda s, lp: self.send(self.delta(s, lp)), self.rec)
             self.send(self.delta("", [], finish))
             if self.req.include_usage:
                 self.send(None, _usage(self.req, n))
@@ -348,6 +368,19 @@ class _Stream:
                 self.h._error(500, f"generation failed: {e}", "server_error")
                 return
             self._fail(e)
+
+    def _tool_reply(self) -> tuple:
+        """Generate the whole reply, then send its content and its tool calls as deltas (each call
+        whole, with its index, as OpenAI's chunks carry them); -> (tokens, finish_reason)."""
+        entries = []
+        text, n, finish = self.h.owner.run(self.req, lambda s, lp: entries.extend(lp), self.rec)
+        message, finish = _message(self.req, text, finish)
+        if message.get("content") or entries:
+            self.send(self.delta(message.get("content") or "", entries))
+        for i, call in enumerate(message.get("tool_calls", ())):
+            self.send({"index": 0, "delta": {"tool_calls": [{"index": i, **call}]}, "logprobs": None,
+                       "finish_reason": None})
+        return n, finish
 
     def _fail(self, e: Exception) -> None:
         try:

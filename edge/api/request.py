@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from edge.api.fields import CHAT, COMPLETIONS, BadRequest, Profile, check_fields
+from edge.api.fields import CHAT, COMPLETIONS, TOOLS, BadRequest, Profile, check_fields
+from edge.api.tools import ToolPlan, read_tools, render, template_messages
 from edge.spec.sampling import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
@@ -27,6 +28,7 @@ class Request:
     include_usage: bool = False        # stream_options.include_usage: a last chunk with the usage
     logprobs: Optional[int] = None     # None: not asked; N: the token's logprob and N alternatives
     grammar: Optional[object] = None   # response_format's (edge/api/structured.py), set by the endpoint
+    tools: Optional[ToolPlan] = None   # the tools offered and what tool_choice asks (edge/api/tools.py)
 
 
 def number(body: dict, key: str, default, lo, hi, kind=float):
@@ -56,8 +58,8 @@ def _seed(body: dict) -> Optional[int]:
 
 
 def chat_messages(body: dict) -> List[dict]:
-    """The messages as {role, content: str} for the chat template; text parts are joined.
-    Extension point for tools: assistant tool_calls and role "tool" messages belong here."""
+    """The messages as {role, content: str} for the chat template; text parts are joined. An
+    assistant's tool_calls (its content may then be null) and a tool message's tool_call_id pass on."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
                                                          for m in msgs):
@@ -65,6 +67,8 @@ def chat_messages(body: dict) -> List[dict]:
     out = []
     for m in msgs:
         content = m.get("content")
+        if content is None and m.get("tool_calls"):
+            content = ""
         if isinstance(content, list):          # [{"type": "text", "text": ...}, ...]
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
@@ -73,7 +77,8 @@ def chat_messages(body: dict) -> List[dict]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages")
-        out.append({"role": m["role"], "content": content})
+        out.append({"role": m["role"], "content": content,
+                    **{k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None}})
     return out
 
 
@@ -170,9 +175,10 @@ def parse_request(body, chat: bool, tok, model: str, profile: Profile, max_token
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     check_fields(body, CHAT if chat else COMPLETIONS, profile)
+    tools = read_tools(body) if chat and TOOLS in profile.features else None
     if chat:
         try:
-            ids = tok.encode(tok.apply_chat_template(chat_messages(body)))
+            ids = tok.encode(render(tok, template_messages(chat_messages(body)), tools))
         except BadRequest:
             raise
         except ValueError as e:
@@ -191,4 +197,4 @@ def parse_request(body, chat: bool, tok, model: str, profile: Profile, max_token
         raise BadRequest("'stop' must be a string or a list of at most 4 strings", "stop")
     stream, include_usage = _stream(body)
     return Request(chat, model, ids, max_new, sampling_params(body, getattr(tok, "vocab_size", 0)), stop,
-                   stream, include_usage, _logprobs(body, chat))
+                   stream, include_usage, _logprobs(body, chat), tools=tools)

@@ -15,7 +15,8 @@ from collections import OrderedDict
 from typing import Optional
 
 from edge.api.fields import BadRequest
-from edge.spec.grammar import JSON_OBJECT, Grammar, GrammarError, grammar_from_json_schema, grammar_tokenizer
+from edge.spec.grammar import (JSON_OBJECT, Grammar, GrammarError, grammar_from_json_schema, grammar_from_lark,
+                               grammar_tokenizer)
 
 KEEP_COMPILED = 32       # grammars kept compiled per endpoint (agents repeat their schemas)
 PARAM = "response_format"
@@ -57,16 +58,23 @@ class StructuredOutput:
         schema = response_schema(body.get(PARAM))
         if schema is None:
             return None
-        key = json.dumps(schema, sort_keys=True)
+        return self._compile("schema:" + json.dumps(schema, sort_keys=True), PARAM,
+                             lambda: grammar_from_json_schema(schema))
+
+    def grammar_for_lark(self, lark: str, param: str) -> Grammar:
+        """A Lark grammar's (a forced tool_choice's, edge/api/tools.py); BadRequest naming `param`."""
+        return self._compile("lark:" + lark, param, lambda: grammar_from_lark(lark))
+
+    def _compile(self, key: str, param: str, text_of) -> Grammar:
         with self._lock:
             g = self._compiled.get(key)
             if g is not None:
                 self._compiled.move_to_end(key)
                 return g
             try:
-                g = Grammar(grammar_from_json_schema(schema), self._tokenizer())
+                g = Grammar(text_of(), self._tokenizer())
             except GrammarError as e:
-                raise BadRequest(f"'response_format': {e}", PARAM) from None
+                raise BadRequest(f"{param!r}: {e}", param) from None
             self._compiled[key] = g
             while len(self._compiled) > KEEP_COMPILED:
                 self._compiled.popitem(last=False)

@@ -23,8 +23,7 @@ torch.set_num_threads(1)
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "api.md"
 HI = [{"role": "user", "content": "hi"}]
 # a value that asks for something, for each refused field
-ASKS = {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-        "tool_choice": "required", "parallel_tool_calls": False, "functions": [{"name": "f"}],
+ASKS = {"functions": [{"name": "f"}],
         "function_call": "auto", "echo": True, "suffix": "x",
         "best_of": 2, "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
         "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "low", "verbosity": "low",

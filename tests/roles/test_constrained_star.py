@@ -68,11 +68,12 @@ def test_greedy_constrained_through_the_star_equals_plain(bpe, applied):
         hub.stop()
 
 
-def test_sampled_constrained_through_the_star_is_lossless():
+@pytest.mark.parametrize("ahead", [False, True], ids=["on-request", "with-draft-ahead"])
+def test_sampled_constrained_through_the_star_is_lossless(ahead):
     target, draft = TableEngine(vocab=5, seed=1), TableEngine(vocab=5, seed=7)
     grammar = tiny_grammar()
     prompt, length, n = [1, 3, 0], 4, 3000
-    hub, st = star(target, DraftService(draft, DraftLimits(q_top_k=5, ahead=False), name="hub-draft",
+    hub, st = star(target, DraftService(draft, DraftLimits(q_top_k=5, ahead=ahead), name="hub-draft",
                                         grammar_tokenizer=grammar.tokenizer))
     counts, drafted, accepted = {}, 0, 0
     try:

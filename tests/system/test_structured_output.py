@@ -120,6 +120,20 @@ def test_json_object_is_a_json_object(endpoint):
             assert choice["message"]["content"].startswith("{")
 
 
+def test_the_sun_hub_refuses_grammars_and_tools_naming_them():
+    from harness.http_endpoints import sun_http_endpoint
+    gen = sun_http_endpoint(["maths"])
+    server = next(gen)[0]
+    try:
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        for extra, param in (({"response_format": {"type": "json_object"}}, "response_format"),
+                             ({"tools": tools}, "tools"), ({"tool_choice": "required"}, "tool_choice")):
+            code, err = _status(server, {"model": "maths", "messages": HI, "max_tokens": 2, **extra})
+            assert code == 400 and err["param"] == param and "SUN hub" in err["message"], err
+    finally:
+        gen.close()
+
+
 def _status(server, body):
     import urllib.error
     try:

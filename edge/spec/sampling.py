@@ -178,6 +178,7 @@ def top_logprobs(row, token: int, n: int) -> Tuple[float, list]:
         return float(lp[token]), []
     top = np.argpartition(-lp, min(n, lp.size) - 1)[:n]
     top = top[np.lexsort((top, -lp[top]))]               # most likely first, ties by id
+    top = top[np.isfinite(lp[top])]                      # a token a grammar forbids is no alternative
     return float(lp[token]), [(int(t), float(lp[t])) for t in top]
 
 

@@ -108,6 +108,18 @@ def test_greedy_answer_is_the_plain_constrained_text(endpoint):
     assert svc.stats.snapshot()["counters"].get("grammars_compiled", 0) >= 1
 
 
+def test_logprobs_under_a_grammar_name_only_allowed_tokens(endpoint):
+    server = endpoint[0]
+    r = post(server, CHAT, {"messages": HI, "max_tokens": 60, "temperature": 0, "logprobs": True,
+                            "top_logprobs": 5, "response_format": {"type": "json_schema", "json_schema": {
+                                "name": "b", "schema": {"type": "boolean"}}}})
+    entries = r["choices"][0]["logprobs"]["content"]
+    assert "".join(e["token"] for e in entries) == r["choices"][0]["message"]["content"]
+    first = entries[0]                     # "true" or "false": only t or f may start it
+    assert 1 <= len(first["top_logprobs"]) <= 2 and all(a["logprob"] > -1e9 for a in first["top_logprobs"])
+    assert abs(sum(2.718281828 ** a["logprob"] for a in first["top_logprobs"]) - 1.0) < 1e-6
+
+
 def test_json_object_is_a_json_object(endpoint):
     server = endpoint[0]
     for seed in range(3):

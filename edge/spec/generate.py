@@ -325,7 +325,7 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
                 drafts, qs, dt = _propose(drafter, run.context, g, draft_rng, target.vocab_size)
                 res.timings.append(CallTiming("draft", len(drafts), dt))
                 rounds.drafted(len(run.context), len(drafts), dt)
-            if matcher is not None:                             # the grammar's legal prefix
+            if matcher is not None:                             # what the grammar lets it verify
                 drafts, qs, masks = legal_drafts(matcher, drafts, qs)
             fed = len(run.context)                              # verify: one target call
             logits = run.adjusted(run.forward([run.context[-1]] + drafts), params, drafts)

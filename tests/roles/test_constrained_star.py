@@ -112,3 +112,29 @@ def test_the_service_refuses_a_grammar_it_cannot_use(bpe):
     (msg,) = _answer(svc, DraftRequest("s", 9, 0, prompt, 3, sampling(), False, None, grammar_id(good), good,
                                        len(prompt)))
     assert isinstance(msg, DraftResponse) and bpe.decode(msg.tokens).startswith("{")   # it keeps serving
+
+
+def test_a_grammar_the_service_refuses_means_decoding_alone(bpe, monkeypatch):
+    from edge.star.draft_grammar import DraftGrammars
+    from edge.star.draft_limits import DraftRefused
+
+    def refuse(self, s, req, stats):
+        if req.grammar_id:
+            raise DraftRefused("this service cannot compile it", E_BAD_GRAMMAR)
+        s.grammar = None
+    monkeypatch.setattr(DraftGrammars, "apply", refuse)
+    target, draft = tiny_pair(bpe.vocab_size)
+    grammar = Grammar(grammar_from_json_schema(SCHEMA), grammar_tokenizer(bpe, target.vocab_size))
+    prompt = bpe.encode("give json: ")
+    want = generate_plain(target, prompt, 80, GREEDY, grammar=grammar)
+    hub, st = star(target, DraftService(draft, DraftLimits(), name="hub-draft"))
+    try:
+        got = st.generate(prompt, 80, GREEDY, deadline=PATIENT, grammar=grammar)
+        assert (got.tokens, got.stop_token) == (want.tokens, want.stop_token)
+        stats = st.last_drafter.stats
+        assert stats.errors == 1 and got.n_drafted == 0, stats      # asked once, then decoded alone
+        # the next generation without a grammar drafts again
+        assert st.generate(prompt, 12, GREEDY, deadline=PATIENT).n_drafted > 0
+    finally:
+        st.hub.link.close()
+        hub.stop()

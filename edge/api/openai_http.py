@@ -29,7 +29,7 @@ from edge.api.fields import STRUCTURED, TARGET, BadRequest, Profile
 from edge.api.logprobs import LogprobRecorder
 from edge.api.request import Request, parse_request
 from edge.api.structured import StructuredOutput
-from edge.api.tools import call_grammar_lark, parse_calls
+from edge.api.tools import OPEN, call_grammar_lark, parse_calls
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20
@@ -341,7 +341,7 @@ class _Stream:
 
     def run(self) -> None:
         try:
-            if self.req.tools is not None:     # a tool call is known only once whole: the reply at the end
+            if self.req.tools is not None:     # text streams up to a tool call; calls go whole, at the end
                 n, finish = self._tool_reply()
             else:
                 _, n, finish = self.h.owner.run(self.req, lambda s, lp: self.send(self.delta(s, lp)), self.rec)
@@ -370,13 +370,23 @@ class _Stream:
             self._fail(e)
 
     def _tool_reply(self) -> tuple:
-        """Generate the whole reply, then send its content and its tool calls as deltas (each call
-        whole, with its index, as OpenAI's chunks carry them); -> (tokens, finish_reason)."""
-        entries = []
-        text, n, finish = self.h.owner.run(self.req, lambda s, lp: entries.extend(lp), self.rec)
+        """Stream the reply's text up to its first <tool_call>, then, once the reply is whole, its
+        tool calls as deltas (each call whole, with its index, as OpenAI's chunks carry them) -- or,
+        when what followed was no call, that text; -> (tokens, finish_reason)."""
+        entries, before = [], StopText([OPEN])      # holds back what may be the start of a call
+
+        def emit(s: str, lp: list) -> None:
+            entries.extend(lp)
+            out = "" if before.hit else before.feed(s)
+            if out:
+                self.send(self.delta(out, entries))
+                entries.clear()
+        text, n, finish = self.h.owner.run(self.req, emit, self.rec)
         message, finish = _message(self.req, text, finish)
-        if message.get("content") or entries:
-            self.send(self.delta(message.get("content") or "", entries))
+        sent = before.text[:before.sent]
+        rest = text[len(sent):] if not message.get("tool_calls") else ""
+        if rest or entries:
+            self.send(self.delta(rest, entries))
         for i, call in enumerate(message.get("tool_calls", ())):
             self.send({"index": 0, "delta": {"tool_calls": [{"index": i, **call}]}, "logprobs": None,
                        "finish_reason": None})

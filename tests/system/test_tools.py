@@ -111,6 +111,45 @@ def test_streamed_tool_calls_are_the_same_calls(client):
                                                  for c in whole.message.tool_calls]
 
 
+def scripted_server(tok, reply: str):
+    """An endpoint whose generation writes `reply`, token by token (what the model said, fixed)."""
+    from types import SimpleNamespace
+
+    def generate(ids, max_new, params, stop_ids=(), on_token=None, **kw):
+        toks = tok.encode(reply)
+        for t in toks:
+            on_token(t)
+        return SimpleNamespace(finish_reason="stop", tokens=toks)
+    return OpenAIServer(generate, tok, "tiny", port=0, context=1024).start()
+
+
+@pytest.mark.parametrize("reply, content, calls", [
+    ("Let me look.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>",
+     "Let me look.", [("add", '{"a": 1, "b": 2}')]),
+    ("No tool is needed: the answer is <tool_ and so on", "No tool is needed: the answer is <tool_ and so on", []),
+    ("<tool_call>\nnot json\n</tool_call>", "<tool_call>\nnot json\n</tool_call>", []),
+])
+def test_streamed_text_and_calls_are_the_whole_answers(tmp_path, reply, content, calls):
+    tok = bpe_tokenizer(tmp_path / "t")
+    tok.chat_template = TOOL_TEMPLATE
+    server = scripted_server(tok, reply)
+    try:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0)
+        kw = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=100)
+        whole = c.chat.completions.create(**kw).choices[0]
+        assert [(t.function.name, t.function.arguments) for t in whole.message.tool_calls or ()] == calls
+        assert whole.finish_reason == ("tool_calls" if calls else "stop")
+        chunks = [ch for chunk in c.chat.completions.create(stream=True, **kw) for ch in chunk.choices]
+        texts = [ch.delta.content for ch in chunks if ch.delta.content]
+        got = [(d.function.name, d.function.arguments) for ch in chunks for d in ch.delta.tool_calls or ()]
+        assert "".join(texts).strip() == (whole.message.content or "") == content and got == calls
+        if not content.startswith("<tool_call>"):           # text before a call streams as it comes
+            assert len(texts) > 1
+        assert chunks[-1].finish_reason == whole.finish_reason
+    finally:
+        server.stop()
+
+
 def test_an_agent_loop_sends_the_answer_back(client):
     first = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
                                            max_tokens=400, temperature=0).choices[0].message

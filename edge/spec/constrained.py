@@ -76,6 +76,16 @@ def legal_drafts(matcher, drafts: Sequence[int], qs: Sequence) -> Tuple[List[int
     return [int(x) for x in drafts[:n]], list(qs[:n]), masks
 
 
+def grammar_matcher(grammar, stops: set):
+    """A generation's matcher for `grammar` (None: unconstrained); the grammar's end tokens join
+    `stops` (the end of the grammar is the end of the generation)."""
+    if grammar is None:
+        return None
+    matcher = grammar.matcher()
+    stops |= matcher.stop_ids
+    return matcher
+
+
 class ConstrainedProposer:
     """A draft's grammar state, following the contexts it is asked to draft after.
 

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edge.spec.common_prefix import common_prefix
-from edge.spec.constrained import ConstrainedProposer, legal_drafts, mask_rows
+from edge.spec.constrained import ConstrainedProposer, grammar_matcher, legal_drafts, mask_rows
 from edge.spec.drafter import Drafter
 from edge.spec.gamma_rounds import GammaRounds
 from edge.engines.base import Engine
@@ -267,7 +267,7 @@ def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
     prompt = _check_prompt(prompt_ids, max_new)
     rng = role_rng(params.seed, Role.TARGET)
     run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits)
-    matcher = _start_grammar(grammar, run)
+    matcher = grammar_matcher(grammar, run.stops)
     try:
         while not run.done and run.room() >= 1:
             rows = run.adjusted(run.forward([run.context[-1]])[-1:], params)
@@ -308,7 +308,7 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     rounds = GammaRounds(drafter.gamma_policy(gamma) if adaptive else None, gamma)
     run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits)
     res = run.res
-    matcher = _start_grammar(grammar, run)
+    matcher = grammar_matcher(grammar, run.stops)
     drafter.constrain(grammar, len(prompt))
     try:
         _prepare_draft(drafter, rounds, prompt, run)
@@ -349,15 +349,6 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
         target.free(run.seq)
         raise
     return run.finish()
-
-
-def _start_grammar(grammar, run: _Run):
-    """The generation's grammar matcher (None: unconstrained); its end tokens stop the run."""
-    if grammar is None:
-        return None
-    matcher = grammar.matcher()
-    run.stops |= matcher.stop_ids
-    return matcher
 
 
 def _check_speculative(target: Engine, drafter: Drafter, gamma: int) -> None:

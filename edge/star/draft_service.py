@@ -30,8 +30,7 @@ guess of the target's bonus, and when the target agrees the next answer is ready
 tokens are sent depends only on the draft's own distributions, so the output is still exactly
 the target's.
 
-A request's grammar (constrained output) masks the row of each of its session's proposals:
-edge/star/draft_grammar.py.
+A request's grammar masks the row of each of its session's proposals (edge/star/draft_grammar.py).
 
 Batch coalescing (edge/star/batch_hold.py, `DraftLimits.coalesce`): with requests pending
 and sessions just served due back within the batch's fixed cost, the step waits for them

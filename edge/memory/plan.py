@@ -17,8 +17,8 @@ KV         bytes per token (layers x 2 x kv_heads x head_dim x itemsize: llama.c
 compute    activations of the role's largest call and its logits rows (vocab x 4 bytes each)
 
 The constants below "calibrated here" were fitted to peak RSS measured here (2-core x86,
-no GPU) by benchmarks/memory_plan.py, whose cases and errors are kept in
-benchmarks/results/memory_plan.md. A device profile (devices/profiles) says how much
+no GPU) by benchmarks/device/memory_plan.py, whose cases and errors are kept in
+benchmarks/results/memory_plan/default.md. A device profile (devices/profiles) says how much
 memory there is, not how a backend uses it: on a GPU profile the same arithmetic is an
 estimate of the role's host + device bytes with CPU-calibrated overheads, and the CUDA
 context is assumed to be outside the profile's usable memory (not measured here).
@@ -37,7 +37,7 @@ BACKENDS = ("torch", "onnx", "llamacpp")
 ROLES = ("target", "draft", "prefill", "decoder")
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
-# -- calibrated here (benchmarks/results/memory_plan.md keeps the cases that justify each) ---------
+# -- calibrated here (benchmarks/results/memory_plan/default.md keeps the cases that justify each) ---------
 # RSS after the imports each backend's role makes, measured in a bare process (the torch import
 # alone is ~0.18 GB of it); every case of its backend rests on it.
 RUNTIME_BYTES = {"llamacpp": 43 * MiB, "onnx": 53 * MiB, "torch": 228 * MiB}

@@ -139,7 +139,8 @@ def test_starsd_refuses_every_attack_and_keeps_serving(broker, tmp_path):
         attack(genuine, P.up_topic("victim", "no-such-sid", session.draft), "unknown_session")
         # insiders: a device with its own session's key, sending what no honest sender does
         body = {"sid": sid, "seq": 50, "keep": 0, "append": [1, 2], "gamma": P.MAX_GAMMA + 1,
-                "sampling": P.sampling(), "background": False, "p_min": None}
+                "sampling": P.sampling(), "background": False, "p_min": None,
+                    "grammar_id": "", "grammar": "", "grammar_from": 0}
         attack(signed("draft_req", sid, body, secret), up, "invalid")                           # γ past the wire's limit
         attack(signed("draft_req", sid, {**body, "seq": 51, "gamma": 2, "append": [256]}, secret), up, "invalid")
         attack(signed("draft_req", sid, {**body, "seq": 52, "gamma": 2, "append": [P.MAX_VOCAB]}, secret), up,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import types
@@ -56,7 +57,7 @@ def build_cuda_llama(sdist: Path, work: Path, timeout_s: float) -> Tuple[bool, s
     wheel = next(wheels.glob("llama_cpp_python-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target",
                     str(work / "site"), str(wheel)], check=True, capture_output=True)
-    sys.path.insert(0, str(work / "site"))
+    site.addsitedir(str(work / "site"))   # the GPU machine has no llama-cpp-python of its own
     return True, f"built {wheel.name} with CUDA (CMAKE_CUDA_ARCHITECTURES=native)"
 
 

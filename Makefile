@@ -56,7 +56,7 @@ demo: install llama
 
 # the services the tests need (a real Mosquitto)
 system-test:
-	bash scripts/ensure_system.sh mosquitto ssh sshd rsync netns
+	bash scripts/ensure_system.sh mosquitto rabbitmq ssh sshd rsync netns
 
 test: system-test install llama test-models
 	$(BIN)/lint-imports

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the system packages a make target needs when they are missing: via apt when
 # run as root, otherwise stop with the exact command to run.
-# usage: scripts/ensure_system.sh [compiler] [venv] [mosquitto] [ssh] [sshd] [rsync] [netns]
+# usage: scripts/ensure_system.sh [compiler] [venv] [mosquitto] [rabbitmq] [ssh] [sshd] [rsync] [netns]
 set -euo pipefail
 missing=()
 for need in "$@"; do
@@ -12,6 +12,9 @@ for need in "$@"; do
     mosquitto) command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
                # mosquitto_pub / _sub: third-party clients that attack a live star in the tests
                command -v mosquitto_pub >/dev/null 2>&1 || missing+=(mosquitto-clients) ;;
+    # a clustered MQTT broker (RabbitMQ 3.10 + its MQTT plugin): the star on a broker cluster (harness/rabbitmq.py)
+    rabbitmq)  [ -x /usr/sbin/rabbitmq-server ] || [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] \
+                 || missing+=(rabbitmq-server) ;;
     # provisioning: ssh + rsync on the PC; the tests' "device" is a real sshd (tests/system/test_flash_jetson.py)
     ssh)       command -v ssh >/dev/null 2>&1 || missing+=(openssh-client) ;;
     sshd)      [ -x /usr/sbin/sshd ] || missing+=(openssh-server) ;;

@@ -7,6 +7,7 @@ With `acl=True` the hub may do anything; a client (username = its client id) may
     write ss/s/{me}/+/+/up          draft requests and bye of its own sessions
     read  ss/s/{me}/+/+/down        draft responses for its own sessions
     read  ss/hub/status             hub presence
+    read  ss/hubs/+                 each hub's presence, where there are several
 
     write ss/sun/req/{me}           its SUN requests
     read  ss/sun/r/{me}/+           the token streams of its own SUN requests
@@ -35,6 +36,7 @@ from paho.mqtt.client import topic_matches_sub
 ROLES = ("hub", "client", "draft", "sun")
 CLIENT_RULES = [("write", "ss/hub/join/%u"), ("read", "ss/c/%u/joined"),
                 ("write", "ss/s/%u/+/+/up"), ("read", "ss/s/%u/+/+/down"), ("read", "ss/hub/status"),
+                ("read", "ss/hubs/+"),
                 ("write", "ss/sun/req/%u"), ("read", "ss/sun/r/%u/+"), ("write", "ss/dev/%u/telemetry")]
 DRAFT_RULES = [("read", "ss/s/+/+/%u/up"), ("write", "ss/s/+/+/%u/down"), ("write", "ss/hub/drafts/%u"),
                ("read", "ss/d/%u/#")]

@@ -20,9 +20,10 @@ import msgpack
 
 from edge.wire.fields import ProtocolError, _short, check_id
 
-PROTOCOL_VERSION = 6          # 2: SUN KV topics name their sender; 3: SunHello carries max_load;
+PROTOCOL_VERSION = 7          # 2: SUN KV topics name their sender; 3: SunHello carries max_load;
                               # 4: DraftRequest carries background; 5: and the target's p_min;
-                              # 6: and the grammar its drafts follow (grammar_id, grammar, grammar_from)
+                              # 6: and the grammar its drafts follow (grammar_id, grammar, grammar_from);
+                              # 7: Join names the hub it is for (several hubs)
 MAX_MESSAGE_BYTES = 4 << 20
 
 def wire(check: Callable[[str, Any], Any], default: Any = MISSING, factory: Any = MISSING,

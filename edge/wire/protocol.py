@@ -42,7 +42,7 @@ from edge.wire.topics import (  # noqa: F401,E402
     DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, SUN_PREFIX, SUN_REQ_SUB, SUN_WORKERS_SUB, TOPICS, down_topic,
     draft_ctl_topic, draft_hello_topic, join_topic, joined_topic, parse_topic, session_up_sub, subscription,
     sun_ctl_topic, sun_hello_topic, sun_kv_sub, sun_kv_topic, sun_req_topic, sun_stream_sub, sun_stream_topic,
-    topic, up_topic, TELEMETRY_SUB, telemetry_topic)
+    topic, up_topic, TELEMETRY_SUB, telemetry_topic, HUBS_SUB, hub_hello_topic)
 
 
 # ---- message limits (the field limits live with the checkers, edge/wire/fields.py) ----
@@ -109,6 +109,7 @@ class Join(Message):
     sampling: dict = _sampling_field()
     role: str = wire(one_of(JOIN_ROLES), "target")
     nonce: str = wire(ID_OR_EMPTY, "")          # echoed in Joined so stale replies are ignored
+    hub: str = wire(ID_OR_EMPTY, "")            # the hub it is for, of several (edge/star/hub_ring.py); "": the one
 
 
 @message("joined")

@@ -15,6 +15,7 @@ TOPICS = {
     "up":          "ss/s/{client}/{sid}/{service}/up",    # target -> draft service: DraftRequest, Bye
     "down":        "ss/s/{client}/{sid}/{service}/down",  # draft service -> target: DraftResponse, Error
     "status":      "ss/hub/status",                # hub, retained: HubStatus (last will: online=False)
+    "hub_hello":   "ss/hubs/{hub}",                # each hub of several, retained + periodic: HubStatus (will: offline)
     "draft_hello": "ss/hub/drafts/{service}",      # draft service -> hub, retained: DraftHello
     "draft_ctl":   "ss/d/{service}/ctl",           # hub -> draft service: SessionAssign, SessionRelease
     "sun_req":     "ss/sun/req/{client}",          # client -> router: SunRequest
@@ -26,7 +27,7 @@ TOPICS = {
     "telemetry":   "ss/dev/{client}/telemetry",    # every agent and the hub, retained: Telemetry
 }
 _ID_NAMES = {"client": "client id", "sid": "session id", "service": "service id", "worker": "worker id",
-             "rid": "request id", "sender": "sender id"}
+             "rid": "request id", "sender": "sender id", "hub": "hub id"}
 _PATTERNS = {kind: pat.split("/") for kind, pat in TOPICS.items()}
 SUN_PREFIX = "ss/sun"                     # reserved: SUN prefill/decoder routing
 
@@ -84,6 +85,8 @@ draft_hello_topic, draft_ctl_topic = _builder("draft_hello"), _builder("draft_ct
 sun_req_topic, sun_stream_topic = _builder("sun_req"), _builder("sun_stream")
 sun_hello_topic, sun_ctl_topic, sun_kv_topic = _builder("sun_hello"), _builder("sun_ctl"), _builder("sun_kv")
 telemetry_topic = _builder("telemetry")
+hub_hello_topic = _builder("hub_hello")         # a hub's own announcement when there are several
+HUBS_SUB = subscription("hub_hello")            # every hub's (live copies only on brokers without wildcard retained)
 TELEMETRY_SUB = subscription("telemetry")       # edge-hub top and the hub's /metrics read every device here
 STATUS_TOPIC = TOPICS["status"]
 JOIN_SUB = subscription("join")                 # the hub subscribes here

@@ -26,7 +26,7 @@ def streamer(tokenizer):
 
 
 def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature, top_k, top_p,
-                   seed, chat, compare, dtype, threads, max_len, backend="torch",
+                   seed, chat, compare, dtype, threads, max_len, backend="auto",
                    draft_backend=None, draft_top_k=64, device="auto", gpu_layers=None):
     """gamma: (γ, adaptive) as --gamma reads it: the fixed γ, or the largest one a policy picks from.
     device / gpu_layers: where both models run (edge/engines/placement.py)."""
@@ -109,7 +109,10 @@ def generation_options(f):
         option(GENERATION, "--chat/--raw", default=True, show_default=True, help="apply the chat template"),
         option(GENERATION, "--compare/--no-compare", default=True, show_default=True,
                help="also run the target alone and report the speedup"),
-        backend_option(help="engine for the target (and the draft unless --draft-backend)"),
+        # auto, as the loader resolves an artifact: a device without torch runs its .gguf / .onnx / bundle
+        backend_option(default="auto", help="engine for the target (and the draft unless --draft-backend); auto: "
+                       "by the artifact (.gguf: llamacpp when installed, .onnx: onnx, a bundle: its artifact, "
+                       "else torch)"),
         backend_option("--draft-backend", default=None, help="engine for the draft (default: --backend)"),
         model_options,
     ])

@@ -1,0 +1,41 @@
+"""`edge-agent generate` without -b picks the engine from the artifact (as the loader resolves it), so
+it runs on a device that has llama.cpp or onnxruntime but no torch: a GGUF opens on llama.cpp and
+torch never enters the interpreter."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, sys
+from edge.cli.agent import main
+try:
+    main(["generate", "a b c", "-T", sys.argv[1], "-D", "ngram", "-n", "4", "--raw", "--no-compare",
+          "--max-len", "64"], standalone_mode=False)
+    code = 0
+except SystemExit as e:
+    code = e.code
+print("RESULT " + json.dumps({"code": code, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_generate_defaults_to_the_artifacts_backend_and_never_imports_torch(exports):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(exports.gguf("llama"))], capture_output=True, text=True,
+                       cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+    assert got == {"code": 0, "torch": False}, r.stderr[-2000:]
+    assert "placement: llamacpp on cpu" in r.stderr and " on llamacpp (vocab " in r.stderr, r.stderr
+
+
+def test_generate_help_says_the_default_is_auto():
+    from click.testing import CliRunner
+    from edge.cli.agent import main
+    out = CliRunner().invoke(main, ["generate", "--help"]).output
+    backend = out[out.index("-b, --backend"):out.index("  --draft-backend [")]
+    assert "[default: auto]" in " ".join(backend.split()), backend

@@ -58,9 +58,11 @@ def build_wheel(out_dir: Path, repo: Path = REPO) -> Path:
     return max(out_dir.glob("starsun-*.whl"), key=lambda p: p.stat().st_mtime)
 
 
-def wheel_requirements(wheel: Path, extra: Optional[str] = None, python: str = "3.10") -> List[str]:
+def wheel_requirements(wheel: Path, extra: Optional[str] = None, python: str = "3.10",
+                       machine: Optional[str] = None) -> List[str]:
     """Requires-Dist of the wheel that apply on a device (markers as pip would evaluate them
-    there: its Python, Linux; `extra` selects one optional group)."""
+    there: its Python, Linux, its machine -- `uname -m`, e.g. aarch64 on a Jetson; None: this
+    PC's; `extra` selects one optional group)."""
     from packaging.requirements import Requirement
     if Path(wheel).is_file():
         with zipfile.ZipFile(wheel) as z:
@@ -74,6 +76,8 @@ def wheel_requirements(wheel: Path, extra: Optional[str] = None, python: str = "
             continue
         req = Requirement(line.split(":", 1)[1].strip())
         env = {"python_version": python, "sys_platform": "linux", "platform_system": "Linux", "extra": extra or ""}
+        if machine:                     # else packaging fills in the PC's, wrong for an aarch64 device
+            env["platform_machine"] = machine
         if req.marker is None or req.marker.evaluate(env):
             if (req.marker is not None and "extra" in str(req.marker)) != bool(extra):
                 continue                # an extra's requirement, or a base one when asking for the extra
@@ -100,11 +104,13 @@ def _name(req: str) -> str:
 
 def install_commands(profile, backend: str, deps: str, root: str, python: str, wheel: Path,
                      wheels_dir: Optional[str] = None, ort_index: Optional[str] = None,
-                     system_pip: bool = False) -> List[str]:
+                     system_pip: bool = False, python_version: str = "3.10",
+                     machine: Optional[str] = None) -> List[str]:
     """sh commands, in order, that build the venv at root/venv and install the kit into it: the
     core requirements and the extras of `backend` only (BACKEND_EXTRAS).
     system_pip: the interpreter has pip, so a venv over the system site packages uses it (no
-    ensurepip: seconds less on a small board)."""
+    ensurepip: seconds less on a small board). python_version / machine: the device's (its
+    probe's facts), for the requirements' markers."""
     venv, q = f"{root}/venv", shlex.quote
     pip = f"{q(venv)}/bin/python -m pip install --disable-pip-version-check -q"
     links = f" --find-links {q(wheels_dir)}" if wheels_dir else ""
@@ -117,18 +123,19 @@ def install_commands(profile, backend: str, deps: str, root: str, python: str, w
     if deps != "pypi":
         return cmds
     extras = BACKEND_EXTRAS.get(backend, ())
-    core = wheel_requirements(wheel)
+    core = wheel_requirements(wheel, python=python_version, machine=machine)
     if "torch" in extras:
-        torch_reqs = wheel_requirements(wheel, "torch")
+        torch_reqs = wheel_requirements(wheel, "torch", python_version, machine)
         core += [r for r in torch_reqs if _name(r) != "torch"]            # safetensors
         torch = " ".join(q(r) for r in torch_reqs if _name(r) == "torch") or "torch"
         if not jetson:                  # a Jetson's torch is JetPack's, from the system site packages
             cmds.append(_torch_command(profile, pip + links, torch))
     cmds.append(f"{pip}{links} " + " ".join(q(r) for r in core))
     if "onnx" in extras:
-        cmds.append(_onnxruntime_command(profile, pip + links, ort_index, jetson, wheel))
+        cmds.append(_onnxruntime_command(profile, pip + links, ort_index, jetson, wheel, python_version, machine))
     if "llama" in extras:
-        llama = " ".join(q(r) for r in wheel_requirements(wheel, "llama")) or "llama-cpp-python"
+        llama_reqs = wheel_requirements(wheel, "llama", python_version, machine)
+        llama = " ".join(q(r) for r in llama_reqs) or "llama-cpp-python"
         if "llamacpp-cuda" in profile.backends:   # Orin is sm_87; no CUDA aarch64 wheel on PyPI
             arch = " -DCMAKE_CUDA_ARCHITECTURES=87" if jetson else ""
             cmds.append(f"CMAKE_ARGS='-DGGML_CUDA=on{arch}' {pip}{links} --no-binary llama-cpp-python {llama}")
@@ -146,12 +153,13 @@ def _torch_command(profile, pip: str, torch: str) -> str:
     return f"{pip} --index-url {TORCH_CPU_INDEX} {torch}"
 
 
-def _onnxruntime_command(profile, pip: str, ort_index: Optional[str], jetson: bool, wheel: Path) -> str:
+def _onnxruntime_command(profile, pip: str, ort_index: Optional[str], jetson: bool, wheel: Path,
+                         python_version: str = "3.10", machine: Optional[str] = None) -> str:
     """The profile's onnxruntime: PyPI's, or onnxruntime-gpu (the Jetson AI Lab index on a Jetson);
     never both, they provide the same module."""
     ort = profile.onnxruntime_package
     if ort == "onnxruntime":
-        return f"{pip} " + " ".join(shlex.quote(r) for r in wheel_requirements(wheel, "onnx"))
+        return f"{pip} " + " ".join(shlex.quote(r) for r in wheel_requirements(wheel, "onnx", python_version, machine))
     index = ort_index or (JETSON_ORT_INDEX if jetson else None)
     return pip + (f" --extra-index-url {shlex.quote(index)}" if index else "") + f" {shlex.quote(ort)}"
 

@@ -57,6 +57,11 @@ class Options:
     watch_hub: Optional[str] = None     # the hub's broker as the PC reaches it (default: hub)
 
 
+def _major_minor(version: str) -> str:
+    """"3.11.2" -> "3.11" (the markers' python_version); "" (not probed) -> the plan's default."""
+    return ".".join(version.split(".")[:2]) or "3.10"
+
+
 class Provisioning:
     def __init__(self, o: Options, echo: Callable[[str], None] = click.echo):
         self.o, self.echo = o, echo
@@ -183,7 +188,8 @@ class Provisioning:
         o, root = self.o, self.layout.root
         wheels = f"{root}/wheels/{Path(o.wheels_dir).name}" if o.wheels_dir else None
         return install_commands(o.profile, self.artifact.backend, o.deps, root, o.device_python, self.wheel,
-                                wheels, o.ort_index, system_pip=self.facts.pip)
+                                wheels, o.ort_index, system_pip=self.facts.pip,
+                                python_version=_major_minor(self.facts.python), machine=self.facts.arch or None)
 
     def install(self) -> str:
         cmds = self.install_commands()

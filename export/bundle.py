@@ -20,11 +20,13 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from edge.engines.loader import (BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, BundleError, read_manifest,
-                                 sha256_file, validate_bundle)
+from edge.engines.loader import (BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, BundleError, pick_artifact, read_manifest,
+                                 sha256_file)
+from edge.engines.loader import validate_bundle as validate_artifacts
+from edge.engines.lora_bundle import ADAPTERS, TASK_NAME, adapter_entries, check_adapters
 from edge.model.transformer import ModelConfig
 
-__all__ = ["build_bundle", "add_artifact", "validate_bundle", "memory_estimate", "BundleError"]
+__all__ = ["build_bundle", "add_artifact", "add_adapter", "validate_bundle", "memory_estimate", "BundleError"]
 
 # roles each artifact serves (a GGUF moves KV blobs through llama.cpp's sequence state)
 GRAPH_ROLES = {"model": ["draft", "target", "prefill", "decoder"], "prefill": ["prefill"],
@@ -93,6 +95,56 @@ def add_tokenizer(directory, tokenizer) -> None:
     man["tokenizer"] = {"fingerprint": tokenizer.fingerprint(),
                         "files": [_file_entry(d, d / n) for n in ("tokenizer.json", "tokenizer_config.json")]}
     _write_manifest(d, man)
+
+
+def validate_bundle(directory, deep: bool = True, **kw) -> dict:
+    """The artifacts' check (edge/engines/loader.py) and the adapters' (sizes, sha256)."""
+    man = validate_artifacts(directory, deep=deep, **kw)
+    check_adapters(directory, deep=deep)
+    return man
+
+
+def _adapter_base(d: Path, man: dict, base) -> tuple:
+    """(base GGUF path, artifact name, fingerprint): --base, else the bundle's first GGUF artifact."""
+    if base:
+        return Path(base), Path(base).name, None
+    try:
+        a = pick_artifact(man, backend="llamacpp", directory=d)
+    except BundleError:
+        raise BundleError(f"bundle {d} has no GGUF base for the adapter: add one (`edge-export bundle SRC {d} "
+                          "--gguf F16`) or pass --base") from None
+    return d / a["files"][0]["path"], a["name"], a.get("fingerprint")
+
+
+def add_adapter(directory, adapter_dir, task: Optional[str] = None, base=None, ftype: str = "F32",
+                log=print) -> dict:
+    """Add a PEFT LoRA directory to the bundle as task `task` (default: the directory's name): its
+    GGUF LoRA (checked against the bundle's GGUF base) and its PEFT files, all with sha256."""
+    import shutil
+
+    from edge.engines.lora_gguf import read_adapter
+    from export.gguf_lora import CONFIG, WEIGHTS, export_adapter
+    d = Path(directory)
+    man = read_manifest(d)              # a bundle already: its base GGUF is what the adapter is checked against
+    task = task or Path(adapter_dir).resolve().name
+    if not TASK_NAME.match(task):
+        raise BundleError(f"task name {task!r} must be letters, digits, _ . - (it names a directory)")
+    base_path, base_name, base_fp = _adapter_base(d, man, base)
+    sub = d / ADAPTERS / task
+    sub.mkdir(parents=True, exist_ok=True)
+    gguf_path = export_adapter(adapter_dir, base_path, sub / "adapter.gguf", ftype=ftype, task=task, log=log)
+    for name in (CONFIG, WEIGHTS):
+        shutil.copyfile(Path(adapter_dir) / name, sub / name)
+    info, _ = read_adapter(gguf_path)
+    entry = {"task": task, "format": "gguf-lora", "rank": max(info.ranks), "ranks": list(info.ranks),
+             "alpha": info.alpha, "targets": list(info.targets), "layers": len(info.layers), "arch": info.arch,
+             "base": base_name, "base_fingerprint": base_fp,
+             "files": [_file_entry(d, sub / n) for n in ("adapter.gguf", CONFIG, WEIGHTS)]}
+    man = read_manifest(d)
+    man[ADAPTERS] = [a for a in (man.get(ADAPTERS) or []) if a.get("task") != task] + [entry]
+    _write_manifest(d, man)
+    log(f"adapter {task}: rank {entry['rank']}, {','.join(entry['targets'])} -> {sub.relative_to(d)}")
+    return entry
 
 
 def _load_source(src):
@@ -191,4 +243,8 @@ def describe(directory) -> List[str]:
         kv = a["memory"]["kv_bytes_per_1k_tokens"] / 2**20
         out.append(f"{a['name']:<40} {a['backend']:<5} {a['quant']:<14} {','.join(a['roles']):<28} "
                    f"{mb:8.1f} MiB  KV {kv:.1f} MiB/1k tok  fp {str(a['fingerprint'])[:12]}")
+    for a in adapter_entries(directory):
+        mib = sum(f["bytes"] for f in a["files"]) / 2**20
+        out.append(f"adapter {a['task']:<32} lora  rank {a['rank']:<9} {','.join(a['targets']):<28} "
+                   f"{mib:8.2f} MiB  on {a.get('base')}  sha256 {a['files'][0]['sha256'][:12]}")
     return out

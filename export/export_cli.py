@@ -5,6 +5,8 @@
     edge-export store qwen2.5-coder-0.5b --as Q4_0  # models/qwen2.5-coder-0.5b-instruct-q4_0.gguf
     edge-export bundle smollm2-135m out/bundle --onnx model --int4 --gguf Q4_0
     edge-export bundle out/bundle --show            # list and verify an existing bundle
+    edge-export adapter runs/tools/adapter out/tools.lora.gguf --base out/smol-f16.gguf --task tools
+    edge-export adapter runs/tools/adapter out/bundle --bundle --task tools   # into a bundle
 """
 from __future__ import annotations
 
@@ -121,6 +123,30 @@ def bundle_cmd(src, out_dir, graphs, int4, no_fp32, int4_lm_head, gguf_types, to
                      log=click.echo)
         for line in describe(out_dir):
             click.echo(line)
+    except _user_errors() as e:
+        _fail(e)
+
+
+@main.command("adapter", help="Write a PEFT LoRA adapter directory as the GGUF LoRA file llama.cpp loads beside "
+              "BASE (--base: the base model's GGUF), or add it to a bundle (--bundle: OUT is the bundle directory).")
+@click.argument("adapter_dir", type=click.Path(file_okay=False))
+@click.argument("out")
+@click.option("--base", default=None, help="the base model's GGUF (default with --bundle: the bundle's GGUF)")
+@click.option("--task", default=None, help="the SUN task the adapter serves (recorded in the file and manifest)")
+@click.option("--type", "ftype", default="F32", show_default=True, type=click.Choice(["F32", "F16"]))
+@click.option("--bundle", "to_bundle", is_flag=True, help="OUT is a bundle: add the adapter to its manifest")
+def adapter_cmd(adapter_dir, out, base, task, ftype, to_bundle):
+    from export.gguf_lora import export_adapter
+    try:
+        if to_bundle:
+            from export.bundle import add_adapter, describe
+            add_adapter(out, adapter_dir, task=task, base=base, ftype=ftype, log=click.echo)
+            for line in describe(out):
+                click.echo(line)
+            return
+        if not base:
+            raise click.UsageError("give --base (the base model's GGUF the adapter will be served with)")
+        export_adapter(adapter_dir, base, out, ftype=ftype, task=task, log=click.echo)
     except _user_errors() as e:
         _fail(e)
 

@@ -45,6 +45,14 @@ def option_keys(command: click.Command) -> dict:
     return keys
 
 
+def _value(param: click.Parameter, value):
+    """A TOML list for a one-string option (a broker list: hub = ["mqtts://a", "mqtts://b"])
+    becomes the command line's comma-separated form."""
+    if isinstance(value, list) and not param.multiple and isinstance(param.type, click.types.StringParamType):
+        return ",".join(str(v) for v in value)
+    return value
+
+
 def _load_toml(path) -> dict:
     try:
         with open(path, "rb") as f:
@@ -72,7 +80,7 @@ def read_config(path, command: click.Command) -> dict:
         _check_secret(path, "", key)
         if _key(key) not in keys:
             _refuse(path, "", f"unknown key {key!r}; known: {', '.join(sorted(keys))}")
-        out[keys[_key(key)].name] = value
+        out[keys[_key(key)].name] = _value(keys[_key(key)], value)
     return out
 
 
@@ -100,7 +108,7 @@ def read_sectioned_config(path, command: click.Command, check: Callable = None) 
                 _refuse(path, where, f"unknown key {key!r}{home or '; known here: ' + ', '.join(tables[table])}")
             if check is not None:
                 check(path, where, _key(key), value)
-            out[tables[table][_key(key)].name] = value
+            out[tables[table][_key(key)].name] = _value(tables[table][_key(key)], value)
     return out
 
 

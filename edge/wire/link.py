@@ -61,6 +61,45 @@ def parse_url(url: str) -> tuple[str, int, Optional[str], Optional[str]]:
     return parts.hostname, port, user, pw
 
 
+def parse_urls(spec) -> list[str]:
+    """A broker list -- "mqtts://a:8883,mqtts://b:8883" or a list of URLs -- checked, in order.
+
+    One star may sit on several nodes of a clustered broker: a link tries them in this order
+    and moves to the next when its broker is lost (`BrokerList`)."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    urls = [u.strip() for u in items if u and u.strip()]
+    if not urls:
+        raise LinkError(f"no broker URL in {spec!r}: give mqtt[s]://HOST:PORT, or several separated by commas")
+    for u in urls:
+        parse_url(u)
+    if len({urlsplit(u).scheme for u in urls}) > 1:
+        raise LinkError(f"broker list {spec!r} mixes mqtt:// and mqtts://: every node of one star "
+                        "speaks the same (TLS or not)")
+    return urls
+
+
+class BrokerList:
+    """Which broker a link tries next: the first at start, then round the list, one step per
+    lost connection or failed attempt (paho itself retries one host only)."""
+
+    def __init__(self, spec) -> None:
+        self.urls = parse_urls(spec)
+        self.addresses = [parse_url(u)[:2] for u in self.urls]
+        self.index = 0
+        self.failovers = 0                 # moves to another broker
+
+    @property
+    def current(self) -> str:
+        return self.urls[self.index]
+
+    def advance(self) -> tuple[str, int]:
+        """The next broker's (host, port); with one broker, that one again."""
+        if len(self.urls) > 1:
+            self.index = (self.index + 1) % len(self.urls)
+            self.failovers += 1
+        return self.addresses[self.index]
+
+
 def _check_pattern(pattern: str) -> None:
     levels = pattern.split("/")
     if not pattern or any(("+" in x and x != "+") or ("#" in x and x != "#") for x in levels) \
@@ -160,8 +199,28 @@ class Link(ABC):
                 log.exception("link %s: connection listener failed", self.client_id)
 
 
+class _FailoverClient(mqtt.Client):
+    """paho's client, but each reconnect after a loss or a failed attempt goes to the next broker
+    of the list (paho's own reconnect loop calls reconnect(); host and port are its own fields)."""
+
+    def __init__(self, brokers: BrokerList, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.brokers = brokers
+        self.tried = False                 # a first attempt went out; later ones move on
+
+    def reconnect(self):
+        if self.tried:
+            self._host, self._port = self.brokers.advance()
+        self.tried = True
+        return super().reconnect()
+
+
 class MqttLink(Link):
     """paho-mqtt 2.x over TCP, MQTT 3.1.1, TCP_NODELAY, reconnect with backoff.
+
+    `url` may name several brokers (the nodes of a cluster, comma-separated or a list): a lost
+    connection reconnects to the next one, re-subscribes and tells the connection listeners
+    (nodes say hello again, targets' sessions go on).
 
     With the hub's Mosquitto ACL the username must be the client id the hub
     knows the device by; the MQTT client id gets a random suffix so two links
@@ -173,7 +232,9 @@ class MqttLink(Link):
                  tls: Optional[tuple[str, str, str]] = None) -> None:
         """tls: (CA file, certificate, key) for mqtts:// -- the CA verifies the broker, the
         certificate proves who we are (its CN is our username at the hub's broker)."""
-        host, port, url_user, url_pw = parse_url(url)
+        self.brokers = BrokerList(url)
+        url = ",".join(self.brokers.urls)
+        host, port, url_user, url_pw = parse_url(self.brokers.current)
         if tls is not None and not url.startswith("mqtts://"):
             raise LinkError(f"TLS files given but {url!r} is not an mqtts:// URL")
         username = username or url_user
@@ -185,8 +246,8 @@ class MqttLink(Link):
         self._refused: Optional[str] = None
         self._acks: dict[int, tuple[threading.Event, list]] = {}
         self._started = False
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                        protocol=mqtt.MQTTv311, clean_session=True)
+        c = _FailoverClient(self.brokers, mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                            protocol=mqtt.MQTTv311, clean_session=True)
         if username:
             c.username_pw_set(username, password)
         if url.startswith("mqtts://"):
@@ -222,6 +283,7 @@ class MqttLink(Link):
             log.warning("link %s: broker %s refused the connection: %s", self.client_id, self.url, reason_code)
             return
         self._refused = None
+        self.host, self.port = client.host, client.port
         with self._lock:
             patterns = list(self._subs)
         for p in patterns:                      # clean session: subscriptions are ours to restore
@@ -233,7 +295,7 @@ class MqttLink(Link):
         was_up = self._up.is_set()
         self._up.clear()
         if was_up:
-            log.info("link %s: disconnected from %s (%s)", self.client_id, self.url, reason_code)
+            log.info("link %s: disconnected from %s:%s (%s)", self.client_id, self.host, self.port, reason_code)
             self._notify(False)
 
     def _on_message(self, client, userdata, msg) -> None:

@@ -116,14 +116,14 @@ def run(verbose, **options):
 
 def agent_config_from(o: dict) -> AgentConfig:
     """`run`'s options (by parameter name) checked and read: credentials, TLS files, the key."""
-    from edge.wire.link import LinkError, parse_url
+    from edge.wire.link import LinkError, parse_urls
     from edge.wire.protocol import ProtocolError, check_id
 
     role = o["role"]
     client_id = o["client_id"] or o["username"] or socket.gethostname().split(".")[0]
     try:
         check_id(client_id, "--client-id")
-        parse_url(o["hub_url"])
+        parse_urls(o["hub_url"])
     except (ProtocolError, LinkError) as e:
         raise click.BadParameter(str(e)) from None
     broker = broker_access(o, client_id)

@@ -36,8 +36,9 @@ def apply(f, decorators):
 
 def hub_url_option(required: bool = True):
     """--hub: the star's MQTT broker (`edge-agent run`, `edge-hub top`)."""
-    return option(BROKER, "--hub", "hub_url", required=required, metavar="mqtt[s]://HOST:PORT",
-                  help="the star's MQTT broker (the hub's)")
+    return option(BROKER, "--hub", "hub_url", required=required, metavar="mqtt[s]://HOST:PORT[,...]",
+                  help="the star's MQTT broker (the hub's); several nodes of a clustered broker comma-separated "
+                       "(a list in a config file): on losing one, the link moves to the next")
 
 
 def tls_dir_option(help: str):

@@ -17,7 +17,8 @@ and a remote draft service additionally reads the up topics and writes the
 down topics of the sessions assigned to it (`ss/s/+/+/{me}/up|down`: the
 session topics name their service, so it never sees another service's
 traffic), announces itself on ss/hub/drafts/{me} and reads its assignments
-on ss/d/{me}/#. A SUN worker (role `sun`: prefill worker or
+on ss/d/{me}/#. Draft services and SUN workers read ss/discover (the hub's
+Discover: answer with a hello). A SUN worker (role `sun`: prefill worker or
 shared decoder) announces itself on ss/sun/workers/{me}, reads its jobs and
 incoming KV on ss/sun/w/{me}/#, sends KV to any decoder under its own name
 (ss/sun/w/+/kv/{me}: the decoder holds early KV per sender, edge/sun/early_kv.py) and
@@ -39,9 +40,9 @@ CLIENT_RULES = [("write", "ss/hub/join/%u"), ("read", "ss/c/%u/joined"),
                 ("read", "ss/hubs/+"),
                 ("write", "ss/sun/req/%u"), ("read", "ss/sun/r/%u/+"), ("write", "ss/dev/%u/telemetry")]
 DRAFT_RULES = [("read", "ss/s/+/+/%u/up"), ("write", "ss/s/+/+/%u/down"), ("write", "ss/hub/drafts/%u"),
-               ("read", "ss/d/%u/#")]
+               ("read", "ss/d/%u/#"), ("read", "ss/discover")]
 SUN_RULES = [("write", "ss/sun/workers/%u"), ("read", "ss/sun/w/%u/#"), ("write", "ss/sun/w/+/kv/%u"),
-             ("write", "ss/sun/r/#")]
+             ("write", "ss/sun/r/#"), ("read", "ss/discover")]
 HUB_RULES = [("readwrite", "#")]
 EXTRA_RULES = {"hub": HUB_RULES, "draft": DRAFT_RULES, "sun": SUN_RULES}   # beyond CLIENT_RULES
 

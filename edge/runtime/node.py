@@ -13,6 +13,10 @@ lives here:
   control key: a bad signature or body is dropped and counted, never queued.
   A Probe is answered with a fresh hello (the hub's proof that a retained
   hello is not a dead process's).
+* discovery without retained messages: every node listens on ss/discover and
+  answers a Discover (the hub's, at its start, reconnect and periodically) with
+  a fresh hello, so a hub on a clustered broker (no cluster-wide retained
+  hellos, none through wildcards) finds every node at once.
 * drop counters by reason, and `fresh(id)`: a job or assignment id seen
   before is a replay, dropped and counted.
 * the loop: network callbacks `put` (kind, message) inputs; `handle` runs
@@ -26,14 +30,35 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Callable, Dict, Hashable, Optional
 
 from edge.wire.link import Link
-from edge.wire.protocol import Probe, ProtocolError, decode, encode
+from edge.wire.protocol import DISCOVER_TOPIC, Discover, Probe, ProtocolError, decode, encode
 from edge.runtime.loop import EngineLoop
 from edge.wire.seen_ids import SeenIds
 
 log = logging.getLogger(__name__)
+
+# nodes sharing one link share its one ss/discover subscription (a link keeps one callback per filter)
+_listeners_lock = threading.Lock()
+_discovery_listeners: "weakref.WeakKeyDictionary[Link, list]" = weakref.WeakKeyDictionary()
+
+
+def _listen_for_discovery(node: "Node") -> None:
+    with _listeners_lock:
+        nodes = _discovery_listeners.setdefault(node.link, [])
+        nodes.append(node)
+        first = len(nodes) == 1
+    if first:
+        node.link.subscribe(DISCOVER_TOPIC, lambda topic, payload: [n._on_ctl(topic, payload) for n in list(nodes)])
+
+
+def _stop_listening(node: "Node") -> None:
+    with _listeners_lock:
+        nodes = _discovery_listeners.get(node.link, [])
+        if node in nodes:
+            nodes.remove(node)
 
 
 class Node:
@@ -131,6 +156,7 @@ class Node:
     # ---- lifecycle ----
     def start(self):
         self.link.subscribe(self.ctl_topic(), self._on_ctl)
+        _listen_for_discovery(self)
         self.subscribe()
         self.link.on_connection(lambda up: up and self.hello())
         self.loop.start()
@@ -139,6 +165,7 @@ class Node:
 
     def stop(self, announce: bool = True) -> None:
         self.loop.stop()
+        _stop_listening(self)
         self.on_stop()
         if announce:
             try:
@@ -163,6 +190,9 @@ class Node:
         if kind == "ctl" and isinstance(msg, Probe):       # prove we are alive: a fresh hello
             if msg.target == self.id:
                 self.hello()
+            return
+        if kind == "ctl" and isinstance(msg, Discover):    # a hub looks for its star: say hello
+            self.hello()
             return
         self.handle(kind, msg)
 

@@ -42,7 +42,7 @@ from edge.wire.topics import (  # noqa: F401,E402
     DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, SUN_PREFIX, SUN_REQ_SUB, SUN_WORKERS_SUB, TOPICS, down_topic,
     draft_ctl_topic, draft_hello_topic, join_topic, joined_topic, parse_topic, session_up_sub, subscription,
     sun_ctl_topic, sun_hello_topic, sun_kv_sub, sun_kv_topic, sun_req_topic, sun_stream_sub, sun_stream_topic,
-    topic, up_topic, TELEMETRY_SUB, telemetry_topic, HUBS_SUB, hub_hello_topic)
+    topic, up_topic, TELEMETRY_SUB, telemetry_topic, HUBS_SUB, hub_hello_topic, DISCOVER_TOPIC)
 
 
 # ---- message limits (the field limits live with the checkers, edge/wire/fields.py) ----
@@ -231,6 +231,17 @@ class Probe(Message):
     hello may be a dead process's (killed before its will, or a broker that kept it); only a hello
     that answers a probe proves the service is alive (server/liveness.py)."""
     target: str = wire(ID)
+
+
+@message("discover")
+class Discover(Message):
+    """hub / router -> every service and SUN worker on ss/discover: publish your hello now.
+
+    Discovery that needs no retained message: a clustered broker (RabbitMQ) keeps a retained
+    hello on the node it was published on and gives none through a wildcard, so the hub asks
+    (at its start, on every reconnect, and periodically) and each live node answers with a fresh
+    hello -- which the hub then probes like any first hello (server/liveness.py)."""
+    asker: str = wire(ID)
 
 
 def _reading(hi: float):

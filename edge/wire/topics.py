@@ -24,6 +24,7 @@ TOPICS = {
     "sun_kv":      "ss/sun/w/{worker}/kv/{sender}",   # prefill -> decoder: KVChunk, Error (the ACL:
                                                       # a worker writes only as its own sender)
     "sun_stream":  "ss/sun/r/{client}/{rid}",      # workers -> client: SunTokens, Error
+    "discover":    "ss/discover",                  # hub / router -> every service and worker: Discover
     "telemetry":   "ss/dev/{client}/telemetry",    # every agent and the hub, retained: Telemetry
 }
 _ID_NAMES = {"client": "client id", "sid": "session id", "service": "service id", "worker": "worker id",
@@ -93,6 +94,7 @@ JOIN_SUB = subscription("join")                 # the hub subscribes here
 DRAFTS_SUB = subscription("draft_hello")        # the hub watches draft services here
 SUN_REQ_SUB = subscription("sun_req")           # the router subscribes here
 SUN_WORKERS_SUB = subscription("sun_hello")     # the router watches SUN workers here
+DISCOVER_TOPIC = TOPICS["discover"]             # every draft service and SUN worker listens here
 
 
 def session_up_sub(service: str) -> str:

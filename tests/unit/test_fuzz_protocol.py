@@ -47,6 +47,7 @@ _ALL = [
     P.SessionRelease(service="j1", sid="s1", reason="bye"),
     P.Telemetry(client="dev-1", role="target", time=1.7e9, rss_mb=512.0, kv_used_mb=1.5, temp_c=-5.0),
     P.Probe(target="j1"),
+    P.Discover(asker="hub-1"),
     P.SunRequest(client="c", rid="r1", task="maths", prompt=[1, 2], stop=[0], secret=SECRET),
     P.SunHello(worker="w", role="prefill", task="maths", fingerprint="fp", vocab_size=256),
     P.PrefillJob(worker="w", rid="r1", client="c", secret=SECRET, task="maths", prompt=[1, 2], decoder="d"),

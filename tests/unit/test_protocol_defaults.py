@@ -16,7 +16,7 @@ SECRET = bytes(range(32))
 REQUIRED = {
     "client": "dev-1", "model_fp": "tok:abc", "vocab_size": 256, "accepted": False, "sid": "s1",
     "seq": 1, "keep": 0, "append": [1, 2], "gamma": 2, "tokens": [3], "code": P.E_BAD_REQUEST,
-    "hub": "hub", "online": True, "service": "svc", "secret": SECRET, "target": "svc", "time": 1.0,
+    "hub": "hub", "online": True, "service": "svc", "secret": SECRET, "target": "svc", "asker": "hub", "time": 1.0,
     "rid": "r1", "task": "maths", "prompt": [1, 2], "worker": "w1", "fingerprint": "fp:1",
     "decoder": "dec-1", "prefill": "prefill-maths", "index": 0, "total": 1, "first_token": 0,
     "data": b"kv",

@@ -28,6 +28,7 @@ from edge.star.draft_kinds import make_draft_core
 from edge.star.draft_service import DraftLimits, DraftRefused, DraftService
 from edge.star.draft_node import DraftNode
 from edge.wire.seen_ids import SeenIds
+from server.discovery import Discovery
 from server.registry import CLIENT_SHARE, Refusal, Registry
 from server.sun_router import SunRouter
 
@@ -77,6 +78,7 @@ class Hub:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._live = False
+        self.discovery: Optional[Discovery] = None   # asks every service for a hello (no retained needed)
 
     @property
     def url(self) -> str:
@@ -106,6 +108,7 @@ class Hub:
         self.link.subscribe(JOIN_SUB, self._on_join)
         self.link.subscribe(DRAFTS_SUB, self._on_hello)
         self.link.connect()
+        self.discovery = Discovery(self.link, self.hub_id, self.ctl_key).start()
         if self.sun:
             self.router = SunRouter(self.link, isolated=self.sun_isolated, pools=self.sun_pools,
                                     ctl_key=self.ctl_key).start()
@@ -144,6 +147,8 @@ class Hub:
     def stop(self) -> None:
         """Leave cleanly: mark offline (retained), close sessions, stop our broker."""
         self._stop.set()
+        if self.discovery is not None:
+            self.discovery.stop()
         self._live = False
         if self.node is not None:
             self.node.stop()
@@ -163,6 +168,8 @@ class Hub:
     def kill(self) -> None:
         """Die abruptly (fault tests): no goodbye, the broker publishes our will."""
         self._stop.set()
+        if self.discovery is not None:
+            self.discovery.stop()
         self._live = False
         if self.node is not None:
             self.node.stop(announce=False)

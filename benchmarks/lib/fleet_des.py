@@ -1,0 +1,217 @@
+"""The fleet's discrete-event simulation: N targets over K hubs (broker nodes) and M draft services.
+
+One StarSD round of one target, as the star runs it (edge/star/, edge/wire/):
+
+    target --net--> broker node --hub net--> draft service queue   (DraftRequest, QoS 0)
+    draft service: batched engine steps; a request joins at the next step, leaves after γ
+                   (or, as the planner: when free, takes every pending request as one batch, D(b))
+    draft service --hub net--> broker node --net--> target          (DraftResponse, QoS 0)
+    target verifies γ+1 tokens on its own device (target step × v(γ+1)), commits
+    1 + (accepted drafts) tokens, and sends its next request (`extra_ms` later: signing etc.)
+
+A broker node is one FIFO server (Mosquitto is single-threaded): every routed message
+(benchmarks/lib/fleet_round_count.py ROUND_MESSAGES: one publish in, delivered once) costs it `broker_msg_ms`, so its load is
+its routed messages per second over 1000 / broker_msg_ms. The draft service batches as the real
+one does by default (iteration-level joining, one step's time from the measured per-step table),
+or, with join=False, as the planner (server/planner.py: work-conserving, all pending at once,
+D(b) from SystemInputs), so with no broker and no network that loop is the planner's.
+
+Hub h (of K) is broker node h; draft service j lives on hub j % K; target i joins hub i % K and
+one of that hub's services, round robin. M must be a multiple of K, so no round crosses nodes
+(the cluster's inter-node forwarding is left out). Left out too: prefills and joins (a session's
+start), QoS 0 losses and the targets' deadlines (a target always waits, as starsd_scaling's
+`--deadline wait`), the draft node's per-reply signing, and the broker's latency apart from its
+queue (loopback-measured costs only).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import List
+
+import numpy as np
+
+from edge.spec.verify import expected_tokens
+from server.planner import SystemInputs, interp_table
+
+REQ_AT_BROKER, REQ_AT_DRAFT, BATCH_DONE, RESP_AT_BROKER, RESP_AT_TARGET = range(5)
+
+
+@dataclass
+class FleetInputs:
+    system: SystemInputs          # draft D(b), target step and verify, α, extra round-trip ms (rtt_ms)
+    gamma: int = 4
+    net_ms: float = 0.0           # device <-> broker, one way
+    hub_net_ms: float = 0.0       # draft service <-> broker, one way
+    broker_msg_ms: float = 0.0    # broker CPU per routed message (0: free)
+    max_sessions: int = 1 << 30   # sessions one draft service can hold (its KV memory)
+
+    @property
+    def broker_capacity(self) -> float:
+        """Routed messages per second one broker node sustains."""
+        return 1e3 / self.broker_msg_ms if self.broker_msg_ms > 0 else float("inf")
+
+
+@dataclass
+class FleetPoint:
+    n: int
+    k: int
+    m: int
+    per_target_tps: float
+    standalone_tps: float
+    speedup: float
+    draft_busy: float             # mean over services, in the window
+    mean_batch: float
+    broker_msgs_per_s: float      # routed messages per second per node (mean over nodes)
+    broker_load: float            # ... over what one node sustains
+    rtt_p50_ms: float             # request sent -> answer at the target
+    rtt_p99_ms: float
+    round_ms: float               # mean round: request to next request
+    messages_per_round: float
+    rounds: int
+    sessions_per_service: float
+    fits: bool                    # every service holds its sessions
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+class _Node:
+    """A FIFO server: Lindley's recursion on arrivals taken in time order."""
+    __slots__ = ("free_at", "cost", "routed")
+
+    def __init__(self, cost: float):
+        self.free_at, self.cost, self.routed = 0.0, cost, 0
+
+    def depart(self, t: float, counting: bool) -> float:
+        self.free_at = max(t, self.free_at) + self.cost
+        self.routed += counting
+        return self.free_at
+
+
+def _draws(inp: FleetInputs, rounds: int, rng, deterministic: bool) -> np.ndarray:
+    """Tokens each round commits: 1 + accepted drafts, i.i.d. per position (or their mean)."""
+    a, g = inp.system.alpha, inp.gamma
+    if deterministic:
+        return np.full(rounds, expected_tokens(a, g))
+    p = np.array([a ** j * (1 - a) for j in range(g)] + [a ** g])
+    return 1.0 + rng.choice(g + 1, size=rounds, p=p / p.sum())
+
+
+def simulate(inp: FleetInputs, n: int, k: int = 1, m: int = 1, warmup_ms: float = 2000.0,
+             window_ms: float = 8000.0, seed: int = 0, deterministic: bool = False,
+             join: bool = True) -> FleetPoint:
+    """join: iteration-level batching (the draft service's default, `--join`): a request joins the
+    engine's batch at its next step and leaves after its γ steps; False: whole batches, D(b) from
+    SystemInputs.draft_service_ms (the planner's model, its feed cost included)."""
+    if m % k or m < k:
+        raise ValueError(f"M ({m}) must be a positive multiple of K ({k})")
+    sysi, g = inp.system, inp.gamma
+    verify_ms = sysi.return_ms(g) - sysi.rtt_ms       # target step × v(γ+1)
+    rng = np.random.default_rng(seed)
+    draws, drawn = _draws(inp, 1 << 16, rng, deterministic), 0
+    nodes = [_Node(inp.broker_msg_ms) for _ in range(k)]
+    per_hub = m // k
+    node_of = [i % k for i in range(n)]
+    svc_of = [((i // k) % per_hub) * k + i % k for i in range(n)]
+    queues: List[list] = [[] for _ in range(m)]
+    active: List[list] = [[] for _ in range(m)]     # [target, draft steps left] in the engine's batch
+    busy_until = [0.0] * m
+    busy_ms, batches = [0.0] * m, []
+    sent = [0.0] * n
+    hops = [0] * n                          # broker messages of each target's round so far
+    round_msgs = 0                          # ... summed over the rounds counted
+    t_end, t_open = warmup_ms + window_ms, warmup_ms
+    tokens, rtts, round_ms = np.zeros(n), [], []
+    seq = 0
+    ev: list = []
+    first = verify_ms + sysi.rtt_ms
+    for i in range(n):                      # staggered over one return time, as the planner
+        t0 = first * i / max(n, 1)
+        sent[i] = t0
+        ev.append((t0 + inp.net_ms, seq, REQ_AT_BROKER, i))
+        seq += 1
+    heapq.heapify(ev)
+
+    def start(j: int, t: float) -> None:
+        """The service's next engine call: one step of every active request (join), or the whole
+        batch of what is pending (the planner's model)."""
+        nonlocal seq
+        active[j] += [[x, g] for x in queues[j]]
+        queues[j] = []
+        b = len(active[j])
+        d = interp_table(sysi.draft_step_ms, b) if join else sysi.draft_service_ms(b, g)
+        busy_until[j] = t + d
+        if t >= t_open:
+            busy_ms[j] += min(d, t_end - t)
+            batches.append(b)
+        heapq.heappush(ev, (t + d, seq, BATCH_DONE, j))
+        seq += 1
+
+    while ev:
+        t, _, kind, x = heapq.heappop(ev)
+        if t > t_end:
+            break
+        counting = t >= t_open
+        if kind in (REQ_AT_BROKER, RESP_AT_BROKER):
+            hops[x] += 1
+        if kind == REQ_AT_BROKER:
+            nxt, at = REQ_AT_DRAFT, nodes[node_of[x]].depart(t, counting) + inp.hub_net_ms
+        elif kind == REQ_AT_DRAFT:
+            j = svc_of[x]
+            queues[j].append(x)
+            if busy_until[j] <= t:
+                start(j, t)
+            continue
+        elif kind == BATCH_DONE:
+            j, still = x, []
+            for req in active[x]:
+                req[1] = req[1] - 1 if join else 0
+                if req[1] > 0:
+                    still.append(req)
+                else:
+                    heapq.heappush(ev, (t + inp.hub_net_ms, seq, RESP_AT_BROKER, req[0]))
+                    seq += 1
+            active[j] = still
+            if still or queues[j]:
+                start(j, t)
+            continue
+        elif kind == RESP_AT_BROKER:
+            nxt, at = RESP_AT_TARGET, nodes[node_of[x]].depart(t, counting) + inp.net_ms
+        else:                               # the answer is at the target: verify, commit, ask again
+            if drawn == len(draws):
+                draws, drawn = _draws(inp, len(draws), rng, deterministic), 0
+            next_sent = t + verify_ms + sysi.rtt_ms
+            if sent[x] >= t_open and next_sent <= t_end:      # rounds wholly in the window
+                tokens[x] += draws[drawn]
+                rtts.append(t - sent[x])
+                round_ms.append(next_sent - sent[x])
+                round_msgs += hops[x]
+            hops[x] = 0
+            drawn += 1
+            sent[x] = next_sent
+            nxt, at = REQ_AT_BROKER, next_sent + inp.net_ms
+        heapq.heappush(ev, (at, seq, nxt, x))
+        seq += 1
+    return _point(inp, n, k, m, window_ms, tokens, rtts, round_ms, round_msgs, busy_ms, batches, nodes)
+
+
+def _point(inp, n, k, m, window_ms, tokens, rtts, round_ms, counted, busy_ms, batches, nodes) -> FleetPoint:
+    rounds, round_msgs = len(round_ms), counted
+    w = window_ms / 1e3
+    alone = 1e3 / inp.system.target_step_ms
+    # tokens over the time their rounds took: no partial round at the window's edges
+    per_target = 1e3 * float(tokens.sum()) / float(np.sum(round_ms)) if round_ms else 0.0
+    routed = float(np.mean([nd.routed for nd in nodes])) / w
+    cap = inp.broker_capacity
+    sessions = n / m
+    return FleetPoint(
+        n=n, k=k, m=m, per_target_tps=per_target, standalone_tps=alone, speedup=per_target / alone,
+        draft_busy=float(np.mean(busy_ms)) / window_ms, mean_batch=float(np.mean(batches)) if batches else 0.0,
+        broker_msgs_per_s=routed, broker_load=routed / cap if cap != float("inf") else 0.0,
+        rtt_p50_ms=float(np.percentile(rtts, 50)) if rtts else float("nan"),
+        rtt_p99_ms=float(np.percentile(rtts, 99)) if rtts else float("nan"),
+        round_ms=float(np.mean(round_ms)) if round_ms else float("nan"),
+        messages_per_round=round_msgs / rounds if rounds else float("nan"), rounds=rounds,
+        sessions_per_service=sessions, fits=sessions <= inp.max_sessions)

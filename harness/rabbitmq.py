@@ -1,0 +1,261 @@
+"""A real RabbitMQ 3.10 cluster on loopback for the tests: N nodes, each with its MQTT listener.
+
+Each node has its own name (rmqK@localhost), AMQP and distribution ports, mnesia and log dirs,
+and its own MQTT port (TLS with a client certificate by default, the CN being the username:
+`mqtt.ssl_cert_login`); all share one Erlang cookie (the cluster's HOME) and one epmd on a
+port of its own (ERL_EPMD_PORT), so the cluster touches nothing else on the machine and
+`close()` ends every process it started, epmd included. Nodes 2..N `join_cluster` node 1
+(3 nodes: a Raft majority for the MQTT client-id registry survives one node's death).
+
+Users get vhost permissions and per-user topic permissions (`set_topic_permissions` with
+{username}) derived from server/acl.py's rules: RabbitMQ sees MQTT topics as routing keys
+(`/` -> `.`, `+` -> `*`), and a forbidden publish closes the client's connection.
+
+`rabbitmq-server` comes from Debian (`make system-test` installs it).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from server.acl import CLIENT_RULES, EXTRA_RULES, HUB_RULES
+from server.broker_base import find_free_port
+from server.certs import make_certs
+
+SBIN = Path("/usr/lib/rabbitmq/bin")      # the scripts themselves: /usr/sbin's wrappers su to `rabbitmq`
+
+
+class RabbitError(RuntimeError):
+    """The cluster could not start; the message says what to do."""
+
+
+def routing_regex(rule: str) -> str:
+    """An MQTT ACL rule of server/acl.py (%u: the user) as a RabbitMQ topic-permission regex."""
+    out = []
+    for level in rule.split("/"):
+        if level == "%u":
+            out.append("{username}")
+        elif level == "+":
+            out.append(r"[^.]+")          # also matches a subscription's own `*`
+        elif level == "#":
+            out.append(r".*")
+        else:
+            out.append(re.escape(level))
+    return "^" + r"\.".join(out) + "$"
+
+
+def topic_permissions(role: str) -> tuple[str, str]:
+    """(write regex, read regex) for a role of server/acl.py."""
+    rules = HUB_RULES if role == "hub" else EXTRA_RULES.get(role, []) + CLIENT_RULES
+    write = [routing_regex(t) for a, t in rules if a in ("write", "readwrite")]
+    read = [routing_regex(t) for a, t in rules if a in ("read", "readwrite")]
+    return "|".join(write) or "^$", "|".join(read) or "^$"
+
+
+@dataclass
+class RabbitNode:
+    name: str
+    amqp_port: int
+    dist_port: int
+    mqtt_port: int
+    dir: Path
+    proc: Optional[subprocess.Popen] = None
+
+    @property
+    def node(self) -> str:
+        return f"{self.name}@localhost"
+
+    def url(self, tls: bool) -> str:
+        return f"{'mqtts' if tls else 'mqtt'}://localhost:{self.mqtt_port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class RabbitCluster:
+    size: int = 3
+    tls: bool = True
+    nodes: List[RabbitNode] = field(default_factory=list)
+    dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="starsun-rmq-")))
+    users: Dict[str, str] = field(default_factory=dict)        # name -> role
+
+    def __post_init__(self) -> None:
+        if not (SBIN / "rabbitmq-server").exists():
+            raise RabbitError("rabbitmq-server is not installed: run `make system-test` "
+                              "(or apt-get install rabbitmq-server)")
+        self.certs = self.dir / "certs"
+        self.epmd_port = find_free_port()
+        (self.dir / ".erlang.cookie").write_text("starsun-test-cookie-" + os.urandom(8).hex())
+        os.chmod(self.dir / ".erlang.cookie", 0o400)
+
+    # ---- environment ----
+    def _env(self, node: Optional[RabbitNode] = None) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
+        env.update(HOME=str(self.dir), ERL_EPMD_PORT=str(self.epmd_port), LC_ALL="C.UTF-8")
+        if node is not None:
+            env.update(RABBITMQ_NODENAME=node.node, RABBITMQ_NODE_PORT=str(node.amqp_port),
+                       RABBITMQ_DIST_PORT=str(node.dist_port), RABBITMQ_MNESIA_BASE=str(node.dir / "mnesia"),
+                       RABBITMQ_LOG_BASE=str(node.dir / "log"), RABBITMQ_CONFIG_FILE=str(node.dir / "rabbitmq.conf"),
+                       RABBITMQ_ENABLED_PLUGINS_FILE=str(node.dir / "enabled_plugins"),
+                       RABBITMQ_PID_FILE=str(node.dir / "pid"), RABBITMQ_LOGS=str(node.dir / "log" / "node.log"))
+        return env
+
+    def _config(self, node: RabbitNode) -> str:
+        lines = ["loopback_users = none", "mqtt.allow_anonymous = false", "mqtt.vhost = /",
+                 "mqtt.exchange = amq.topic", "log.console = false", "log.file.level = info"]
+        if self.tls:
+            lines += ["mqtt.listeners.tcp = none", f"mqtt.listeners.ssl.default = {node.mqtt_port}",
+                      f"ssl_options.cacertfile = {self.certs / 'ca.crt'}",
+                      f"ssl_options.certfile = {self.certs / 'broker.crt'}",
+                      f"ssl_options.keyfile = {self.certs / 'broker.key'}",
+                      "ssl_options.verify = verify_peer", "ssl_options.fail_if_no_peer_cert = true",
+                      "mqtt.ssl_cert_login = true", "ssl_cert_login_from = common_name"]
+        else:
+            lines += [f"mqtt.listeners.tcp.default = {node.mqtt_port}"]
+        return "\n".join(lines) + "\n"
+
+    def ctl(self, node: RabbitNode, *args: str, timeout: float = 60.0) -> str:
+        r = subprocess.run([str(SBIN / "rabbitmqctl"), "-n", node.node, *args], env=self._env(),
+                           capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise RabbitError(f"rabbitmqctl {' '.join(args)} on {node.node} failed: "
+                              f"{(r.stderr or r.stdout).strip()[-800:]}")
+        return r.stdout
+
+    # ---- lifecycle ----
+    def start(self, clients=()) -> "RabbitCluster":
+        """Start every node, cluster them; `clients`: names that get client certificates."""
+        if self.tls:
+            make_certs(self.certs, hosts=("localhost", "127.0.0.1"), clients=clients)
+        for i in range(1, self.size + 1):
+            d = self.dir / f"rmq{i}"
+            (d / "log").mkdir(parents=True)
+            node = RabbitNode(f"rmq{i}", find_free_port(), find_free_port(), find_free_port(), d)
+            (d / "rabbitmq.conf").write_text(self._config(node))
+            (d / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
+            self.nodes.append(node)
+        try:
+            for node in self.nodes:                 # boot in parallel: each takes seconds
+                self._spawn(node)
+            for node in self.nodes:
+                self._await(node)
+            for node in self.nodes[1:]:
+                self.ctl(node, "stop_app")
+                self.ctl(node, "join_cluster", self.nodes[0].node)
+                self.ctl(node, "start_app")
+            for node in self.nodes:
+                self._await_mqtt(node)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _spawn(self, node: RabbitNode) -> None:
+        log = open(node.dir / "log" / "stdout.log", "ab")
+        node.proc = subprocess.Popen([str(SBIN / "rabbitmq-server")], env=self._env(node), stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def _await(self, node: RabbitNode, timeout: float = 90.0) -> None:
+        try:
+            # `wait` follows the pid file the node writes once its VM is up, then waits for the app
+            self.ctl(node, "wait", str(node.dir / "pid"), "--timeout", str(int(timeout)), timeout=timeout + 10)
+        except (RabbitError, subprocess.TimeoutExpired) as e:
+            raise RabbitError(f"{node.node} did not start: {e}; its log: {self.log_tail(node)}") from None
+
+    def _await_mqtt(self, node: RabbitNode, timeout: float = 30.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                socket.create_connection(("127.0.0.1", node.mqtt_port), 0.5).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RabbitError(f"{node.node}: no MQTT listener on port {node.mqtt_port}; its log: {self.log_tail(node)}")
+
+    def log_tail(self, node: RabbitNode, n: int = 15) -> str:
+        lines = []
+        for f in sorted((node.dir / "log").glob("*.log")):
+            lines += f.read_text(errors="replace").splitlines()[-n:]
+        return "\n".join(lines[-n:])
+
+    def add_user(self, name: str, role: str = "client", password: Optional[str] = None) -> str:
+        """A broker user with server/acl.py's rights for `role` as topic permissions."""
+        password = password or os.urandom(12).hex()
+        first = next(n for n in self.nodes if n.alive)
+        self.ctl(first, "add_user", name, password)
+        self.ctl(first, "set_permissions", "-p", "/", name, ".*", ".*", ".*")
+        write, read = topic_permissions(role)
+        self.ctl(first, "set_topic_permissions", "-p", "/", name, "amq.topic", write, read)
+        self.users[name] = role
+        return password
+
+    def tls_files(self, name: str) -> tuple[str, str, str]:
+        """(CA, certificate, key) of a client made at start (or now)."""
+        make_certs(self.certs, hosts=("localhost", "127.0.0.1"), clients=[name])
+        return (str(self.certs / "ca.crt"), str(self.certs / "clients" / f"{name}.crt"),
+                str(self.certs / "clients" / f"{name}.key"))
+
+    def urls(self, *indexes: int) -> str:
+        """A comma list of the MQTT URLs of the given nodes (0-based), in that order."""
+        return ",".join(self.nodes[i].url(self.tls) for i in indexes)
+
+    def kill(self, i: int) -> None:
+        """kill -9 of node i's Erlang VM (and what it started)."""
+        node = self.nodes[i]
+        if node.alive:
+            os.killpg(node.proc.pid, signal.SIGKILL)
+            node.proc.wait(10)
+
+    def close(self) -> None:
+        """Kill every node and the cluster's epmd; remove the files."""
+        for i, node in enumerate(self.nodes):
+            if node.proc is not None:
+                try:
+                    os.killpg(node.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                node.proc.wait(10)
+        self._kill_epmd()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _kill_epmd(self) -> None:
+        """The epmd on our own port (started by the first node, outside its process group)."""
+        r = subprocess.run(["epmd", "-port", str(self.epmd_port), "-kill"], capture_output=True,
+                           env=self._env()) if shutil.which("epmd") else None
+        if r is None or r.returncode != 0:
+            for pid in _pids_listening(self.epmd_port):
+                os.kill(pid, signal.SIGKILL)
+
+    def __enter__(self) -> "RabbitCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _pids_listening(port: int) -> List[int]:
+    """Pids of epmd processes started with our port (from /proc: no extra tools)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            environ = (p / "environ").read_bytes()
+            comm = (p / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm == "epmd" and f"ERL_EPMD_PORT={port}".encode() in environ.split(b"\0"):
+            out.append(int(p.name))
+    return out

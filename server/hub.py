@@ -7,6 +7,14 @@ will's online=False, know their sessions are gone and rejoin), watches draft
 services' DraftHello on ss/hub/drafts/+ and assigns sessions to its own
 service directly or to remote ones with SessionAssign.
 
+With several hubs (`hubs`: every hub's id, its own included; docs/star.md "Several hubs") it
+announces itself on its own ss/hubs/{hub_id} instead (retained, its will says offline), watches
+the others' there (edge/star/hub_ring.py's HubView) and answers only the joins that name it -- a
+device picks the owner of its client id by rendezvous hashing over the live hubs -- and those
+that name no hub (an older device) when it is their owner in its own view. Draft services and
+SUN workers serve every hub: their hellos are read by all, and a service's own session count in
+its hello is the shared truth of its slots.
+
 It also routes SUN requests (server/sun_router.py: task -> its prefill
 worker, KV -> the least-loaded shared decoder, or per-task pools when
 isolated) and may host a shared decoder itself (`sun_decoder`), which then
@@ -22,8 +30,9 @@ from typing import Optional
 from edge.wire.link import Link, MqttLink
 from edge.wire.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, HubStatus, Join, Joined, Probe,
                            ProtocolError, SessionAssign, SessionRelease, decode, down_topic,
-                           draft_ctl_topic, draft_hello_topic, encode, joined_topic, parse_topic,
-                           sun_hello_topic, up_topic)
+                           draft_ctl_topic, draft_hello_topic, encode, hub_hello_topic, joined_topic,
+                           parse_topic, sun_hello_topic, up_topic)
+from edge.star.hub_ring import HUB_SILENT_S, HubView, owner
 from edge.star.draft_kinds import make_draft_core
 from edge.star.draft_service import DraftLimits, DraftRefused, DraftService
 from edge.star.draft_node import DraftNode
@@ -45,8 +54,9 @@ class Hub:
                  hub_id: str = "hub", username: Optional[str] = None, password: Optional[str] = None,
                  status_every: float = 2.0, ctl_key: Optional[bytes] = None, sun: bool = True,
                  sun_isolated: bool = False, sun_pools: Optional[dict] = None, sun_decoder=None,
-                 listeners=(), client_share: float = CLIENT_SHARE):
-        """sun: route SUN requests; sun_isolated / sun_pools: one decoder pool per task
+                 listeners=(), client_share: float = CLIENT_SHARE, hubs=(), hub_silent_s: float = HUB_SILENT_S):
+        """hubs: the ids of every hub of the star, this one's included (several hubs); empty: this
+        hub is the only one, as before. sun: route SUN requests; sun_isolated / sun_pools: one decoder pool per task
         ({task: [decoder ids]}); sun_decoder: a SharedDecoder the hub serves as
         f"{hub_id}-decoder"; client_share: the most of the fitting draft slots one client may hold."""
         if (draft_engine is not None or draft_core is not None) and not tokenizer_fp:
@@ -56,6 +66,7 @@ class Hub:
         if sun_decoder is not None and not sun:
             raise ValueError("a hub-hosted SUN decoder needs SUN routing (sun=True)")
         self.hub_id = hub_id
+        self.peers = _peer_view(hub_id, hubs, hub_silent_s)   # None: the only hub
         self.broker_url, self.broker_kind, self.port, self.acl = broker_url, broker, port, acl
         self.listeners = list(listeners)      # server.broker.Listener: addresses beyond loopback
         self.username, self.password = username, password
@@ -100,18 +111,20 @@ class Hub:
                     self.username, self.password = self.broker.hub_user, self.broker.hub_password
             self.link = MqttLink(self.url, client_id=f"{self.hub_id}-{int(self.epoch * 1000) % 10**9}",
                                  username=self.username, password=self.password)
-        self.link.set_will(STATUS_TOPIC, encode(HubStatus(self.hub_id, False, self.epoch)), retain=True)
+        self.link.set_will(self._status_topic(), encode(HubStatus(self.hub_id, False, self.epoch)), retain=True)
         # announce ourselves only once the draft service is registered, or early
         # joins would be refused for want of a draft service
         self.link.on_connection(lambda up: up and self._live and self.publish_status())
         self.link.on_connection(lambda up: up and self.registry.liveness.forget_probes())
         self.link.subscribe(JOIN_SUB, self._on_join)
         self.link.subscribe(DRAFTS_SUB, self._on_hello)
+        for peer in self._peer_ids():
+            self.link.subscribe(hub_hello_topic(peer), self._on_peer)
         self.link.connect()
         self.discovery = Discovery(self.link, self.hub_id, self.ctl_key).start()
         if self.sun:
             self.router = SunRouter(self.link, isolated=self.sun_isolated, pools=self.sun_pools,
-                                    ctl_key=self.ctl_key).start()
+                                    ctl_key=self.ctl_key, owns=self.owns if self.peers else None).start()
             if self.sun_decoder is not None:
                 from edge.sun.decoder_node import DecoderNode
                 # its own connection: megabytes of KV must not queue behind (or ahead of) draft traffic
@@ -161,7 +174,8 @@ class Hub:
         if self.router is not None:
             self.router.stop()
         if self.link is not None:
-            self.link.publish(STATUS_TOPIC, encode(HubStatus(self.hub_id, False, self.epoch)), kind="status")
+            self.link.publish(self._status_topic(), encode(HubStatus(self.hub_id, False, self.epoch)),
+                              kind="status")
             self.link.close()
         self._stop_broker()
 
@@ -224,7 +238,47 @@ class Hub:
                          self.registry.online_services()[:256])
 
     def publish_status(self) -> None:
-        self.link.publish(STATUS_TOPIC, encode(self.status()), kind="status")
+        self.link.publish(self._status_topic(), encode(self.status()), kind="status")
+
+    def _status_topic(self) -> str:
+        """ss/hub/status for the only hub; each of several its own (one retained topic for two
+        hubs would flip between their epochs, and every device would drop its sessions)."""
+        return STATUS_TOPIC if self.peers is None else hub_hello_topic(self.hub_id)
+
+    # ---- the other hubs ----
+    def _peer_ids(self) -> list:
+        return [] if self.peers is None else [h for h in self.peers.hubs if h != self.hub_id]
+
+    def _on_peer(self, topic: str, payload: bytes) -> None:
+        if not payload:
+            return
+        try:
+            st = decode(payload)
+        except ProtocolError:
+            return
+        if isinstance(st, HubStatus) and topic == hub_hello_topic(st.hub) and st.hub != self.hub_id:
+            if self.peers.heard(st.hub, st.online, st.time):
+                log.info("hub %s: hub %s is %s; live hubs: %s", self.hub_id, st.hub,
+                         "up" if st.online else "gone", self.live_hubs())
+
+    def live_hubs(self) -> list:
+        """The hubs this one counts as live, itself included (while it runs)."""
+        if self.peers is None:
+            return [self.hub_id]
+        live = set(self.peers.live()) | ({self.hub_id} if self._live else set())
+        return [h for h in self.peers.hubs if h in live]
+
+    def owns(self, client: str) -> bool:
+        """Whether this hub serves `client` in its own view of the live hubs (a join naming no hub,
+        a SUN request): with one hub, always. A hub claims clients only once it has announced itself
+        for two status periods: the others let go of them when they hear it, so a client is
+        briefly nobody's (its retry finds the owner), never two hubs' (a SUN request routed twice)."""
+        if self.peers is None:
+            return True
+        live = self.live_hubs()
+        if time.time() - self.epoch < 2 * self.status_every:
+            live = [h for h in live if h != self.hub_id]
+        return owner(client, live) == self.hub_id
 
     def _status_loop(self) -> None:
         while not self._stop.wait(self.status_every):
@@ -233,6 +287,8 @@ class Hub:
                 if self.node is not None:
                     self.registry.update_service(self.node.status(), local=self.node)
                 self.registry.sweep()             # silent or unanswering services: offline
+                for gone in (self.peers.sweep() if self.peers is not None else []):
+                    log.info("hub %s: hub %s is silent; live hubs: %s", self.hub_id, gone, self.live_hubs())
                 if self.router is not None:
                     self.router.sweep()
                 self.publish_status()
@@ -246,6 +302,8 @@ class Hub:
         if self.node is not None:
             out["draft"] = self.node.service.stats.snapshot()
             out["dropped"] = self.node.dropped
+        if self.peers is not None:
+            out["hubs"] = {**self.peers.snapshot(), "live": self.live_hubs()}
         if self.router is not None:
             out["sun"] = self.router.snapshot()
             if self.sun_node is not None:
@@ -276,6 +334,8 @@ class Hub:
         if not isinstance(join, Join) or join.client != ids["client"]:
             self.counters["bad_join"] += 1     # a join must come from its own client's topic
             return
+        if not self._for_me(join):
+            return                             # another hub's: it answers
         if join.nonce and not self._join_nonces.add((join.client, join.nonce)):
             self.counters["replayed_join"] += 1   # every join draws a fresh nonce (HubClient.join_async)
             log.log(logging.WARNING if self.counters["replayed_join"] == 1 else logging.DEBUG,
@@ -303,6 +363,11 @@ class Hub:
         self._reply(client, Joined(client, True, "", sid, secret, svc.name, up_topic(client, sid, svc.name),
                                    down_topic(client, sid, svc.name), join.nonce))
 
+    def _for_me(self, join: Join) -> bool:
+        if join.hub:
+            return join.hub == self.hub_id
+        return self.owns(join.client)          # a device that names no hub: its owner in our view
+
     def _on_hello(self, topic: str, payload: bytes) -> None:
         if not payload:
             return
@@ -326,3 +391,14 @@ class Hub:
 
     def _closed(self, sid: str, reason: str) -> None:
         self.registry.release(sid)
+
+
+def _peer_view(hub_id: str, hubs, silent_after: float) -> Optional[HubView]:
+    """The view of the other hubs, or None when this hub is the only one."""
+    if not hubs:
+        return None
+    view = HubView(hubs, silent_after)
+    if hub_id not in view.hubs:
+        raise ValueError(f"hub id {hub_id!r} is not in the hub list {view.hubs}: give every hub's id, "
+                         "this one's included, in the same list on every hub and device")
+    return view

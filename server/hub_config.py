@@ -5,7 +5,7 @@ The file has one table per --help section of `edge-hub serve`, each key the long
 
     [broker]     broker, mosquitto, port, listen, tls_dir, insecure, acl, user, credentials_out,
                  username, password_file, ctl_key_file
-    [hub]        hub_id, stats_every
+    [hub]        hub_id, hubs, stats_every
     [model]      dtype, threads, max_len, device, gpu_layers
     [draft]      draft_model, draft_backend, client_share, max_sessions, max_kv_mb, max_gamma, evict_after, ahead,
                  coalesce, join, q_top_k, draft_p_min, drafter, suffix_min_score
@@ -87,16 +87,21 @@ class HubConfig:
     device: str = "auto"                # where the draft and the SUN decoder run (--device)
     gpu_layers: Optional[str] = None    # llama.cpp: N | all (--gpu-layers)
     draft_backend: str = "torch"        # the hub draft's engine (--draft-backend)
+    hubs: tuple = ()                    # every hub's id when there are several (--hubs)
 
 
 def hub_config_from(o: dict) -> HubConfig:
     """`serve`'s options (by parameter name) checked and read into a HubConfig."""
+    if o["hubs"] and o["hub_id"] not in o["hubs"]:
+        raise click.BadParameter(f"--hub-id {o['hub_id']} is not in --hubs {','.join(o['hubs'])}: give every hub's "
+                                 "id, this one's included, in the same list on every hub and target",
+                                 param_hint="--hubs")
     broker = broker_settings(o)
     ctl_key = read_ctl_key(o["ctl_key_file"])
     sun = _sun_settings(o)
     return HubConfig(o["hub_id"], o["stats_every"], ctl_key, broker, o["dtype"], o["threads"], o["max_len"],
                      _draft_plan(o), o["client_share"], sun, TelemetrySettings.from_options(o),
-                     o["device"], o["gpu_layers"], o["draft_backend"])
+                     o["device"], o["gpu_layers"], o["draft_backend"], o["hubs"])
 
 
 def broker_settings(o: dict) -> BrokerSettings:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import click
 
-from edge.cli.options import (apply, backend_option, credential_options, ctl_key_option, draft_options, model_options,
-                              stop_ids_option, telemetry_options, tls_dir_option)
+from edge.cli.options import (apply, backend_option, credential_options, ctl_key_option, draft_options, hubs_option,
+                              model_options, stop_ids_option, telemetry_options, tls_dir_option)
 from edge.cli.sections import BROKER, DRAFT, HUB, SUN, SectionedCommand, option
 from edge.cli.startup import (build_draft, leave_on_sigterm, open_model_for_command, start_telemetry_for_command,
                               wait_for_signal)
@@ -81,6 +81,7 @@ def sun_options(f):
 @hub_config_option
 @broker_options
 @option(HUB, "--hub-id", default="hub", show_default=True)
+@hubs_option(HUB, "this one's --hub-id included, the same list on every hub and target")
 @option(HUB, "--stats-every", default=5.0, show_default=True, help="seconds between stats lines (0: off)")
 @model_options
 @option(DRAFT, "--draft-model", default=None, help="model name or path of the hub's own draft service")
@@ -136,7 +137,7 @@ def _make_hub(cfg: HubConfig):
     return Hub(broker_url=b.url, broker=b.kind, port=b.port, acl=b.acl, draft_core=core,
                tokenizer_fp=tok.fingerprint() if tok is not None else "", hub_id=cfg.hub_id, username=b.username,
                password=b.password, sun_isolated=sun.isolated, sun_pools=sun.pools, sun_decoder=decoder,
-               ctl_key=cfg.ctl_key, listeners=b.listeners, client_share=cfg.client_share)
+               ctl_key=cfg.ctl_key, listeners=b.listeners, client_share=cfg.client_share, hubs=cfg.hubs)
 
 
 def _sun_tokenizer(cfg: HubConfig):

@@ -43,7 +43,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import msgpack
 
@@ -99,10 +99,12 @@ class SunRouter:
     """Start with `start()` on the hub's link (its filters do not overlap StarSD's)."""
 
     def __init__(self, link: Link, *, isolated: bool = False, pools: Optional[Dict[str, List[str]]] = None,
-                 ctl_key: Optional[bytes] = None, liveness: Optional[Liveness] = None):
+                 ctl_key: Optional[bytes] = None, liveness: Optional[Liveness] = None,
+                 owns: Optional[Callable[[str], bool]] = None):
+        """owns(client): whether this router's hub serves the client, of several hubs (None: one hub)."""
         if pools and not isolated:
             raise ValueError("pools (a decoder pool per task) only apply with isolated=True")
-        self.link, self.isolated, self.ctl_key = link, isolated, ctl_key
+        self.link, self.isolated, self.ctl_key, self.owns = link, isolated, ctl_key, owns
         self.pools = {t: list(d) for t, d in (pools or {}).items()}
         self.workers: Dict[str, WorkerInfo] = {}
         self.bindings: Dict[str, str] = {}                # isolated, automatic: task -> decoder
@@ -311,6 +313,9 @@ class SunRouter:
             return
         if not isinstance(req, SunRequest) or req.client != ids.get("client"):
             self._count("bad_request")                   # a request must come from its own client's topic
+            return
+        if self.owns is not None and not self.owns(req.client):
+            self._count("left_to_its_hub")               # of several hubs, the client's owner routes it
             return
         with self._lock:
             if not self._seen.add((req.client, req.rid)):

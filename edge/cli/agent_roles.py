@@ -24,6 +24,7 @@ class TargetSettings:
     prompt: Optional[str]
     max_new: int
     temperature: float
+    hubs: tuple = ()                # --hubs: the star's hub ids when there are several
 
 
 def run_draft(core, tok, link, service_id, ctl_key=None, tele: Optional[TelemetrySettings] = None) -> None:
@@ -125,8 +126,8 @@ def run_target(engine, tok, link, client_id, model, target: TargetSettings,
     from edge.star.session import HubClient, JoinRefused
     from edge.star.target import StarTarget
 
-    star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size), gamma=target.gamma,
-                      adaptive=target.adaptive)
+    star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size, hubs=target.hubs),
+                      gamma=target.gamma, adaptive=target.adaptive)
     try:
         star.check_join()
         click.echo(f"target {client_id} joined the star at {link.url}", err=True)

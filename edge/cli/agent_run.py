@@ -25,7 +25,7 @@ from edge.cli.agent_config import config_option
 # open_node: the SUN nodes' factory, imported from here by tests and provisioning checks
 from edge.cli.agent_roles import TargetSettings, open_node, run_draft, run_sun, run_target  # noqa: F401
 from edge.cli.options import (CLIENT_TLS_HELP, BrokerAccess, backend_option, broker_access, credential_options,
-                              ctl_key_option, draft_limits, draft_options, gamma_option, hub_url_option,
+                              ctl_key_option, draft_limits, draft_options, gamma_option, hub_url_option, hubs_option,
                               model_options, read_ctl_key, stop_ids_option, telemetry_options, tls_dir_option)
 from edge.cli.plan_command import check_before_load, memory_options
 from edge.cli.sections import ROLE, SUN, TARGET, SectionedCommand, option
@@ -92,6 +92,8 @@ class AgentConfig:
 @model_options
 @memory_options
 @gamma_option(TARGET)
+@hubs_option(TARGET, "a target joins the one that owns its --client-id; draft services and SUN workers "
+                     "serve every hub and need no list")
 @option(TARGET, "--http-host", default="127.0.0.1", show_default=True)
 @option(TARGET, "--http-port", default=8000, show_default=True, help="target: OpenAI endpoint port (0: none)")
 @option(TARGET, "--prompt", default=None, help="target: generate once for this prompt and exit")
@@ -144,7 +146,8 @@ def agent_config_from(o: dict) -> AgentConfig:
         ModelSettings(o["model"], o["module_dir"], o["backend"], o["dtype"], o["threads"], o["max_len"],
                       o["profile"], o["memory_budget"], o["device"], o["gpu_layers"]),
         draft,
-        TargetSettings(gamma, adaptive, o["http_host"], o["http_port"], o["prompt"], o["max_new"], o["temperature"]),
+        TargetSettings(gamma, adaptive, o["http_host"], o["http_port"], o["prompt"], o["max_new"], o["temperature"],
+                       o["hubs"]),
         SunSettings(o["task"], o["max_batch"], o["max_sequences"], o["max_queue"], o["stop_ids"]))
 
 

@@ -221,6 +221,27 @@ def gamma_option(section: Section, what: str = "drafted tokens per verification"
                        "costs; `auto:N` for 0..N)")
 
 
+class HubList(click.ParamType):
+    """--hubs a,b (or a TOML list): the star's hub ids when there are several (edge/star/hub_ring.py)."""
+    name = "hub ids"
+
+    def convert(self, value, param, ctx):
+        from edge.star.hub_ring import parse_hub_list
+        if isinstance(value, tuple):
+            return value
+        try:
+            return tuple(parse_hub_list(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def hubs_option(section: Section, who: str):
+    """--hubs ID,ID,...: several hubs on one broker (`edge-hub serve`, `edge-agent run`)."""
+    return option(section, "--hubs", default=(), type=HubList(), metavar="ID,ID,...",
+                  help=f"every hub's id when the star has several ({who}); each client is served by "
+                       "one of the live ones, and moves when it dies (docs/star.md, Several hubs)")
+
+
 def _no_adaptive(ctx, param, value):
     if value:
         raise click.UsageError("--adaptive is gone: write --gamma auto (γ 0..8 chosen each round) or "

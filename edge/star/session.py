@@ -10,6 +10,10 @@ hub's retained status: the hub stamps it with its start time (`time`), so a
 new stamp or `online=False` (the last will) means the hub's registry and the
 draft KV are gone — the sessions are marked lost and their users rejoin.
 
+With a hub list (`hubs`, several hubs: edge/star/hub_watch.py) each join names the hub that owns
+this client among the live ones, each session remembers its hub, and that hub's will, silence
+or new epoch loses only its sessions; a returning hub gets the client back at its next join.
+
 A join nobody waits for any more (its waiter gave up: `abandon`, a blocking `join` that timed
 out, or one left unanswered for `join_ttl_s`) is forgotten; if the hub accepts it anyway, the
 session is closed at once (bye) instead of holding a slot at the draft until eviction.
@@ -24,6 +28,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Dict, Optional
 
+from edge.star.hub_watch import HubWatch
 from edge.wire.link import Link
 from edge.wire.protocol import (STATUS_TOPIC, Bye, DraftRequest, DraftResponse, Error, HubStatus, Join,
                            Joined, ProtocolError, check_vocab, decode,
@@ -122,8 +127,9 @@ class JoinRefused(RuntimeError):
 class Session:
     """One joined session: its topics, seq counter and the replies that came back."""
 
-    def __init__(self, hub: "HubClient", joined: Joined, epoch: Optional[float]):
+    def __init__(self, hub: "HubClient", joined: Joined, epoch: Optional[float], home: str = ""):
         self.hub = hub
+        self.home = home                  # the hub that assigned it, of several ("": the one hub)
         self.sid, self.secret, self.draft = joined.sid, joined.secret, joined.draft
         self.up, self.down = joined.up, joined.down
         self.epoch = epoch
@@ -172,10 +178,11 @@ class Session:
             self._cv.notify_all()
 
     def close(self) -> None:
-        """Say bye (best effort) and forget the session."""
-        if not self.lost:
+        """Say bye (best effort) and forget the session. A session lost with one of several hubs
+        still says bye: its draft service outlived that hub and would hold the slot until eviction."""
+        if not self.lost or self.home:
             try:
-                self.send(Bye(self.sid))
+                self.hub.link.publish(self.up, encode(Bye(self.sid), self.secret), kind="control")
             except Exception:
                 pass
         self.mark_lost()
@@ -187,6 +194,7 @@ class _PendingJoin:
         self.done = threading.Event()
         self.joined: Optional[Joined] = None
         self.epoch: Optional[float] = None
+        self.hub = ""               # the hub it was sent to, of several
         self.expires = expires
         self.claimed = False        # finish_join took it: the session is in use
         self.abandoned = False      # nobody will finish it: an acceptance is closed at once
@@ -196,7 +204,8 @@ class HubClient:
     """A device's handshake with the hub and the home of its sessions."""
 
     def __init__(self, link: Link, client_id: str, model_fp: str, vocab_size: int,
-                 join_ttl_s: float = JOIN_TTL_S):
+                 join_ttl_s: float = JOIN_TTL_S, hubs=()):
+        """hubs: the ids of the star's hubs when there are several (empty: the one hub)."""
         self.link, self.client = link, client_id
         self.model_fp, self.vocab_size = model_fp, vocab_size
         self.join_ttl_s = join_ttl_s
@@ -210,6 +219,7 @@ class HubClient:
         self.epoch: Optional[float] = None
         self._listeners: list = []
         self._started = False
+        self.watch = HubWatch(link, hubs, self._hub_changed) if hubs else None
 
     def start(self) -> "HubClient":
         if not self._started:
@@ -217,7 +227,10 @@ class HubClient:
             self.link.on_connection(self._on_connection)
             self.link.subscribe(joined_topic(self.client), self._on_joined)
             self.link.subscribe(f"ss/s/{self.client}/+/+/down", self._on_down)
-            self.link.subscribe(STATUS_TOPIC, self._on_status)
+            if self.watch is None:
+                self.link.subscribe(STATUS_TOPIC, self._on_status)
+            else:
+                self.watch.start()
             if not self.link.is_connected():
                 self.link.connect(timeout=None)
         return self
@@ -228,6 +241,8 @@ class HubClient:
 
     @property
     def hub_online(self) -> bool:
+        if self.watch is not None:
+            return self.link.is_connected() and self.watch.any_live()
         return self.link.is_connected() and (self.status is None or self.status.online)
 
     # ---- join ----
@@ -237,11 +252,13 @@ class HubClient:
         nonce = _secrets.token_hex(6)
         now = time.monotonic()
         pj = _PendingJoin(now + max(self.join_ttl_s, wait_s))
+        pj.hub = (self.watch.owner(self.client) or "") if self.watch is not None else ""
         with self._lock:
             self._prune(now)
             self._joins[nonce] = pj
-        msg = Join(self.client, self.model_fp, self.vocab_size, gamma, sampling, "target", nonce)
-        sent = self.link.is_connected() and self.link.publish(join_topic(self.client), encode(msg), "control")
+        msg = Join(self.client, self.model_fp, self.vocab_size, gamma, sampling, "target", nonce, pj.hub)
+        sent = (self.watch is None or bool(pj.hub)) and self.link.is_connected() and \
+            self.link.publish(join_topic(self.client), encode(msg), "control")
         if not sent:
             with self._lock:
                 self._joins.pop(nonce, None)
@@ -257,10 +274,10 @@ class HubClient:
             j = pj.joined
         if not j.accepted:
             raise JoinRefused(j.reason)
-        return self._open_session(j, pj.epoch)
+        return self._open_session(j, pj.epoch, pj.hub)
 
-    def _open_session(self, j: Joined, epoch: Optional[float]) -> Session:
-        s = Session(self, j, epoch)
+    def _open_session(self, j: Joined, epoch: Optional[float], home: str = "") -> Session:
+        s = Session(self, j, epoch, home)
         with self._lock:
             self.sessions[s.sid] = s
         self.keys.add(s.sid, self.client, s.secret)
@@ -332,7 +349,7 @@ class HubClient:
             if late:
                 del self._late[j.nonce]
             if pj is not None:
-                pj.joined, pj.epoch = j, self.epoch
+                pj.joined, pj.epoch = j, self.watch.epoch(pj.hub) if self.watch else self.epoch
             orphan = late or (pj is not None and pj.abandoned)
         if pj is not None:
             pj.done.set()
@@ -362,14 +379,21 @@ class HubClient:
         changed = epoch != self.epoch
         self.epoch = epoch
         if changed:
-            with self._lock:
-                sessions = list(self.sessions.values())
-            for s in sessions:
-                if s.epoch is None and epoch is not None and not s.lost:
-                    s.epoch = epoch                    # joined before the first status arrived
-                elif s.epoch != epoch:
-                    s.mark_lost()
-            self._fire()
+            self._epoch_changed("", epoch)
+
+    def _hub_changed(self, hub: str) -> None:
+        """One of several hubs went, came or restarted (HubWatch): only its sessions are affected."""
+        self._epoch_changed(hub, self.watch.epoch(hub))
+
+    def _epoch_changed(self, home: str, epoch: Optional[float]) -> None:
+        with self._lock:
+            sessions = [s for s in self.sessions.values() if s.home == home]
+        for s in sessions:
+            if s.epoch is None and epoch is not None and not s.lost:
+                s.epoch = epoch                        # joined before the first status arrived
+            elif s.epoch != epoch:
+                s.mark_lost()
+        self._fire()
 
     def _on_connection(self, up: bool) -> None:
         self._fire()
@@ -389,3 +413,5 @@ class HubClient:
             self.abandon(pj)
         for s in sessions:
             s.close()
+        if self.watch is not None:
+            self.watch.stop()

@@ -10,6 +10,9 @@ Gradients reach the prefill weights only through the KV and the first logits.
   the answer tokens) - the one-model-per-task baseline, same loss, same data.
 * `decoder="int4"` (QSUN): the frozen decoder's projections are replaced by
   their int4 values from export/quant.py (bit-identical to the exporters).
+* `adapter="lora"`: the trainable module is the frozen base plus one LoRA adapter
+  applied while prefilling (export/tune_lora.py); only the adapter's A and B
+  train, the output is an adapter directory (PEFT's files + manifest.json).
 
 Runs are seeded and resumable: the batch of step s is drawn from
 rng(seed, s), so a resumed run sees exactly the batches an uninterrupted one
@@ -23,20 +26,23 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from edge.model.lora.adapter import ALL_TARGETS, LoraAdapter, parse_targets
 from edge.model.transformer import Transformer
 from edge.model.sun_modules import (exact_match, pad_right, prefill_batch, save_module, split_generate,
                       weights_fingerprint)
 from export.quant import fake_quant_state_dict
 from export.tasks import Example
+from export.tune_lora import make_trainee, save_lora_specialist
 
 MODES = ("sun", "full")
+ADAPTERS = ("", "lora")           # "": the specialist is a full copy of the prefill module
 CKPT_DIR = "checkpoint"
 
 
@@ -62,6 +68,10 @@ class TuneConfig:
     stop_ids: Tuple[int, ...] = (2,)
     threads: int = 0              # 0: leave torch's default
     device: str = "cpu"
+    adapter: str = ""             # "lora": train a prefill-only LoRA adapter, the base frozen
+    rank: int = 16
+    alpha: float = 32.0
+    targets: Tuple[str, ...] = ALL_TARGETS
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -71,11 +81,18 @@ class TuneConfig:
         if self.mode == "full" and self.decoder != "fp32":
             raise TuneError("--full trains the whole model; an int4 decoder only applies to SUN tuning")
         self.stop_ids = tuple(int(s) for s in self.stop_ids)
+        if self.adapter not in ADAPTERS:
+            raise TuneError(f"adapter must be 'lora' or none, got {self.adapter!r}")
+        if self.adapter and self.mode == "full":
+            raise TuneError("--full trains the whole model; an adapter applies to SUN (prefill-only) tuning")
+        if type(self.rank) is not int or self.rank < 1 or not self.alpha > 0:
+            raise TuneError(f"LoRA rank must be a positive integer and alpha positive, got {self.rank!r}, {self.alpha!r}")
+        self.targets = parse_targets(",".join(self.targets))
 
 
 @dataclass
 class TuneResult:
-    prefill: Transformer          # the tuned module (the whole model for mode="full")
+    prefill: Transformer          # the tuned module (the whole model for "full"; a LoraTrainee with an adapter)
     decoder: Transformer          # the decoder it was tuned for (frozen; == prefill for "full")
     decoder_fingerprint: str
     history: List[dict] = field(default_factory=list)
@@ -157,7 +174,7 @@ def _save_ckpt(d: Path, step: int, model: Transformer, opt: torch.optim.Optimize
 def _load_ckpt(d: Path, model: Transformer, opt: torch.optim.Optimizer, cfg: TuneConfig, dec_fp: str):
     meta = json.loads((d / "state.json").read_text())
     saved = TuneConfig(**{**meta["config"], "stop_ids": tuple(meta["config"]["stop_ids"])})
-    for key in ("mode", "decoder", "seed", "batch_size", "lr", "steps"):
+    for key in ("mode", "decoder", "seed", "batch_size", "lr", "steps", "adapter", "rank", "alpha", "targets"):
         if getattr(saved, key) != getattr(cfg, key):
             raise TuneError(f"cannot resume {d}: it was started with {key}={getattr(saved, key)!r}, "
                             f"now {key}={getattr(cfg, key)!r}; use another --out or the same options")
@@ -180,27 +197,27 @@ def _load_ckpt(d: Path, model: Transformer, opt: torch.optim.Optimizer, cfg: Tun
 # -- the loop ---------------------------------------------------------------------------------
 
 def tune(base: Transformer, train: Sequence[Example], cfg: TuneConfig,
-         eval_set: Sequence[Example] = (), out_dir=None, init: Optional[Transformer] = None,
+         eval_set: Sequence[Example] = (), out_dir=None, init: Union[Transformer, LoraAdapter, None] = None,
          decoder: Optional[Tuple[Transformer, str]] = None, progress: bool = True,
          log: Optional[Callable[[dict], None]] = None, manifest_extra: Optional[dict] = None) -> TuneResult:
     """Train one specialist; optionally checkpoint/resume in out_dir and save it there.
 
-    init: the starting prefill weights (default: the base); decoder: a prebuilt
-    (frozen decoder, fingerprint) to share between runs (default: built from base).
+    init: the starting prefill weights (default: the base), or with cfg.adapter the starting
+    adapter (default: PEFT's seeded init); decoder: a prebuilt (frozen decoder, fingerprint)
+    to share between runs (default: built from base).
     """
     if not train:
         raise TuneError("no training examples")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    model = copy.deepcopy(init if init is not None else base).float().to(cfg.device).train()
-    for p in model.parameters():
-        p.requires_grad_(True)
     if cfg.mode == "full":
+        model = _trainable_copy(init, base, cfg)
         dec, dec_fp = model, ""
     else:
         dec, dec_fp = decoder if decoder is not None else build_decoder(base, cfg.decoder)
         dec = dec.to(cfg.device)
+        model = _lora_trainee(base, dec, init, cfg) if cfg.adapter else _trainable_copy(init, base, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=(0.9, 0.98))
     step, history = 0, []
@@ -247,9 +264,29 @@ def tune(base: Transformer, train: Sequence[Example], cfg: TuneConfig,
     history.append(final)
     if cfg.mode == "full":
         dec_fp = weights_fingerprint(model, "fp32")  # a full-FT model is its own decoder
-    if out_dir:
+    if out_dir and cfg.adapter:
+        save_lora_specialist(out_dir, model, cfg, dec_fp, history, manifest_extra or {})
+    elif out_dir:
         save_specialist(out_dir, model, cfg, dec_fp, history, manifest_extra or {})
     return TuneResult(model, dec, dec_fp, history)
+
+
+def _trainable_copy(init, base: Transformer, cfg: TuneConfig) -> Transformer:
+    if isinstance(init, LoraAdapter):
+        raise TuneError("an adapter (--init ADAPTER_DIR) starts LoRA tuning only: add --adapter lora")
+    model = copy.deepcopy(init if init is not None else base).float().to(cfg.device).train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def _lora_trainee(base: Transformer, dec: Transformer, init, cfg: TuneConfig):
+    """The frozen fp base + a trainable adapter. An fp decoder IS the fp base: the adapter is
+    applied over its tensors (no second copy); an int4 one is not, so the base is used."""
+    if init is not None and not isinstance(init, LoraAdapter):
+        raise TuneError("--adapter lora starts from an adapter (--init ADAPTER_DIR), not a full prefill module")
+    fp_base = dec if cfg.decoder == "fp32" else base.float().to(cfg.device)
+    return make_trainee(fp_base, cfg.rank, cfg.alpha, cfg.targets, cfg.seed, init).train()
 
 
 def save_specialist(out_dir, model: Transformer, cfg: TuneConfig, dec_fp: str, history: list,

@@ -3,6 +3,12 @@
   edge-export tune --base smollm2-135m --task maths --out runs/maths-sun --save-decoder runs/decoder-fp32
   edge-export tune --base smollm2-135m --task maths --decoder int4 --init runs/maths-sun --out runs/maths-qsun
   edge-export tune --base smollm2-135m --task maths --full --out runs/maths-full
+  edge-export tune --base smollm2-135m --task tools --adapter lora --rank 16 --out runs/tools-lora
+  edge-export tune --base smollm2-135m --task tools --adapter lora --rank 16 --decoder int4 \
+      --init runs/tools-lora --out runs/tools-qlora
+
+With --adapter lora the specialist is a prefill-only LoRA adapter over the frozen base
+(PEFT's adapter_config.json + adapter_model.safetensors + our manifest.json): megabytes, not a model.
 
 Runs resume from their last checkpoint in --out; the saved manifest names the
 decoder fingerprint the specialist was tuned for (edge/sun/prefill.py puts it
@@ -16,7 +22,9 @@ from pathlib import Path
 import click
 import torch
 
-from export.tune import TuneConfig, build_decoder, save_decoder
+from edge.model.lora.adapter import parse_targets
+from edge.model.lora.error import AdapterError
+from export.tune import TuneConfig, TuneError, build_decoder, save_decoder
 from export.tune import tune as run_tune
 
 
@@ -33,6 +41,12 @@ from export.tune import tune as run_tune
               help="start from this specialist (e.g. the SUN prefill when re-tuning for int4)")
 @click.option("--save-decoder", "decoder_dir", type=click.Path(file_okay=False),
               help="also write the shared decoder here")
+@click.option("--adapter", type=click.Choice(["lora"]), default=None,
+              help="train a prefill-only LoRA adapter (base frozen) instead of a full prefill copy")
+@click.option("--rank", default=16, show_default=True, help="LoRA rank (with --adapter lora)")
+@click.option("--alpha", type=float, default=None, help="LoRA alpha (default: 2 x rank)")
+@click.option("--targets", default="q,k,v,o,gate,up,down", show_default=True,
+              help="linears the adapter applies to (q,k,v,o,gate,up,down or PEFT's names)")
 @click.option("--steps", default=600, show_default=True)
 @click.option("--batch-size", default=8, show_default=True)
 @click.option("--lr", default=2e-5, show_default=True)
@@ -43,16 +57,21 @@ from export.tune import tune as run_tune
 @click.option("--n-eval", default=64, show_default=True)
 @click.option("--max-len", default=512, show_default=True, help="drop pairs longer than this (memory)")
 @click.option("--threads", default=0, help="torch threads (0: default)")
-def tune(base, task, data, out, full, precision, init_dir, decoder_dir, steps, batch_size, lr, seed,
-             eval_every, ckpt_every, n_train, n_eval, max_len, threads):
+def tune(base, task, data, out, full, precision, init_dir, decoder_dir, adapter, rank, alpha, targets, steps,
+         batch_size, lr, seed, eval_every, ckpt_every, n_train, n_eval, max_len, threads):
     """Prefill-only tuning of one task specialist against a frozen decoder (SUN / QSUN)."""
     from edge.model.checkpoint import CheckpointError, load_model
     from edge.model.spec import ModelNotFound, resolve_model
-    from edge.model.sun_modules import load_module
     if bool(task) == bool(data):
         raise click.UsageError("give exactly one of --task or --data")
     if full and precision != "fp32":
         raise click.UsageError("--full trains the whole model; --decoder int4 applies to SUN tuning only")
+    if full and adapter:
+        raise click.UsageError("--full trains the whole model; --adapter lora applies to SUN tuning only")
+    try:
+        target_names = parse_targets(targets)
+    except AdapterError as e:
+        raise click.BadParameter(str(e), param_hint="--targets") from None
     try:
         src = resolve_model(base)
         model, ckpt = load_model(src)
@@ -74,16 +93,37 @@ def tune(base, task, data, out, full, precision, init_dir, decoder_dir, steps, b
     train = [e for e in train if len(e.prompt) + len(e.answer) <= max_len]
     cfg = TuneConfig(mode="full" if full else "sun", decoder=precision, steps=steps, batch_size=batch_size,
                      lr=lr, seed=seed, eval_every=eval_every, ckpt_every=ckpt_every, max_new=max_new,
-                     stop_ids=stops, threads=threads, warmup=min(50, steps // 10))
-    init = load_module(init_dir, dtype=torch.float32)[0] if init_dir else None
+                     stop_ids=stops, threads=threads, warmup=min(50, steps // 10), adapter=adapter or "",
+                     rank=rank, alpha=alpha if alpha is not None else 2.0 * rank, targets=target_names)
+    init = _load_init(init_dir, model, bool(adapter)) if init_dir else None
     dec = None if full else build_decoder(model, precision)
     if dec is not None and decoder_dir:
         save_decoder(decoder_dir, dec[0], precision, dec[1], base=str(src))
-    res = run_tune(model, train, cfg, eval_set=ev, out_dir=out, init=init, decoder=dec,
-               log=lambda r: click.echo(f"step {r['step']}: eval {r['eval_acc']:.3f}"),
-               manifest_extra={"task": task or Path(data).stem, "base": str(src),
-                               "tokenizer_fingerprint": tok.fingerprint()})
+    try:
+        res = run_tune(model, train, cfg, eval_set=ev, out_dir=out, init=init, decoder=dec,
+                       log=lambda r: click.echo(f"step {r['step']}: eval {r['eval_acc']:.3f}"),
+                       manifest_extra={"task": task or Path(data).stem, "base": str(src),
+                                       "tokenizer_fingerprint": tok.fingerprint()})
+    except (TuneError, AdapterError) as e:
+        raise click.ClickException(str(e)) from None
     click.echo(f"saved {out} (decoder {res.decoder_fingerprint[:12]}, final {res.history[-1]})")
+
+
+def _load_init(init_dir, model, lora: bool):
+    """--init: an adapter directory for --adapter lora, a full prefill module otherwise."""
+    from edge.model.lora.adapter import base_fingerprint
+    from edge.model.lora.files import CONFIG_FILE, load_adapter
+    from edge.model.sun_modules import load_module
+    is_adapter = (Path(init_dir) / CONFIG_FILE).is_file()
+    if is_adapter != lora:
+        raise click.UsageError(f"--init {init_dir} is {'an adapter' if is_adapter else 'a full prefill module'}: "
+                               f"{'add' if is_adapter else 'drop'} --adapter lora, or --init the other kind")
+    try:
+        if lora:
+            return load_adapter(init_dir, model.cfg, base_fingerprint=base_fingerprint(model), dtype=torch.float32)
+        return load_module(init_dir, dtype=torch.float32)[0]
+    except AdapterError as e:
+        raise click.BadParameter(str(e), param_hint="--init") from None
 
 
 if __name__ == "__main__":

@@ -46,17 +46,23 @@ def procs(tmp_path):
     ps.close()
 
 
-def hub_cmd(url, hub_id):
+def hub_cmd(url, hub_id, creds=None):
     return [BIN / "edge-hub", "-v", "serve", "--broker", url, "--hub-id", hub_id, "--hubs", ",".join(HUBS),
-            "--stats-every", "0"]
+            "--stats-every", "0", *_login(creds, hub_id)]
+
+
+def _login(creds, name):
+    """--username/--password of `name` on a broker with users (creds: name -> password), else none."""
+    return [] if creds is None else ["--username", name, "--password", creds[name]]
 
 
 class Spy:
     """The hubs' announcements and the draft service's hello, as any party reads them."""
 
-    def __init__(self, url, draft_id):
+    def __init__(self, url, draft_id, creds=None):
         self.last, self.lock = {}, threading.Lock()
-        self.link = MqttLink(url).connect(10)
+        login = {} if creds is None else {"username": "spy", "password": creds["spy"]}
+        self.link = MqttLink(url, **login).connect(10)
         for h in HUBS:
             self.link.subscribe(hub_hello_topic(h), self._on)
         self.link.subscribe(draft_hello_topic(draft_id), self._on)
@@ -86,15 +92,47 @@ def client_owned_by(hub):
 
 
 def test_a_killed_hub_moves_its_target_to_the_other_and_takes_it_back(mosquitto, model, procs):
-    url, draft_id = mosquitto.url, f"mdraft-{PID}"
-    procs.start("draft", BIN / "edge-agent", "run", "--role", "draft", "--hub", url, "--model", model,
-                "--client-id", draft_id, "--no-ahead", "--threads", "1", "--dtype", "float64")
-    for h in HUBS:
-        procs.start(h, *hub_cmd(url, h))
-    spy = Spy(url, draft_id)
+    url = mosquitto.url
+    kill_and_return(procs, model, {p: url for p in ("hubs", "draft", "target", "spy")})
+
+
+def test_the_same_on_a_rabbitmq_cluster(model, procs):
+    """The same faults with every party on its own node of a 3-node RabbitMQ cluster (no retained
+    message across nodes: announcements arrive live, wills cross nodes), with users and topic
+    permissions (server/acl.py's rules)."""
+    from harness.rabbitmq import RabbitCluster
+    cluster = RabbitCluster(size=3, tls=False)
+    try:
+        cluster.start()
+        creds = {h: cluster.add_user(h, "hub") for h in HUBS}
+        creds["spy"] = cluster.add_user("spy", "hub")
+        creds[DRAFT_ID] = cluster.add_user(DRAFT_ID, "draft")
+        client = client_owned_by(HUBS[0])
+        creds[client] = cluster.add_user(client, "client")
+        urls = {"hubs": [cluster.urls(0), cluster.urls(1)], "draft": cluster.urls(2), "target": cluster.urls(2),
+                "spy": cluster.urls(1)}
+        kill_and_return(procs, model, urls, creds)
+    finally:
+        cluster.close()
+
+
+DRAFT_ID = f"mdraft-{PID}"
+
+
+def kill_and_return(procs, model, urls, creds=None):
+    """urls: where each party connects ("hubs": one URL for both, or one each)."""
+    draft_id = DRAFT_ID
+    hub_urls = urls["hubs"] if isinstance(urls["hubs"], list) else [urls["hubs"]] * len(HUBS)
+    procs.start("draft", BIN / "edge-agent", "run", "--role", "draft", "--hub", urls["draft"], "--model", model,
+                "--client-id", draft_id, "--no-ahead", "--threads", "1", "--dtype", "float64",
+                *_login(creds, draft_id))
+    for h, u in zip(HUBS, hub_urls):
+        procs.start(h, *hub_cmd(u, h, creds))
+    spy = Spy(urls["spy"], draft_id, creds)
     engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
     client = client_owned_by(HUBS[0])            # the first hub owns it while both live
-    link = MqttLink(url, reconnect_delay=(0.05, 0.2)).connect(10)
+    login = {} if creds is None else {"username": client, "password": creds[client]}
+    link = MqttLink(urls["target"], reconnect_delay=(0.05, 0.2), **login).connect(20)
     star = StarTarget(engine, HubClient(link, client, tok.fingerprint(), engine.vocab_size, hubs=HUBS), gamma=3)
     reference = generate_plain(engine, PROMPT, MAX_NEW).tokens
     try:
@@ -126,7 +164,7 @@ def test_a_killed_hub_moves_its_target_to_the_other_and_takes_it_back(mosquitto,
 
         # ---- the hub returns: a generation running on the other hub goes on there ----
         def bring_back():
-            procs.start(HUBS[0], *hub_cmd(url, HUBS[0]))
+            procs.start(HUBS[0], *hub_cmd(hub_urls[0], HUBS[0], creds))
             assert wait_until(lambda: spy.live(HUBS[0]), 60), procs.err(HUBS[0])
             assert wait_until(lambda: star.hub.watch.owner(client) == HUBS[0], 10)
             moved["back"] = star.last_drafter.session

@@ -36,6 +36,8 @@ def smallest_m(inp: FleetInputs, n: int, k: int, goal: float, per_hub: Iterable[
             return p
         if p.broker_load >= 1.0 and p.draft_busy < 0.5:
             return None              # the broker, not the drafts, is what fails: more M cannot help
+        if p.draft_busy < 0.9 and p.broker_load < 0.9 and p.fits:
+            return None              # neither is saturated: the draft is too slow per request, at any M
     return None
 
 

@@ -7,7 +7,8 @@
    clients publishing round-shaped messages at the measured sizes and QoS, draft echoes
    answering; routed messages per second, and per second of the broker's own CPU (the clients
    share the same 2 cores, so the second figure is what a core of broker carries).
-   RabbitMQ 3.10 MQTT is not measured here yet (see the report's note).
+   The same on one RabbitMQ 3.10 node with its MQTT plugin (benchmarks/lib/fleet_rabbit.py),
+   where rabbitmq-server is installed.
 
     python -m benchmarks.star.broker_costs [--quick] [--out benchmarks/results/broker_costs/default]
 """
@@ -61,20 +62,29 @@ def count_rounds(a) -> dict:
 
 
 def broker_load(a, req_bytes: int, resp_bytes: int) -> dict:
-    """Round-shaped load on one Mosquitto node."""
+    """Round-shaped load on one Mosquitto node, then on one RabbitMQ 3.10 MQTT node."""
+    from benchmarks.lib.fleet_rabbit import RabbitNode, available
     from server.mosquitto import MosquittoBroker
-    out = {"mosquitto": {"points": []}}
-    for targets in a.targets:
-        broker = MosquittoBroker().start()
+    out = {}
+    for name in a.brokers:
+        why = available() if name == "rabbitmq" else None
+        if why:
+            out[name] = {"skipped": why}
+            log(f"{name}: skipped: {why}")
+            continue
+        broker = (RabbitNode() if name == "rabbitmq" else MosquittoBroker()).start()
+        pid = broker.beam_pid() if name == "rabbitmq" else broker.proc.pid
+        out[name] = {"points": []}
         try:
-            services = max(1, targets // 64)
-            p = run_load(broker.url, broker.proc.pid, targets, services, req_bytes, resp_bytes,
-                         window=a.window, seconds=a.seconds)
+            for targets in a.targets:
+                services = max(1, targets // 64)
+                p = run_load(broker.url, pid, targets, services, req_bytes, resp_bytes,
+                             window=a.window, seconds=a.seconds)
+                out[name]["points"].append(p)
+                log(f"{name}, {targets} targets / {services} echoes: {p['routed_msgs_per_s']:.0f} routed msgs/s, "
+                    f"broker {p['broker_cpu_share']:.0%} of a core -> {p['routed_msgs_per_broker_cpu_s']:.0f} per CPU s")
         finally:
             broker.stop()
-        out["mosquitto"]["points"].append(p)
-        log(f"mosquitto, {targets} targets / {services} echoes: {p['routed_msgs_per_s']:.0f} routed msgs/s, "
-            f"broker {p['broker_cpu_share']:.0%} of a core -> {p['routed_msgs_per_broker_cpu_s']:.0f} per CPU s")
     return out
 
 
@@ -114,6 +124,8 @@ def markdown(out: dict) -> str:
               "| broker | targets | echo services | routed msgs/s | broker CPU | routed msgs per broker CPU s | MB/s |",
               "|---|---|---|---|---|---|---|"]
     for b, d in out["load"].items():
+        if d.get("skipped"):
+            lines.append(f"| {b} | not measured: {d['skipped']} | | | | | |")
         for p in d.get("points", []):
             lines.append(f"| {b} | {p['targets']} | {p['services']} | {p['routed_msgs_per_s']:.0f} | "
                          f"{p['broker_cpu_share']:.0%} | {p['routed_msgs_per_broker_cpu_s']:.0f} | "
@@ -159,11 +171,13 @@ def main(argv=None) -> None:
     ap.add_argument("--new", type=int, default=32, help="tokens per generation in the counted star")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--targets", default="16,64,256", help="emulated targets per load point")
+    ap.add_argument("--brokers", default="mosquitto,rabbitmq")
     ap.add_argument("--window", type=int, default=2, help="rounds in flight per emulated target")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--out", default=str(result_stem("broker_costs")))
     a = ap.parse_args(argv)
     a.targets = [int(x) for x in a.targets.split(",") if x]
+    a.brokers = [b for b in a.brokers.split(",") if b]
     if a.quick:
         a.prompts, a.targets, a.seconds = 2, a.targets[:2], 4.0
     load0, t0 = os.getloadavg(), time.time()
@@ -173,8 +187,9 @@ def main(argv=None) -> None:
     resp = int(sizes["down:draft_resp"]["median"])
     out["load_args"] = {"req_bytes": req, "resp_bytes": resp, "window": a.window, "seconds": a.seconds}
     out["load"] = broker_load(a, req, resp)
-    out["rabbitmq_note"] = ("RabbitMQ 3.10 MQTT: not measured in this run (no cluster starter committed in "
-                            "harness/ when it ran).")
+    out["rabbitmq_note"] = ("RabbitMQ: one node (3.10, rabbitmq_mqtt, MQTT 3.1.1, QoS 0), started by "
+                            "benchmarks/lib/fleet_rabbit.py; its CPU is the Erlang VM's (all its threads). "
+                            + (out["load"].get("rabbitmq", {}).get("skipped") or ""))
     out["machine"] = {"cpu": cpu_model(), "cpus": os.cpu_count(), "loadavg_start": load0,
                       "loadavg_end": os.getloadavg(), "wall_s": time.time() - t0, "date": time.strftime("%Y-%m-%d %H:%M"),
                       "note": "a shared 2-core AMD EPYC: other engineers' work ran beside it"}

@@ -52,8 +52,8 @@ def cpu_model() -> str:
 def args_of(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10_000, help="targets in the fleet")
-    ap.add_argument("--ks", default="1,2,4,5,8,10,16,20,25,40", help="hubs (broker nodes) tried; each divides N")
-    ap.add_argument("--per-hub", default="1,2,3,4,6,8,12,16,25,50", help="draft services per hub tried")
+    ap.add_argument("--ks", default="1,2,4,5,8,10,20,25,40", help="hubs (broker nodes) tried; each divides N")
+    ap.add_argument("--per-hub", default="1,2,4,8,16,32", help="draft services per hub tried")
     ap.add_argument("--goal", type=float, default=1.3, help="per-target speedup over decoding alone")
     ap.add_argument("--profile", default="jetson-orin-nano-8gb", help="the targets' device profile")
     ap.add_argument("--hubs", default="h200,rtx4090-workstation",
@@ -70,8 +70,8 @@ def args_of(argv=None):
     ap.add_argument("--net-ms", type=float, default=1.0, help="device <-> broker, one way (2 ms round trip)")
     ap.add_argument("--hub-net-ms", type=float, default=0.1, help="draft service <-> broker, one way")
     ap.add_argument("--context", type=int, default=512, help="mean context the draft reads per session (roofline)")
-    ap.add_argument("--seconds", type=float, default=3.0, help="simulated window per fleet point")
-    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--seconds", type=float, default=2.0, help="simulated window per fleet point")
+    ap.add_argument("--warmup", type=float, default=0.5)
     ap.add_argument("--validate-seconds", type=float, default=120.0)
     ap.add_argument("--out", default=str(result_stem("fleet_sim")))
     return ap.parse_args(argv)

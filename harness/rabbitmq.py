@@ -112,7 +112,8 @@ class RabbitCluster:
         return env
 
     def _config(self, node: RabbitNode) -> str:
-        lines = ["loopback_users = none", "mqtt.allow_anonymous = false", "mqtt.vhost = /",
+        lines = ["listeners.tcp = none",          # no AMQP: the star speaks MQTT only
+                 "loopback_users = none", "mqtt.allow_anonymous = false", "mqtt.vhost = /",
                  "mqtt.exchange = amq.topic", "log.console = false", "log.file.level = info"]
         if self.tls:
             lines += ["mqtt.listeners.tcp = none", f"mqtt.listeners.ssl.default = {node.mqtt_port}",
@@ -141,7 +142,7 @@ class RabbitCluster:
         for i in range(1, self.size + 1):
             d = self.dir / f"rmq{i}"
             (d / "log").mkdir(parents=True)
-            node = RabbitNode(f"rmq{i}", find_free_port(), find_free_port(), find_free_port(), d)
+            node = RabbitNode(f"rmq{i}", *self._ports(3), d)
             (d / "rabbitmq.conf").write_text(self._config(node))
             (d / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
             self.nodes.append(node)
@@ -160,6 +161,16 @@ class RabbitCluster:
             self.close()
             raise
         return self
+
+    def _ports(self, n: int) -> list:
+        """n free loopback ports, none already given to a node of this cluster."""
+        taken = {self.epmd_port} | {p for x in self.nodes for p in (x.amqp_port, x.dist_port, x.mqtt_port)}
+        out: list = []
+        while len(out) < n:
+            p = find_free_port()
+            if p not in taken and p not in out:
+                out.append(p)
+        return out
 
     def _spawn(self, node: RabbitNode) -> None:
         log = open(node.dir / "log" / "stdout.log", "ab")
@@ -231,12 +242,13 @@ class RabbitCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _kill_epmd(self) -> None:
-        """The epmd on our own port (started by the first node, outside its process group)."""
-        r = subprocess.run(["epmd", "-port", str(self.epmd_port), "-kill"], capture_output=True,
-                           env=self._env()) if shutil.which("epmd") else None
-        if r is None or r.returncode != 0:
-            for pid in _pids_listening(self.epmd_port):
+        """The epmd on our own port (started by the first node, outside its process group): found
+        by its ERL_EPMD_PORT in /proc, so no other epmd on the machine is touched."""
+        for pid in _epmd_pids(self.epmd_port):
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def __enter__(self) -> "RabbitCluster":
         return self
@@ -245,7 +257,7 @@ class RabbitCluster:
         self.close()
 
 
-def _pids_listening(port: int) -> List[int]:
+def _epmd_pids(port: int) -> List[int]:
     """Pids of epmd processes started with our port (from /proc: no extra tools)."""
     out = []
     for p in Path("/proc").iterdir():

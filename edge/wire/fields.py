@@ -117,6 +117,9 @@ def raw_bytes(lo: int, hi: int):
     return check
 
 
+SHA256 = text(re.compile(r"[0-9a-f]{64}\Z"), 64)    # a sha256 hex digest, lower case
+
+
 def id_list(name: str, v: Any) -> list[str]:
     if not isinstance(v, list) or len(v) > 256:
         raise ProtocolError(f"{name} must be a list of at most 256 ids")

@@ -35,7 +35,7 @@ from edge.wire.fields import (CODE, FINGERPRINT, GAMMA, GRAMMAR_ID, ID, ID_OR_EM
                               MAX_TEMPERATURE, MAX_TOP_K, MAX_VOCAB, MESSAGE_TEXT, SECRET_BYTES, SEQ, TOPIC,
                               VOCAB_SIZE, ProtocolError, QEntry, as_token_list, boolean, check_id,
                               check_sampling, decode_array, encode_array, id_list, integer, number, one_of, optional,
-                              raw_bytes, secret_bytes, sparse_q, split_q, text, token_ids, wire_q, _short)
+                              raw_bytes, secret_bytes, SHA256, sparse_q, split_q, text, token_ids, wire_q, _short)
 
 # the topic table (edge/wire/topics.py) is part of the wire format: its names are used from here too
 from edge.wire.topics import (  # noqa: F401,E402
@@ -306,10 +306,13 @@ class SunHello(Message):
     capacity: int = wire(integer(0, 1 << 20), 64)   # decoder: max batch
     served: int = wire(SEQ, 0)                  # jobs / assignments received (in-flight accounting)
     max_load: int = wire(integer(0, 1 << 20), 0)   # the load past which it refuses (0: not said)
+    tasks: list[str] = wire(id_list, factory=list)  # prefill with adapters: every task it serves ([]: `task` only)
 
     def check_rules(self) -> None:
-        if (self.role == "prefill") != bool(self.task):
+        if (self.role == "prefill") != bool(self.task or self.tasks):
             raise ProtocolError("sun_hello: a prefill worker names its task, a decoder names none")
+        if self.tasks and self.task not in self.tasks:
+            raise ProtocolError("sun_hello: a worker serving several tasks names one of them as its task")
 
 
 @message("sun_prefill")
@@ -363,6 +366,36 @@ class SunTokens(Message):
     def check_rules(self) -> None:
         if self.done != bool(self.finish_reason):
             raise ProtocolError("sun_tokens: a finish_reason comes with done, and only then")
+
+
+@message("sun_adapter_add")
+class AdapterAdd(Message):
+    """operator / hub -> a prefill worker with adapters, on its ctl topic, signed with the ctl key:
+    load `task`'s adapter from `path` (an adapter directory or GGUF file, or with `bundle` a bundle
+    whose manifest lists `task`) after checking its weights file's sha256. The answer
+    (AdapterResult, signed with the ctl key) goes to ss/sun/r/{client}/{rid}."""
+    worker: str = wire(ID)
+    rid: str = wire(ID)
+    client: str = wire(ID)
+    task: str = wire(ID)
+    path: str = wire(text(None, 4096))
+    sha256: str = wire(SHA256)
+    bundle: bool = wire(boolean, False)
+
+    def check_rules(self) -> None:
+        if not self.path:
+            raise ProtocolError("sun_adapter_add: path names the adapter file or bundle")
+
+
+@message("sun_adapter_result")
+class AdapterResult(Message):
+    """prefill worker -> the AdapterAdd's sender: loaded (ok) or refused, with why."""
+    worker: str = wire(ID)
+    rid: str = wire(ID)
+    task: str = wire(ID)
+    ok: bool = wire(boolean)
+    message: str = wire(MESSAGE_TEXT, "")
+    tasks: list[str] = wire(id_list, factory=list)     # what the worker serves now
 
 
 def check_vocab(msg: Message, vocab_size: int) -> None:

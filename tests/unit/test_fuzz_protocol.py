@@ -49,11 +49,13 @@ _ALL = [
     P.Probe(target="j1"),
     P.Discover(asker="hub-1"),
     P.SunRequest(client="c", rid="r1", task="maths", prompt=[1, 2], stop=[0], secret=SECRET),
-    P.SunHello(worker="w", role="prefill", task="maths", fingerprint="fp", vocab_size=256),
+    P.SunHello(worker="w", role="prefill", task="maths", fingerprint="fp", vocab_size=256, tasks=["maths", "code"]),
     P.PrefillJob(worker="w", rid="r1", client="c", secret=SECRET, task="maths", prompt=[1, 2], decoder="d"),
     P.DecodeAssign(worker="d", rid="r1", client="c", secret=SECRET, task="maths", stop=[0], prefill="w"),
     P.KVChunk(rid="r1", index=0, total=2, first_token=7, data=b"kv"),
     P.SunTokens(rid="r1", seq=1, index=0, tokens=[3], done=True, finish_reason="stop", worker="d"),
+    P.AdapterAdd(worker="w", rid="a1", client="ops", task="tools", path="/srv/bundle", sha256="0" * 64, bundle=True),
+    P.AdapterResult(worker="w", rid="a1", task="tools", ok=False, message="sha256 mismatch", tasks=["maths"]),
 ]
 SAMPLES = {m.TAG: m for m in _ALL}
 TAGS = sorted(SAMPLES)

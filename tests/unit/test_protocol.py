@@ -274,3 +274,19 @@ def test_topics():
     for bad in ("ss/s/a/b", "ss/s/a/b/up", "ss/hub/join/+", "other/topic"):
         with pytest.raises(P.ProtocolError):
             P.parse_topic(bad)
+
+
+def test_sun_hello_task_list_names_its_task_and_adapter_messages_check_their_fields():
+    h = P.SunHello("w", "prefill", "code", "fp", 256, tasks=["code", "maths"])
+    assert P.decode(P.encode(h, SECRET), SECRET).tasks == ["code", "maths"]
+    with pytest.raises(P.ProtocolError, match="names one of them"):
+        P.decode(P.encode(P.SunHello("w", "prefill", "tools", "fp", 256, tasks=["code"])))
+    with pytest.raises(P.ProtocolError, match="a decoder names none"):
+        P.decode(P.encode(P.SunHello("d", "decoder", "", "fp", 256, tasks=["code"])))
+    add = P.AdapterAdd("w", "a1", "ops", "tools", "/srv/tools", "ab" * 32)
+    assert P.decode(P.encode(add, SECRET), SECRET) == add
+    for bad, why in ((dict(sha256="AB" * 32), "sha256"), (dict(sha256="ab" * 31), "sha256"),
+                     (dict(path=""), "path")):
+        fields = {**add.__dict__, **bad}
+        with pytest.raises(P.ProtocolError, match=why):
+            P.decode(P.encode(P.AdapterAdd(**fields)))

@@ -19,7 +19,7 @@ REQUIRED = {
     "hub": "hub", "online": True, "service": "svc", "secret": SECRET, "target": "svc", "asker": "hub", "time": 1.0,
     "rid": "r1", "task": "maths", "prompt": [1, 2], "worker": "w1", "fingerprint": "fp:1",
     "decoder": "dec-1", "prefill": "prefill-maths", "index": 0, "total": 1, "first_token": 0,
-    "data": b"kv",
+    "data": b"kv", "ok": True, "path": "/srv/adapters/tools", "sha256": "ab" * 32,
 }
 ROLE = {"telemetry": "target", "sun_hello": "decoder"}      # a decoder names no task
 TASK = {"sun_hello": ""}

@@ -208,7 +208,8 @@ class Run:
         self.step("arm64 root", root.bootstrap)
         self.step("mounts", root.mount)
         self.step("sshd in the root", root.start_sshd)
-        r["device"] = self.step("device facts", lambda: root.ssh("uname -sm; python3 --version").replace("\n", ", "))
+        facts = "uname -sm; python3 --version"
+        r["device"] = self.step("device facts", lambda: root.ssh(facts).strip().replace("\n", ", "))
         bundle = self.step("ONNX bundle", lambda: ensure_bundle(a.work))
         port = free_port()
         hub_url = f"mqtt://127.0.0.1:{port}"

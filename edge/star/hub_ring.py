@@ -61,6 +61,7 @@ class _Heard:
     online: bool = False
     epoch: float = 0.0
     seen: float = 0.0
+    serves: bool = True         # its announcement lists a draft service it can assign
 
 
 class HubView:
@@ -78,7 +79,7 @@ class HubView:
         self._lock = threading.Lock()
         self.deaths = {"will": 0, "silent": 0, "restart": 0}
 
-    def heard(self, hub: str, online: bool, epoch: float) -> bool:
+    def heard(self, hub: str, online: bool, epoch: float, serves: bool = True) -> bool:
         """An announcement of `hub`; True when it changes what that hub's sessions are worth
         (the hub went offline, came up, or restarted with a new epoch). Unknown hubs are ignored."""
         with self._lock:
@@ -86,7 +87,7 @@ class HubView:
             if h is None:
                 return False
             was = (h.online, h.epoch if h.online else None)
-            h.seen = self.clock()
+            h.seen, h.serves = self.clock(), serves
             if online:
                 if h.online and h.epoch != epoch:
                     self.deaths["restart"] += 1
@@ -119,7 +120,12 @@ class HubView:
         return self._h[hub].epoch if hub in self.live() else None
 
     def owner(self, client: str) -> Optional[str]:
-        return owner(client, self.live())
+        """The owner among the live hubs that can draft now (a hub just back has not yet proven its
+        draft services: its clients come back once it has), or among all live ones if none can."""
+        live = self.live()
+        with self._lock:
+            ready = [h for h in live if self._h[h].serves]
+        return owner(client, ready or live)
 
     def snapshot(self) -> dict:
         now = self.clock()

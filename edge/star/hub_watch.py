@@ -58,7 +58,7 @@ class HubWatch:
             return
         if not isinstance(st, HubStatus) or topic != hub_hello_topic(st.hub):
             return                                  # a hub speaks only on its own topic
-        if self.view.heard(st.hub, st.online, st.time):
+        if self.view.heard(st.hub, st.online, st.time, bool(st.services)):
             log.info("hub %s is %s; live hubs: %s", st.hub, "up" if st.online else "gone", self.view.live())
             self.on_change(st.hub)
 

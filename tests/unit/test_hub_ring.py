@@ -97,3 +97,18 @@ def test_hub_view_follows_announcements_wills_silence_and_restarts():
     assert view.live() == ["hub-b"] and view.sweep() == ["hub-a"] and view.sweep() == []
     assert view.owner(client) == "hub-b"
     assert view.deaths == {"will": 1, "silent": 1, "restart": 1}
+
+
+def test_a_hub_without_a_draft_service_owns_nobody_while_another_can_draft():
+    """A hub just back has not proven its draft services yet: its clients stay where they are
+    until it has, unless no live hub can draft (then the plain owner, as if all could)."""
+    view = HubView(["hub-a", "hub-b"], clock=Clock())
+    client = next(c for c in CLIENTS if owner(c, ["hub-a", "hub-b"]) == "hub-a")
+    view.heard("hub-a", True, 1.0, serves=False)
+    view.heard("hub-b", True, 2.0, serves=True)
+    assert view.owner(client) == "hub-b"
+    view.heard("hub-a", True, 1.0, serves=True)
+    assert view.owner(client) == "hub-a"
+    view.heard("hub-a", True, 1.0, serves=False)
+    view.heard("hub-b", True, 2.0, serves=False)
+    assert view.owner(client) == "hub-a"

@@ -29,7 +29,7 @@ from edge.api.fields import STRUCTURED, TARGET, BadRequest, Profile
 from edge.api.logprobs import LogprobRecorder
 from edge.api.request import Request, parse_request
 from edge.api.structured import StructuredOutput
-from edge.api.tools import OPEN, call_grammar_lark, parse_calls
+from edge.api.tools import CallStream, call_grammar_lark
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20
@@ -192,13 +192,22 @@ class OpenAIServer:
 
 
 def _message(req: Request, text: str, finish: str) -> tuple:
-    """(the assistant message, finish_reason): with tools offered, the reply's tool calls parsed out."""
+    """(the assistant message, finish_reason): with tools offered, the reply's tool calls parsed out
+    by the parser the stream uses (edge/api/tools.py CallStream), so the two answers agree."""
     if req.tools is None:
         return {"role": "assistant", "content": text}, finish
-    content, calls = parse_calls(text)
-    if not calls:
-        return {"role": "assistant", "content": text}, finish
-    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+    calls = CallStream()
+    calls.feed(text)
+    calls.finish()
+    return _tool_message(calls, finish)
+
+
+def _tool_message(calls: CallStream, finish: str) -> tuple:
+    if not calls.calls:
+        return {"role": "assistant", "content": calls.content}, finish
+    # a reply cut inside a call's arguments keeps its own finish (length), as OpenAI's cut calls
+    return ({"role": "assistant", "content": calls.content or None, "tool_calls": calls.calls},
+            finish if calls.incomplete else "tool_calls")
 
 
 def _usage(req: Request, n: int) -> dict:
@@ -370,27 +379,38 @@ class _Stream:
             self._fail(e)
 
     def _tool_reply(self) -> tuple:
-        """Stream the reply's text up to its first <tool_call>, then, once the reply is whole, its
-        tool calls as deltas (each call whole, with its index, as OpenAI's chunks carry them) -- or,
-        when what followed was no call, that text; -> (tokens, finish_reason)."""
-        entries, before = [], StopText([OPEN])      # holds back what may be the start of a call
+        """Stream a reply with tools offered as OpenAI does: its text as content deltas (what may
+        start a <tool_call> held back), each call's id, type and function.name as soon as they are
+        known, then its function.arguments as string deltas as the tokens arrive
+        (choices[0].delta.tool_calls = [{index, id?, type?, function: {name?, arguments}}]);
+        -> (tokens, finish_reason: tool_calls when there are calls)."""
+        calls, entries = CallStream(), []
+
+        def send(events) -> None:
+            for ev in events:
+                if ev[0] == "content":
+                    self.send(self.delta(ev[1], entries))
+                elif ev[0] == "call":
+                    c = ev[2]
+                    self.send(self._calls_delta({"index": ev[1], "id": c["id"], "type": "function",
+                                                 "function": {"name": c["function"]["name"], "arguments": ""}},
+                                                entries))
+                else:
+                    self.send(self._calls_delta({"index": ev[1], "function": {"arguments": ev[2]}}, entries))
+                entries.clear()
 
         def emit(s: str, lp: list) -> None:
             entries.extend(lp)
-            out = "" if before.hit else before.feed(s)
-            if out:
-                self.send(self.delta(out, entries))
-                entries.clear()
-        text, n, finish = self.h.owner.run(self.req, emit, self.rec)
-        message, finish = _message(self.req, text, finish)
-        sent = before.text[:before.sent]
-        rest = text[len(sent):] if not message.get("tool_calls") else ""
-        if rest or entries:
-            self.send(self.delta(rest, entries))
-        for i, call in enumerate(message.get("tool_calls", ())):
-            self.send({"index": 0, "delta": {"tool_calls": [{"index": i, **call}]}, "logprobs": None,
-                       "finish_reason": None})
-        return n, finish
+            send(calls.feed(s))
+        _, n, finish = self.h.owner.run(self.req, emit, self.rec)
+        send(calls.finish())
+        if entries:                                # logprobs of tokens that made no text
+            self.send(self.delta("", entries))
+        return n, _tool_message(calls, finish)[1]
+
+    def _calls_delta(self, call: dict, entries: list) -> dict:
+        lp = self.rec.chat(entries) if self.rec else None
+        return {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": lp, "finish_reason": None}
 
     def _fail(self, e: Exception) -> None:
         try:

@@ -28,7 +28,6 @@ from edge.api.fields import BadRequest
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
-_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
 _PROBE = "starsun_probe_tool"
 
 
@@ -145,23 +144,232 @@ def call_grammar_lark(plan: ToolPlan) -> str:
     return f"start: call{more}\ncall: {call}\n"
 
 
-def parse_calls(text: str) -> Tuple[Optional[str], list]:
-    """(content, tool_calls) of a reply: each well-formed <tool_call> block whose JSON has a name
-    becomes a call; the text outside the blocks is the content (None when only blanks)."""
-    calls, rest, last = [], [], 0
-    for m in _CALL.finditer(text):
-        try:
-            obj = json.loads(m.group(1))
-        except ValueError:
-            continue                          # not a call: it stays in the content
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+class CallStream:
+    """The reply's tool calls read as its text arrives, the one parser of the streamed and the
+    whole answer (so the streamed deltas add up to exactly the non-streamed message).
+
+    feed(text) and finish() return events, in order:
+      ("content", text)            text outside the calls
+      ("call", index, call)        a call begins: call = {id, type, function: {name, arguments: ""}}
+      ("args", index, text)        more of that call's arguments (a JSON string's next characters)
+    and `calls` / `content` / `incomplete` hold the answer so far.
+
+    A block <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call> is a call as soon as its
+    name and the arguments' opening brace have arrived; its arguments then stream as the model
+    writes them (the raw JSON text of the object, which is what `arguments` carries) up to their
+    closing brace, and the rest of the block up to </tool_call> is markup. A block in any other
+    shape (arguments first, arguments as a string, "parameters") waits for its </tool_call>: a
+    JSON object with a name is then a call (arguments as JSON text), anything else stays text.
+    A reply that ends inside a call's arguments leaves that call `incomplete` (cut, as OpenAI's
+    calls cut by max_tokens are). Text: whitespace before a call and at the end of a reply with
+    calls is dropped, and so is whitespace that opens the text after a call; a reply without
+    calls is its text exactly."""
+
+    def __init__(self) -> None:
+        self.calls: List[dict] = []
+        self.content = ""
+        self.incomplete = False
+        self._buf = ""            # text not decided yet
+        self._ws = ""             # content whitespace held back (it may be the end of the content)
+        self._mode = "text"       # text | head | held | args | tail
+        self._depth, self._in_str, self._esc = 0, False, False
+
+    def feed(self, text: str) -> list:
+        self._buf += text
+        out: list = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> list:
+        """The reply is whole: what was held back is decided."""
+        out: list = []
+        mode, rest = self._mode, self._buf
+        self._buf = ""
+        if mode == "text":
+            self._text(rest, out)
+        elif mode in ("head", "held"):                 # an unclosed block that never was a call: text
+            self._text(OPEN + rest, out)
+        elif mode == "args":
+            self.incomplete = True
+        self._mode = "text"
+        if not self.calls and self._ws:                # a reply without calls keeps its text exactly
+            out.append(("content", self._ws))
+            self.content += self._ws
+        self._ws = ""
+        return out
+
+    # ---- one step of the state machine; False when it needs more text ----
+    def _step(self, out: list) -> bool:
+        buf, mode = self._buf, self._mode
+        if mode == "text":
+            i = buf.find(OPEN)
+            if i >= 0:
+                self._text(buf[:i], out)
+                self._buf, self._mode = buf[i + len(OPEN):], "head"
+                return True
+            hold = _open_prefix(buf)
+            self._text(buf[:len(buf) - hold], out)
+            self._buf = buf[len(buf) - hold:]
+            return False
+        if mode == "head":
+            got = _call_head(buf)
+            if got is None:
+                return False
+            if got is False:
+                self._mode = "held"
+                return True
+            name, j = got
+            call = {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": ""}}
+            self.calls.append(call)
+            out.append(("call", len(self.calls) - 1, {**call, "function": dict(call["function"])}))
+            self._buf, self._mode = buf[j:], "args"
+            self._depth, self._in_str, self._esc = 1, False, False
+            self._args("{", out)
+            return True
+        if mode == "args":
+            end = self._scan(buf)
+            self._args(buf[:end], out)
+            self._buf = buf[end:]
+            if self._depth == 0:
+                self._mode = "tail"
+                return True
+            return False
+        i = buf.find(CLOSE)                            # tail or held: up to </tool_call>
+        if i < 0:
+            return False
+        block, self._buf, self._mode = buf[:i], buf[i + len(CLOSE):], "text"
+        if mode == "held":
+            call = _whole_call(block)
+            if call is None:
+                self._text(OPEN + block + CLOSE, out)
+            else:
+                self.calls.append(call)
+                i = len(self.calls) - 1
+                out.append(("call", i, {**call, "function": {**call["function"], "arguments": ""}}))
+                if call["function"]["arguments"]:
+                    out.append(("args", i, call["function"]["arguments"]))
+        return True
+
+    def _scan(self, buf: str) -> int:
+        """How much of buf belongs to the arguments object (its end: the brace closing it)."""
+        for k, ch in enumerate(buf):
+            if self._in_str:
+                if self._esc:
+                    self._esc = False
+                elif ch == "\\":
+                    self._esc = True
+                elif ch == '"':
+                    self._in_str = False
+            elif ch == '"':
+                self._in_str = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    return k + 1
+        return len(buf)
+
+    def _args(self, text: str, out: list) -> None:
+        if text:
+            i = len(self.calls) - 1
+            self.calls[i]["function"]["arguments"] += text
+            out.append(("args", i, text))
+
+    def _text(self, text: str, out: list) -> None:
+        if not text:
+            return
+        text = self._ws + text
+        kept = text.rstrip()
+        self._ws = text[len(kept):]
+        if self.calls and not self.content:            # the text after a call opens without its blank
+            kept = kept.lstrip()
+        if kept:
+            out.append(("content", kept))
+            self.content += kept
+
+
+def _open_prefix(text: str) -> int:
+    """The length of text's longest suffix that may be the start of <tool_call>."""
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:n]):
+            return n
+    return 0
+
+
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+_HEAD = ("ws", "{", "ws", '"name"', "ws", ":", "ws", "name", "ws", ",", "ws", ('"arguments"', '"parameters"'),
+         "ws", ":", "ws", "{")
+
+
+def _call_head(buf: str):
+    """A block's start `{"name": "<name>", "arguments": {`: (name, index after the brace); None:
+    the text so far may still become one; False: it cannot."""
+    i, name = 0, None
+    for part in _HEAD:
+        if part == "ws":
+            while i < len(buf) and buf[i] in " \t\r\n":
+                i += 1
             continue
-        args = obj.get("arguments", obj.get("parameters", {}))
-        calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                      "function": {"name": obj["name"],
-                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
-        rest.append(text[last:m.start()])
-        last = m.end()
-    rest.append(text[last:])
-    content = "".join(rest).strip() if calls else text
-    return (content or None) if calls else text, calls
+        rest = buf[i:]
+        if part == "name":
+            if not rest:
+                return None
+            if rest[0] != '"':
+                return False
+            end = _string_end(rest)
+            if end is None:
+                return None if len(rest) < 256 else False
+            try:
+                name = json.loads(rest[:end])
+            except ValueError:
+                return False
+            i += end
+            continue
+        options = part if isinstance(part, tuple) else (part,)
+        hit = next((o for o in options if rest.startswith(o)), None)
+        if hit is None:
+            return None if any(o.startswith(rest) for o in options) else False
+        i += len(hit)
+    return name, i
+
+
+def _string_end(text: str) -> Optional[int]:
+    """The index after the closing quote of the JSON string text starts with (None: not closed yet)."""
+    esc = False
+    for k in range(1, len(text)):
+        if esc:
+            esc = False
+        elif text[k] == "\\":
+            esc = True
+        elif text[k] == '"':
+            return k + 1
+    return None
+
+
+def _whole_call(block: str) -> Optional[dict]:
+    """A whole block's call ({"name", "arguments" or "parameters"} in any order), or None."""
+    try:
+        obj = json.loads(block)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return {"id": _call_id(), "type": "function",
+            "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+
+
+def parse_calls(text: str) -> Tuple[Optional[str], list]:
+    """(content, tool_calls) of a whole reply, read as CallStream reads it streamed: content None
+    when the calls are all there is."""
+    p = CallStream()
+    p.feed(text)
+    p.finish()
+    if not p.calls:
+        return p.content, []
+    return p.content or None, p.calls

@@ -95,20 +95,32 @@ def test_a_named_function_is_the_one_called_and_parallel_false_gives_one_call(cl
     assert call.function.name == "add"
 
 
-def test_streamed_tool_calls_are_the_same_calls(client):
-    kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=400, temperature=0)
-    whole = client.chat.completions.create(**kw).choices[0]
-    calls, finish = {}, None
-    for chunk in client.chat.completions.create(stream=True, **kw):
+def accumulate(chunks):
+    """What an OpenAI client rebuilds from streamed tool-call deltas: per index the first delta's id,
+    type and name, then the arguments concatenated; and how many argument deltas each call had."""
+    calls, pieces, finish = {}, {}, None
+    for chunk in chunks:
         for ch in chunk.choices:
             finish = ch.finish_reason or finish
             for d in ch.delta.tool_calls or ():
-                c = calls.setdefault(d.index, {"name": "", "arguments": ""})
-                c["name"] += d.function.name or ""
-                c["arguments"] += d.function.arguments or ""
+                if d.index not in calls:             # the call's first delta names it, arguments still ""
+                    assert d.id and d.id.startswith("call_") and d.type == "function" and d.function.name
+                    assert d.function.arguments == ""
+                    calls[d.index] = {"name": d.function.name, "arguments": ""}
+                else:                                 # then only arguments, as they are written
+                    assert d.id is None and d.function.name is None
+                    calls[d.index]["arguments"] += d.function.arguments
+                    pieces[d.index] = pieces.get(d.index, 0) + 1
+    return [calls[i] for i in sorted(calls)], [pieces.get(i, 0) for i in sorted(calls)], finish
+
+
+def test_streamed_tool_calls_are_the_same_calls(client):
+    kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=400, temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0]
+    calls, pieces, finish = accumulate(client.chat.completions.create(stream=True, **kw))
     assert finish == "tool_calls"
-    assert [calls[i] for i in sorted(calls)] == [{"name": c.function.name, "arguments": c.function.arguments}
-                                                 for c in whole.message.tool_calls]
+    assert calls == [{"name": c.function.name, "arguments": c.function.arguments} for c in whole.message.tool_calls]
+    assert all(n > 1 for n in pieces), pieces     # the arguments streamed token by token, not whole
 
 
 def scripted_server(tok, reply: str):
@@ -123,13 +135,17 @@ def scripted_server(tok, reply: str):
     return OpenAIServer(generate, tok, "tiny", port=0, context=1024).start()
 
 
-@pytest.mark.parametrize("reply, content, calls", [
+@pytest.mark.parametrize("reply, content, calls, finish", [
     ("Let me look.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>",
-     "Let me look.", [("add", '{"a": 1, "b": 2}')]),
-    ("No tool is needed: the answer is <tool_ and so on", "No tool is needed: the answer is <tool_ and so on", []),
-    ("<tool_call>\nnot json\n</tool_call>", "<tool_call>\nnot json\n</tool_call>", []),
+     "Let me look.", [("add", '{"a": 1, "b": 2}')], "tool_calls"),
+    ("No tool is needed: the answer is <tool_ and so on", "No tool is needed: the answer is <tool_ and so on", [],
+     "stop"),
+    ("<tool_call>\nnot json\n</tool_call>", "<tool_call>\nnot json\n</tool_call>", [], "stop"),
+    ("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome } {\\\"x\"}}\n</tool_call>\n"
+     "<tool_call>\n{\"arguments\": {\"a\": 5, \"b\": 6}, \"name\": \"add\"}\n</tool_call>\nDone.",
+     "Done.", [("get_weather", '{"city": "Rome } {\\"x"}'), ("add", '{"a": 5, "b": 6}')], "tool_calls"),
 ])
-def test_streamed_text_and_calls_are_the_whole_answers(tmp_path, reply, content, calls):
+def test_streamed_text_and_calls_are_the_whole_answers(tmp_path, reply, content, calls, finish):
     tok = bpe_tokenizer(tmp_path / "t")
     tok.chat_template = TOOL_TEMPLATE
     server = scripted_server(tok, reply)
@@ -138,14 +154,42 @@ def test_streamed_text_and_calls_are_the_whole_answers(tmp_path, reply, content,
         kw = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=100)
         whole = c.chat.completions.create(**kw).choices[0]
         assert [(t.function.name, t.function.arguments) for t in whole.message.tool_calls or ()] == calls
-        assert whole.finish_reason == ("tool_calls" if calls else "stop")
-        chunks = [ch for chunk in c.chat.completions.create(stream=True, **kw) for ch in chunk.choices]
-        texts = [ch.delta.content for ch in chunks if ch.delta.content]
-        got = [(d.function.name, d.function.arguments) for ch in chunks for d in ch.delta.tool_calls or ()]
-        assert "".join(texts).strip() == (whole.message.content or "") == content and got == calls
-        if not content.startswith("<tool_call>"):           # text before a call streams as it comes
-            assert len(texts) > 1
-        assert chunks[-1].finish_reason == whole.finish_reason
+        assert whole.message.content == (content or None) and whole.finish_reason == finish
+        chunks = list(c.chat.completions.create(stream=True, **kw))
+        texts = [ch.delta.content for chunk in chunks for ch in chunk.choices if ch.delta.content]
+        got, pieces, streamed_finish = accumulate(chunks)
+        assert "".join(texts) == content                 # the deltas add up to the message, exactly
+        assert [(g["name"], g["arguments"]) for g in got] == calls and streamed_finish == finish
+        if content and not content.startswith("<tool_call>") and not calls:
+            assert len(texts) > 1                         # text streams as it comes
+        if calls:                                          # the first call's arguments come in pieces
+            assert pieces[0] > 1
+    finally:
+        server.stop()
+
+
+def test_a_call_cut_by_max_tokens_streams_what_was_written(tmp_path):
+    """A reply that ends inside a call's arguments: the call with the arguments written so far and
+    finish_reason length, streamed and whole alike (as OpenAI's calls cut by max_tokens)."""
+    tok = bpe_tokenizer(tmp_path / "t")
+    tok.chat_template = TOOL_TEMPLATE
+    from types import SimpleNamespace
+    reply = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b"
+
+    def generate(ids, max_new, params, stop_ids=(), on_token=None, **kw):
+        toks = tok.encode(reply)
+        for t in toks:
+            on_token(t)
+        return SimpleNamespace(finish_reason="length", tokens=toks)
+    server = OpenAIServer(generate, tok, "tiny", port=0, context=1024).start()
+    try:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0)
+        kw = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=100)
+        whole = c.chat.completions.create(**kw).choices[0]
+        assert whole.finish_reason == "length" and whole.message.content is None
+        assert [(t.function.name, t.function.arguments) for t in whole.message.tool_calls] == [("add", '{"a": 1, "b')]
+        got, _, finish = accumulate(c.chat.completions.create(stream=True, **kw))
+        assert got == [{"name": "add", "arguments": '{"a": 1, "b'}] and finish == "length"
     finally:
         server.stop()
 

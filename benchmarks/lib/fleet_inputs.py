@@ -54,7 +54,12 @@ def draft_measured(scaling_json: Path, gamma: Optional[int] = None, in_sweep: bo
     d = json.loads(Path(scaling_json).read_text())
     g = gamma or d["config"]["gamma"]
     table = d["planner"]["inrun_service_ms"] if in_sweep else d["service_ms"]
-    return {"draft_step_ms": {int(b): float(ms) / g for b, ms in table.items()},
+    step = {int(b): float(ms) / g for b, ms in table.items()}
+    top = max(step)
+    for b in ROOFLINE_BATCHES:          # past what was measured: no more batching gain (the planner's
+        if b > top:                     # linear extrapolation of a noisy tail can fall to zero)
+            step[b] = step[top] * b / top
+    return {"draft_step_ms": step,
             "max_sessions": 2 * max(d["config"]["ns"]) + 4,
             "source": f"measured: {'in-sweep' if in_sweep else 'micro-benchmarked'} D(b) of {scaling_json}"}
 

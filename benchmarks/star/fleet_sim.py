@@ -61,6 +61,8 @@ def args_of(argv=None):
     ap.add_argument("--measured-draft", default=str(RESULTS / "starsd_scaling" / "pinned_xeon_f16_targets_join.json"),
                     help="a starsd_scaling JSON whose measured (CPU) draft D(b) to try too ('' for none)")
     ap.add_argument("--broker-costs", default=str(result_stem("broker_costs")) + ".json")
+    ap.add_argument("--broker", default="mosquitto", choices=["mosquitto", "rabbitmq"],
+                    help="whose measured cost per routed message a broker node pays")
     ap.add_argument("--validate", default=",".join(str(RESULTS / "fleet_sim" / f) for f in
                                                    ("measured_star_orin.json",)) + "," +
                     str(RESULTS / "starsd_scaling" / "pinned_xeon_f16_targets_join.json"),
@@ -80,7 +82,7 @@ def args_of(argv=None):
 def main(argv=None) -> None:
     a = args_of(argv)
     t0 = time.time()
-    broker = broker_cost(Path(a.broker_costs))
+    broker = broker_cost(Path(a.broker_costs), a.broker)
     target = target_costs(a.profile)
     out = {"n": a.n, "goal": a.goal, "window_s": a.seconds, "warmup_s": a.warmup, "left_out": LEFT_OUT,
            "inputs": {"target": target, "alpha": a.alpha, "gamma": a.gamma, "broker": broker, "net_ms": a.net_ms,

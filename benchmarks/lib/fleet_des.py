@@ -99,102 +99,115 @@ def _draws(inp: FleetInputs, rounds: int, rng, deterministic: bool) -> np.ndarra
     return 1.0 + rng.choice(g + 1, size=rounds, p=p / p.sum())
 
 
+class _Run:
+    """One simulation's state; one method per event kind."""
+
+    def __init__(self, inp: FleetInputs, n: int, k: int, m: int, warmup_ms: float, window_ms: float,
+                 seed: int, deterministic: bool, join: bool):
+        if m % k or m < k:
+            raise ValueError(f"M ({m}) must be a positive multiple of K ({k})")
+        self.inp, self.n, self.k, self.m, self.join = inp, n, k, m, join
+        self.sysi, self.g = inp.system, inp.gamma
+        self.verify_ms = self.sysi.return_ms(self.g) - self.sysi.rtt_ms     # target step × v(γ+1)
+        self.rng, self.deterministic = np.random.default_rng(seed), deterministic
+        self.draws, self.drawn = _draws(inp, 1 << 16, self.rng, deterministic), 0
+        self.nodes = [_Node(inp.broker_msg_ms) for _ in range(k)]
+        self.node_of = [i % k for i in range(n)]
+        self.svc_of = [((i // k) % (m // k)) * k + i % k for i in range(n)]
+        self.queues: List[list] = [[] for _ in range(m)]
+        self.active: List[list] = [[] for _ in range(m)]   # [target, draft steps left] in the engine's batch
+        self.busy_until, self.busy_ms, self.batches = [0.0] * m, [0.0] * m, []
+        self.sent, self.hops = [0.0] * n, [0] * n          # hops: broker messages of the round so far
+        self.round_msgs = 0                                 # ... summed over the rounds counted
+        self.window_ms, self.t_open, self.t_end = window_ms, warmup_ms, warmup_ms + window_ms
+        self.tokens, self.rtts, self.round_ms = np.zeros(n), [], []
+        self.ev: list = []
+        self.seq = 0
+        first = self.verify_ms + self.sysi.rtt_ms
+        for i in range(n):                  # staggered over one return time, as the planner
+            self.sent[i] = first * i / max(n, 1)
+            self.push(self.sent[i] + inp.net_ms, REQ_AT_BROKER, i)
+
+    def push(self, at: float, kind: int, x) -> None:
+        heapq.heappush(self.ev, (at, self.seq, kind, x))
+        self.seq += 1
+
+    def start(self, j: int, t: float) -> None:
+        """The service's next engine call: one step of every active request (join), or the whole
+        batch of what is pending (the planner's model)."""
+        self.active[j] += [[x, self.g] for x in self.queues[j]]
+        self.queues[j] = []
+        b = len(self.active[j])
+        d = interp_table(self.sysi.draft_step_ms, b) if self.join else self.sysi.draft_service_ms(b, self.g)
+        self.busy_until[j] = t + d
+        if t >= self.t_open:
+            self.busy_ms[j] += min(d, self.t_end - t)
+            self.batches.append(b)
+        self.push(t + d, BATCH_DONE, j)
+
+    def at_draft(self, t: float, x: int) -> None:
+        j = self.svc_of[x]
+        self.queues[j].append(x)
+        if self.busy_until[j] <= t:
+            self.start(j, t)
+
+    def batch_done(self, t: float, j: int) -> None:
+        still = []
+        for req in self.active[j]:
+            req[1] = req[1] - 1 if self.join else 0
+            if req[1] > 0:
+                still.append(req)
+            else:
+                self.push(t + self.inp.hub_net_ms, RESP_AT_BROKER, req[0])
+        self.active[j] = still
+        if still or self.queues[j]:
+            self.start(j, t)
+
+    def at_target(self, t: float, x: int) -> None:
+        """The answer is at the target: verify, commit, ask again."""
+        if self.drawn == len(self.draws):
+            self.draws, self.drawn = _draws(self.inp, len(self.draws), self.rng, self.deterministic), 0
+        next_sent = t + self.verify_ms + self.sysi.rtt_ms
+        if self.sent[x] >= self.t_open and next_sent <= self.t_end:     # rounds wholly in the window
+            self.tokens[x] += self.draws[self.drawn]
+            self.rtts.append(t - self.sent[x])
+            self.round_ms.append(next_sent - self.sent[x])
+            self.round_msgs += self.hops[x]
+        self.hops[x] = 0
+        self.drawn += 1
+        self.sent[x] = next_sent
+        self.push(next_sent + self.inp.net_ms, REQ_AT_BROKER, x)
+
+    def run(self) -> FleetPoint:
+        inp = self.inp
+        while self.ev:
+            t, _, kind, x = heapq.heappop(self.ev)
+            if t > self.t_end:
+                break
+            if kind == REQ_AT_BROKER or kind == RESP_AT_BROKER:
+                self.hops[x] += 1
+                out = self.nodes[self.node_of[x]].depart(t, t >= self.t_open)
+                if kind == REQ_AT_BROKER:
+                    self.push(out + inp.hub_net_ms, REQ_AT_DRAFT, x)
+                else:
+                    self.push(out + inp.net_ms, RESP_AT_TARGET, x)
+            elif kind == REQ_AT_DRAFT:
+                self.at_draft(t, x)
+            elif kind == BATCH_DONE:
+                self.batch_done(t, x)
+            else:
+                self.at_target(t, x)
+        return _point(inp, self.n, self.k, self.m, self.window_ms, self.tokens, self.rtts, self.round_ms,
+                      self.round_msgs, self.busy_ms, self.batches, self.nodes)
+
+
 def simulate(inp: FleetInputs, n: int, k: int = 1, m: int = 1, warmup_ms: float = 2000.0,
              window_ms: float = 8000.0, seed: int = 0, deterministic: bool = False,
              join: bool = True) -> FleetPoint:
     """join: iteration-level batching (the draft service's default, `--join`): a request joins the
     engine's batch at its next step and leaves after its γ steps; False: whole batches, D(b) from
     SystemInputs.draft_service_ms (the planner's model, its feed cost included)."""
-    if m % k or m < k:
-        raise ValueError(f"M ({m}) must be a positive multiple of K ({k})")
-    sysi, g = inp.system, inp.gamma
-    verify_ms = sysi.return_ms(g) - sysi.rtt_ms       # target step × v(γ+1)
-    rng = np.random.default_rng(seed)
-    draws, drawn = _draws(inp, 1 << 16, rng, deterministic), 0
-    nodes = [_Node(inp.broker_msg_ms) for _ in range(k)]
-    per_hub = m // k
-    node_of = [i % k for i in range(n)]
-    svc_of = [((i // k) % per_hub) * k + i % k for i in range(n)]
-    queues: List[list] = [[] for _ in range(m)]
-    active: List[list] = [[] for _ in range(m)]     # [target, draft steps left] in the engine's batch
-    busy_until = [0.0] * m
-    busy_ms, batches = [0.0] * m, []
-    sent = [0.0] * n
-    hops = [0] * n                          # broker messages of each target's round so far
-    round_msgs = 0                          # ... summed over the rounds counted
-    t_end, t_open = warmup_ms + window_ms, warmup_ms
-    tokens, rtts, round_ms = np.zeros(n), [], []
-    seq = 0
-    ev: list = []
-    first = verify_ms + sysi.rtt_ms
-    for i in range(n):                      # staggered over one return time, as the planner
-        t0 = first * i / max(n, 1)
-        sent[i] = t0
-        ev.append((t0 + inp.net_ms, seq, REQ_AT_BROKER, i))
-        seq += 1
-    heapq.heapify(ev)
-
-    def start(j: int, t: float) -> None:
-        """The service's next engine call: one step of every active request (join), or the whole
-        batch of what is pending (the planner's model)."""
-        nonlocal seq
-        active[j] += [[x, g] for x in queues[j]]
-        queues[j] = []
-        b = len(active[j])
-        d = interp_table(sysi.draft_step_ms, b) if join else sysi.draft_service_ms(b, g)
-        busy_until[j] = t + d
-        if t >= t_open:
-            busy_ms[j] += min(d, t_end - t)
-            batches.append(b)
-        heapq.heappush(ev, (t + d, seq, BATCH_DONE, j))
-        seq += 1
-
-    while ev:
-        t, _, kind, x = heapq.heappop(ev)
-        if t > t_end:
-            break
-        counting = t >= t_open
-        if kind in (REQ_AT_BROKER, RESP_AT_BROKER):
-            hops[x] += 1
-        if kind == REQ_AT_BROKER:
-            nxt, at = REQ_AT_DRAFT, nodes[node_of[x]].depart(t, counting) + inp.hub_net_ms
-        elif kind == REQ_AT_DRAFT:
-            j = svc_of[x]
-            queues[j].append(x)
-            if busy_until[j] <= t:
-                start(j, t)
-            continue
-        elif kind == BATCH_DONE:
-            j, still = x, []
-            for req in active[x]:
-                req[1] = req[1] - 1 if join else 0
-                if req[1] > 0:
-                    still.append(req)
-                else:
-                    heapq.heappush(ev, (t + inp.hub_net_ms, seq, RESP_AT_BROKER, req[0]))
-                    seq += 1
-            active[j] = still
-            if still or queues[j]:
-                start(j, t)
-            continue
-        elif kind == RESP_AT_BROKER:
-            nxt, at = RESP_AT_TARGET, nodes[node_of[x]].depart(t, counting) + inp.net_ms
-        else:                               # the answer is at the target: verify, commit, ask again
-            if drawn == len(draws):
-                draws, drawn = _draws(inp, len(draws), rng, deterministic), 0
-            next_sent = t + verify_ms + sysi.rtt_ms
-            if sent[x] >= t_open and next_sent <= t_end:      # rounds wholly in the window
-                tokens[x] += draws[drawn]
-                rtts.append(t - sent[x])
-                round_ms.append(next_sent - sent[x])
-                round_msgs += hops[x]
-            hops[x] = 0
-            drawn += 1
-            sent[x] = next_sent
-            nxt, at = REQ_AT_BROKER, next_sent + inp.net_ms
-        heapq.heappush(ev, (at, seq, nxt, x))
-        seq += 1
-    return _point(inp, n, k, m, window_ms, tokens, rtts, round_ms, round_msgs, busy_ms, batches, nodes)
+    return _Run(inp, n, k, m, warmup_ms, window_ms, seed, deterministic, join).run()
 
 
 def _point(inp, n, k, m, window_ms, tokens, rtts, round_ms, counted, busy_ms, batches, nodes) -> FleetPoint:

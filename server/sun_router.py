@@ -4,8 +4,9 @@ The router only moves small control messages; KV caches go from the prefill
 worker straight to the chosen decoder and tokens from the workers straight to
 the client (edge/sun/prefill_node.py has the flow). For each SunRequest it
 
-1. picks the task's prefill worker: deterministic, the first online worker
-   (by id) announcing that task, so a task always lands on the same module;
+1. picks a prefill worker serving the task -- a full-copy specialist announcing it, or a
+   worker with adapters listing it in its hello's tasks -- the least loaded (as for decoders,
+   ties by id: with equal loads a task always lands on the same worker);
 2. picks a decoder among the online ones whose fingerprint is the one that
    prefill module was tuned for (model-agnostic otherwise): the least loaded,
    load = what the decoder last reported (running + awaited sequences) plus
@@ -85,6 +86,7 @@ class WorkerInfo:
     served: int = 0               # jobs it had taken when it last reported
     sent: int = 0                 # jobs we sent it (the same count on our side)
     seen: float = field(default_factory=time.monotonic)
+    tasks: Tuple[str, ...] = ()   # prefill: every task it serves (its adapters), else (task,)
 
     @property
     def est_load(self) -> int:
@@ -173,10 +175,11 @@ class SunRouter:
             w = self.workers.get(h.worker)
             if w is None and not alive:
                 return                                    # a retained hello, maybe a dead worker's
-            if w is None or (w.role, w.task, w.fingerprint) != (h.role, h.task, h.fingerprint):
+            if w is None or (w.role, w.fingerprint) != (h.role, h.fingerprint):
                 w = WorkerInfo(h.worker, h.role, h.task, h.fingerprint, h.vocab_size)
                 self.workers[h.worker] = w
                 self._unbind(h.worker)
+            w.task, w.tasks = h.task, tuple(h.tasks) or ((h.task,) if h.task else ())   # adapters come and go
             if h.served < w.served or h.served > w.sent:
                 w.sent = h.served                         # it restarted, or we did
             was_online = w.online
@@ -245,7 +248,7 @@ class SunRouter:
     def tasks(self) -> List[str]:
         """The tasks some online prefill worker serves (what a front end can offer)."""
         with self._lock:
-            return sorted({w.task for w in self._online("prefill")})
+            return sorted({t for w in self._online("prefill") for t in w.tasks})
 
     def _online(self, role: str) -> List[WorkerInfo]:
         return sorted((w for w in self.workers.values()
@@ -253,13 +256,14 @@ class SunRouter:
 
     def _prefill_for(self, task: str) -> WorkerInfo:
         pre = self._online("prefill")
-        mine = [w for w in pre if w.task == task]
+        mine = [w for w in pre if task in w.tasks]
         if not mine:
-            have = ", ".join(sorted({w.task for w in pre})) or "none"
+            have = ", ".join(sorted({t for w in pre for t in w.tasks})) or "none"
             raise SunRefusal(E_UNKNOWN_TASK, f"no prefill worker serves task {task!r} (tasks here: {have}); "
                                              f"start one with `edge-agent run --role prefill` and that "
-                                             f"task's specialist")
-        return mine[0]
+                                             f"task's specialist, or add its adapter to a running worker "
+                                             f"(docs/sun.md: Serving adapters)")
+        return min(mine, key=lambda w: (w.est_load, w.id))
 
     def _decoder_for(self, task: str, fp: str) -> WorkerInfo:
         decs = self._online("decoder")
@@ -353,7 +357,7 @@ class SunRouter:
         if not req.prompt:
             raise SunRefusal(E_BAD_REQUEST, "empty prompt: a SUN request needs at least one prompt token")
         with self._lock:
-            pre = [w for w in self._online("prefill") if w.task == req.task]
+            pre = [w for w in self._online("prefill") if req.task in w.tasks]
         if pre and max(req.prompt + req.stop) >= pre[0].vocab_size:
             raise SunRefusal(E_BAD_REQUEST, f"token id {max(req.prompt + req.stop)} is outside the "
                                             f"vocabulary of task {req.task!r} ({pre[0].vocab_size} tokens)")
@@ -374,7 +378,8 @@ class SunRouter:
                     "inflight": {d: len(v) for d, v in self.inflight.items() if v},
                     "prefilling": {p: len(v) for p, v in self.prefilling.items() if v},
                     "liveness": self.liveness.snapshot(),
-                    "workers": {w.id: {"role": w.role, "task": w.task, "fingerprint": w.fingerprint,
+                    "workers": {w.id: {"role": w.role, "task": w.task, "tasks": list(w.tasks),
+                                       "fingerprint": w.fingerprint,
                                        "online": w.online, "load": w.load, "est_load": w.est_load,
                                        "capacity": w.capacity, "max_load": w.max_load}
                                 for w in self.workers.values()}}

@@ -75,6 +75,11 @@ class PrefillWorker:
     def decoder_fingerprint(self) -> str:
         return self.engine.fingerprint
 
+    @property
+    def tasks(self) -> List[str]:
+        """The one task served (an AdapterPrefillWorker serves several)."""
+        return [self.task]
+
     @classmethod
     def from_dir(cls, directory, task: Optional[str] = None, threads: Optional[int] = None,
                  kv_dtype: str = "float16", backend: str = "torch",
@@ -121,8 +126,11 @@ class PrefillWorker:
 
     # ---- the core ----
     def submit(self, prompt: Sequence[int], request_id: Optional[str] = None,
-               params: SamplingParams = GREEDY) -> str:
-        """Queue a prompt for `step`; returns its request id. Raises QueueFull past max_queue."""
+               params: SamplingParams = GREEDY, task: Optional[str] = None) -> str:
+        """Queue a prompt for `step`; returns its request id. Raises QueueFull past max_queue
+        (task: None or this worker's own)."""
+        if task not in (None, self.task):
+            raise ValueError(f"{self.name} serves task {self.task!r}, not {task!r}")
         if len(self._queue) >= self.max_queue:
             raise QueueFull(f"{self.name}: {self.max_queue} prompts are queued already, its limit; "
                             "retry later or add a prefill worker for this task")

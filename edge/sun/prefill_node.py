@@ -9,6 +9,13 @@ the decoder edge/sun/decoder_node.py, the client edge/sun/client.py):
     prefill --KVChunk x n---------> decoder         (signed with the request's secret)
     decoder --SunTokens(1..)------> client          (continuous batching across all tasks)
 
+A prefill worker with adapters (edge/sun/adapter_prefill.py) serves every task it holds an
+adapter for: its hello lists them (SunHello.tasks) and a job of any of them is queued with its
+task, so one step may prefill rows of several tasks. An AdapterAdd on its ctl topic (signed with
+the ctl key: a worker without one refuses it) loads one more adapter while it serves; the answer,
+AdapterResult (loaded, or refused with why), goes to ss/sun/r/{client}/{rid} signed with the ctl
+key, and a loaded task is announced at once with a fresh hello.
+
 Both SUN nodes announce themselves with a retained SunHello (the will says
 online=False) and re-announce whenever their load changes, which is what the
 router's least-loaded choice reads. KV chunks and tokens go at QoS 1: a lost
@@ -21,8 +28,9 @@ import math
 from typing import Dict, Optional
 
 from edge.wire.link import Link
-from edge.wire.protocol import (E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, SUN_CHUNK_BYTES, Error, KVChunk, PrefillJob,
-                           SunHello, SunTokens, sun_ctl_topic, sun_hello_topic, sun_kv_topic, sun_stream_topic)
+from edge.wire.protocol import (E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, SUN_CHUNK_BYTES, AdapterAdd, AdapterResult,
+                                Error, KVChunk, PrefillJob, SunHello, SunTokens, encode, sun_ctl_topic,
+                                sun_hello_topic, sun_kv_topic, sun_stream_topic)
 from edge.runtime.node import Node
 from edge.sun.prefill import PrefillFailed, PrefillOutput, PrefillWorker, QueueFull
 from edge.spec.sampling import SamplingParams
@@ -31,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class PrefillNode(Node):
-    """One task's prefill worker on the star."""
+    """A prefill worker on the star: one task's specialist, or a base with many tasks' adapters."""
     role = "prefill"
 
     def __init__(self, worker: PrefillWorker, link: Link, worker_id: str, ctl_key: Optional[bytes] = None,
@@ -40,7 +48,8 @@ class PrefillNode(Node):
             raise ValueError(f"chunk_bytes must be in 1..{SUN_CHUNK_BYTES}")
         super().__init__(worker, link, worker_id, ctl_key, hello_every, idle_wait=hello_every)
         self.worker, self.chunk_bytes = worker, chunk_bytes
-        self.stats = {"jobs": 0, "failed": 0, "overloaded": 0, "kv_bytes": 0, "chunks": 0, "prefill_s": 0.0}
+        self.stats = {"jobs": 0, "failed": 0, "overloaded": 0, "kv_bytes": 0, "chunks": 0, "prefill_s": 0.0,
+                      "adapters_added": 0, "adapters_refused": 0}
         self._jobs: Dict[str, PrefillJob] = {}            # taken, not yet answered
 
     @property
@@ -62,20 +71,23 @@ class PrefillNode(Node):
     def status(self, online: bool = True) -> SunHello:
         w = self.worker
         return SunHello(self.id, "prefill", w.task, w.decoder_fingerprint, w.engine.vocab_size, online,
-                        self.load, 1, self.served, w.max_queue)
+                        self.load, 1, self.served, w.max_queue, tasks=list(w.tasks))
 
     def status_key(self):
-        return self.load, self.served
+        return self.load, self.served, tuple(self.worker.tasks)
 
     def handle(self, kind: str, msg) -> None:
-        if not isinstance(msg, PrefillJob) or msg.worker != self.id:
+        if isinstance(msg, AdapterAdd) and msg.worker == self.id:
+            if self.fresh(msg.rid):
+                self._add_adapter(msg)
+        elif not isinstance(msg, PrefillJob) or msg.worker != self.id:
             self.drop("not_mine")
-        elif msg.task != self.worker.task:
+        elif msg.task not in self.worker.tasks:
             self.drop("wrong_task")
         elif self.fresh(msg.rid):
             self.served += 1
             try:
-                self.worker.submit(msg.prompt, msg.rid, SamplingParams.from_wire(msg.sampling))
+                self.worker.submit(msg.prompt, msg.rid, SamplingParams.from_wire(msg.sampling), task=msg.task)
             except QueueFull as e:                        # tells the client and frees the decoder's slot
                 self.stats["overloaded"] += 1
                 self._fail(msg, E_OVERLOADED, str(e))
@@ -97,6 +109,29 @@ class PrefillNode(Node):
         except Exception as e:                            # one bad job must not end the worker
             log.exception("prefill %s: request %s failed", self.id, job.rid)
             self._fail(job, E_INTERNAL, f"prefill worker {self.id} failed: {e}")
+
+    # ---- adapters added while serving ----
+    def _add_adapter(self, msg: AdapterAdd) -> None:
+        """Load the adapter (checked) or refuse it; either way say so to the sender, and keep serving."""
+        add = getattr(self.worker, "add", None)
+        if add is None:
+            ok, why = False, (f"prefill worker {self.id} runs one full-copy specialist ({self.worker.task!r}); "
+                              "start it with a base and adapters (--adapter task=DIR, or a bundle with adapters)")
+        elif self.ctl_key is None:
+            ok, why = False, (f"prefill worker {self.id} has no control key: adapters are added only by signed "
+                              "control messages; restart it with --ctl-key-file")
+        else:
+            try:
+                add(msg.task, msg.path, sha256=msg.sha256, bundle=msg.bundle)
+                ok, why = True, f"task {msg.task!r} served"
+            except Exception as e:                        # a bad adapter is refused; the worker serves on
+                ok, why = False, f"adapter for task {msg.task!r} refused: {e}"
+        self.stats["adapters_added" if ok else "adapters_refused"] += 1
+        log.log(logging.INFO if ok else logging.WARNING, "prefill %s: %s (from %s)", self.id, why, msg.path)
+        answer = AdapterResult(self.id, msg.rid, msg.task, ok, why[:1024], tasks=list(self.worker.tasks))
+        self.link.publish(sun_stream_topic(msg.client, msg.rid), encode(answer, self.ctl_key), kind="control")
+        if ok:
+            self.hello()                                  # the router routes the new task from now on
 
     # ---- answers ----
     def _deliver(self, job: PrefillJob, out: PrefillOutput) -> None:

@@ -1,0 +1,145 @@
+"""SUN prefill worker of many tasks over one base: a LoRA adapter per task, the base held once.
+
+Where `PrefillWorker` (prefill.py) runs one specialist -- a full copy of the prefill module --
+`AdapterPrefillWorker` runs the frozen base (the shared decoder's own weights, so its KV is made
+for that decoder's fingerprint) plus one prefill-only adapter per task, and serves every task it
+holds an adapter for. A backend does the runtime's part:
+
+* adapter_torch.py (`TorchAdapterBackend`): one `lora_prefill` call per step over a padded batch
+  whose rows may be of different tasks (per-row adapter gather, as Punica / S-LoRA batch LoRAs);
+* adapter_llamacpp.py (`LlamaCppAdapterBackend`, no torch): llama.cpp applies one adapter set
+  per decode call, so a step groups its rows by task and prefills each row under its task's
+  adapter (one adapter switch per distinct task per step).
+
+Adapters can be added while serving (`add`): checked first (sha256 of the file it loads, the
+base's shapes, rank, targets; a bundle entry's manifest too), a bad one is refused with an
+AdapterError that says why and the tasks already served carry on.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from typing import Deque, List, Optional, Sequence, Tuple, Union
+
+from edge.model.sun_error import SunError
+from edge.spec.sampling import GREEDY, Role, SamplingParams, pick, role_rng
+from edge.sun.limits import DEFAULT_MAX_QUEUE
+from edge.sun.prefill import PrefillFailed, PrefillOutput, QueueFull
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_ROWS = 8          # prompts prefilled together in one step
+
+
+class AdapterPrefillWorker:
+    """The prefill core (an edge.runtime.core.EngineCore) of every task whose adapter `backend` holds.
+
+    backend: TorchAdapterBackend or LlamaCppAdapterBackend (their docstrings say what each costs);
+    it owns the base and the adapters, and answers `tasks`, `add`, `prefill_rows`."""
+
+    def __init__(self, backend, kv_dtype: str = "float16", name: str = "prefill",
+                 max_queue: int = DEFAULT_MAX_QUEUE, max_rows: int = DEFAULT_MAX_ROWS):
+        if not backend.fingerprint:
+            raise SunError("an adapter prefill worker needs the fingerprint of the shared decoder its base is")
+        if max_queue < 1 or max_rows < 1:
+            raise ValueError("max_queue and max_rows must be >= 1")
+        self.backend, self.engine = backend, backend.engine
+        self.kv_dtype, self.name, self.max_queue, self.max_rows = kv_dtype, name, max_queue, max_rows
+        self._ids = itertools.count(1)
+        self._queue: Deque[tuple] = deque()     # (request id, prompt, params, task)
+        self.steps: List[Tuple[str, ...]] = []  # the tasks of each step's rows (the last 256 steps)
+
+    @property
+    def decoder_fingerprint(self) -> str:
+        return self.backend.fingerprint
+
+    @property
+    def tasks(self) -> List[str]:
+        """Every task served, sorted (the hello's task list; its first is the hello's task)."""
+        return sorted(self.backend.tasks)
+
+    @property
+    def task(self) -> str:
+        return self.tasks[0] if self.tasks else ""
+
+    def add(self, task: str, path, sha256: Optional[str] = None, bundle: bool = False) -> None:
+        """Load `task`'s adapter (a file, or with bundle=True the bundle's entry for `task`) after
+        checking it; raises AdapterError / BundleError (nothing changes) when it is refused."""
+        self.backend.add(task, path, sha256=sha256, bundle=bundle)
+        log.info("%s: serving task %r (tasks now: %s)", self.name, task, ", ".join(self.tasks))
+
+    # ---- the core ----
+    def submit(self, prompt: Sequence[int], request_id: Optional[str] = None,
+               params: SamplingParams = GREEDY, task: Optional[str] = None) -> str:
+        """Queue a prompt of `task` for `step`; raises QueueFull past max_queue, SunError for a task
+        this worker holds no adapter for."""
+        if task not in self.backend.tasks:
+            raise SunError(f"{self.name} holds no adapter for task {task!r} (it serves: "
+                           f"{', '.join(self.tasks) or 'none'})")
+        if len(self._queue) >= self.max_queue:
+            raise QueueFull(f"{self.name}: {self.max_queue} prompts are queued already, its limit; "
+                            "retry later or add a prefill worker with this task's adapter")
+        rid = request_id or f"{self.name}#{next(self._ids)}"
+        self._queue.append((rid, [int(t) for t in prompt], params, task))
+        return rid
+
+    def cancel(self, request_id: str) -> bool:
+        for item in self._queue:
+            if item[0] == request_id:
+                self._queue.remove(item)
+                return True
+        return False
+
+    @property
+    def load(self) -> int:
+        return len(self._queue)
+
+    def has_work(self) -> bool:
+        return bool(self._queue)
+
+    def step(self) -> List[Union[PrefillOutput, PrefillFailed]]:
+        """Prefill up to max_rows queued prompts, whatever their tasks, in one backend call."""
+        jobs = [self._queue.popleft() for _ in range(min(self.max_rows, len(self._queue)))]
+        out: List[Union[PrefillOutput, PrefillFailed]] = []
+        good = []
+        for job in jobs:
+            bad = self._refusal(job)
+            if bad:
+                out.append(PrefillFailed(job[0], bad, refused=True))
+            elif job[3] not in self.backend.tasks:     # unloaded since it was queued
+                out.append(PrefillFailed(job[0], f"task {job[3]!r} is no longer served here", refused=True))
+            else:
+                good.append(job)
+        if good:
+            out.extend(self._prefill(good))
+        return out
+
+    def _refusal(self, job) -> Optional[str]:
+        prompt = job[1]
+        if not prompt:
+            return "empty prompt: a prefill needs at least one token"
+        bad = next((t for t in prompt if not 0 <= t < self.engine.vocab_size), None)
+        if bad is not None:
+            return f"token id {bad} is outside the vocabulary (0..{self.engine.vocab_size - 1})"
+        if len(prompt) >= self.backend.max_len:
+            return f"a prompt of {len(prompt)} tokens does not fit the context of {self.backend.max_len}"
+        return None
+
+    def _prefill(self, jobs) -> List[Union[PrefillOutput, PrefillFailed]]:
+        t0 = time.perf_counter()
+        tasks = [j[3] for j in jobs]
+        try:
+            rows = self.backend.prefill_rows([j[1] for j in jobs], tasks)
+        except Exception as e:                            # one bad batch must not end the worker
+            log.exception("%s: a prefill of %d rows failed", self.name, len(jobs))
+            return [PrefillFailed(j[0], str(e), refused=False) for j in jobs]
+        self.steps = (self.steps + [tuple(tasks)])[-256:]
+        took = (time.perf_counter() - t0) / len(jobs)
+        out: List[Union[PrefillOutput, PrefillFailed]] = []
+        for (rid, prompt, params, task), (logits, export) in zip(jobs, rows):
+            # the PREFILL stream, as PrefillWorker picks it: the decoder samples the rest from its own
+            first = pick(logits, params, role_rng(params.seed, Role.PREFILL))[0]
+            blob = export(self.kv_dtype, {"task": task, "request_id": rid, "first_token": first})
+            out.append(PrefillOutput(rid, task, blob, first, len(prompt), self.decoder_fingerprint, took))
+        return out

@@ -1,0 +1,115 @@
+"""The torch side of AdapterPrefillWorker: one base Transformer, its adapters, rows of any tasks in one call.
+
+`prefill_rows` pads the step's prompts into one [B, T] batch and runs `lora_prefill` once: every
+targeted linear computes W x for the whole batch (the base's weights read once) plus, per task
+present, B_t (A_t x) over that task's rows (index_select / index_add, as Punica / S-LoRA gather
+many LoRAs into one batch). Cost over a single-task batch: two thin matmuls of rank r per
+distinct task per linear, and the padding of the shorter prompts to the longest. Each row's KV is
+then cut to its own length and written as the same blob a TorchEngine exports, made for the
+shared decoder's fingerprint (the base IS that decoder: adapters never touch its weights).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from edge.model.kv import SequenceKV
+from edge.model.lora.adapter import base_fingerprint
+from edge.model.lora.apply import LoraTransformer, lora_prefill
+from edge.model.lora.error import AdapterError
+from edge.model.lora.files import WEIGHTS_FILE, load_adapter
+from edge.model.sun_modules import pad_right
+from edge.model.transformer import Transformer
+
+
+class _Vocab:
+    """What the worker reads of an engine: the vocabulary size."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+
+class TorchAdapterBackend:
+    """base: the shared decoder's model (frozen, never written); fingerprint: that decoder's."""
+
+    def __init__(self, base: Transformer, fingerprint: str, threads: Optional[int] = None):
+        self.base, self.fingerprint, self.threads = base.eval(), fingerprint, threads
+        self.view = LoraTransformer.over(self.base)
+        self.engine = _Vocab(base.cfg.vocab_size)
+        self.max_len = int(base.cfg.max_position)
+        self._base_fp: Optional[str] = None
+
+    @classmethod
+    def from_dir(cls, directory, threads: Optional[int] = None) -> "TorchAdapterBackend":
+        """The base from a shared decoder's directory (export.tune.save_decoder), its weights
+        checked against its fingerprint."""
+        from edge.model.sun_modules import check_fingerprint, load_module
+        model, man = load_module(directory)
+        return cls(model, check_fingerprint(model, man), threads)
+
+    @property
+    def tasks(self) -> List[str]:
+        return self.view.adapter_names
+
+    def base_fp(self) -> str:
+        """base_fingerprint() of the base (what an adapter records), computed once."""
+        if self._base_fp is None:
+            self._base_fp = base_fingerprint(self.base)
+        return self._base_fp
+
+    def add(self, task: str, path, sha256: Optional[str] = None, bundle: bool = False) -> None:
+        """Load a PEFT adapter directory (sha256: of its adapter_model.safetensors), or the PEFT
+        files of a bundle's entry for `task` (sha256: the entry's GGUF, as its manifest records;
+        every file of the entry is checked against the manifest)."""
+        if task in self.tasks:
+            raise AdapterError(f"task {task!r} is served here already; a new version needs a new task name")
+        if bundle:
+            path, sha256 = _bundle_peft_dir(path, task, sha256)
+        w = self.view.model.embed_tokens.weight
+        adapter = load_adapter(path, self.base.cfg, sha256=sha256, base_fingerprint=self.base_fp(),
+                               dtype=w.dtype, device=w.device)
+        self.view.add_adapter(task, adapter)
+
+    @torch.inference_mode()
+    def prefill_rows(self, prompts: Sequence[Sequence[int]], tasks: Sequence[str]
+                     ) -> List[Tuple[np.ndarray, Callable[[str, dict], bytes]]]:
+        """One lora_prefill over every row: per row (first-token logits, export(dtype, meta) -> KV blob)."""
+        threads = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            dev = self.view.model.embed_tokens.weight.device
+            toks, lengths = pad_right(prompts, device=dev)
+            logits, kv, lengths = lora_prefill(self.view, toks, lengths, list(tasks))
+        finally:
+            torch.set_num_threads(threads)
+        rows = logits.cpu().numpy()
+        return [(rows[b], self._exporter(kv, b, int(lengths[b]), prompts[b])) for b in range(len(prompts))]
+
+    def _exporter(self, kv, b: int, n: int, prompt) -> Callable[[str, dict], bytes]:
+        cfg = self.base.cfg
+
+        def export(dtype: str, meta: dict) -> bytes:
+            seq = SequenceKV(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv[0][0].dtype, self.max_len,
+                             capacity=n, device=kv[0][0].device)
+            seq.append(torch.stack([torch.stack((k[b, :, :n], v[b, :, :n])) for k, v in kv]))
+            return seq.to_bytes(self.fingerprint, dtype=dtype, tokens=list(prompt), meta=meta)
+        return export
+
+
+def _bundle_peft_dir(bundle, task: str, sha256: Optional[str]) -> Tuple[Path, str]:
+    """(PEFT directory, sha256 of its weights) of a bundle's adapter `task`, every file checked."""
+    from edge.engines.lora_bundle import check_adapters
+    entry = check_adapters(bundle, deep=True, tasks=[task])[0]
+    if sha256 is not None and sha256 != entry["files"][0]["sha256"]:
+        raise AdapterError(f"sha256 mismatch: the bundle's adapter {task!r} is {entry['files'][0]['sha256'][:12]}…, "
+                           f"the request names {sha256[:12]}…; send the digest its manifest lists")
+    weights = next((f for f in entry["files"] if Path(f["path"]).name == WEIGHTS_FILE), None)
+    if weights is None:
+        raise AdapterError(f"the bundle's adapter {task!r} has no PEFT weights ({WEIGHTS_FILE}) for torch; "
+                           "re-add it with `edge-export adapter DIR BUNDLE --bundle --task T`")
+    return Path(bundle) / Path(weights["path"]).parent, weights["sha256"]
+

@@ -8,7 +8,7 @@ answer from the new hub) is printed, not asserted. The killed hub comes back: a 
 running meanwhile on the other hub goes on there unbroken, the next one goes back to its owner;
 afterwards no hub and no draft service holds a session. Tiny float64 model: exact greedy.
 
-The same on a 3-node RabbitMQ cluster (harness/rabbitmq.py): the hubs, the draft service and the
+The same with the real SmolLM2-135M GGUF on llama.cpp (draft service and target), and on a 3-node RabbitMQ cluster (harness/rabbitmq.py): the hubs, the draft service and the
 target on different nodes, with users and topic permissions (server/acl.py's rules).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from edge.star.target import StarTarget
 from edge.wire.link import MqttLink
 from edge.wire.protocol import DraftHello, HubStatus, decode, draft_hello_topic, hub_hello_topic
 
-from harness.star_processes import BIN, Procs, hf_model, wait_until
+from harness.star_processes import BIN, ROOT, Procs, hf_model, wait_until
 
 torch.set_num_threads(1)
 PID = os.getpid()
@@ -37,9 +37,13 @@ PROMPT = [3, 14, 15, 9]
 MAX_NEW = 160
 
 
+GGUF = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return hf_model(tmp_path_factory.mktemp("multihub") / "tiny-hf")
+    """(path, backend, extra agent options): the tiny float64 model."""
+    return hf_model(tmp_path_factory.mktemp("multihub") / "tiny-hf"), "torch", ["--dtype", "float64"]
 
 
 @pytest.fixture
@@ -99,6 +103,13 @@ def test_a_killed_hub_moves_its_target_to_the_other_and_takes_it_back(mosquitto,
     kill_and_return(procs, model, {p: url for p in ("hubs", "draft", "target", "spy")})
 
 
+def test_the_same_with_the_real_smollm2_gguf_on_llamacpp(mosquitto, procs):
+    """The draft service and the target both run SmolLM2-135M (Q4_1 GGUF) on llama.cpp."""
+    assert GGUF.exists(), f"{GGUF} is missing: make models"
+    url = mosquitto.url
+    kill_and_return(procs, (GGUF, "llamacpp", []), {p: url for p in ("hubs", "draft", "target", "spy")})
+
+
 def test_the_same_on_a_rabbitmq_cluster(model, procs):
     """The same faults with every party on its own node of a 3-node RabbitMQ cluster (no retained
     message across nodes: announcements arrive live, wills cross nodes), with users and topic
@@ -126,13 +137,15 @@ def kill_and_return(procs, model, urls, creds=None):
     """urls: where each party connects ("hubs": one URL for both, or one each)."""
     draft_id = DRAFT_ID
     hub_urls = urls["hubs"] if isinstance(urls["hubs"], list) else [urls["hubs"]] * len(HUBS)
-    procs.start("draft", BIN / "edge-agent", "run", "--role", "draft", "--hub", urls["draft"], "--model", model,
-                "--client-id", draft_id, "--no-ahead", "--threads", "1", "--dtype", "float64",
+    path, backend, extra = model
+    procs.start("draft", BIN / "edge-agent", "run", "--role", "draft", "--hub", urls["draft"], "--model", path,
+                "--backend", backend, "--client-id", draft_id, "--no-ahead", "--threads", "1", *extra,
                 *_login(creds, draft_id))
     for h, u in zip(HUBS, hub_urls):
         procs.start(h, *hub_cmd(u, h, creds))
     spy = Spy(urls["spy"], draft_id, creds)
-    engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
+    engine, tok = open_model(str(path), backend=backend, dtype="float64" if extra else None, threads=1,
+                             max_len=1024)
     client = client_owned_by(HUBS[0])            # the first hub owns it while both live
     login = {} if creds is None else {"username": client, "password": creds[client]}
     link = MqttLink(urls["target"], reconnect_delay=(0.05, 0.2), **login).connect(20)

@@ -8,8 +8,9 @@ answer from the new hub) is printed, not asserted. The killed hub comes back: a 
 running meanwhile on the other hub goes on there unbroken, the next one goes back to its owner;
 afterwards no hub and no draft service holds a session. Tiny float64 model: exact greedy.
 
-The same with the real SmolLM2-135M GGUF on llama.cpp (draft service and target), and on a 3-node RabbitMQ cluster (harness/rabbitmq.py): the hubs, the draft service and the
-target on different nodes, with users and topic permissions (server/acl.py's rules).
+The same with the real SmolLM2-135M GGUF on llama.cpp (draft service and target), and on a
+3-node RabbitMQ cluster (harness/rabbitmq.py): the hubs, the draft service and the target on
+different nodes, with users and topic permissions (server/acl.py's rules).
 """
 from __future__ import annotations
 

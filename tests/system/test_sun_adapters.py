@@ -1,0 +1,118 @@
+"""SUN with prefill-only adapters over a real Mosquitto (issue 37, serving), torch backend.
+
+One prefill worker holds a tiny random float64 base once and a LoRA adapter per task; the shared
+decoder is that base. Every answer is held to the in-process split run: prefill under the task's
+adapter, greedy decode on the frozen base (harness/sun_adapters.py's Reference).
+
+* requests of three tasks, all through the one worker, equal the split run;
+* an adapter added to the running worker (AdapterAdd, signed with the ctl key): the new task is
+  refused before, announced and served after;
+* bad adapters sent to the running worker are refused with why while another task's requests,
+  in flight and after, keep completing; an AdapterAdd signed with another key is dropped.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+import pytest
+
+from edge.model.sun_modules import weights_fingerprint
+from edge.sun.adapter_control import AdapterAddTimeout, add_adapter
+from edge.sun.adapter_prefill import AdapterPrefillWorker
+from edge.sun.adapter_torch import TorchAdapterBackend
+from edge.sun.client import SunRequestError
+from edge.sun.prefill_node import PrefillNode
+from harness.sun_adapters import Reference, edit_config, trained_adapter
+from harness.sun_star import KEY, Star, prompts
+from harness.tiny_models import random_model
+from harness.waiting import wait_until
+
+TASKS = ("code", "maths", "tools")
+WORKER = "prefill-lora"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    base = random_model(5)
+    dirs = {t: trained_adapter(base, root, t, seed=i + 1) for i, t in enumerate(TASKS)}
+    return base, weights_fingerprint(base), dirs, Reference(base, {t: d for t, (d, _) in dirs.items()})
+
+
+def adapter_star(url, made, tasks):
+    base, fp, dirs, _ = made
+    star = Star(url, (base, fp, {}), tasks=())
+    worker = AdapterPrefillWorker(TorchAdapterBackend(base, fp), kv_dtype="float64", name=WORKER)
+    for t in tasks:
+        worker.add(t, *dirs[t])
+    star.prefills[WORKER] = star._start(lambda ln: PrefillNode(worker, ln, WORKER, KEY, chunk_bytes=1500), WORKER)
+    return star, star.prefills[WORKER]
+
+
+def test_every_task_through_one_adapter_worker_equals_the_split_run(mosquitto, made):
+    star, node = adapter_star(mosquitto.url, made, TASKS)
+    try:
+        assert star.router.workers[WORKER].tasks == TASKS and star.router.tasks() == list(TASKS)
+        jobs = list(zip(TASKS * 3, prompts(9, seed=11)))
+        handles = [star.client.submit(t, p, max_new=8) for t, p in jobs]
+        for h, (t, p) in zip(handles, jobs):
+            r = h.wait(30)
+            assert r.tokens == made[3].expect(t, p, 8), t
+            assert r.workers == [WORKER, "dec-a"]
+        assert node.stats["jobs"] == 9 and node.worker.engine.vocab_size == 256
+        assert {t for step in node.worker.steps for t in step} == set(TASKS)
+    finally:
+        star.close()
+
+
+def test_an_adapter_added_while_serving_is_announced_and_served(mosquitto, made):
+    _, _, dirs, ref = made
+    star, node = adapter_star(mosquitto.url, made, ("maths",))
+    ops = star.link("ops").connect(5)
+    try:
+        p = prompts(1, seed=5)[0]
+        with pytest.raises(SunRequestError, match="no prefill worker serves task 'tools'"):
+            star.client.submit("tools", p, max_new=4).wait(20)
+        r = add_adapter(ops, WORKER, "tools", str(dirs["tools"][0]), dirs["tools"][1], KEY, client="ops")
+        assert r.ok and r.tasks == ["maths", "tools"], r.message
+        assert wait_until(lambda: "tools" in star.router.workers[WORKER].tasks)
+        assert star.client.submit("tools", p, max_new=8).wait(30).tokens == ref.expect("tools", p, 8)
+        assert star.client.submit("maths", p, max_new=8).wait(30).tokens == ref.expect("maths", p, 8)
+        assert node.stats["adapters_added"] == 1
+    finally:
+        star.close()
+
+
+def test_bad_adapters_are_refused_with_why_while_other_tasks_complete(mosquitto, made, tmp_path):
+    base, _, dirs, ref = made
+    star, node = adapter_star(mosquitto.url, made, ("maths",))
+    ops = star.link("ops").connect(5)
+    good, sha = dirs["tools"]
+    rank = shutil.copytree(good, tmp_path / "rank")
+    edit_config(rank, r=8)
+    module = shutil.copytree(good, tmp_path / "module")
+    edit_config(module, target_modules=["q_proj", "x_proj"])
+    other, other_sha = trained_adapter(random_model(6, intermediate_size=96), tmp_path, "other", seed=3,
+                                       record_base=False)
+    corrupt = shutil.copytree(good, tmp_path / "corrupt")
+    (corrupt / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    bad = [(good, "0" * 64, "is not the expected"), (rank, sha, "wrong rank"), (module, sha, "x_proj"),
+           (other, other_sha, "wrong base shape"),
+           (corrupt, hashlib.sha256(b"not a safetensors file").hexdigest(), "safetensors")]
+    try:
+        ps = prompts(len(bad) + 1, seed=21)
+        long = star.client.submit("maths", ps[-1], max_new=120)     # in flight through every refusal
+        for (path, digest, says), p in zip(bad, ps):
+            r = add_adapter(ops, WORKER, "tools", str(path), digest, KEY, client="ops")
+            assert not r.ok and says in r.message and "refused" in r.message, r.message
+            assert r.tasks == ["maths"]
+            assert star.client.submit("maths", p, max_new=6).wait(30).tokens == ref.expect("maths", p, 6)
+        assert long.wait(60).tokens == ref.expect("maths", ps[-1], 120)
+        assert node.stats["adapters_refused"] == len(bad) and star.router.workers[WORKER].tasks == ("maths",)
+        # signed with another key: dropped unread, never answered
+        with pytest.raises(AdapterAddTimeout):
+            add_adapter(ops, WORKER, "tools", str(good), sha, b"x" * 32, client="ops", timeout=3)
+        assert node.dropped.get("ctl_auth", 0) >= 1 and node.worker.tasks == ["maths"]
+    finally:
+        star.close()

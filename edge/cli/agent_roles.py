@@ -69,12 +69,16 @@ def run_sun(role, link, directory, worker_id, sun, threads, backend, ctl_key=Non
     try:
         node = open_node(role, link, directory, worker_id, task=sun.task, threads=threads, max_batch=sun.max_batch,
                          stop_ids=sun.stop_ids, backend=backend, ctl_key=ctl_key,
-                         max_sequences=sun.max_sequences, max_queue=sun.max_queue, engine_kw=engine_kw)
+                         max_sequences=sun.max_sequences, max_queue=sun.max_queue, engine_kw=engine_kw,
+                         adapters=sun.adapters)
     except (SunError, OSError, EngineError) as e:
         raise click.ClickException(f"--module {directory}: {e}") from None
     except LinkError as e:
         raise click.ClickException(str(e)) from None
-    what = f"prefill worker for task {node.worker.task!r}" if role == "prefill" else "shared decoder"
+    tasks = ", ".join(node.worker.tasks) if role == "prefill" else ""
+    what = f"prefill worker for tasks {tasks}" if role == "prefill" else "shared decoder"
+    for task, why in getattr(node.worker, "refused", {}).items():
+        click.echo(f"adapter for task {task!r} refused: {why}", err=True)
     click.echo(f"{what} {worker_id} up at {link.url}; Ctrl-C to leave", err=True)
     telemetry = None
     try:
@@ -91,17 +95,24 @@ def run_sun(role, link, directory, worker_id, sun, threads, backend, ctl_key=Non
 
 def open_node(role, link, directory, worker_id, task=None, threads=None, max_batch=64, stop_ids=(),
               ctl_key=None, backend="torch", max_sequences=DEFAULT_MAX_SEQUENCES, max_queue=DEFAULT_MAX_QUEUE,
-              engine_kw=None):
+              engine_kw=None, adapters=()):
     """The node factory of `edge-agent run --role prefill|decoder`: load the specialist (prefill) or
     the shared decoder (decoder) from its directory, set the node's will on `link`, connect, start.
-    engine_kw: where its engine runs (Placement.engine_kwargs())."""
+    engine_kw: where its engine runs (Placement.engine_kwargs()). adapters: (task, path) pairs: a
+    prefill worker over the base in `directory` with a LoRA adapter per task (so too a bundle
+    listing adapters), serving every task (edge/sun/adapter_prefill.py)."""
     from edge.wire.protocol import sun_hello_topic
 
     if role == "prefill":
+        from edge.sun.adapter_prefill import AdapterPrefillWorker, listed_tasks
         from edge.sun.prefill import PrefillWorker
         from edge.sun.prefill_node import PrefillNode
-        worker = PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend, max_queue=max_queue,
-                                        engine_kw=engine_kw)
+        if adapters or listed_tasks(directory):
+            worker = AdapterPrefillWorker.open(directory, adapters, backend=backend, threads=threads,
+                                               max_queue=max_queue, engine_kw=engine_kw, name=worker_id)
+        else:
+            worker = PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend,
+                                            max_queue=max_queue, engine_kw=engine_kw)
         engine = worker.engine
         node = PrefillNode(worker, link, worker_id, ctl_key=ctl_key)
     elif role == "decoder":

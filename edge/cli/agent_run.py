@@ -6,6 +6,8 @@ target:  verifies locally, drafts come from the hub's star (StarSD); serves an
 draft:   a draft service that registers with the hub and takes sessions.
 prefill: SUN: one task specialist's prefill module (--module DIR, --task);
          the hub routes that task's requests here, the KV goes to a decoder.
+         With adapters: the base once and a LoRA adapter per task (--adapter TASK=PATH,
+         or a bundle listing adapters on llamacpp); it serves every adapter's task.
 decoder: SUN: a shared decoder (--module DIR) batching requests of every task.
 
 `run` reads its options into an AgentConfig (agent_config_from) and hands it to start_role,
@@ -60,6 +62,7 @@ class SunSettings:
     max_sequences: int
     max_queue: int
     stop_ids: tuple
+    adapters: tuple = ()            # prefill: (task, path) of each --adapter
 
 
 @dataclass
@@ -106,6 +109,10 @@ class AgentConfig:
         help="decoder: sequences it holds, running and waiting; past it requests are refused (overloaded)")
 @option(SUN, "--max-queue", default=DEFAULT_MAX_QUEUE, show_default=True,
         help="prefill: prompts waiting; past it requests are refused (overloaded)")
+@option(SUN, "--adapter", "adapters", multiple=True, metavar="TASK=PATH",
+        help="prefill: serve TASK with this prefill-only LoRA adapter over the base --module names (torch: the "
+             "shared decoder's directory and a PEFT adapter directory; llamacpp: a bundle and a GGUF LoRA); "
+             "repeat for more tasks")
 @stop_ids_option("decoder")
 @telemetry_options
 @click.option("-v", "--verbose", count=True, help="-v info, -vv debug logging")
@@ -148,7 +155,28 @@ def agent_config_from(o: dict) -> AgentConfig:
         draft,
         TargetSettings(gamma, adaptive, o["http_host"], o["http_port"], o["prompt"], o["max_new"], o["temperature"],
                        o["hubs"]),
-        SunSettings(o["task"], o["max_batch"], o["max_sequences"], o["max_queue"], o["stop_ids"]))
+        SunSettings(o["task"], o["max_batch"], o["max_sequences"], o["max_queue"], o["stop_ids"],
+                    _adapter_pairs(role, o.get("adapters") or ())))
+
+
+def _adapter_pairs(role: str, given) -> tuple:
+    """--adapter TASK=PATH values -> ((task, path), ...), each task named once."""
+    from edge.wire.protocol import ProtocolError, check_id
+    if given and role != "prefill":
+        raise click.UsageError("--adapter is for --role prefill")
+    pairs = []
+    for item in given:
+        task, sep, path = item.partition("=")
+        try:
+            check_id(task, "--adapter's task")
+        except ProtocolError as e:
+            raise click.BadParameter(f"{item!r}: {e}; write --adapter TASK=PATH") from None
+        if not sep or not path:
+            raise click.BadParameter(f"{item!r}: write --adapter TASK=PATH (the adapter's directory or GGUF file)")
+        if task in dict(pairs):
+            raise click.BadParameter(f"--adapter names task {task!r} twice")
+        pairs.append((task, path))
+    return tuple(pairs)
 
 
 def start_role(cfg: AgentConfig) -> None:
@@ -158,8 +186,11 @@ def start_role(cfg: AgentConfig) -> None:
     if cfg.role in SUN_ROLES:             # the module dir carries its own model
         from edge.cli.placing import place_model
         backend = "torch" if m.backend == "auto" else m.backend
-        placement = place_model(m.module_dir, backend, cfg.role, m.device, m.gpu_layers, m.profile)
-        check_before_load(cfg.role, m.module_dir, backend, None, m.profile, m.memory_budget,
+        from edge.sun.adapter_prefill import listed_tasks
+        adapters = cfg.role == "prefill" and (cfg.sun.adapters or listed_tasks(m.module_dir))
+        plan_role = "decoder" if adapters else cfg.role     # with adapters the base is the decoder's artifact
+        placement = place_model(m.module_dir, backend, plan_role, m.device, m.gpu_layers, m.profile)
+        check_before_load(plan_role, m.module_dir, backend, None, m.profile, m.memory_budget,
                           max_batch=cfg.sun.max_batch, placement=placement)
         run_sun(cfg.role, cfg.broker.link(), m.module_dir, cfg.client_id, cfg.sun, m.threads, backend,
                 cfg.ctl_key, cfg.telemetry, engine_kw=placement.engine_kwargs())

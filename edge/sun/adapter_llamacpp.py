@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edge.engines.llamacpp_lora import AdapterError, LlamaCppAdapters
-from edge.engines.lora_bundle import adapter_entries, adapter_file, check_adapters
+from edge.engines.lora_bundle import adapter_file, check_adapters
 
 
 class LlamaCppAdapterBackend:
@@ -110,7 +110,3 @@ def file_sha256(path) -> str:
             h.update(chunk)
     return h.hexdigest()
 
-
-def bundle_tasks(bundle) -> List[str]:
-    """The tasks a bundle lists adapters for (their files are checked when each loads)."""
-    return [a["task"] for a in adapter_entries(bundle)]

@@ -21,7 +21,8 @@ import itertools
 import logging
 import time
 from collections import deque
-from typing import Deque, List, Optional, Sequence, Tuple, Union
+from pathlib import Path
+from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from edge.model.sun_error import SunError
 from edge.spec.sampling import GREEDY, Role, SamplingParams, pick, role_rng
@@ -49,6 +50,41 @@ class AdapterPrefillWorker:
         self._ids = itertools.count(1)
         self._queue: Deque[tuple] = deque()     # (request id, prompt, params, task)
         self.steps: List[Tuple[str, ...]] = []  # the tasks of each step's rows (the last 256 steps)
+        self.refused: Dict[str, str] = {}       # task -> why, of adapters refused at open
+
+    @classmethod
+    def open(cls, directory, adapters: Sequence[Tuple[str, str]] = (), backend: str = "torch",
+             threads: Optional[int] = None, kv_dtype: str = "float16", max_queue: int = DEFAULT_MAX_QUEUE,
+             max_rows: int = DEFAULT_MAX_ROWS, engine_kw: Optional[dict] = None,
+             name: str = "prefill") -> "AdapterPrefillWorker":
+        """`edge-agent run --role prefill` with adapters. directory: on torch the shared decoder's
+        directory (the base), on llamacpp a bundle (its decoder artifact is the base; every adapter
+        its manifest lists is served). adapters: (task, path) more (torch: PEFT directories;
+        llamacpp: GGUF LoRA files). An adapter that is refused is logged and left out (`refused`:
+        task -> why); a worker left with no task at all is a SunError."""
+        if backend == "torch":
+            from edge.sun.adapter_torch import TorchAdapterBackend
+            if listed_tasks(directory):
+                raise SunError(f"{directory} is a bundle: on torch pass the shared decoder's directory as --module "
+                               "and each task's PEFT adapter directory as --adapter TASK=DIR (or use --backend llamacpp)")
+            be = TorchAdapterBackend.from_dir(directory, threads)
+        elif backend == "llamacpp":
+            from edge.sun.adapter_llamacpp import LlamaCppAdapterBackend
+            be = LlamaCppAdapterBackend.from_bundle(directory, threads, n_seq_max=max_rows, **dict(engine_kw or {}))
+        else:
+            raise SunError(f"adapters are served on --backend torch or llamacpp, not {backend}")
+        worker = cls(be, kv_dtype=kv_dtype, name=name, max_queue=max_queue, max_rows=max_rows)
+        sources = [(t, directory, True) for t in (listed_tasks(directory) if backend == "llamacpp" else [])]
+        for task, path, bundle in sources + [(t, p, False) for t, p in adapters]:
+            try:
+                worker.add(task, path, bundle=bundle)
+            except Exception as e:                        # one bad adapter: the others serve
+                worker.refused[task] = str(e)
+                log.warning("%s: adapter for task %r refused: %s", name, task, e)
+        if not worker.tasks:
+            raise SunError(f"no adapter could be loaded ({'; '.join(f'{t}: {w}' for t, w in worker.refused.items()) or 'none given'}); "
+                           "give --adapter TASK=PATH or a bundle with adapters (edge-export adapter --bundle)")
+        return worker
 
     @property
     def decoder_fingerprint(self) -> str:
@@ -143,3 +179,14 @@ class AdapterPrefillWorker:
             blob = export(self.kv_dtype, {"task": task, "request_id": rid, "first_token": first})
             out.append(PrefillOutput(rid, task, blob, first, len(prompt), self.decoder_fingerprint, took))
         return out
+
+
+def listed_tasks(directory) -> List[str]:
+    """The tasks a bundle's manifest lists adapters for ([] for a directory that is not a bundle)."""
+    if not (Path(directory) / "manifest.json").is_file():
+        return []
+    from edge.engines.lora_bundle import adapter_entries
+    try:
+        return [a["task"] for a in adapter_entries(directory)]
+    except Exception:                                     # not a bundle's manifest (a tuned directory's)
+        return []

@@ -1,0 +1,127 @@
+"""SUN with prefill-only adapters on llama.cpp, over a real Mosquitto (issue 37, serving).
+
+A SUN bundle holds the shared decoder as an F32 GGUF and two tasks' GGUF LoRA adapters
+(`edge-export adapter --bundle`). `edge-agent run --role prefill --backend llamacpp --module
+BUNDLE` (a real process) serves both tasks over that one base; a llama.cpp shared decoder of the
+same bundle decodes. Every answer equals the in-process split run on llama.cpp: the base engine
+prefills under the task's adapter (LlamaCppAdapters), the bare base decodes. A third adapter,
+added to the running process by a signed AdapterAdd naming its GGUF file and sha256, is served
+after; a tampered one is refused while the other tasks keep answering.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from edge.sun.adapter_control import add_adapter
+from edge.sun.decoder import SharedDecoder
+from edge.sun.decoder_node import DecoderNode
+from harness.console_scripts import BIN, Procs, hf_model, sun_dirs
+from harness.sun_adapters import trained_adapter
+from harness.sun_star import KEY, Star
+from harness.waiting import wait_until
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install .[llama])")
+from edge.engines.llamacpp_lora import LlamaCppAdapters  # noqa: E402
+from edge.engines.loader import load_engine  # noqa: E402
+
+WORKER = "prefill-gguf"
+PROMPTS = [[5, 17, 99, 3, 42, 7], [8, 120, 33, 2], [250, 11, 64, 90, 3, 17, 200]]
+
+
+def quiet(*_):
+    pass
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    from edge.model.sun_modules import load_module
+    from export.bundle import add_adapter as bundle_adapter
+    from export.bundle import build_bundle
+    from export.gguf_lora import export_adapter
+    root = tmp_path_factory.mktemp("sun-gguf-adapters")
+    dec_dir, _ = sun_dirs(root)
+    sun = root / "sun-bundle"
+    build_bundle(dec_dir, sun, onnx_graphs=(), gguf_types=("F32",), tokenizer=hf_model(root / "tiny-hf"), log=quiet)
+    base, _ = load_module(dec_dir)
+    ggufs = {}
+    for i, task in enumerate(("code", "tools", "maths")):
+        d, _ = trained_adapter(base, root / "peft", task, seed=i + 1)
+        if task == "maths":                          # added to the running worker later
+            ggufs[task] = export_adapter(d, next(sun.glob("*.gguf")), root / "maths.gguf", task=task, log=quiet)
+        else:
+            bundle_adapter(sun, d, task=task, log=quiet)
+    return root, sun, ggufs
+
+
+def engine(sun):
+    return load_engine(sun, backend="llamacpp", role="decoder", threads=1, n_seq_max=4)
+
+
+def split_run(sun, task, prompt, max_new):
+    """In process: llama.cpp prefills under the task's adapter, the bare base decodes."""
+    pre, adapters = engine(sun), None
+    try:
+        adapters = LlamaCppAdapters(pre)
+        path = sun / f"adapters/{task}/adapter.gguf"
+        adapters.load(task, path if path.is_file() else sun.parent / f"{task}.gguf")
+        seq = pre.new_sequence()
+        first = int(np.argmax(adapters.prefill(seq, prompt, task)[-1]))
+        blob = pre.export_kv(seq, dtype="float16", meta={"task": task})
+    finally:
+        if adapters is not None:
+            adapters.close()
+        pre.close()
+    dec = SharedDecoder(engine(sun), max_batch=4)
+    rid = dec.admit(blob, max_new=max_new, first_token=first)
+    while rid not in dec.results:
+        dec.step()
+    return dec.results[rid].tokens
+
+
+def test_a_llamacpp_adapter_worker_process_serves_every_bundled_task_and_a_hot_added_one(mosquitto, made):
+    root, sun, ggufs = made
+    want = {(t, i): split_run(sun, t, p, 10) for t in ("code", "tools", "maths") for i, p in enumerate(PROMPTS)}
+    # the adapters matter: the tasks answer differently from each other on the same prompts
+    assert len({tuple(want[(t, i)]) for t in ("code", "tools", "maths") for i in range(len(PROMPTS))}) > len(PROMPTS)
+    key = root / "ctl.key"
+    key.write_bytes(KEY)
+    star = Star(mosquitto.url, (None, "", {}), decoders=(), tasks=())
+    dec = SharedDecoder.from_dir(sun, threads=1, backend="llamacpp", max_batch=4)
+    star._start(lambda ln: DecoderNode(dec, ln, "dec-gguf", KEY), "dec-gguf")
+    ps = Procs(root)
+    ps.start("prefill", BIN / "edge-agent", "run", "--role", "prefill", "--backend", "llamacpp", "--module", sun,
+             "--hub", mosquitto.url, "--client-id", WORKER, "--threads", "1", "--ctl-key-file", key)
+    ops = star.link("ops").connect(5)
+    try:
+        ps.wait_for("prefill", "up at")
+        assert "prefill worker for tasks code, tools" in ps.err("prefill")
+        assert wait_until(lambda: WORKER in star.router.workers and star.router.workers[WORKER].online, 30)
+        assert star.router.workers[WORKER].tasks == ("code", "tools")
+        c = star.client
+        handles = [(t, i, c.submit(t, p, max_new=10)) for t in ("code", "tools") for i, p in enumerate(PROMPTS)]
+        for t, i, h in handles:
+            r = h.wait(60)
+            assert r.tokens == want[(t, i)], (t, i)
+            assert r.workers == [WORKER, "dec-gguf"]
+        # hot add: a tampered file first (refused, the others serve), then the real one
+        bad = root / "maths-bad.gguf"
+        raw = bytearray(ggufs["maths"].read_bytes())
+        raw[-8:] = b"\x00" * 8
+        bad.write_bytes(bytes(raw))
+        r = add_adapter(ops, WORKER, "maths", str(bad), hashlib.sha256(ggufs["maths"].read_bytes()).hexdigest(),
+                        KEY, client="ops")
+        assert not r.ok and "sha256 mismatch" in r.message and r.tasks == ["code", "tools"], r.message
+        assert c.submit("code", PROMPTS[0], max_new=10).wait(60).tokens == want[("code", 0)]
+        r = add_adapter(ops, WORKER, "maths", str(ggufs["maths"]),
+                        hashlib.sha256(ggufs["maths"].read_bytes()).hexdigest(), KEY, client="ops")
+        assert r.ok and r.tasks == ["code", "maths", "tools"], r.message
+        assert wait_until(lambda: "maths" in star.router.workers[WORKER].tasks, 30)
+        for i, p in enumerate(PROMPTS):
+            assert c.submit("maths", p, max_new=10).wait(60).tokens == want[("maths", i)], i
+        assert ps.stop("prefill") == 0, ps.err("prefill")
+    finally:
+        ps.close()
+        star.close()

@@ -67,6 +67,24 @@ def test_star_across_three_rabbitmq_nodes_gives_the_same_text(cluster, want):
         star.close()
 
 
+def test_per_user_topic_permissions_hold(cluster):
+    """A device reads only its own joined topic (it carries session secrets) and may not join as
+    another device: RabbitMQ refuses the subscription and closes a forbidden publisher's connection."""
+    c = cluster
+    reader = MqttLink(c.urls(1), tls=c.tls_files("t1")).connect(20)
+    writer = MqttLink(c.urls(2), tls=c.tls_files("t1"), reconnect_delay=(1.0, 5.0)).connect(20)
+    drops = []
+    writer.on_connection(lambda up: up or drops.append(time.monotonic()))
+    try:
+        assert reader.subscribe("ss/c/t1/joined", lambda t, p: None)
+        assert not reader.subscribe("ss/c/t2/joined", lambda t, p: None)
+        writer.publish("ss/hub/join/t2", b"not me")
+        assert wait_until(lambda: drops, 10), "a publish on another device's join topic was let through"
+    finally:
+        reader.close()
+        writer.close()
+
+
 def test_kill_9_of_the_targets_broker_node_loses_no_token(cluster, want):
     c = cluster
     target_link = MqttLink(c.urls(1, 2, 0), tls=c.tls_files("t2"), reconnect_delay=(0.05, 0.5))

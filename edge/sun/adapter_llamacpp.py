@@ -33,8 +33,12 @@ class LlamaCppAdapterBackend:
     @classmethod
     def from_bundle(cls, bundle, threads: Optional[int] = None, **engine_kw) -> "LlamaCppAdapterBackend":
         """The bundle's decoder artifact as the base (the adapters name it as theirs)."""
-        from edge.sun.prefill import _bundle_engine
-        return cls(_bundle_engine(bundle, "llamacpp", "decoder", threads, **engine_kw))
+        from edge.engines.loader import load_engine
+        from edge.model.sun_error import SunError
+        if not (Path(bundle) / "manifest.json").is_file():
+            raise SunError(f"{bundle}: llama.cpp serves adapters from a bundle: `edge-export bundle DECODER_DIR OUT "
+                           "--gguf F32`, then `edge-export adapter DIR OUT --bundle --task T` per task")
+        return cls(load_engine(bundle, backend="llamacpp", role="decoder", threads=threads, **engine_kw))
 
     @property
     def tasks(self) -> List[str]:

@@ -11,6 +11,9 @@ after; a tampered one is refused while the other tasks keep answering.
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,3 +128,22 @@ def test_a_llamacpp_adapter_worker_process_serves_every_bundled_task_and_a_hot_a
     finally:
         ps.close()
         star.close()
+
+
+def test_the_llamacpp_adapter_worker_never_loads_torch(made):
+    """The worker a llama.cpp device runs (base, bundled adapters, a prefill of each task) in a fresh
+    interpreter: torch is never imported (import-linter cannot see it: the loader imports torch
+    lazily for the torch backend)."""
+    _, sun, _ = made
+    code = ("import sys\n"
+            "from edge.sun.adapter_prefill import AdapterPrefillWorker\n"
+            f"w = AdapterPrefillWorker.open({str(sun)!r}, backend='llamacpp', threads=1)\n"
+            "for i, t in enumerate(w.tasks):\n"
+            "    w.submit([5, 17, 99], f'r{i}', task=t)\n"
+            "outs = w.step()\n"
+            "assert [o.task for o in outs] == ['code', 'tools'] and all(o.blob for o in outs), outs\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "print('ok', w.tasks)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0 and "ok ['code', 'tools']" in r.stdout, r.stderr[-2000:]

@@ -75,10 +75,12 @@ def run_sun(role, link, directory, worker_id, sun, threads, backend, ctl_key=Non
         raise click.ClickException(f"--module {directory}: {e}") from None
     except LinkError as e:
         raise click.ClickException(str(e)) from None
-    tasks = ", ".join(node.worker.tasks) if role == "prefill" else ""
-    what = f"prefill worker for tasks {tasks}" if role == "prefill" else "shared decoder"
-    for task, why in getattr(node.worker, "refused", {}).items():
-        click.echo(f"adapter for task {task!r} refused: {why}", err=True)
+    what = "shared decoder"
+    if role == "prefill":
+        tasks = node.worker.tasks
+        what = f"prefill worker for task{'s' if len(tasks) > 1 else ''} {', '.join(tasks)}"
+        for task, why in getattr(node.worker, "refused", {}).items():
+            click.echo(f"adapter for task {task!r} refused: {why}", err=True)
     click.echo(f"{what} {worker_id} up at {link.url}; Ctrl-C to leave", err=True)
     telemetry = None
     try:

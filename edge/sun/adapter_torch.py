@@ -25,11 +25,16 @@ from edge.model.sun_modules import pad_right
 from edge.model.transformer import Transformer
 
 
-class _Vocab:
-    """What the worker reads of an engine: the vocabulary size."""
+class _BaseInfo:
+    """What the worker and the agent's start line read of an engine: vocabulary size, where it runs."""
+    name = "torch"
 
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
+    def __init__(self, base: Transformer):
+        self.vocab_size = base.cfg.vocab_size
+        self._weight = base.model.embed_tokens.weight
+
+    def where(self) -> str:
+        return f"torch device {self._weight.device}, {str(self._weight.dtype).replace('torch.', '')}, base + adapters"
 
 
 class TorchAdapterBackend:
@@ -38,7 +43,7 @@ class TorchAdapterBackend:
     def __init__(self, base: Transformer, fingerprint: str, threads: Optional[int] = None):
         self.base, self.fingerprint, self.threads = base.eval(), fingerprint, threads
         self.view = LoraTransformer.over(self.base)
-        self.engine = _Vocab(base.cfg.vocab_size)
+        self.engine = _BaseInfo(base)
         self.max_len = int(base.cfg.max_position)
         self._base_fp: Optional[str] = None
 

@@ -116,3 +116,38 @@ def test_bad_adapters_are_refused_with_why_while_other_tasks_complete(mosquitto,
         assert node.dropped.get("ctl_auth", 0) >= 1 and node.worker.tasks == ["maths"]
     finally:
         star.close()
+
+
+def test_edge_agent_prefill_process_serves_its_adapter_options(mosquitto, tmp_path):
+    """`edge-agent run --role prefill --module DECODER_DIR --adapter T=DIR ...` (a real process, torch):
+    both tasks answer as the split run; a bad --adapter among them is refused at start, the rest serve."""
+    from edge.model.sun_modules import load_module
+    from edge.sun.decoder import SharedDecoder
+    from edge.sun.decoder_node import DecoderNode
+    from harness.console_scripts import BIN, Procs, sun_dirs
+    dec_dir, _ = sun_dirs(tmp_path)
+    base, _ = load_module(dec_dir)
+    dirs = {t: trained_adapter(base, tmp_path / "peft", t, seed=i + 1)[0] for i, t in enumerate(("code", "maths"))}
+    other = trained_adapter(random_model(6, intermediate_size=96), tmp_path, "other", seed=3, record_base=False)[0]
+    ref = Reference(base, dirs)
+    key = tmp_path / "ctl.key"
+    key.write_bytes(KEY)
+    star = Star(mosquitto.url, (None, "", {}), decoders=(), tasks=())
+    dec = SharedDecoder.from_dir(dec_dir, threads=1)
+    star._start(lambda ln: DecoderNode(dec, ln, "dec-a", KEY), "dec-a")
+    ps = Procs(tmp_path)
+    ps.start("prefill", BIN / "edge-agent", "run", "--role", "prefill", "--module", dec_dir, "--hub", mosquitto.url,
+             "--client-id", WORKER, "--threads", "1", "--ctl-key-file", key, "--adapter", f"code={dirs['code']}",
+             "--adapter", f"tools={other}", "--adapter", f"maths={dirs['maths']}")
+    try:
+        ps.wait_for("prefill", "up at")
+        err = ps.err("prefill")
+        assert "prefill worker for tasks code, maths" in err and "adapter for task 'tools' refused" in err, err
+        assert "wrong base shape" in err, err
+        assert wait_until(lambda: WORKER in star.router.workers and star.router.workers[WORKER].online, 30)
+        for t, p in zip(("code", "maths", "code"), prompts(3, seed=4)):
+            assert star.client.submit(t, p, max_new=8).wait(60).tokens == ref.expect(t, p, 8), t
+        assert ps.stop("prefill") == 0, ps.err("prefill")
+    finally:
+        ps.close()
+        star.close()

@@ -126,6 +126,11 @@ class DecoderNode(Node):
         if kind != "sun_kv" or ids.get("worker") != self.id:
             self.drop("invalid")
             return
+        self.take_kv(ids["sender"], payload)
+
+    def take_kv(self, sender: str, payload: bytes) -> None:
+        """A KV message from `sender` (the broker's, or a prefill worker's in this process handing
+        its KV over without the broker: edge/sun/colocated.py); checked exactly as from the network."""
         with self._queued_lock:
             room = self._queued + len(payload) <= self.max_pending
         if not room and not self._signed_for_assigned(payload):
@@ -133,7 +138,7 @@ class DecoderNode(Node):
             return
         with self._queued_lock:
             self._queued += len(payload)
-        self.put("kv", (ids["sender"], payload))
+        self.put("kv", (sender, payload))
 
     def put(self, kind: str, msg) -> None:
         if kind == "ctl" and isinstance(msg, DecodeAssign) and msg.worker == self.id:

@@ -43,7 +43,9 @@ class PrefillNode(Node):
     role = "prefill"
 
     def __init__(self, worker: PrefillWorker, link: Link, worker_id: str, ctl_key: Optional[bytes] = None,
-                 hello_every: float = 2.0, chunk_bytes: int = SUN_CHUNK_BYTES):
+                 hello_every: float = 2.0, chunk_bytes: int = SUN_CHUNK_BYTES, local_decoders=None):
+        """local_decoders: {decoder id: DecoderNode} in this process (edge/sun/colocated.py): the KV
+        of a job assigned to one is handed to it directly, not through the broker."""
         if not 0 < chunk_bytes <= SUN_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be in 1..{SUN_CHUNK_BYTES}")
         super().__init__(worker, link, worker_id, ctl_key, hello_every, idle_wait=hello_every)
@@ -51,6 +53,8 @@ class PrefillNode(Node):
         self.stats = {"jobs": 0, "failed": 0, "overloaded": 0, "kv_bytes": 0, "chunks": 0, "prefill_s": 0.0,
                       "adapters_added": 0, "adapters_refused": 0}
         self._jobs: Dict[str, PrefillJob] = {}            # taken, not yet answered
+        self.local_decoders = dict(local_decoders or {})
+        self.stats["local_kv"] = 0                        # jobs whose KV stayed in this process
 
     @property
     def load(self) -> int:
@@ -142,8 +146,8 @@ class PrefillNode(Node):
         blob, n = out.blob, self.chunk_bytes
         total = max(1, math.ceil(len(blob) / n))
         for i in range(total):
-            self.send(sun_kv_topic(job.decoder, self.id),
-                      KVChunk(job.rid, i, total, out.first_token, blob[i * n:(i + 1) * n]), job.secret)
+            self._send_kv(job, KVChunk(job.rid, i, total, out.first_token, blob[i * n:(i + 1) * n]))
+        self.stats["local_kv"] += job.decoder in self.local_decoders
         self.stats["kv_bytes"] += len(blob)
         self.stats["chunks"] += total
 
@@ -151,4 +155,13 @@ class PrefillNode(Node):
         self.stats["failed"] += 1
         err = Error(job.rid, 0, code, message[:1024])
         self.send(sun_stream_topic(job.client, job.rid), err, job.secret)
-        self.send(sun_kv_topic(job.decoder, self.id), err, job.secret)   # frees the decoder's reservation
+        self._send_kv(job, err)                          # frees the decoder's reservation
+
+    def _send_kv(self, job: PrefillJob, msg) -> None:
+        """A KV chunk (or the Error) for the job's decoder, signed with its secret: handed over in
+        process to a local decoder, else published."""
+        local = self.local_decoders.get(job.decoder)
+        if local is not None:
+            local.take_kv(self.id, encode(msg, job.secret))
+        else:
+            self.send(sun_kv_topic(job.decoder, self.id), msg, job.secret)

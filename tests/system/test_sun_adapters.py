@@ -16,6 +16,7 @@ import hashlib
 import shutil
 
 import pytest
+import torch
 
 from edge.model.sun_modules import weights_fingerprint
 from edge.sun.adapter_control import AdapterAddTimeout, add_adapter
@@ -150,4 +151,36 @@ def test_edge_agent_prefill_process_serves_its_adapter_options(mosquitto, tmp_pa
         assert ps.stop("prefill") == 0, ps.err("prefill")
     finally:
         ps.close()
+        star.close()
+
+
+def test_a_colocated_prefill_and_decoder_share_one_base_and_hand_kv_over_in_process(mosquitto, made):
+    """One process, one base: the prefill view and the decoder read the same weight storage; the
+    router's jobs come over the star, their KV never does; answers equal the split run."""
+    from edge.sun.colocated import colocated_nodes, shares_weights
+    base, fp, dirs, ref = made
+    star = Star(mosquitto.url, (base, fp, {}), decoders=(), tasks=())
+    backend = TorchAdapterBackend(base, fp)
+    pre_link, dec_link = star.link("pre"), star.link("dec")
+    pre, dec = colocated_nodes(backend, pre_link, dec_link, WORKER, "dec-local", [(t, dirs[t][0]) for t in TASKS],
+                               ctl_key=KEY, kv_dtype="float64", max_batch=8)
+    spy = star.link("spy").connect(5)
+    kv_seen = []
+    spy.subscribe("ss/sun/w/+/kv/+", lambda t, p: kv_seen.append(t))
+    try:
+        for link, node, name in ((dec_link, dec, "dec-local"), (pre_link, pre, WORKER)):
+            link.connect(5)
+            star.nodes.append(node.start())
+            assert wait_until(lambda: name in star.router.workers and star.router.workers[name].online)
+        assert shares_weights(backend, dec) and pre.worker.tasks == list(TASKS)
+        jobs = list(zip(TASKS * 2, prompts(6, seed=31)))
+        handles = [star.client.submit(t, p, max_new=8) for t, p in jobs]
+        for h, (t, p) in zip(handles, jobs):
+            r = h.wait(30)
+            assert r.tokens == ref.expect(t, p, 8) and r.workers == [WORKER, "dec-local"], t
+        assert pre.stats["local_kv"] == len(jobs) and dec.stats["admitted"] == len(jobs)
+        assert kv_seen == []                               # no KV crossed the broker
+        assert all(torch.equal(a, b) for a, b in zip(base.parameters(), random_model(5).parameters()))
+    finally:
+        spy.close()
         star.close()

@@ -109,3 +109,37 @@ def test_bad_adapters_are_refused_and_the_worker_serves_on(setup, tmp_path):
     assert torch.equal(kv_of(after.blob)[0], kv_of(before.blob)[0])
     w.add("tools", *made["tools"])                  # the good one still loads
     assert w.tasks == ["maths", "tools"]
+
+
+def test_torch_worker_adds_a_bundle_entry_checked_against_its_manifest(tmp_path):
+    """bundle=True: the PEFT files of the bundle's entry, the request's sha256 = the entry's GGUF as
+    the manifest lists it; a wrong digest or a tampered file of the entry is refused."""
+    import json
+
+    from edge.model.sun_modules import load_module
+    from export.bundle import add_adapter, build_bundle
+    from harness.console_scripts import hf_model, sun_dirs
+    dec_dir, _ = sun_dirs(tmp_path)
+    sun = tmp_path / "sun"
+    build_bundle(dec_dir, sun, onnx_graphs=(), gguf_types=("F32",), tokenizer=hf_model(tmp_path / "hf"),
+                 log=lambda *_: None)
+    base, _ = load_module(dec_dir)
+    peft, _ = trained_adapter(base, tmp_path / "peft", "tools", seed=4)
+    add_adapter(sun, peft, task="tools", log=lambda *_: None)
+    entry = json.loads((sun / "manifest.json").read_text())["adapters"][0]
+    listed = entry["files"][0]["sha256"]
+    w = AdapterPrefillWorker(TorchAdapterBackend(base, weights_fingerprint(base)), kv_dtype="float64")
+    with pytest.raises(AdapterError, match="sha256 mismatch"):
+        w.add("tools", sun, sha256="0" * 64, bundle=True)
+    weights = sun / "adapters/tools/adapter_model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-4] + b"\x00\x00\x00\x01")
+    with pytest.raises(Exception, match="sha256"):
+        w.add("tools", sun, sha256=listed, bundle=True)
+    assert w.tasks == []
+    weights.write_bytes(good)
+    w.add("tools", sun, sha256=listed, bundle=True)
+    ref = Reference(base, {"tools": peft})
+    w.submit([7, 8, 9, 100], "r", task="tools")
+    out = w.step()[0]
+    assert out.first_token == ref.expect("tools", [7, 8, 9, 100], 1)[0]

@@ -141,6 +141,10 @@ from edge.cli.plan_command import plan as _plan_command  # noqa: E402  (memory p
 
 main.add_command(_plan_command, "plan")
 
+from edge.cli.adapter_command import add_adapter as _add_adapter_command  # noqa: E402  (SUN: a running worker)
+
+main.add_command(_add_adapter_command, "add-adapter")
+
 try:  # the device roles (target / draft service over MQTT)
     from edge.cli.agent_run import run as _run_command
 

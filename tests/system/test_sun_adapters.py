@@ -67,20 +67,30 @@ def test_every_task_through_one_adapter_worker_equals_the_split_run(mosquitto, m
         star.close()
 
 
-def test_an_adapter_added_while_serving_is_announced_and_served(mosquitto, made):
+def test_an_adapter_added_while_serving_is_announced_and_served(mosquitto, made, tmp_path):
+    """Through `edge-agent add-adapter` (its sha256 computed from the directory): a wrong digest is
+    refused (exit 1, the reason printed), the right one loads and the task is served."""
+    from click.testing import CliRunner
+
+    from edge.cli.agent import main as agent_cli
     _, _, dirs, ref = made
     star, node = adapter_star(mosquitto.url, made, ("maths",))
-    ops = star.link("ops").connect(5)
+    key = tmp_path / "ctl.key"
+    key.write_bytes(KEY)
+    cli = ["add-adapter", WORKER, "tools", str(dirs["tools"][0]), "--hub", mosquitto.url, "--ctl-key-file", str(key),
+           "--client-id", "ops"]
     try:
         p = prompts(1, seed=5)[0]
         with pytest.raises(SunRequestError, match="no prefill worker serves task 'tools'"):
             star.client.submit("tools", p, max_new=4).wait(20)
-        r = add_adapter(ops, WORKER, "tools", str(dirs["tools"][0]), dirs["tools"][1], KEY, client="ops")
-        assert r.ok and r.tasks == ["maths", "tools"], r.message
+        r = CliRunner().invoke(agent_cli, cli + ["--sha256", "ab" * 32])
+        assert r.exit_code == 1 and "REFUSED" in r.output and "is not the expected" in r.output, r.output
+        r = CliRunner().invoke(agent_cli, cli)
+        assert r.exit_code == 0 and "loaded" in r.output and "serves: maths, tools" in r.output, r.output
         assert wait_until(lambda: "tools" in star.router.workers[WORKER].tasks)
         assert star.client.submit("tools", p, max_new=8).wait(30).tokens == ref.expect("tools", p, 8)
         assert star.client.submit("maths", p, max_new=8).wait(30).tokens == ref.expect("maths", p, 8)
-        assert node.stats["adapters_added"] == 1
+        assert node.stats["adapters_added"] == 1 and node.stats["adapters_refused"] == 1
     finally:
         star.close()
 

@@ -262,7 +262,7 @@ class SunRouter:
             raise SunRefusal(E_UNKNOWN_TASK, f"no prefill worker serves task {task!r} (tasks here: {have}); "
                                              f"start one with `edge-agent run --role prefill` and that "
                                              f"task's specialist, or add its adapter to a running worker "
-                                             f"(docs/sun.md: Serving adapters)")
+                                             f"(`edge-agent add-adapter`)")
         return min(mine, key=lambda w: (w.est_load, w.id))
 
     def _decoder_for(self, task: str, fp: str) -> WorkerInfo:

@@ -65,8 +65,9 @@ class AdapterPrefillWorker:
         if backend == "torch":
             from edge.sun.adapter_torch import TorchAdapterBackend
             if listed_tasks(directory):
-                raise SunError(f"{directory} is a bundle: on torch pass the shared decoder's directory as --module "
-                               "and each task's PEFT adapter directory as --adapter TASK=DIR (or use --backend llamacpp)")
+                raise SunError(f"{directory} is a bundle: on torch pass the shared decoder's directory as "
+                               "--module and each task's PEFT adapter directory as --adapter TASK=DIR "
+                               "(or use --backend llamacpp)")
             be = TorchAdapterBackend.from_dir(directory, threads)
         elif backend == "llamacpp":
             from edge.sun.adapter_llamacpp import LlamaCppAdapterBackend
@@ -82,8 +83,9 @@ class AdapterPrefillWorker:
                 worker.refused[task] = str(e)
                 log.warning("%s: adapter for task %r refused: %s", name, task, e)
         if not worker.tasks:
-            raise SunError(f"no adapter could be loaded ({'; '.join(f'{t}: {w}' for t, w in worker.refused.items()) or 'none given'}); "
-                           "give --adapter TASK=PATH or a bundle with adapters (edge-export adapter --bundle)")
+            why = "; ".join(f"{t}: {w}" for t, w in worker.refused.items()) or "none given"
+            raise SunError(f"no adapter could be loaded ({why}); give --adapter TASK=PATH or a bundle with "
+                           "adapters (edge-export adapter --bundle)")
         return worker
 
     @property

@@ -31,6 +31,7 @@ from edge.sun.prefill import PrefillFailed, PrefillOutput, QueueFull
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_ROWS = 8          # prompts prefilled together in one step
+MAX_TASKS = 256               # tasks one hello can list (edge/wire/fields.py id_list)
 
 
 class AdapterPrefillWorker:
@@ -104,6 +105,9 @@ class AdapterPrefillWorker:
     def add(self, task: str, path, sha256: Optional[str] = None, bundle: bool = False) -> None:
         """Load `task`'s adapter (a file, or with bundle=True the bundle's entry for `task`) after
         checking it; raises AdapterError / BundleError (nothing changes) when it is refused."""
+        if len(self.backend.tasks) >= MAX_TASKS:
+            raise SunError(f"{self.name} serves {MAX_TASKS} tasks, the most its hello can list; "
+                           "start another prefill worker for more")
         self.backend.add(task, path, sha256=sha256, bundle=bundle)
         log.info("%s: serving task %r (tasks now: %s)", self.name, task, ", ".join(self.tasks))
 

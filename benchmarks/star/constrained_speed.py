@@ -1,0 +1,442 @@
+"""Constrained decoding's speed through the star against unconstrained, same prompts, one run.
+
+The star of benchmarks/star/starsd_two_device.py (the target on core 0 in this process, one
+llama.cpp thread; the hub and a remote draft service, `edge-agent run --role draft -b llamacpp`,
+one thread, pinned to core 1, over a real Mosquitto). Greedy, fixed γ. Each prompt asks for JSON
+in words, and is generated three ways, the order rotating every repeat:
+
+* `unconstrained`: no grammar (what the prompt alone gets);
+* `json_object`: response_format {"type": "json_object"} (any JSON object);
+* `json_schema`: response_format json_schema with the prompt's own schema.
+
+Per mode: decode tok/s (prefill excluded), acceptance (accepted / drafted), rounds (target calls
+after the prefill) and tokens a round, and the grammar's cost per committed token on both sides:
+the target's (its matcher's legal_drafts, mask_rows and sync, timed in this process) and the
+draft service's (SessionGrammar.mask -- sync, mask, masked row -- timed inside the draft process,
+which this script starts through a shim that wraps that method and writes its totals to a file).
+Medians over --rounds repeats per prompt; the constrained / unconstrained tok/s ratio per prompt
+and over all prompts, side by side. Every constrained output is checked (json.loads, jsonschema).
+
+  python -m benchmarks.star.constrained_speed [--pair qwen|smollm2] [--prompts 4] [--new 64]
+      [--rounds 3] [--gamma 3] [--target-format BF16] [--draft-format Q4_0] [--alone]
+
+`--pair qwen` (default): Qwen2.5-Coder-1.5B target (stored as --target-format, the wide format
+the star benchmarks use) with the 0.5B draft; `--pair smollm2`: SmolLM2-135M drafting for itself
+(a fast target: where a mask's fixed cost weighs most). `--alone` also times target-only decoding
+per mode (the grammar's cost without speculation). Run from the repository root. Writes
+benchmarks/results/constrained_speed/<variant>.{json,md,png} (--out; default: the variant `default`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+from benchmarks.lib.results import result_stem
+
+MODES = ("unconstrained", "json_object", "json_schema")
+PAIRS = {"qwen": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"), "smollm2": ("smollm2-135m", "smollm2-135m")}
+
+PROMPTS = [
+    ("employee", "Describe a fictional employee as a JSON object with the keys name, age, department and "
+                 "skills (a list of three strings). Reply with the JSON only.",
+     {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                       "department": {"type": "string"},
+                                       "skills": {"type": "array", "items": {"type": "string"}}},
+      "required": ["name", "age", "department", "skills"], "additionalProperties": False}),
+    ("weather", "Give a three-day weather forecast for Paris as JSON: the city and a list of days, each "
+                "with a date, a condition and the high and low temperatures in Celsius. Reply with the JSON only.",
+     {"type": "object", "properties": {
+         "city": {"type": "string"},
+         "days": {"type": "array", "items": {"type": "object", "properties": {
+             "date": {"type": "string"}, "condition": {"type": "string"}, "high": {"type": "number"},
+             "low": {"type": "number"}}, "required": ["date", "condition", "high", "low"],
+             "additionalProperties": False}}},
+      "required": ["city", "days"], "additionalProperties": False}),
+    ("books", "List three classic novels as a JSON object with a key books: each book has a title, an "
+              "author and the year it was published. Reply with the JSON only.",
+     {"type": "object", "properties": {"books": {"type": "array", "items": {"type": "object", "properties": {
+         "title": {"type": "string"}, "author": {"type": "string"}, "year": {"type": "integer"}},
+         "required": ["title", "author", "year"], "additionalProperties": False}}},
+      "required": ["books"], "additionalProperties": False}),
+    ("tool_call", "A user says: 'Book a table for four at Luigi's tomorrow at 7pm.' Write the function "
+                  "call as JSON with the keys name and arguments (restaurant, party_size, date, time). "
+                  "Reply with the JSON only.",
+     {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {
+         "type": "object", "properties": {"restaurant": {"type": "string"}, "party_size": {"type": "integer"},
+                                          "date": {"type": "string"}, "time": {"type": "string"}},
+         "required": ["restaurant", "party_size", "date", "time"], "additionalProperties": False}},
+      "required": ["name", "arguments"], "additionalProperties": False}),
+    ("product", "Write a JSON object for a product in an online shop: id, name, price, currency, in_stock "
+                "(true or false) and tags (a list of strings). Reply with the JSON only.",
+     {"type": "object", "properties": {"id": {"type": "string"}, "name": {"type": "string"},
+                                       "price": {"type": "number"}, "currency": {"type": "string"},
+                                       "in_stock": {"type": "boolean"},
+                                       "tags": {"type": "array", "items": {"type": "string"}}},
+      "required": ["id", "name", "price", "currency", "in_stock", "tags"], "additionalProperties": False}),
+]
+
+
+# ---- the grammar's time, on each side ----------------------------------------------------------
+
+class Clock:
+    """Seconds and calls accumulated by wrapped functions (thread-safe enough: one generation at a time)."""
+
+    def __init__(self) -> None:
+        self.s = {}          # wall seconds in the function (what the generation waits)
+        self.cpu = {}        # this thread's CPU seconds in it (the rest: preempted, or waiting for the GIL)
+        self.n = {}
+
+    def wrap(self, name: str, fn):
+        def timed(*a, **kw):
+            t, c = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.s[name] = self.s.get(name, 0.0) + time.perf_counter() - t
+                self.cpu[name] = self.cpu.get(name, 0.0) + time.thread_time() - c
+                self.n[name] = self.n.get(name, 0) + 1
+        return timed
+
+    def total(self) -> float:
+        return sum(self.s.values())
+
+    def total_cpu(self) -> float:
+        return sum(self.cpu.values())
+
+    def snapshot(self) -> dict:
+        return {"s": dict(self.s), "cpu": dict(self.cpu), "n": dict(self.n)}
+
+
+def time_target_grammar() -> Clock:
+    """Wrap what generate_speculative / generate_plain call on the grammar (this process: the target)."""
+    import edge.spec.generate as gen
+    from edge.spec.grammar import GrammarMatcher
+    clock = Clock()
+    for name in ("legal_drafts", "mask_rows", "grammar_matcher"):
+        setattr(gen, name, clock.wrap(name, getattr(gen, name)))
+    GrammarMatcher.sync = clock.wrap("sync", GrammarMatcher.sync)
+    return clock
+
+
+def draft_shim(stats_path: str, argv: list) -> None:
+    """The draft service's process: edge-agent with SessionGrammar.mask (and grammar compiles) timed,
+    the totals written to stats_path every 0.1 s."""
+    import edge.star.draft_grammar as dg
+    clock = Clock()
+    dg.SessionGrammar.mask = clock.wrap("mask", dg.SessionGrammar.mask)
+    dg.DraftGrammars._compile = clock.wrap("compile", dg.DraftGrammars._compile)
+
+    def dump() -> None:
+        tmp = stats_path + ".tmp"
+        while True:
+            Path(tmp).write_text(json.dumps(clock.snapshot()))
+            os.replace(tmp, stats_path)
+            time.sleep(0.1)
+    threading.Thread(target=dump, daemon=True).start()
+    from edge.cli.agent import main as agent_main
+    sys.argv = ["edge-agent", *argv]
+    agent_main()
+
+
+def read_draft_clock(path: Path) -> dict:
+    for _ in range(20):
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    return {"s": {}, "cpu": {}, "n": {}}
+
+
+def timed_remote_star(draft: str, logdir: Path, url: str, stats: Path):
+    """server/demos/two_device.RemoteStar whose draft process runs through draft_shim."""
+    from server.demos.two_device import RemoteStar
+
+    class TimedStar(RemoteStar):
+        def _start(self, name, *argv):
+            if name == "draft":                       # argv[0] is the edge-agent script
+                argv = (sys.executable, "-m", "benchmarks.star.constrained_speed", "--draft-shim", str(stats),
+                        "--", *argv[1:])
+            return super()._start(name, *argv)
+    return TimedStar(draft, logdir, core=1, broker_url=url)
+
+
+# ---- the measurement ---------------------------------------------------------------------------
+
+def check_json(text: str, schema) -> bool:
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return False
+    if schema is None:
+        return isinstance(obj, dict)
+    import jsonschema
+    try:
+        jsonschema.validate(obj, schema)
+        return True
+    except jsonschema.ValidationError:
+        return False
+
+
+def one_run(fn, tok, clock: Clock, stats: Path, mode: str, schema) -> dict:
+    t_before, c_before, d_before = clock.total(), clock.total_cpu(), read_draft_clock(stats) if stats else None
+    res = fn()
+    target_s, target_cpu = clock.total() - t_before, clock.total_cpu() - c_before
+    row = {"tok_s": res.tokens_per_s, "tokens": res.n_generated, "rounds": res.n_verify_calls,
+           "tokens_per_round": res.tokens_per_verify, "acceptance": res.acceptance_rate,
+           "drafted": res.n_drafted, "accepted": res.n_accepted, "decode_s": res.decode_s,
+           "target_grammar_ms_per_token": 1e3 * target_s / max(1, res.n_generated),
+           "target_grammar_cpu_ms_per_token": 1e3 * target_cpu / max(1, res.n_generated),
+           "finish": res.finish_reason, "ids": res.tokens}
+    if stats:
+        time.sleep(0.3)                              # the shim writes every 0.1 s
+        d_after = read_draft_clock(stats)
+        ds = d_after["s"].get("mask", 0.0) - d_before["s"].get("mask", 0.0)
+        dc = d_after["cpu"].get("mask", 0.0) - d_before["cpu"].get("mask", 0.0)
+        dn = d_after["n"].get("mask", 0) - d_before["n"].get("mask", 0)
+        row["draft_grammar_ms_per_token"] = 1e3 * ds / max(1, res.n_generated)
+        row["draft_grammar_cpu_ms_per_token"] = 1e3 * dc / max(1, res.n_generated)
+        row["draft_mask_cpu_us_each"] = 1e6 * dc / dn if dn else 0.0
+        row["draft_masks"] = dn
+        row["draft_mask_us_each"] = 1e6 * ds / dn if dn else 0.0
+    text = tok.decode(res.tokens, skip_special=True)
+    row["text"] = text
+    if mode != "unconstrained":       # a text cut at --new is no whole JSON: not judged
+        row["valid"] = None if res.finish_reason == "length" else check_json(
+            text, schema if mode == "json_schema" else None)
+    return row
+
+
+def summarise(runs: list) -> dict:
+    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    out = {k: statistics.median(r[k] for r in runs) for k in keys}
+    out["runs"] = len(runs)
+    judged = [r["valid"] for r in runs if r.get("valid") is not None]
+    out["valid"] = None if not judged else all(judged)     # None: every run was cut at --new
+    out["same_text"] = len({tuple(r["ids"]) for r in runs}) == 1
+    out["text"] = runs[-1]["text"]
+    out["tok_s_all"] = [r["tok_s"] for r in runs]
+    return out
+
+
+def args_of(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pair", choices=sorted(PAIRS), default="qwen")
+    ap.add_argument("--target-format", default=None, help="the target's GGUF format (default: qwen BF16/F16, "
+                    "the star benchmarks' wide file; smollm2 native)")
+    ap.add_argument("--draft-format", default=None, help="the draft's GGUF format (default: qwen Q4_0, smollm2 native)")
+    ap.add_argument("--prompts", type=int, default=4, help=f"how many of the {len(PROMPTS)} JSON prompts")
+    ap.add_argument("--new", type=int, default=64, help="max new tokens a generation")
+    ap.add_argument("--rounds", type=int, default=3, help="repeats per prompt and mode (medians)")
+    ap.add_argument("--gamma", type=int, default=3)
+    ap.add_argument("--alone", action="store_true", help="also time target-only decoding per mode (one run each)")
+    ap.add_argument("--out", type=Path, default=result_stem("constrained_speed"), help="results path without suffix")
+    a = ap.parse_args(argv)
+    from export.target_format import wide_format
+    if a.target_format is None:
+        a.target_format = wide_format() if a.pair == "qwen" else "native"
+    if a.draft_format is None:
+        a.draft_format = "Q4_0" if a.pair == "qwen" else "native"
+    a.target, a.draft = PAIRS[a.pair]
+    return a
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--draft-shim"]:
+        draft_shim(argv[1], argv[3:])
+        return
+    args = args_of(argv)
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        sys.exit("this needs two cores (the target on one, the hub and its draft on another)")
+    os.sched_setaffinity(0, {cores[0]})             # this process is the target device
+    clock = time_target_grammar()
+    from edge.engines.loader import open_model
+    from edge.spec.generate import generate_plain
+    from edge.spec.grammar import JSON_OBJECT, Grammar, grammar_from_json_schema, grammar_tokenizer
+    from edge.spec.sampling import GREEDY
+    from edge.star.session import HubClient
+    from edge.star.target import StarTarget
+    from edge.telemetry.cpu_info import cpu_name
+    from edge.wire.link import MqttLink
+    from export.target_format import target_gguf
+    from server.mosquitto import MosquittoBroker
+
+    target_path = target_gguf(args.target, args.target_format)
+    draft_path = target_gguf(args.draft, args.draft_format)
+    engine, tok = open_model(str(target_path), backend="llamacpp", threads=1, max_len=2048)
+    gtok = grammar_tokenizer(tok, engine.vocab_size)
+    prompts = PROMPTS[:args.prompts]
+    work = []
+    for name, text, schema in prompts:
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
+        grammars = {"unconstrained": None,
+                    "json_object": Grammar(grammar_from_json_schema(JSON_OBJECT), gtok),
+                    "json_schema": Grammar(grammar_from_json_schema(schema), gtok)}
+        work.append((name, ids, schema, grammars))
+    stop_ids = tuple(tok.eos_ids)
+    logdir = args.out.parent / (args.out.name + "_logs.tmp")
+    logdir.mkdir(parents=True, exist_ok=True)
+    stats = logdir / "draft_grammar.json"
+    broker = MosquittoBroker().start()
+    rows, t0 = [], time.monotonic()
+    try:
+        with timed_remote_star(str(draft_path), logdir, broker.url, stats):
+            link = MqttLink(broker.url, client_id="constrained-bench").connect(10)
+            star = StarTarget(engine, HubClient(link, "dev0", tok.fingerprint(), engine.vocab_size), gamma=args.gamma)
+            warm = work[0]
+            # the target's first ~50 tokens after loading run slow (its weights' pages settling): not timed
+            generate_plain(engine, warm[1], 48, GREEDY, stop_ids)
+            for mode in MODES:                     # joins, the draft's grammar tokenizer, warm caches
+                star.generate(warm[1], 32, GREEDY, stop_ids=stop_ids, grammar=warm[3][mode])
+            for name, ids, schema, grammars in work[1:]:   # the draft compiles each schema outside the timing
+                star.generate(ids, 4, GREEDY, stop_ids=stop_ids, grammar=grammars["json_schema"])
+            runs = {name: {m: [] for m in MODES} for name, *_ in work}
+            # repeats outermost, the mode order rotating per repeat and prompt: a slow spell of the
+            # machine lands on every prompt and mode alike instead of on one prompt's runs
+            for r in range(args.rounds):
+                for p, (name, ids, schema, grammars) in enumerate(work):
+                    k = (r + p) % 3
+                    for mode in MODES[k:] + MODES[:k]:
+                        runs[name][mode].append(one_run(
+                            lambda: star.generate(ids, args.new, GREEDY, stop_ids=stop_ids, grammar=grammars[mode]),
+                            tok, clock, stats, mode, schema))
+                print(f"repeat {r + 1}/{args.rounds} done", flush=True)
+            for name, ids, schema, grammars in work:
+                row = {"prompt": name, "prompt_tokens": len(ids),
+                       "star": {m: summarise(runs[name][m]) for m in MODES}}
+                if args.alone:
+                    row["alone"] = {m: summarise([one_run(
+                        lambda: generate_plain(engine, ids, args.new, GREEDY, stop_ids, grammar=grammars[m]),
+                        tok, clock, None, m, schema)]) for m in MODES}
+                u = row["star"]["unconstrained"]["tok_s"]
+                row["ratio"] = {m: row["star"][m]["tok_s"] / u for m in MODES[1:]}
+                rows.append(row)
+                print(f"{name}: " + ", ".join(
+                    f"{m} {row['star'][m]['tok_s']:.2f} tok/s acc {row['star'][m]['acceptance']:.2f}"
+                    for m in MODES) + f" | ratios {row['ratio']}", flush=True)
+            star.hub.close()
+            link.close()
+    finally:
+        broker.close()
+    meta = {"cpu": cpu_name(), "cores": cores[:2], "pair": args.pair, "target": target_path.name,
+            "draft": draft_path.name, "gamma": args.gamma, "new_tokens": args.new, "rounds": args.rounds,
+            "prompts": [p[0] for p in prompts], "alone": args.alone, "greedy": True,
+            "wall_s": time.monotonic() - t0, "load_avg_after": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": "python -m benchmarks.star.constrained_speed " + " ".join(argv)}
+    write(rows, meta, args.out)
+    for f in logdir.iterdir():
+        f.unlink()
+    logdir.rmdir()
+
+
+def overall(rows: list, part: str = "star") -> dict:
+    """Per mode over all prompts: median of the per-prompt medians, and tokens / decode seconds summed."""
+    out = {}
+    for m in MODES:
+        rs = [r[part][m] for r in rows]
+        out[m] = {"tok_s_median": statistics.median(x["tok_s"] for x in rs),
+                  "tok_s_pooled": sum(x["tokens"] for x in rs) / sum(x["decode_s"] for x in rs),
+                  "acceptance": statistics.median(x["acceptance"] for x in rs),
+                  "tokens_per_round": statistics.median(x["tokens_per_round"] for x in rs),
+                  "target_grammar_ms_per_token": statistics.median(x["target_grammar_ms_per_token"] for x in rs),
+                  "draft_grammar_ms_per_token": statistics.median(x.get("draft_grammar_ms_per_token", 0.0)
+                                                                  for x in rs),
+                  "ms_per_token": statistics.median(1e3 / x["tok_s"] for x in rs if x["tok_s"] > 0)}
+    for m in MODES[1:]:
+        out[m]["ratio_median"] = statistics.median(r[part][m]["tok_s"] / r[part]["unconstrained"]["tok_s"]
+                                                   for r in rows)
+        out[m]["ratio_pooled"] = out[m]["tok_s_pooled"] / out["unconstrained"]["tok_s_pooled"]
+    return out
+
+
+def write(rows: list, meta: dict, out: Path) -> None:
+    summary = {"star": overall(rows)}
+    if meta["alone"]:
+        summary["alone"] = overall(rows, "alone")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": [
+        {**r, "star": {m: {k: v for k, v in s.items()} for m, s in r["star"].items()}} for r in rows]}, indent=1))
+    s = summary["star"]
+    lines = [f"# Constrained decoding through the star vs unconstrained ({meta['pair']})", "",
+             f"CPU: {meta['cpu']}. Target {meta['target']} on core {meta['cores'][0]} (one llama.cpp thread); "
+             f"the hub and a draft service ({meta['draft']}, one thread) on core {meta['cores'][1]}, Mosquitto. "
+             f"Greedy, γ={meta['gamma']}, up to {meta['new_tokens']} new tokens, medians of {meta['rounds']} "
+             f"per prompt and mode (the order rotating). {meta['time']}, {meta['wall_s'] / 60:.1f} min.", "",
+             "## Over all prompts", "",
+             "| mode | tok/s (median of prompts) | tok/s (pooled) | × unconstrained (median / pooled) | acceptance | "
+             "tokens / round | ms / token | grammar ms / token: target | draft |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for m in MODES:
+        x = s[m]
+        ratio = "1" if m == "unconstrained" else f"{x['ratio_median']:.3f} / {x['ratio_pooled']:.3f}"
+        lines.append(f"| {m} | {x['tok_s_median']:.2f} | {x['tok_s_pooled']:.2f} | {ratio} | {x['acceptance']:.2f} | "
+                     f"{x['tokens_per_round']:.2f} | {x['ms_per_token']:.1f} | "
+                     f"{x['target_grammar_ms_per_token']:.3f} | {x['draft_grammar_ms_per_token']:.3f} |")
+    lines += ["", "## Per prompt", "",
+              "| prompt | mode | tok/s | × unc. | acceptance | rounds | tokens | tokens / round | "
+              "grammar ms/token target | draft | draft mask µs each | valid JSON | same text every run |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for m in MODES:
+            x = r["star"][m]
+            ratio = "" if m == "unconstrained" else f"{r['ratio'][m]:.3f}"
+            valid = "" if m == "unconstrained" else {None: "cut at --new", True: "yes", False: "**no**"}[x["valid"]]
+            lines.append(f"| {r['prompt']} | {m} | {x['tok_s']:.2f} | {ratio} | {x['acceptance']:.2f} | "
+                         f"{x['rounds']:.0f} | {x['tokens']:.0f} | {x['tokens_per_round']:.2f} | "
+                         f"{x['target_grammar_ms_per_token']:.3f} | {x.get('draft_grammar_ms_per_token', 0):.3f} | "
+                         f"{x.get('draft_mask_us_each', 0):.0f} | {valid} | {'yes' if x['same_text'] else 'no'} |")
+    if meta["alone"]:
+        a = summary["alone"]
+        lines += ["", "## Target alone (no draft), one run per prompt and mode", "",
+                  "| mode | tok/s (median of prompts) | × unconstrained (median) | grammar ms / token |",
+                  "|---|---|---|---|"]
+        for m in MODES:
+            ratio = "1" if m == "unconstrained" else f"{a[m]['ratio_median']:.3f}"
+            lines.append(f"| {m} | {a[m]['tok_s_median']:.2f} | {ratio} | {a[m]['target_grammar_ms_per_token']:.3f} |")
+    worst = min(s[m]["ratio_median"] for m in MODES[1:])
+    mask = max(s[m]["target_grammar_ms_per_token"] + s[m]["draft_grammar_ms_per_token"] for m in MODES[1:])
+    lines += ["", "## Reading it", "",
+              f"Goal (issue 36): constrained within 10% of unconstrained, i.e. × ≥ 0.90. Worst mode here: "
+              f"{worst:.3f} (median of the per-prompt ratios). The grammar itself costs at most {mask:.3f} ms a "
+              f"token on both sides together, against {s['unconstrained']['ms_per_token']:.1f} ms a token "
+              "unconstrained: what separates the modes beyond that is the text each produces (its length, how "
+              "well the draft predicts it: acceptance, tokens a round), not the mask.",
+              "", "Texts (last run):", ""]
+    for r in rows:
+        for m in MODES:
+            lines.append(f"* {r['prompt']} / {m}: `{r['star'][m]['text'][:160]!r}`")
+    lines += ["", f"Command: `{meta['command']}`"]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = range(len(rows))
+    for i, m in enumerate(MODES):
+        ax.bar([x + (i - 1) * 0.27 for x in xs], [r["star"][m]["tok_s"] for r in rows], 0.27, label=m)
+    ax.set_xticks(list(xs), [r["prompt"] for r in rows], fontsize=8)
+    ax.set_ylabel("tok/s through the star (median)")
+    ax.legend(fontsize=8)
+    ax.set_title("Same prompts, three modes")
+    for i, m in enumerate(MODES[1:]):
+        bx.bar([x + (i - 0.5) * 0.4 for x in xs], [r["ratio"][m] for r in rows], 0.4, label=m, color=f"C{i + 1}")
+    bx.axhline(0.9, color="red", ls="--", lw=1, label="goal: 0.90")
+    bx.axhline(1.0, color="grey", lw=0.8)
+    bx.set_xticks(list(xs), [r["prompt"] for r in rows], fontsize=8)
+    bx.set_ylabel("tok/s constrained / unconstrained")
+    bx.legend(fontsize=8)
+    bx.set_title("Ratio")
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=100)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -69,7 +69,7 @@ class AdapterPrefillWorker:
                 raise SunError(f"{directory} is a bundle: on torch pass the shared decoder's directory as "
                                "--module and each task's PEFT adapter directory as --adapter TASK=DIR "
                                "(or use --backend llamacpp)")
-            be = TorchAdapterBackend.from_dir(directory, threads)
+            be = TorchAdapterBackend.from_dir(directory, threads, device=(engine_kw or {}).get("device"))
         elif backend == "llamacpp":
             from edge.sun.adapter_llamacpp import LlamaCppAdapterBackend
             be = LlamaCppAdapterBackend.from_bundle(directory, threads, n_seq_max=max_rows, **dict(engine_kw or {}))

@@ -48,12 +48,13 @@ class TorchAdapterBackend:
         self._base_fp: Optional[str] = None
 
     @classmethod
-    def from_dir(cls, directory, threads: Optional[int] = None) -> "TorchAdapterBackend":
+    def from_dir(cls, directory, threads: Optional[int] = None, device=None) -> "TorchAdapterBackend":
         """The base from a shared decoder's directory (export.tune.save_decoder), its weights
-        checked against its fingerprint."""
+        checked against its fingerprint, then moved to `device` (None: the CPU)."""
         from edge.model.sun_modules import check_fingerprint, load_module
         model, man = load_module(directory)
-        return cls(model, check_fingerprint(model, man), threads)
+        fp = check_fingerprint(model, man)
+        return cls(model.to(device) if device else model, fp, threads)
 
     @property
     def tasks(self) -> List[str]:

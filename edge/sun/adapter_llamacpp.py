@@ -44,6 +44,12 @@ class LlamaCppAdapterBackend:
     def tasks(self) -> List[str]:
         return self.adapters.names
 
+    def decode_engine(self, max_batch: int = 64):
+        """The decode context on the SAME model (edge/sun/colocated.py): a second llama.cpp context,
+        its own KV, no adapter ever set on it; the weights stay in memory once."""
+        from edge.sun.llamacpp_sibling import SiblingContext
+        return SiblingContext(self.engine, n_seq_max=max_batch)
+
     def add(self, task: str, path, sha256: Optional[str] = None, bundle: bool = False) -> None:
         """Load a GGUF LoRA file (sha256: of that file), or a bundle's entry for `task` (sha256: the
         entry's GGUF as its manifest lists it; every file of the entry checked against the manifest)."""

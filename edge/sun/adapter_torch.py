@@ -60,6 +60,12 @@ class TorchAdapterBackend:
     def tasks(self) -> List[str]:
         return self.view.adapter_names
 
+    def decode_engine(self, max_batch: int = 64):
+        """The decode context on the SAME base (edge/sun/colocated.py): a TorchEngine over the base
+        object itself (no dtype / device change, so no copy); no adapter reaches it."""
+        from edge.engines.torch_engine import TorchEngine
+        return TorchEngine(self.base, fingerprint=self.fingerprint, threads=self.threads)
+
     def base_fp(self) -> str:
         """base_fingerprint() of the base (what an adapter records), computed once."""
         if self._base_fp is None:

@@ -1,16 +1,16 @@
-"""One device, one base: a prefill worker with adapters and the unquantised shared decoder in one process (torch).
+"""One device, one base: a prefill worker with adapters and the unquantised shared decoder in one process.
 
-The base Transformer is loaded once. The prefill context is `LoraTransformer.over(base)` -- the
-same weight tensors (no copy) with the adapters applied per row; the decode context is a
-TorchEngine over the base object itself, which no adapter ever reaches. Each context keeps its
-own KV. Both nodes join the star on their own links (the router sees an ordinary prefill worker
+The base is loaded once. torch: the prefill context is `LoraTransformer.over(base)` -- the same
+weight tensors (no copy) with the adapters applied per row; the decode context is a TorchEngine
+over the base object itself, which no adapter ever reaches. llama.cpp: the prefill engine owns
+the model and its adapters; the decoder runs on a second context of that model
+(edge/sun/llamacpp_sibling.py), on which no adapter is ever set. Each context keeps its own KV. Both nodes join the star on their own links (the router sees an ordinary prefill worker
 and an ordinary decoder); a job the router assigns to this decoder has its KV handed over in
 memory (PrefillNode's local_decoders -> DecoderNode.take_kv): signed with the request's secret and
 checked exactly as from the network, but never through the broker. A job assigned to another
 decoder goes over the broker as usual.
 
 Memory: one copy of the base's weights instead of two (plus the adapters, and each context's KV).
-llama.cpp (one model, two contexts) is not done here: LlamaCppEngine owns its model and context.
 """
 from __future__ import annotations
 
@@ -27,15 +27,14 @@ def colocated_nodes(backend, prefill_link: Link, decoder_link: Link, prefill_id:
                     adapters: Sequence[Tuple[str, str]] = (), ctl_key: Optional[bytes] = None,
                     kv_dtype: str = "float16", max_batch: int = 64, decoder_kw: Optional[dict] = None,
                     node_kw: Optional[dict] = None) -> Tuple[PrefillNode, DecoderNode]:
-    """(prefill node, decoder node), not started, over backend's base (a TorchAdapterBackend).
+    """(prefill node, decoder node), not started, over backend's base (a TorchAdapterBackend or a
+    LlamaCppAdapterBackend).
     adapters: (task, path) to load first; links: not yet connected (each node's will is set)."""
-    from edge.engines.torch_engine import TorchEngine
     from edge.wire.protocol import sun_hello_topic
     worker = AdapterPrefillWorker(backend, kv_dtype=kv_dtype, name=prefill_id)
     for task, path in adapters:
         worker.add(task, path)
-    # the decode context: the very base object the prefill view wraps (no dtype / device change: no copy)
-    engine = TorchEngine(backend.base, fingerprint=backend.fingerprint, threads=backend.threads)
+    engine = backend.decode_engine(max_batch)     # the decode context on the same weights
     decoder = SharedDecoder(engine, max_batch=max_batch, name=decoder_id, **dict(decoder_kw or {}))
     dec_node = DecoderNode(decoder, decoder_link, decoder_id, ctl_key)
     pre_node = PrefillNode(worker, prefill_link, prefill_id, ctl_key, local_decoders={decoder_id: dec_node},

@@ -147,3 +147,40 @@ def test_the_llamacpp_adapter_worker_never_loads_torch(made):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0 and "ok ['code', 'tools']" in r.stdout, r.stderr[-2000:]
+
+
+def test_llamacpp_prefill_and_decoder_share_one_model_in_one_process(mosquitto, made):
+    """One model, two contexts: adapters on the prefill engine's context, none on the decoder's
+    (a second context of the same model); KV handed over in process; answers equal the split run."""
+    from edge.sun.adapter_llamacpp import LlamaCppAdapterBackend
+    from edge.sun.colocated import colocated_nodes
+    _, sun, _ = made
+    want = {(t, i): split_run(sun, t, p, 10) for t in ("code", "tools") for i, p in enumerate(PROMPTS)}
+    star = Star(mosquitto.url, (None, "", {}), decoders=(), tasks=())
+    backend = LlamaCppAdapterBackend.from_bundle(sun, threads=1, n_seq_max=8)
+    for t in ("code", "tools"):
+        backend.add(t, sun, bundle=True)
+    pre_link, dec_link = star.link("pre"), star.link("dec")
+    pre, dec = colocated_nodes(backend, pre_link, dec_link, WORKER, "dec-local", ctl_key=KEY, max_batch=4)
+    kv_seen = []
+    spy = star.link("spy").connect(5)
+    spy.subscribe("ss/sun/w/+/kv/+", lambda t, p: kv_seen.append(t))
+    try:
+        for link, node, name in ((dec_link, dec, "dec-local"), (pre_link, pre, WORKER)):
+            link.connect(5)
+            star.nodes.append(node.start())
+            assert wait_until(lambda: name in star.router.workers and star.router.workers[name].online)
+        engine = dec.decoder.engine
+        assert engine._model is backend.engine._model and engine._ctx != backend.engine._ctx
+        handles = [(t, i, star.client.submit(t, p, max_new=10))
+                   for t in ("code", "tools") for i, p in enumerate(PROMPTS)]
+        for t, i, h in handles:
+            r = h.wait(60)
+            assert r.tokens == want[(t, i)] and r.workers == [WORKER, "dec-local"], (t, i)
+        assert pre.stats["local_kv"] == len(handles) and kv_seen == []
+    finally:
+        spy.close()
+        star.close()
+        dec.decoder.engine.close()                             # the sibling context first, then the model
+        backend.adapters.close()
+        backend.engine.close()

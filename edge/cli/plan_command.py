@@ -62,8 +62,9 @@ def _backend_for(shape, backend: str) -> str:
 
 def make_plan(role: str, spec: str, budget: Optional[int], backend: str = "auto", max_len: Optional[int] = None,
               max_batch: int = 64, max_sessions: int = 64, dtype: str = "float32", gamma: int = 4,
-              max_kv_mb: Optional[float] = None):
-    """(Fit or None without a budget, Estimate) for a role as `edge-agent run` would load it."""
+              max_kv_mb: Optional[float] = None, adapters: Optional[tuple] = None):
+    """(Fit or None without a budget, Estimate) for a role as `edge-agent run` would load it;
+    adapters = (count, rank, targets, itemsize) of the LoRA specialists a prefill worker holds."""
     from edge.engines.base import EngineError
     from edge.memory.plan import estimate
     from edge.memory.model_shape import read_shape
@@ -75,11 +76,39 @@ def make_plan(role: str, spec: str, budget: Optional[int], backend: str = "auto"
     if max_len is None:
         max_len = _SUN_CTX.get(b, shape.max_position) if role in ("prefill", "decoder") else _DEFAULT_CTX
     w = Workload(role, b, int(max_len), role_sequences(role, b, max_sessions, max_batch), dtype=dtype,
-                 gamma=gamma, max_kv_bytes=int(max_kv_mb * 1e6) if max_kv_mb and role == "draft" else None)
+                 gamma=gamma, max_kv_bytes=int(max_kv_mb * 1e6) if max_kv_mb and role == "draft" else None,
+                 adapters=adapters[0] if adapters else 0, adapter_bytes=_adapters_bytes(shape, role, adapters))
     if budget is None:
         return None, estimate(shape, w)
     f = fit(shape, w, budget)
     return f, f.estimate
+
+
+def _adapters_bytes(shape, role: str, adapters: Optional[tuple]) -> int:
+    """N x one adapter's tensor bytes (edge/memory/adapters.py); only a prefill worker holds them."""
+    if not adapters or not adapters[0]:
+        return 0
+    if role != "prefill":
+        raise click.UsageError("--adapters is for --role prefill: only the prefill worker holds adapters")
+    from edge.memory.adapters import adapter_bytes
+    n, rank, targets, itemsize = adapters
+    if n < 0:
+        raise click.BadParameter("must be 0 or more", param_hint="--adapters")
+    try:
+        return n * adapter_bytes(shape, rank, targets, itemsize)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--adapter-rank / --adapter-targets") from None
+
+
+def specialists(f: Optional[Fit], e):
+    """SpecialistFit of a prefill plan with a budget: full copies vs adapters in what is left."""
+    if f is None or e.workload.role != "prefill":
+        return None
+    from edge.memory.adapters import specialists_that_fit
+    held = e.parts.get("adapters", 0)
+    n = e.workload.adapters
+    one = held // n if n else 0
+    return specialists_that_fit(f.budget - (e.total - held), e.parts["weights"], one)
 
 
 def advice(f: Fit) -> list:
@@ -93,6 +122,11 @@ def advice(f: Fit) -> list:
     if w.role in ("draft", "decoder") and f.max_sequences:
         flag = "--max-sessions" if w.role == "draft" else "--max-batch"
         out.append(f"lower {flag} to {f.max_sequences} or less")
+    if e.parts.get("adapters") and e.total - e.parts["adapters"] <= f.budget:
+        n = e.workload.adapters
+        one = e.parts["adapters"] // max(1, n)
+        out.append(f"hold at most {(f.budget - e.total + e.parts['adapters']) // one} adapters of "
+                   f"{one / 1e6:.2f} MB each (lower --adapters or --adapter-rank), or start another worker")
     if not out:
         fixed = e.total - e.parts["kv"]
         out.append(f"even without KV the role needs {fixed / GB:.2f} GB: use a smaller model or quantisation "
@@ -105,7 +139,9 @@ def refusal(f: Fit, where: str) -> str:
     return (f"{e.workload.role} on {e.workload.backend} does not fit {where}: it needs {e.total / GB:.2f} GB "
             f"(weights {e.parts['weights'] / GB:.2f}, KV {e.parts['kv'] / GB:.2f} for {e.workload.sequences} x "
             f"{e.workload.context} tokens, compute {e.parts['compute'] / GB:.2f}, runtime "
-            f"{(e.parts['runtime'] + e.parts['tokenizer']) / GB:.2f}), the budget is {f.budget / GB:.2f} GB: "
+            f"{(e.parts['runtime'] + e.parts['tokenizer']) / GB:.2f}"
+            + (f", adapters {e.parts['adapters'] / GB:.3f}" if e.parts.get("adapters") else "")
+            + f"), the budget is {f.budget / GB:.2f} GB: "
             + "; or ".join(advice(f)))
 
 
@@ -190,23 +226,41 @@ def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
               help="where the role runs on the device (auto: its GPU where the profile has one)")
 @click.option("--gpu-layers", default=None, metavar="N|all", help="llamacpp: layers on the GPU")
+@click.option("--adapters", "n_adapters", type=int, default=0, show_default=True,
+              help="prefill: LoRA specialists the worker holds beside its base")
+@click.option("--adapter-rank", type=int, default=16, show_default=True, help="their LoRA rank")
+@click.option("--adapter-targets", default="q,k,v,o,gate,up,down", show_default=True,
+              help="the linears each adapts (edge-export tune --targets)")
+@click.option("--adapter-dtype", default="F32", show_default=True, type=click.Choice(["F32", "F16"]),
+              help="their tensors' dtype (edge-export adapter --ftype; torch PEFT files: F32)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
 def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_len, max_batch, max_sessions,
-         max_kv_mb, dtype, device, gpu_layers, as_json):
+         max_kv_mb, dtype, device, gpu_layers, n_adapters, adapter_rank, adapter_targets, adapter_dtype, as_json):
     """Estimate a role's memory on a device: fits or not, by how much, and the most that fits."""
     given = [x for x in (model, bundle, module_dir) if x]
     if len(given) != 1:
         raise click.UsageError("give exactly one of --model, --bundle, --module")
     budget = budget_bytes(profile, memory_budget)
-    f, e = make_plan(role, given[0], budget, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
+    from edge.memory.adapters import ADAPTER_ITEMSIZE, parse_targets
+    try:
+        targets = parse_targets(adapter_targets)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--adapter-targets") from None
+    ad = (n_adapters, adapter_rank, targets, ADAPTER_ITEMSIZE[adapter_dtype]) if n_adapters else None
+    f, e = make_plan(role, given[0], budget, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
+                     adapters=ad)
+    sp = specialists(f, e)
     placed = _placed(e, profile, memory_budget, device, gpu_layers)
     if as_json:
         d = f.to_dict() if f is not None else e.to_dict()
         d.update(profile=profile, advice=advice(f) if f is not None else [], placement=placed,
-                 engine_kwargs=engine_kwargs(e.workload.backend, role, e.workload.sequences))
+                 engine_kwargs=engine_kwargs(e.workload.backend, role, e.workload.sequences),
+                 adapters=e.workload.adapters, specialists=sp.to_dict() if sp else None)
         click.echo(json.dumps(d, indent=1, sort_keys=True))
     else:
         click.echo(format_table(f, e, profile))
+        if sp is not None:
+            click.echo(format_specialists(sp))
         if placed is not None:
             click.echo(format_placed(placed))
 
@@ -223,6 +277,16 @@ def _placed(e, profile, memory_budget, device, gpu_layers) -> Optional[dict]:
     except PlacementError as err:
         raise click.ClickException(str(err)) from None
     return placed_report(e, placement, MemorySides.of_profile(dev, budget_bytes(None, memory_budget)))
+
+
+def format_specialists(sp) -> str:
+    """How many task specialists fit what the worker leaves of the budget, each way."""
+    rows = [("left for specialists", f"{sp.left_bytes / GB:.3f} GB"),
+            ("as full copies", f"{sp.full_copies} (each {sp.full_copy_bytes / 1e6:.1f} MB: the prefill module again)")]
+    if sp.adapter_bytes:
+        rows.append(("as adapters", f"{sp.adapters} (each {sp.adapter_bytes / 1e6:.2f} MB)"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 def format_placed(p: dict) -> str:

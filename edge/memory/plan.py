@@ -67,6 +67,8 @@ class Workload:
     dtype: str = "float32"            # torch only
     gamma: int = 4                    # target: a verify call is over gamma + 1 tokens
     max_kv_bytes: Optional[int] = None   # draft (torch / onnx): the service's --max-kv-mb cap
+    adapters: int = 0                 # prefill: LoRA specialists it holds (edge/memory/adapters.py) ...
+    adapter_bytes: int = 0            # ... and their tensor bytes, all of them
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -75,6 +77,8 @@ class Workload:
             raise ValueError(f"unknown role {self.role!r}; use one of {', '.join(ROLES)}")
         if self.context < 1 or self.sequences < 1:
             raise ValueError("context and sequences must be at least 1")
+        if self.adapter_bytes < 0 or (self.adapter_bytes and self.role != "prefill"):
+            raise ValueError("adapters are held by a prefill worker only (and never fewer than none)")
 
 
 @dataclass
@@ -194,6 +198,8 @@ def estimate(shape: ModelShape, w: Workload) -> Estimate:
     parts = {"runtime": RUNTIME_BYTES[w.backend],
              "tokenizer": TOKENIZER_BYTES[0] + TOKENIZER_BYTES[1] * shape.vocab,
              "weights": weights, "kv": kv, "compute": compute}
+    if w.adapter_bytes:
+        parts["adapters"] = w.adapter_bytes
     loading = _loading_peak(shape, w, weights)
     if loading > weights + kv + compute:  # loading peaks above the run: count the difference
         parts["loading"] = loading - weights - kv - compute

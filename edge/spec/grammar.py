@@ -103,6 +103,17 @@ class Grammar:
             raise GrammarError(f"the grammar is refused: {error.strip()[:500]}")
         self.vocab_size = int(tokenizer.vocab_size)
         self.stop_ids = frozenset(int(t) for t in tokenizer.eos_tokens)
+        self._start = None           # a matcher in the start state, never advanced: each generation's is a copy
+
+    def _fresh(self):
+        """llguidance's matcher in the start state: a deep copy of one compiled once (~1 µs)
+        instead of compiling the text again for every generation (~0.5-2 ms)."""
+        if self._start is None:
+            m = _llg().LLMatcher(self.tokenizer, self.text, log_level=0)
+            if m.is_error():
+                raise GrammarError(f"the grammar is refused: {m.get_error()[:500]}")
+            self._start = m
+        return self._start.deep_copy()
 
     def matcher(self) -> "GrammarMatcher":
         return GrammarMatcher(self)
@@ -115,11 +126,8 @@ class GrammarMatcher:
     """One generation's grammar state: the tokens consumed (`tokens`), what may come next."""
 
     def __init__(self, grammar: Grammar):
-        llg = _llg()
         self.grammar = grammar
-        self._m = llg.LLMatcher(grammar.tokenizer, grammar.text, log_level=0)
-        if self._m.is_error():
-            raise GrammarError(f"the grammar is refused: {self._m.get_error()[:500]}")
+        self._m = grammar._fresh()
         self.tokens: List[int] = []
 
     @property

@@ -106,6 +106,9 @@ def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: flo
     made = make_specialists(Path(work), log=lambda s: out.write(s + "\n"))
     tasks = {t.name: t for t in made["tasks"]}
     names = list(tasks)
+    from server.demos.sun_memory import memory_lines, specialist_memory
+    memory = specialist_memory(made["specialists"])
+    out.write("\n" + "\n".join(memory_lines(memory)) + "\n\n")
     key = os.urandom(32)
     hub = Hub(broker="embedded", hub_id="sun-demo-hub", ctl_key=key).start()
     links, nodes = [], []
@@ -128,6 +131,7 @@ def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: flo
         hub.stop()
     same = _same_as_in_process(made, tasks, served)
     report = {"served": len(served), "identical_to_in_process": same, "errors": st.errors, "wall_s": wall,
+              "memory": memory,
               "decoder": snap, "accuracy": {t: float(np.mean([c for c, _, _ in d])) if d else None
                                             for t, d in st.done.items()}}
     out.write(f"\ncheck: {same}/{len(served)} served answers identical to the in-process split run"

@@ -135,7 +135,8 @@ def accuracy_table(base: Transformer, tasks: Sequence[TaskData], cfg: TableConfi
     return store.data
 
 
-def markdown_table(results: dict, rows: Sequence[str] = ROWS, metric: str = "acc") -> str:
+def markdown_table(results: dict, rows: Sequence[str] = ROWS, metric: str = "acc",
+                   titles: Optional[dict] = None) -> str:
     tasks = list(results["cells"])
     head = "| row | " + " | ".join(tasks) + " | mean |\n|---|" + "---:|" * (len(tasks) + 1) + "\n"
     lines = []
@@ -144,7 +145,7 @@ def markdown_table(results: dict, rows: Sequence[str] = ROWS, metric: str = "acc
         shown = [f"{v:.3f}" if v is not None else "-" for v in vals]
         got = [v for v in vals if v is not None]
         mean = f"{sum(got) / len(got):.3f}" if got else "-"
-        lines.append(f"| {ROW_TITLES.get(r, r)} | " + " | ".join(shown) + f" | {mean} |")
+        lines.append(f"| {(titles or {}).get(r) or ROW_TITLES.get(r, r)} | " + " | ".join(shown) + f" | {mean} |")
     return head + "\n".join(lines) + "\n"
 
 

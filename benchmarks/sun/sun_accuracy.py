@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.lib.results import ROOT, result_stem
+from benchmarks.lib.sun_lora_rows import LORA_ROWS, lora_table, lora_titles
 from export.sun_eval import ROW_TITLES, ROWS, TableConfig, accuracy_table, markdown_table
 from export.tune import TuneConfig
 
@@ -50,29 +51,50 @@ def load_tasks(tok, names, args):
     return out
 
 
+def eval_size(cells: dict):
+    """The prompts a task's cells were scored on; where rows differ (a reused or partial run), per row."""
+    ns = {r: c["n"] for r, c in cells.items() if "n" in c}
+    if len(set(ns.values())) <= 1:
+        return next(iter(ns.values()), None)
+    return " / ".join(f"{r} {n}" for r, n in ns.items())
+
+
+def table_rows(results: dict, asked) -> list:
+    """The rows to show: the six classic ones and the adapter rows, those asked for or already measured."""
+    have = {r for cells in results["cells"].values() for r in cells}
+    return [r for r in ROWS + LORA_ROWS if r in asked or r in have]
+
+
 def write(results, out: Path, wall_s: float, args, eval_sizes: dict):
     out.parent.mkdir(parents=True, exist_ok=True)
+    rows, titles = table_rows(results, args.rows), lora_titles(args.rank)
     results = dict(results, machine=platform.platform(), wall_s=round(wall_s, 1), args=vars(args),
                    eval_sizes=eval_sizes)
     walls = ", ".join(f"{t} {w / 3600:.2f} h" for t, w in results["meta"].get("wall_s", {}).items())
+    walls_lora = ", ".join(f"{t} {w / 3600:.2f} h" for t, w in results["meta"].get("wall_s_lora", {}).items())
+    lora_note = (f"Adapter rows: rank {args.rank}, alpha {args.alpha:g}, all seven linear targets, lr "
+                 f"{args.lora_lr:g}, {args.steps} SUN-LoRA steps, {args.qsun_steps} QSUN-LoRA steps from SUN-LoRA; "
+                 f"wall time per task (summed over resumed runs): {walls_lora or '-'}.\n"
+                 if set(rows) & set(LORA_ROWS) else "")
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
     md = (f"# SUN accuracy table, base {args.model}\n\nScore (exact match / final number / BFCL AST / "
-          f"HumanEval pass@1, greedy):\n\n{markdown_table(results)}\nAnswer cross-entropy (nats/token):\n\n"
-          f"{markdown_table(results, metric='ce')}\nHeld-out prompts per task: "
+          f"HumanEval pass@1, greedy):\n\n{markdown_table(results, rows, titles=titles)}\n"
+          f"Answer cross-entropy (nats/token):\n\n{markdown_table(results, rows, 'ce', titles)}\n"
+          f"Held-out prompts per task: "
           f"{', '.join(f'{t} {n}' for t, n in eval_sizes.items())}; one seed, greedy decoding. "
           f"Training: {args.steps} steps of batch {args.batch_size} at lr {args.lr:g} (full FT and SUN), "
           f"{args.qsun_steps} QSUN steps from SUN.\nWall time per task (training + scoring, summed over "
-          f"resumed runs): {walls or '-'}; this run {wall_s / 3600:.2f} h on {results['machine']}.\n")
+          f"resumed runs): {walls or '-'}; this run {wall_s / 3600:.2f} h on {results['machine']}.\n{lora_note}")
     out.with_suffix(".md").write_text(md)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     tasks = list(results["cells"])
     fig, ax = plt.subplots(figsize=(2 + 2 * len(tasks), 4))
-    w = 0.8 / len(ROWS)
-    for i, r in enumerate(ROWS):
+    w = 0.8 / len(rows)
+    for i, r in enumerate(rows):
         ys = [results["cells"][t].get(r, {}).get("acc", 0) for t in tasks]
-        ax.bar([j + i * w for j in range(len(tasks))], ys, w, label=ROW_TITLES[r])
+        ax.bar([j + i * w for j in range(len(tasks))], ys, w, label=titles.get(r) or ROW_TITLES[r])
     ax.set_xticks([j + 0.4 - w / 2 for j in range(len(tasks))], tasks)
     ax.set_ylabel("score")
     ax.legend(fontsize=7)
@@ -94,11 +116,21 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--rows", default=",".join(ROWS + LORA_ROWS),
+                    type=lambda s: [r.strip().replace("-", "_") for r in s.split(",")],
+                    help="comma-separated rows to compute (e.g. sun-lora,qsun-lora); finished cells are kept")
+    ap.add_argument("--reuse", default=None, help="an earlier results JSON whose cells are kept, not recomputed")
+    ap.add_argument("--rank", type=int, default=16, help="LoRA rank of the adapter rows")
+    ap.add_argument("--alpha", type=float, default=32.0)
+    ap.add_argument("--lora-lr", type=float, default=5e-4, help="the adapter rows' learning rate")
     ap.add_argument("--work", default=str(ROOT / "runs" / "sun_accuracy"))
     ap.add_argument("--out", default=None, help="results path without suffix (default: "
                     "benchmarks/results/sun_accuracy/default, or .../smoke with --smoke)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks the pipeline in minutes")
     args = ap.parse_args(argv)
+    unknown = [r for r in args.rows if r not in ROWS + LORA_ROWS]
+    if unknown:
+        ap.error(f"unknown rows {unknown}; choose from {', '.join(ROWS + LORA_ROWS)}")
     if args.smoke:
         args.n_train, args.n_eval, args.steps, args.qsun_steps, args.batch_size = 16, 2, 2, 1, 2
         args.max_len, args.max_new = 200, 12
@@ -122,11 +154,19 @@ def main(argv=None):
                       qsun=TuneConfig(mode="sun", decoder="int4", steps=args.qsun_steps,
                                       **{**common, "warmup": 0}),
                       eval_batch=16)
+    lora = dict(common, mode="sun", adapter="lora", rank=args.rank, alpha=args.alpha, lr=args.lora_lr)
+    sun_lora = TuneConfig(steps=args.steps, **lora)
+    qsun_lora = TuneConfig(decoder="int4", steps=args.qsun_steps, **{**lora, "warmup": 0})
+    classic, adapters = [r for r in ROWS if r in args.rows], [r for r in LORA_ROWS if r in args.rows]
     res = None
     for t in tasks:  # one task at a time so the files are rewritten after each
-        res = accuracy_table(base, [t], cfg, out_dir=args.work, progress=True)
+        if classic:
+            res = accuracy_table(base, [t], cfg, out_dir=args.work, progress=True, rows=classic)
+        if adapters or args.reuse:
+            res = lora_table(base, [t], sun_lora, qsun_lora, out_dir=args.work, rows=adapters,
+                             eval_batch=cfg.eval_batch, earlier=args.reuse, progress=True)
         # the prompts each task's cells were scored on (a resumed cell keeps the size it had)
-        sizes = {x: next((c["n"] for c in cells.values() if "n" in c), None) for x, cells in res["cells"].items()}
+        sizes = {x: eval_size(cells) for x, cells in res["cells"].items()}
         write(res, Path(args.out), time.perf_counter() - t0, args, sizes)
     return res
 

@@ -91,6 +91,8 @@ def _adapters_bytes(shape, role: str, adapters: Optional[tuple]) -> int:
     if role != "prefill":
         raise click.UsageError("--adapters is for --role prefill: only the prefill worker holds adapters")
     from edge.memory.adapters import adapter_bytes
+    if len(adapters) == 2:                # a bundle's: (count, their GGUF files' bytes)
+        return adapters[1]
     n, rank, targets, itemsize = adapters
     if n < 0:
         raise click.BadParameter("must be 0 or more", param_hint="--adapters")
@@ -98,6 +100,18 @@ def _adapters_bytes(shape, role: str, adapters: Optional[tuple]) -> int:
         return n * adapter_bytes(shape, rank, targets, itemsize)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--adapter-rank / --adapter-targets") from None
+
+
+def bundle_adapters(bundle) -> Optional[tuple]:
+    """(count, bytes) of the GGUF LoRA files a bundle's manifest lists (what a llama.cpp worker loads
+    from it: every adapter), or None when it lists none."""
+    from edge.engines.loader import BundleError
+    from edge.engines.lora_bundle import adapter_entries
+    try:
+        entries = adapter_entries(bundle)
+    except BundleError as e:
+        raise click.ClickException(str(e)) from None
+    return (len(entries), sum(int(a["files"][0]["bytes"]) for a in entries)) if entries else None
 
 
 def specialists(f: Optional[Fit], e):
@@ -247,6 +261,8 @@ def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_l
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--adapter-targets") from None
     ad = (n_adapters, adapter_rank, targets, ADAPTER_ITEMSIZE[adapter_dtype]) if n_adapters else None
+    if bundle and role == "prefill" and not n_adapters:
+        ad = bundle_adapters(bundle)
     f, e = make_plan(role, given[0], budget, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
                      adapters=ad)
     sp = specialists(f, e)

@@ -5,6 +5,8 @@ The file has one table per --help section of `edge-hub serve`, each key the long
 
     [broker]     broker, mosquitto, port, listen, tls_dir, insecure, acl, user, credentials_out,
                  username, password_file, ctl_key_file
+                 (broker: one URL or a list of a cluster's nodes; with an mqtts:// broker, tls_dir holds the
+                 hub's own client certificate)
     [hub]        hub_id, hubs, stats_every
     [model]      dtype, threads, max_len, device, gpu_layers
     [draft]      draft_model, draft_backend, client_share, max_sessions, max_kv_mb, max_gamma, evict_after, ahead,
@@ -53,6 +55,7 @@ class BrokerSettings:
     credentials_out: Optional[str]      # where the users' passwords are written (mode 600)
     username: Optional[str]             # the hub's own user on an external broker
     password: Optional[str]
+    tls: Optional[tuple] = None         # (CA, certificate, key): the hub's own on an external mqtts:// broker
 
 
 @dataclass
@@ -109,10 +112,12 @@ def broker_settings(o: dict) -> BrokerSettings:
 
     password = read_password(o["password"], o["password_file"])
     url, users = o["broker_url"], [BrokerUser.parse(u) for u in o["users"]]
-    if url and (o["listen"] or o["tls_dir"]):
-        raise click.UsageError("--listen and --tls-dir configure a broker started here; not with --broker")
+    if url and o["listen"]:
+        raise click.UsageError("--listen configures a broker started here; not with --broker (the external "
+                               "broker's own listeners serve the devices)")
+    tls = external_broker_tls(url, o["tls_dir"], o["username"] or o["hub_id"]) if url else None
     try:
-        listeners = listeners_for(o["listen"], o["tls_dir"], o["insecure"], o["acl"])
+        listeners = listeners_for(o["listen"], None if url else o["tls_dir"], o["insecure"], o["acl"])
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if url and (o["mosquitto"] or o["acl"] or users or o["credentials_out"]):
@@ -126,7 +131,27 @@ def broker_settings(o: dict) -> BrokerSettings:
                                "of yours. Add --credentials-out FILE (written mode 600; give each device its line's "
                                "password as --password-file), or give NAME:ROLE:PASSWORD")
     return BrokerSettings(url, "mosquitto" if o["mosquitto"] else "embedded", o["port"], listeners, o["acl"], users,
-                          o["credentials_out"], o["username"], password)
+                          o["credentials_out"], o["username"], password, tls)
+
+
+def external_broker_tls(url: str, tls_dir: Optional[str], cert_name: str) -> Optional[tuple]:
+    """--broker mqtts://A[,mqtts://B...] --tls-dir DIR: the hub is a client of that broker, with the CA
+    that verifies it and the hub's certificate (CN = --username, else --hub-id); mqtt:// takes none."""
+    from edge.cli.options import tls_files
+    from edge.wire.link import LinkError, parse_urls
+    try:
+        urls = parse_urls(url)
+    except LinkError as e:
+        raise click.BadParameter(str(e), param_hint="--broker") from None
+    if not urls[0].startswith("mqtts://"):
+        if tls_dir:
+            raise click.UsageError(f"--tls-dir {tls_dir} with --broker {url}: TLS files need an mqtts:// broker "
+                                   "list (write --broker mqtts://HOST:PORT[,...]), or drop --tls-dir")
+        return None
+    if not tls_dir:
+        raise click.UsageError(f"--broker {url} speaks TLS: add --tls-dir DIR holding ca.crt and the hub's "
+                               f"{cert_name}.crt / {cert_name}.key (CN = {cert_name}: --username, else --hub-id)")
+    return tls_files(tls_dir, cert_name, urls[0])
 
 
 def _draft_plan(o: dict) -> Optional[DraftPlan]:

@@ -26,15 +26,17 @@ from server.hub_config import HubConfig, hub_config_from, hub_config_option
 def broker_options(f):
     """Where the hub's broker is, how it listens, whom it admits."""
     return apply(f, [
-        option(BROKER, "--broker", "broker_url", default=None, metavar="mqtt://HOST:PORT",
-               help="use this MQTT broker (default: start one here)"),
+        option(BROKER, "--broker", "broker_url", default=None, metavar="mqtt[s]://HOST:PORT[,...]",
+               help="use this external MQTT broker, or the nodes of a cluster in the order to try them (the "
+                    "same spelling as edge-agent run --hub; default: start one here)"),
         option(BROKER, "--mosquitto", is_flag=True, help="start Mosquitto instead of the embedded amqtt broker"),
         option(BROKER, "--port", default=1883, show_default=True, help="loopback port of the broker started here"),
         option(BROKER, "--listen", "listen", multiple=True, metavar="ADDR[:PORT]",
                help="also listen here for devices (repeatable; default: loopback only). Beyond loopback this needs "
                     "--acl and --tls-dir, unless --insecure"),
         tls_dir_option("certificates from `edge-hub certs`: --listen addresses speak mqtts:// and take only clients "
-                       "with a certificate of this star (CN = client id)"),
+                       "with a certificate of this star (CN = client id); with an mqtts:// --broker: ca.crt and "
+                       "the hub's own HUB.crt/.key (or clients/HUB.*; HUB = --username, else --hub-id)"),
         option(BROKER, "--insecure", is_flag=True,
                help="allow plain, unauthenticated --listen addresses beyond loopback (a network you trust)"),
         option(BROKER, "--acl", is_flag=True,
@@ -134,10 +136,14 @@ def _make_hub(cfg: HubConfig):
         click.echo("no --draft-model: this hub only routes to draft services on devices "
                    "(`edge-agent run --role draft`)", err=True)
     b, sun = cfg.broker, cfg.sun
-    return Hub(broker_url=b.url, broker=b.kind, port=b.port, acl=b.acl, draft_core=core,
-               tokenizer_fp=tok.fingerprint() if tok is not None else "", hub_id=cfg.hub_id, username=b.username,
-               password=b.password, sun_isolated=sun.isolated, sun_pools=sun.pools, sun_decoder=decoder,
-               ctl_key=cfg.ctl_key, listeners=b.listeners, client_share=cfg.client_share, hubs=cfg.hubs)
+    kw = dict(broker_url=b.url, broker=b.kind, port=b.port, acl=b.acl, draft_core=core,
+              tokenizer_fp=tok.fingerprint() if tok is not None else "", hub_id=cfg.hub_id, username=b.username,
+              password=b.password, sun_isolated=sun.isolated, sun_pools=sun.pools, sun_decoder=decoder,
+              ctl_key=cfg.ctl_key, listeners=b.listeners, client_share=cfg.client_share, hubs=cfg.hubs)
+    if b.tls is not None:                 # an external mqtts:// broker: every link with the hub's certificate
+        from server.hub_external import ExternalTlsHub
+        return ExternalTlsHub(tls=b.tls, **kw)
+    return Hub(**kw)
 
 
 def _sun_tokenizer(cfg: HubConfig):

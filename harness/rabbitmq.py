@@ -229,6 +229,15 @@ class RabbitCluster:
             os.killpg(node.proc.pid, signal.SIGKILL)
             node.proc.wait(10)
 
+    def restart(self, i: int) -> None:
+        """Start node i again after `kill` (its mnesia dir remembers the cluster: it rejoins by itself)."""
+        node = self.nodes[i]
+        if node.alive:
+            raise RabbitError(f"{node.node} is still running: kill it first")
+        self._spawn(node)
+        self._await(node)
+        self._await_mqtt(node)
+
     def close(self) -> None:
         """Kill every node and the cluster's epmd; remove the files."""
         for i, node in enumerate(self.nodes):

@@ -229,6 +229,20 @@ class RabbitCluster:
             os.killpg(node.proc.pid, signal.SIGKILL)
             node.proc.wait(10)
 
+    def suspend(self, i: int) -> None:
+        """SIGSTOP node i's VM: its TCP connections stay open and go silent (clients and the other
+        nodes see no reset, only silence) -- the nearest thing to a partition without a firewall."""
+        os.killpg(self.nodes[i].proc.pid, signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        os.killpg(self.nodes[i].proc.pid, signal.SIGCONT)
+
+    def running_nodes(self, i: int) -> List[str]:
+        """The nodes node i's `cluster_status` lists as running."""
+        out = self.ctl(self.nodes[i], "cluster_status", "--formatter", "json")
+        import json
+        return sorted(json.loads(out[out.index("{"):])["running_nodes"])
+
     def restart(self, i: int) -> None:
         """Start node i again after `kill` (its mnesia dir remembers the cluster: it rejoins by itself)."""
         node = self.nodes[i]

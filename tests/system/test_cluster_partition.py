@@ -1,0 +1,89 @@
+"""A node of the 3-node RabbitMQ cluster cut off while a StarSD target sits on it (issue 38).
+
+No firewall exists here (no iptables / nft), and `tc` drop rules on loopback cannot isolate one
+node: its Erlang distribution connections to the others leave from ephemeral ports on the same
+127.0.0.1, so no port match separates them from the rest. The nearest real thing is used:
+SIGSTOP of the node's VM (harness RabbitCluster.suspend) -- every TCP connection to it stays
+open and goes silent, as behind a partition that drops packets, with no reset to tell anyone.
+
+The target (real SmolLM2-135M GGUF on llama.cpp, greedy: speculation is lossless) is attached to
+that node first; the hub and the draft service to the others. Mid-generation the node goes
+silent: the target decodes alone, then its link's keepalive gives up and it fails over; its text
+equals the no-fault greedy text. Healed (SIGCONT), the cluster lists its three nodes running and
+a target attached to the healed node first speculates through the star again.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from edge.spec.generate import generate_plain
+from edge.wire.link import MqttLink
+from harness.gguf_star import MAX_NEW, PROMPT, Star, engine
+from harness.rabbitmq import RabbitCluster
+from harness.waiting import wait_until
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make install)")
+
+
+@pytest.fixture(scope="module")
+def want():
+    return generate_plain(engine(), PROMPT, MAX_NEW).tokens
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = RabbitCluster(size=3, tls=True)
+    try:
+        c.start(clients=["hub", "draft1", "t1", "t2"])
+        c.add_user("hub", "hub")
+        c.add_user("draft1", "draft")
+        for t in ("t1", "t2"):
+            c.add_user(t, "client")
+        yield c
+    finally:
+        c.close()
+
+
+def _star(c, target: str) -> tuple[Star, MqttLink]:
+    link = MqttLink(c.urls(2, 0, 1), tls=c.tls_files(target), keepalive=5, reconnect_delay=(0.05, 0.5))
+    return Star(MqttLink(c.urls(0, 1), tls=c.tls_files("hub")), MqttLink(c.urls(1, 0), tls=c.tls_files("draft1")),
+                link, target), link
+
+
+def test_target_on_a_silenced_node_keeps_the_greedy_text_and_the_star_heals(cluster, want):
+    c = cluster
+    star, link = _star(c, "t1")
+    states, progress, out = [], [0], {}
+    link.on_connection(lambda up: states.append((up, time.monotonic())))
+
+    def tick(_):
+        progress[0] += 1
+        time.sleep(0.15)                      # a slow device: the silence lands mid-generation
+    worker = threading.Thread(target=lambda: out.setdefault("tokens", star.run(tick)))
+    try:
+        worker.start()
+        assert wait_until(lambda: progress[0] >= 10, 60)
+        t_cut = time.monotonic()
+        c.suspend(2)                          # the target's node: silent, its sockets open
+        worker.join(180)
+        assert not worker.is_alive()
+        assert out["tokens"] == want          # 0 tokens lost, the same greedy text
+        back = [t for up, t in states if up and t > t_cut]
+        print(f"\nnode silenced: target done {time.monotonic() - t_cut:.2f} s after the cut; link on another "
+              f"node after {back[0] - t_cut:.2f} s" if back else "\nnode silenced: the target finished alone "
+              "before its link gave up on the node")
+    finally:
+        c.resume(2)
+        star.close()
+    names = sorted(n.node for n in c.nodes)
+    assert wait_until(lambda: c.running_nodes(0) == names and c.running_nodes(2) == names, 60), \
+        (c.running_nodes(0), c.running_nodes(2))
+    healed, _ = _star(c, "t2")                # attached to the healed node first
+    try:
+        assert healed.run() == want
+        assert healed.target.last_drafter.stats.answered > 0, "no speculation through the healed node"
+    finally:
+        healed.close()

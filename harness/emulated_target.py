@@ -302,12 +302,7 @@ class MeasuringHubClient(HubClient):
         self.answers: List[tuple] = []
         self.first_answer = threading.Event()
 
-    def _open_session(self, j, epoch) -> Session:
-        s = _TimedSession(self, j, epoch)
-        with self._lock:
-            self.sessions[s.sid] = s
-        self.keys.add(s.sid, self.client, s.secret)
-        return s
+    session_type = _TimedSession
 
     def _on_down(self, topic: str, payload: bytes) -> None:
         msg = self.keys.open(topic, payload, self.vocab_size)

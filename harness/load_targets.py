@@ -64,12 +64,12 @@ class RecordingHubClient(HubClient):
         self.errors: Counter = Counter()
         self.messages: Dict[str, str] = {}             # error code -> one message (the reason)
 
-    def _open_session(self, j, epoch) -> Session:
-        s = _RecordingSession(self, j, epoch)          # HubClient._open_session, with a recording session
+    session_type = _RecordingSession
+
+    def _open_session(self, j, epoch, home: str = "") -> Session:
+        s = super()._open_session(j, epoch, home)
         with self._lock:
-            self.sessions[s.sid] = s
             self.sid_gen[s.sid] = self.gen
-        self.keys.add(s.sid, self.client, s.secret)
         return s
 
     def _forget(self, s: Session) -> None:

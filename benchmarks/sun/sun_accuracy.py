@@ -65,10 +65,21 @@ def table_rows(results: dict, asked) -> list:
     return [r for r in ROWS + LORA_ROWS if r in asked or r in have]
 
 
+def repo_relative(path) -> str:
+    """A path as the results JSON records it: relative to the repository root when inside it, so a
+    committed file names no machine's absolute (or /tmp) path."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
+
+
+def recorded_args(args) -> dict:
+    return dict(vars(args), work=repo_relative(args.work), out=repo_relative(args.out))
+
+
 def write(results, out: Path, wall_s: float, args, eval_sizes: dict):
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, titles = table_rows(results, args.rows), lora_titles(args.rank)
-    results = dict(results, machine=platform.platform(), wall_s=round(wall_s, 1), args=vars(args),
+    results = dict(results, machine=platform.platform(), wall_s=round(wall_s, 1), args=recorded_args(args),
                    eval_sizes=eval_sizes)
     walls = ", ".join(f"{t} {w / 3600:.2f} h" for t, w in results["meta"].get("wall_s", {}).items())
     walls_lora = ", ".join(f"{t} {w / 3600:.2f} h" for t, w in results["meta"].get("wall_s_lora", {}).items())

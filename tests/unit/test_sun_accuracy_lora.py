@@ -80,3 +80,16 @@ def test_an_earlier_json_from_another_base_is_refused(tmp_path):
     with pytest.raises(ValueError, match="another base"):
         lora_table(base, [task], TuneConfig(steps=1, **LORA), TuneConfig(decoder="int4", steps=1, **LORA),
                    out_dir=tmp_path / "w", earlier=earlier, progress=False, log=lambda s: None)
+
+
+def test_the_results_json_records_repo_relative_paths(tmp_path):
+    from argparse import Namespace
+
+    from benchmarks.lib.results import ROOT
+    from benchmarks.sun.sun_accuracy import recorded_args
+    args = Namespace(work=str(ROOT / "runs" / "w"), out=str(ROOT / "benchmarks/results/sun_accuracy/v"), rank=16)
+    rec = recorded_args(args)
+    assert rec["work"] == "runs/w" and rec["out"] == "benchmarks/results/sun_accuracy/v" and rec["rank"] == 16
+    assert args.out.startswith("/")                                  # the run's own args are untouched
+    outside = recorded_args(Namespace(work="runs/w", out=str(tmp_path / "v")))
+    assert outside["out"] == str(tmp_path / "v")                     # outside the repo: kept as given

@@ -90,8 +90,11 @@ class AgentConfig:
 @credential_options
 @tls_dir_option(CLIENT_TLS_HELP)
 @ctl_key_option
-@backend_option(help="engine: torch (checkpoints), onnx / llamacpp (a bundle or .onnx / .gguf file); "
-                     "prefill/decoder: torch (the tuned directory) or onnx (its bundle)")
+@backend_option(default="auto",
+                help="engine: torch (checkpoints), onnx / llamacpp (a bundle or .onnx / .gguf file); "
+                     "prefill/decoder: torch (the tuned directory) or onnx / llamacpp (its bundle); auto: "
+                     "what the artifact is (a .gguf on llama.cpp where installed, a bundle's artifact for "
+                     "the role, a checkpoint or tuned directory on torch)")
 @model_options
 @memory_options
 @gamma_option(TARGET)
@@ -185,10 +188,10 @@ def start_role(cfg: AgentConfig) -> None:
     m = cfg.model
     if cfg.role in SUN_ROLES:             # the module dir carries its own model
         from edge.cli.placing import place_model
-        backend = "torch" if m.backend == "auto" else m.backend
         from edge.sun.adapter_prefill import listed_tasks
         adapters = cfg.role == "prefill" and (cfg.sun.adapters or listed_tasks(m.module_dir))
         plan_role = "decoder" if adapters else cfg.role     # with adapters the base is the decoder's artifact
+        backend = sun_backend(m.module_dir, m.backend, plan_role)
         placement = place_model(m.module_dir, backend, plan_role, m.device, m.gpu_layers, m.profile)
         check_before_load(plan_role, m.module_dir, backend, None, m.profile, m.memory_budget,
                           max_batch=cfg.sun.max_batch, placement=placement)
@@ -201,6 +204,18 @@ def start_role(cfg: AgentConfig) -> None:
         engine, tok = _open_planned(cfg)
         run_target(engine, tok, cfg.broker.link(), cfg.client_id, m.model, cfg.target, cfg.telemetry,
                    cfg.ctl_key)
+
+
+def sun_backend(module_dir: str, backend: str, role: str) -> str:
+    """What `auto` means for a SUN worker: a bundle runs its artifact for the role (onnx or
+    llama.cpp; a prefill worker over adapters runs the base, the decoder's artifact); a directory
+    written by `edge-export tune` is a torch checkpoint."""
+    if backend != "auto":
+        return backend
+    from pathlib import Path
+    from edge.engines.loader import resolve_backend
+    from edge.model.bundle_manifest import is_bundle
+    return resolve_backend(module_dir, "auto", role) if is_bundle(Path(module_dir)) else "torch"
 
 
 def _open_planned(cfg: AgentConfig):

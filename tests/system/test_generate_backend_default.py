@@ -39,3 +39,32 @@ def test_generate_help_says_the_default_is_auto():
     out = CliRunner().invoke(main, ["generate", "--help"]).output
     backend = out[out.index("-b, --backend"):out.index("  --draft-backend [")]
     assert "[default: auto]" in " ".join(backend.split()), backend
+
+
+def test_a_target_run_defaults_to_the_artifacts_backend(exports):
+    """`edge-agent run --role target -m X.gguf` without -b: the GGUF runs on llama.cpp (the start
+    line says so), as on a device that installed only the llama extra."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
+    p = subprocess.Popen([str(Path(sys.executable).parent / "edge-agent"), "run", "--role", "target",
+                          "-m", str(exports.gguf("llama")), "--hub", "mqtt://127.0.0.1:9", "--client-id", "auto-t",
+                          "--http-port", "0", "--max-len", "64"],
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO)
+    lines = []
+    try:
+        for line in p.stderr:                     # until the model is loaded (the hub is unreachable on purpose)
+            lines.append(line)
+            if line.startswith("loaded "):
+                break
+    finally:
+        p.kill()
+        p.wait(30)
+    err = "".join(lines)
+    assert "placement: llamacpp on cpu" in err and " on llamacpp (vocab " in err, err
+
+
+def test_run_help_says_the_default_is_auto():
+    from click.testing import CliRunner
+    from edge.cli.agent import main
+    out = CliRunner().invoke(main, ["run", "--help"]).output
+    backend = out[out.index("-b, --backend"):]
+    assert "[default: auto]" in " ".join(backend.split()[:80]), backend

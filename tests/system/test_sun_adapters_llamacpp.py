@@ -95,7 +95,8 @@ def test_a_llamacpp_adapter_worker_process_serves_every_bundled_task_and_a_hot_a
     dec = SharedDecoder.from_dir(sun, threads=1, backend="llamacpp", max_batch=4)
     star._start(lambda ln: DecoderNode(dec, ln, "dec-gguf", KEY), "dec-gguf")
     ps = Procs(root)
-    ps.start("prefill", BIN / "edge-agent", "run", "--role", "prefill", "--backend", "llamacpp", "--module", sun,
+    # no --backend: auto runs the bundle's GGUF on llama.cpp
+    ps.start("prefill", BIN / "edge-agent", "run", "--role", "prefill", "--module", sun,
              "--hub", mosquitto.url, "--client-id", WORKER, "--threads", "1", "--ctl-key-file", key)
     ops = star.link("ops").connect(5)
     try:
@@ -128,6 +129,16 @@ def test_a_llamacpp_adapter_worker_process_serves_every_bundled_task_and_a_hot_a
     finally:
         ps.close()
         star.close()
+
+
+def test_auto_backend_of_a_sun_worker_is_what_its_module_is(made):
+    from edge.cli.agent_run import sun_backend
+    root, sun, _ = made
+    # a bundle of GGUFs (a prefill worker over adapters plans its base as the decoder's artifact)
+    assert sun_backend(str(sun), "auto", "decoder") == "llamacpp"
+    assert sun_backend(str(root / "decoder"), "auto", "decoder") == "torch"  # tuned directories
+    assert sun_backend(str(root / "maths"), "auto", "prefill") == "torch"
+    assert sun_backend(str(sun), "torch", "prefill") == "torch"          # what was asked, as asked
 
 
 def test_the_llamacpp_adapter_worker_never_loads_torch(made):

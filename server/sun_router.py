@@ -26,7 +26,10 @@ start (unknown_task, no_decoder, bad_request). When a decoder goes offline (its
 will) the requests it may still hold are answered with worker_lost at once, so
 their clients can resend instead of waiting out a timeout; when a prefill
 worker does, so are the requests it had not yet prefilled, and their decoders'
-reservations are released. A worker is routed to only while
+reservations are released. A request is routed once: a copy of it (the same id; a SunClient
+sends one when it hears nothing for a while) is not routed again, but its job and assignment go
+again to the workers still holding it, in case one was lost on the way (server/sun_routes.py).
+A worker is routed to only while
 server/liveness.py says it is alive: a retained hello is not enough until the
 worker answers a probe, and silence or a job it never acknowledges ends it
 like its will (`sweep()`, which the hub runs every status period).
@@ -54,6 +57,7 @@ from edge.wire.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_OVERLOADED, E_UNK
                            SunRequest, decode, encode, parse_topic, sun_ctl_topic, sun_kv_topic, sun_stream_topic)
 from edge.wire.seen_ids import SeenIds
 from server.liveness import Liveness
+from server.sun_routes import RecentRoutes
 
 log = logging.getLogger(__name__)
 INFLIGHT_MAX = 4096             # requests remembered per decoder for worker_lost
@@ -113,6 +117,7 @@ class SunRouter:
         self.counters: Dict[str, int] = {"requests": 0, "routed": 0, "dropped": 0}
         self.routed: Dict[str, Dict[str, int]] = {}       # task -> decoder -> requests
         self._seen = SeenIds()                            # (client, rid) recently routed: replays dropped
+        self._routes = RecentRoutes()                     # ... and where they went (a client's copy: again)
         # decoder -> {(client, rid): secret}: what it may still be decoding. Cleared when its hello
         # says it took all we sent and runs nothing; failed (worker_lost) when it goes offline.
         self.inflight: Dict[str, Dict[Tuple[str, str], bytes]] = {}
@@ -322,9 +327,10 @@ class SunRouter:
             self._count("left_to_its_hub")               # of several hubs, the client's owner routes it
             return
         with self._lock:
-            if not self._seen.add((req.client, req.rid)):
-                self._count("replay")
-                return
+            fresh = self._seen.add((req.client, req.rid))
+        if not fresh:
+            self._again(req)
+            return
         try:
             self._check(req)
             prefill, dec = self.route(req.task)
@@ -334,13 +340,9 @@ class SunRouter:
             self.link.publish(sun_stream_topic(req.client, req.rid),
                               encode(Error(req.rid, 0, r.code, r.reason[:1024]), req.secret), kind="control")
             return
-        assign = DecodeAssign(dec.id, req.rid, req.client, req.secret, req.task, req.max_new, req.sampling,
-                              req.stop, prefill=prefill.id)
-        self.link.publish(sun_ctl_topic(dec.id), encode(assign, self.ctl_key), kind="control")
-        job = PrefillJob(prefill.id, req.rid, req.client, req.secret, req.task, req.prompt, req.sampling,
-                         decoder=dec.id)
-        self.link.publish(sun_ctl_topic(prefill.id), encode(job, self.ctl_key), kind="control")
+        self._deliver(req, prefill.id, dec.id, assign=True, job=True)
         with self._lock:
+            self._routes.add((req.client, req.rid), req.secret, prefill.id, dec.id)
             held = self.inflight.setdefault(dec.id, {})
             held[(req.client, req.rid)] = req.secret
             if len(held) > INFLIGHT_MAX:                  # a decoder that never reports idle: bound it
@@ -352,6 +354,34 @@ class SunRouter:
             self.counters["routed"] += 1
             per = self.routed.setdefault(req.task, {})
             per[dec.id] = per.get(dec.id, 0) + 1
+
+    def _deliver(self, req: SunRequest, prefill: str, dec: str, assign: bool, job: bool) -> None:
+        """The decoder's reservation first, then the prefill worker's job (see the module docstring)."""
+        if assign:
+            a = DecodeAssign(dec, req.rid, req.client, req.secret, req.task, req.max_new, req.sampling,
+                             req.stop, prefill=prefill)
+            self.link.publish(sun_ctl_topic(dec), encode(a, self.ctl_key), kind="control")
+        if job:
+            j = PrefillJob(prefill, req.rid, req.client, req.secret, req.task, req.prompt, req.sampling,
+                           decoder=dec)
+            self.link.publish(sun_ctl_topic(prefill), encode(j, self.ctl_key), kind="control")
+
+    def _again(self, req: SunRequest) -> None:
+        """A request routed before: its client's copy (it heard nothing), or a replay. Never routed
+        twice; its own client's copy goes again to the workers that still hold it (server/sun_routes.py)."""
+        key = (req.client, req.rid)
+        with self._lock:
+            r = self._routes.get(key, req.secret)
+            dec = r is not None and key in self.inflight.get(r.decoder, {})
+            job = r is not None and key in self.prefilling.get(r.prefill, {})
+            due = (dec or job) and self._routes.due(r)
+        if not (dec or job):
+            self._count("replay")                        # not ours, not its secret, or over
+            return
+        self._count("resent")
+        if due:
+            self._count("redelivered")
+            self._deliver(req, r.prefill, r.decoder, assign=dec, job=job)
 
     def _check(self, req: SunRequest) -> None:
         if not req.prompt:

@@ -6,11 +6,24 @@ ss/sun/r/{client}/{rid}, possibly out of order between the two senders, and
 are handed to `on_token` in answer order. Each sender's seq is accepted once,
 so a replayed message is dropped and counted; a forged one fails its HMAC.
 
-When the router says a worker died holding the request (worker_lost), a
-request whose tokens cannot change (greedy, or seeded sampling) is sent again
-under a new id (`retries` times): it is prefilled again and lands on a live
-decoder; the tokens already handed out are not repeated, and the new stream
-must agree with them (else the request fails, it never hands out a changed token).
+When the router says a worker died holding the request (worker_lost), or its decoder says
+its KV cache never came (timeout: lost on the way, e.g. while the decoder's link moved to
+another broker node), a request whose tokens cannot change (greedy, or seeded sampling) is
+sent again under a new id (`retries` times): it is prefilled again and lands on a live
+decoder; the tokens already handed out are not repeated, and the new stream must agree with
+them (else the request fails, it never hands out a changed token).
+
+A request that hears nothing for `claim_s` (no token, no error) is sent again as the SAME
+request -- same id, same secret -- after claim_s, 2 claim_s, 4 claim_s ... (at most `reasks`
+times in a row; any token starts the count again). Why the same id: the copy is idempotent
+everywhere. No router routed the first one (of two hubs, none claimed this client yet: a
+starting hub claims its clients two status periods late, a dead hub's are claimed when its
+will arrives; or the router's link was moving): the owner routes the copy now. A router did
+route it: its replay memory stops a second routing, and it hands the same job and assignment
+again to the workers it chose (server/sun_routes.py), who drop what they hold already and take
+what was lost on the way (a worker's link that moved to another broker node). So nothing runs
+twice and no work is wasted on a request that is merely slow. A new id would be routed anew
+by the same router: the slow request would be prefilled and decoded twice.
 """
 from __future__ import annotations
 
@@ -23,11 +36,16 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from edge.wire.link import Link
-from edge.wire.protocol import (E_WORKER_LOST, GREEDY_WIRE, Error, ProtocolError, SunRequest, SunTokens, decode, encode,
+from edge.wire.protocol import (E_TIMEOUT, E_WORKER_LOST, GREEDY_WIRE, Error, ProtocolError, SunRequest, SunTokens, decode, encode,
                            new_secret, new_sid, parse_topic, sampling, sun_req_topic, sun_stream_sub)
 from edge.spec.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+# the errors after which the same request, sent again under a new id, can still succeed: its
+# worker died (worker_lost), or its KV cache was lost on the way to its decoder (timeout)
+RETRYABLE = frozenset({E_WORKER_LOST, E_TIMEOUT})
+CLAIM_S = 2.0                  # silence after which a request is sent again (the hubs' status period)
+REASKS = 6                     # same-id copies in a row (2+4+...+64 s of silence at claim_s 2)
 
 
 class SunRequestError(RuntimeError):
@@ -56,7 +74,10 @@ class SunHandle:
                  resend: Optional[Callable[["SunHandle"], None]] = None):
         self.req, self.on_token = req, on_token
         self.retries, self._resend = retries, resend
-        self.resent = 0                   # times it was sent again after a lost worker
+        self.resent = 0                   # times it was sent again (new id) after a lost worker or KV
+        self.reasked = 0                  # copies of it sent after silence (same id)
+        self._quiet = 0                   # ... since it last heard something
+        self.heard = time.monotonic()     # when it was last sent or heard of
         self.rid, self.task = req.rid, req.task
         self.t0 = time.perf_counter()
         self.t_first: Optional[float] = None
@@ -72,11 +93,12 @@ class SunHandle:
     def _take(self, msg) -> bool:
         """False for a replay (a seq seen before)."""
         if isinstance(msg, Error):
-            if msg.code == E_WORKER_LOST and self.retries > 0 and self._resend and self._replayable():
+            if msg.code in RETRYABLE and self.retries > 0 and self._resend and self._replayable():
                 self.retries -= 1
                 self.resent += 1
                 self._seqs, self._workers, self._total = set(), [], None
                 self._tokens = {i: t for i, t in self._tokens.items() if i < self._told}
+                self.heard, self._quiet = time.monotonic(), 0
                 self._resend(self)                        # a new id: the old stream's late tokens are dropped
                 return True
             self._error = SunRequestError(msg.code, msg.message)
@@ -85,6 +107,7 @@ class SunHandle:
         if msg.seq in self._seqs:
             return False
         self._seqs.add(msg.seq)
+        self.heard, self._quiet = time.monotonic(), 0
         if msg.worker and msg.worker not in self._workers:
             self._workers.append(msg.worker)
         for i, t in enumerate(msg.tokens, msg.index):
@@ -106,6 +129,10 @@ class SunHandle:
             self._done.set()
         return True
 
+    def _quiet_past(self, now: float, claim_s: float, reasks: int) -> bool:
+        """Heard nothing for claim_s * 2**(copies sent since): time to send the same request again."""
+        return not self._done.is_set() and self._quiet < reasks and now - self.heard >= claim_s * 2 ** self._quiet
+
     def _replayable(self) -> bool:
         """Sent again, it gives the same tokens: greedy, or sampling with a seed."""
         sp = self.req.sampling
@@ -126,20 +153,54 @@ class SunHandle:
 class SunClient:
     """Sends SunRequests for `client_id` and collects their signed token streams."""
 
-    def __init__(self, link: Link, client_id: str, retries: int = 2):
-        """retries: how often a request is sent again after the router says its worker died."""
+    def __init__(self, link: Link, client_id: str, retries: int = 2, claim_s: float = CLAIM_S,
+                 reasks: int = REASKS):
+        """retries: how often a request is sent again (new id) after its worker died or its KV was lost;
+        claim_s: silence after which it is sent again as the same request (0: never), `reasks` times."""
         self.link, self.client, self.retries = link, client_id, retries
+        self.claim_s, self.reasks = claim_s, reasks
         self._handles: Dict[str, SunHandle] = {}
         self._lock = threading.Lock()
         self.dropped: Dict[str, int] = {}
         self._ids = itertools.count(1)
+        self._stop = threading.Event()
+        self._watchdog: Optional[threading.Thread] = None
 
     def start(self) -> "SunClient":
         self.link.subscribe(sun_stream_sub(self.client), self._on_stream)
+        if self.claim_s > 0 and self._watchdog is None:
+            self._stop.clear()
+            self._watchdog = threading.Thread(target=self._watch, name=f"sun-client-{self.client}", daemon=True)
+            self._watchdog.start()
         return self
 
     def close(self) -> None:
+        self._stop.set()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=5)
+        self._watchdog = None
         self.link.unsubscribe(sun_stream_sub(self.client))
+
+    def _watch(self) -> None:
+        tick = min(0.25, self.claim_s / 4)
+        while not self._stop.wait(tick):
+            try:
+                self.reask_quiet()
+            except Exception:                              # a failed publish must not end the watchdog
+                log.debug("sun client %s: sending a quiet request again failed", self.client, exc_info=True)
+
+    def reask_quiet(self, now: Optional[float] = None) -> int:
+        """Send again, as the same request (same id and secret), each request quiet past its wait
+        (the module docstring says why the same id); returns how many. The watchdog calls it."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            due = [(h, h.req) for h in set(self._handles.values()) if h._quiet_past(now, self.claim_s, self.reasks)]
+            for h, _ in due:
+                h.reasked, h._quiet, h.heard = h.reasked + 1, h._quiet + 1, now
+        for h, req in due:
+            log.debug("sun client %s: request %s heard nothing: sent again", self.client, req.rid)
+            self.link.publish(sun_req_topic(self.client), encode(req), kind="control")
+        return len(due)
 
     def submit(self, task: str, prompt: Sequence[int], max_new: int = 64, sampling: Optional[dict] = None,
                stop: Sequence[int] = (), on_token: Optional[Callable[[int, int], None]] = None) -> SunHandle:

@@ -6,6 +6,14 @@ and time, per sender: edge/sun/early_kv.py), admits the KV into its SharedDecode
 client. Its hello carries its load, which the router's least-loaded choice reads, and the
 decoder's max_sequences: an assignment past it (running, waiting and awaited KV together) is
 answered `overloaded` at once, before its KV is on the way.
+
+When its link comes back after a loss (edge/wire/link.py moves it to another broker node, with a
+fresh client id and a fresh subscription), whatever was published to its KV topic meanwhile is
+gone, and a KV cache is sent once. So every request still waiting for KV then is failed at once
+with worker_lost, which the SunClient answers by sending it again under a new id (prefilled
+again, each token still handed out once), instead of waiting out `kv_timeout` (a timeout the
+client also resends, for KV lost any other way). Requests already decoding go on: the tokens
+published while the link was down are sent on reconnect (QoS 1).
 """
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from edge.wire.link import Link
-from edge.wire.protocol import (E_INTERNAL, E_OVERLOADED, E_REFUSED, E_TIMEOUT, DecodeAssign, Error, KVChunk,
+from edge.wire.protocol import (E_INTERNAL, E_OVERLOADED, E_REFUSED, E_TIMEOUT, E_WORKER_LOST, DecodeAssign, Error, KVChunk,
                            ProtocolError, SunHello, SunTokens, decode, parse_topic, sun_ctl_topic,
                            sun_hello_topic, sun_kv_sub, sun_stream_topic)
 from edge.sun.decoder import AdmissionError, DecoderFull, SharedDecoder, TokenEvent
@@ -75,7 +83,8 @@ class DecoderNode(Node):
         self._live: Dict[str, _Live] = {}
         self._last_sweep = time.monotonic()
         self.tasks_served: set = set()
-        self.stats = {"admitted": 0, "refused": 0, "timeouts": 0, "overloaded": 0, "finished": 0}
+        self.stats = {"admitted": 0, "refused": 0, "timeouts": 0, "overloaded": 0, "finished": 0, "kv_lost": 0}
+        self._link_lost = False                           # the link went down since it was last up
         self._queued, self._queued_lock = 0, threading.Lock()    # KV bytes waiting in the loop's queue
         self._assigned: "OrderedDict[str, bytes]" = OrderedDict()  # rid -> secret of recent assignments
         self._turned_away: "OrderedDict[str, None]" = OrderedDict()  # refused at assignment: KV dropped
@@ -114,6 +123,25 @@ class DecoderNode(Node):
 
     def subscribe(self) -> None:
         self.link.subscribe(sun_kv_sub(self.id), self._on_kv)
+        self.link.on_connection(self._on_link)
+
+    def _on_link(self, up: bool) -> None:
+        if not up:
+            self._link_lost = True
+        elif self._link_lost:
+            self._link_lost = False
+            self.put("relinked", None)                    # the loop owns the pending requests
+
+    def _relinked(self) -> None:
+        """The link is back after a loss: KV sent to the old subscription meanwhile is lost."""
+        if self._pending:
+            log.warning("decoder %s: link back after a loss; %d requests waiting for their KV are failed "
+                        "(worker_lost: their clients send them again)", self.id, len(self._pending))
+        for p in list(self._pending.values()):
+            self.stats["kv_lost"] += 1
+            self._fail(p, E_WORKER_LOST, f"decoder {self.id}'s link to the broker was lost while this "
+                                         "request's KV cache was on its way (what was sent meanwhile is "
+                                         "gone); send it again")
 
     def _on_kv(self, topic: str, payload: bytes) -> None:
         """Queue a KV message for the loop, within max_pending bytes queued. Past that (a flood faster
@@ -172,6 +200,8 @@ class DecoderNode(Node):
                 self._assign(msg)
             else:
                 self.drop("not_mine")
+        elif kind == "relinked":
+            self._relinked()
         else:
             sender, payload = msg
             with self._queued_lock:
@@ -290,6 +320,7 @@ class DecoderNode(Node):
         for rid, p in list(self._pending.items()):
             if now - p.since > self.kv_timeout:
                 self.stats["timeouts"] += 1
+                log.warning("decoder %s: the KV of request %s never came within %g s", self.id, rid, self.kv_timeout)
                 self._fail(p, E_TIMEOUT, f"the KV cache from prefill worker {p.assign.prefill!r} did not "
                                          f"reach decoder {self.id} within {self.kv_timeout:g} s")
         for _ in range(self._early.expire(now, self.kv_timeout)):

@@ -144,7 +144,8 @@ def test_kv_that_overtakes_its_assignment_is_held_and_a_missing_kv_times_out(mem
     base, fp, specs = models
     dec = SharedDecoder(TorchEngine(base, fingerprint=fp))
     node = DecoderNode(dec, MemoryLink(memory_bus).connect(), "dec-m", KEY, kv_timeout=0.5).start()
-    client = SunClient(MemoryLink(memory_bus).connect(), "client").start()
+    # retries=0: a KV timeout is otherwise sent again (tests/roles/test_sun_resend.py); no router here
+    client = SunClient(MemoryLink(memory_bus).connect(), "client", retries=0).start()
     bus = MemoryLink(memory_bus).connect()
     try:
         p = prompts(1, seed=17)[0]

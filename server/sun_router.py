@@ -61,6 +61,9 @@ from server.sun_routes import RecentRoutes
 
 log = logging.getLogger(__name__)
 INFLIGHT_MAX = 4096             # requests remembered per decoder for worker_lost
+# a worker idle this long after our last job that still has not counted every job we sent it never
+# got them (a link that moved lost them; their clients send them again): our count follows its own
+LOST_AFTER_S = 5.0
 FOREIGN_MAX = 1024              # foreign workers remembered (a flood of hellos must not grow it)
 
 
@@ -89,6 +92,7 @@ class WorkerInfo:
     max_load: int = 0             # it refuses past this load (0: it said no limit)
     served: int = 0               # jobs it had taken when it last reported
     sent: int = 0                 # jobs we sent it (the same count on our side)
+    sent_at: float = 0.0          # when we last sent it one
     seen: float = field(default_factory=time.monotonic)
     tasks: Tuple[str, ...] = ()   # prefill: every task it serves (its adapters), else (task,)
 
@@ -191,6 +195,8 @@ class SunRouter:
             w.vocab_size, w.online, w.load, w.capacity = h.vocab_size, alive, h.load, h.capacity
             w.max_load = h.max_load
             w.served, w.seen = h.served, time.monotonic()
+            if alive and h.load == 0 and h.served < w.sent and time.monotonic() - w.sent_at > LOST_AFTER_S:
+                w.sent = h.served                         # idle, and never got them: lost on the way
             if alive and h.load == 0 and h.served >= w.sent:
                 self.inflight.pop(h.worker, None)         # it took everything we sent and runs nothing
                 self.prefilling.pop(h.worker, None)
@@ -246,6 +252,7 @@ class SunRouter:
             dec = self._decoder_for(task, prefill.fingerprint)
             prefill.sent += 1
             dec.sent += 1
+            prefill.sent_at = dec.sent_at = time.monotonic()
             self.liveness.owe(prefill.id)                 # each must acknowledge it in its next hello
             self.liveness.owe(dec.id)
             return prefill, dec
@@ -381,6 +388,8 @@ class SunRouter:
         self._count("resent")
         if due:
             self._count("redelivered")
+            log.info("sun: %s/%s sent again by its client: its %s goes again", req.client, req.rid,
+                     " and ".join(n for n, x in (("assignment", dec), ("job", job)) if x))
             self._deliver(req, r.prefill, r.decoder, assign=dec, job=job)
 
     def _check(self, req: SunRequest) -> None:

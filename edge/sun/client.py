@@ -23,7 +23,9 @@ route it: its replay memory stops a second routing, and it hands the same job an
 again to the workers it chose (server/sun_routes.py), who drop what they hold already and take
 what was lost on the way (a worker's link that moved to another broker node). So nothing runs
 twice and no work is wasted on a request that is merely slow. A new id would be routed anew
-by the same router: the slow request would be prefilled and decoded twice.
+by the same router: the slow request would be prefilled and decoded twice. Only when SAME_COPIES
+copies brought nothing (a loss that no worker still counted as holding: seen once on a RabbitMQ
+cluster when a node died) is it sent under a new id, as after a lost worker (from `retries`).
 """
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ log = logging.getLogger(__name__)
 # worker died (worker_lost), or its KV cache was lost on the way to its decoder (timeout)
 RETRYABLE = frozenset({E_WORKER_LOST, E_TIMEOUT})
 CLAIM_S = 2.0                  # silence after which a request is sent again (the hubs' status period)
-REASKS = 6                     # same-id copies in a row (2+4+...+64 s of silence at claim_s 2)
+REASKS = 6                     # copies in a row (2+4+...+64 s of silence at claim_s 2)
+SAME_COPIES = 2                # then (2+4 s: past a starting hub's claim) a new id, if retries are left
 
 
 class SunRequestError(RuntimeError):
@@ -89,17 +92,28 @@ class SunHandle:
         self._workers: List[str] = []
         self._error: Optional[SunRequestError] = None
         self._done = threading.Event()
+        self._lock = threading.Lock()
 
     def _take(self, msg) -> bool:
         """False for a replay (a seq seen before)."""
+        with self._lock:                                  # the client's watchdog may send it again meanwhile
+            return self._take_locked(msg)
+
+    def _renew(self) -> bool:
+        """Send it again under a new id, if it may be (retries left, same tokens again); with _lock."""
+        if not (self.retries > 0 and self._resend and self._replayable()) or self._done.is_set():
+            return False
+        self.retries -= 1
+        self.resent += 1
+        self._seqs, self._workers, self._total = set(), [], None
+        self._tokens = {i: t for i, t in self._tokens.items() if i < self._told}
+        self.heard, self._quiet = time.monotonic(), 0
+        self._resend(self)                                # a new id: the old stream's late tokens are dropped
+        return True
+
+    def _take_locked(self, msg) -> bool:
         if isinstance(msg, Error):
-            if msg.code in RETRYABLE and self.retries > 0 and self._resend and self._replayable():
-                self.retries -= 1
-                self.resent += 1
-                self._seqs, self._workers, self._total = set(), [], None
-                self._tokens = {i: t for i, t in self._tokens.items() if i < self._told}
-                self.heard, self._quiet = time.monotonic(), 0
-                self._resend(self)                        # a new id: the old stream's late tokens are dropped
+            if msg.code in RETRYABLE and self._renew():
                 return True
             self._error = SunRequestError(msg.code, msg.message)
             self._done.set()
@@ -194,10 +208,16 @@ class SunClient:
         (the module docstring says why the same id); returns how many. The watchdog calls it."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            due = [(h, h.req) for h in set(self._handles.values()) if h._quiet_past(now, self.claim_s, self.reasks)]
-            for h, _ in due:
-                h.reasked, h._quiet, h.heard = h.reasked + 1, h._quiet + 1, now
-        for h, req in due:
+            due = [h for h in set(self._handles.values()) if h._quiet_past(now, self.claim_s, self.reasks)]
+        for h in due:
+            with h._lock:
+                if not h._quiet_past(now, self.claim_s, self.reasks):
+                    continue
+                if h._quiet >= SAME_COPIES and h._renew():
+                    log.info("sun client %s: request %s heard nothing after %d copies: sent again as %s",
+                             self.client, h.task, SAME_COPIES, h.rid)
+                    continue
+                h.reasked, h._quiet, h.heard, req = h.reasked + 1, h._quiet + 1, now, h.req
             log.debug("sun client %s: request %s heard nothing: sent again", self.client, req.rid)
             self.link.publish(sun_req_topic(self.client), encode(req), kind="control")
         return len(due)

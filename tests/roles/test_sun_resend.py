@@ -17,13 +17,13 @@ import pytest
 
 from edge.engines.torch_engine import TorchEngine
 from edge.model.sun_modules import split_generate
-from edge.sun.client import SunClient
+from edge.sun.client import SAME_COPIES, SunClient
 from edge.sun.decoder import SharedDecoder
 from edge.sun.decoder_node import DecoderNode
 from edge.sun.prefill import PrefillWorker
 from edge.sun.prefill_node import PrefillNode
 from edge.wire.memory_link import MemoryBus, MemoryLink
-from edge.wire.protocol import DecodeAssign, ProtocolError, decode, sun_hello_topic
+from edge.wire.protocol import DecodeAssign, PrefillJob, ProtocolError, decode, sun_hello_topic
 from harness.sun_star import KEY, prompts, sun_models
 from harness.waiting import wait_until
 from server.sun_router import SunRouter
@@ -35,12 +35,13 @@ class LossyLink(MemoryLink):
     """A MemoryLink that loses the first delivered message `lose(msg)` picks; with `move`, its link
     also drops and comes back at that moment (a broker node died, the link moved to another)."""
 
-    def __init__(self, bus, lose, move=False):
+    def __init__(self, bus, lose, move=False, every=False):
+        """every: lose every message `lose` picks, not only the first."""
         super().__init__(bus)
-        self.lose, self.move, self.lost = lose, move, []
+        self.lose, self.move, self.every, self.lost = lose, move, every, []
 
     def _dispatch(self, topic, payload):
-        if not self.lost:
+        if not self.lost or self.every:
             try:
                 msg = decode(payload, KEY)                   # a control message (KV: by its topic)
             except ProtocolError:
@@ -70,13 +71,16 @@ def models():
 class Star:
     """Router, prefill worker, decoder and client on one MemoryBus; the decoder on `dec_link`."""
 
-    def __init__(self, models, dec_link=None, owns=None, kv_timeout=60.0, claim_s=0.2):
+    def __init__(self, models, dec_link=None, owns=None, kv_timeout=60.0, claim_s=0.2, pre_link=None):
         self.base, self.fp, self.specs = models
         self.bus = MemoryBus()
         self.links = []
         self.router = SunRouter(self.link().connect(), ctl_key=KEY, owns=owns).start()
+        self.router._routes.every = claim_s / 2          # re-deliveries at this test's pace (claim_s 0.2 s)
         worker = PrefillWorker(TorchEngine(self.specs["maths"], fingerprint=self.fp), "maths", kv_dtype="float64")
-        self.prefill = self.node(lambda ln: PrefillNode(worker, ln, "pre", KEY, chunk_bytes=1500), self.link())
+        pl = pre_link(self.bus) if pre_link else MemoryLink(self.bus)
+        self.links.append(pl)
+        self.prefill = self.node(lambda ln: PrefillNode(worker, ln, "pre", KEY, chunk_bytes=1500), pl)
         dec = SharedDecoder(TorchEngine(self.base, fingerprint=self.fp), max_batch=8, name="dec")
         dl = dec_link(self.bus) if dec_link else MemoryLink(self.bus)
         self.links.append(dl)
@@ -180,5 +184,30 @@ def test_a_request_sent_while_no_hub_claims_its_client_is_routed_once_claimed(mo
         assert h.resent == 0 and h.reasked >= 2
         assert star.router.counters["routed"] == 1 and star.prefill.stats["jobs"] == 1
         assert wait_until(star.clean)
+    finally:
+        star.close()
+
+
+def test_a_request_whose_copies_bring_nothing_is_sent_under_a_new_id(models):
+    """A loss no worker still counts as held (every copy of the job lost here): after SAME_COPIES
+    copies the client gives it a new id, which is routed afresh."""
+    first = []
+
+    def first_job(topic, msg, payload):
+        if isinstance(msg, PrefillJob):
+            first.append(msg.rid) if not first else None
+            return msg.rid == first[0]
+        return False
+    star = Star(models, pre_link=lambda bus: LossyLink(bus, first_job, every=True), kv_timeout=1.0)
+    try:
+        p = prompts(1, seed=47)[0]
+        r, h, told = star.run(p)
+        want = star.expect(p)
+        assert len(star.prefill.link.lost) >= 2, "the job's copies were not lost: the fault was not played"
+        assert r.tokens == want and told == list(enumerate(want))
+        assert h.resent == 1 and h.reasked == SAME_COPIES and star.router.counters["routed"] == 2
+        assert star.prefill.stats["jobs"] == 1
+        # the first id's reservation at the decoder (its KV never comes) ends with the KV timeout
+        assert wait_until(star.clean) and star.decoder.stats["timeouts"] == 1
     finally:
         star.close()

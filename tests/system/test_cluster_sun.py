@@ -106,7 +106,7 @@ def star(cluster, files):
     tls = ["--tls-dir", str(c.certs)]
     cmds = {h: [BIN / "edge-hub", "-v", "serve", "--broker", c.urls(*order[h]), *tls, "--hub-id", h,
                 "--hubs", ",".join(HUBS), "--stats-every", "0"] for h in HUBS}
-    agent = [BIN / "edge-agent", "run", "--threads", "1", "--dtype", "float64", *tls]
+    agent = [BIN / "edge-agent", "run", "-v", "--threads", "1", "--dtype", "float64", *tls]
     cmds[PRE] = [*agent, "--role", "prefill", "--hub", c.urls(*order[PRE]), "--module", maths_dir,
                  "--task", "maths", "--client-id", PRE]
     cmds[DEC] = [*agent, "--role", "decoder", "--hub", c.urls(*order[DEC]), "--module", dec_dir,
@@ -176,14 +176,14 @@ def test_kill_9_of_a_broker_node_loses_no_token(star, cluster):
     t = {}
 
     def kill_node():
-        t["kill"] = time.monotonic()
+        t["kill"], t["wall"] = time.monotonic(), time.strftime("%H:%M:%S")   # the wall clock: for the logs
         cluster.kill(1)
     out = run_requests(client, refs, during=kill_node)
     t_done = time.monotonic()
     resent = f"{sum(h.resent for h in out)}, as the same request {sum(h.reasked for h in out)}"
     assert wait_until(lambda: spy.idle() and spy.get(DEC)[1] > t["kill"], 30), "the decoder never said hello again"
     back = spy.get(DEC)[1]
-    print(f"\nbroker node kill -9: the decoder's hello again after {back - t['kill']:.2f} s, all "
+    print(f"\nbroker node kill -9 at {t['wall']}: the decoder's hello again after {back - t['kill']:.2f} s, all "
           f"{len(PROMPTS)} requests done {t_done - t['kill']:.2f} s after the kill (resent {resent})")
     cluster.restart(1)
     assert wait_until(lambda: all(spy.hub_live(h) for h in HUBS) and spy.idle(), 30)

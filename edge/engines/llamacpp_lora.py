@@ -105,9 +105,13 @@ class LlamaCppAdapters:
             self.use(before)
 
     def prefill(self, seq: int, tokens: Sequence[int], adapter: Optional[str]) -> np.ndarray:
-        """A prefill of `tokens` into `seq` under `adapter`: its last logits row [1, vocab]."""
-        with self.using(adapter):
-            return self.engine.forward_last(seq, tokens)
+        """A prefill of `tokens` into `seq` under `adapter`: its last logits row [1, vocab].
+
+        The adapter stays active afterwards, so the next row of the same task switches nothing
+        (restoring the previous set here cost two switches per row). Decode on a context with no
+        adapter set (the sibling decode context), or call use(None) first."""
+        self.use(adapter)
+        return self.engine.forward_last(seq, tokens)
 
     def step_by_adapter(self, seqs: Sequence[int], tokens: Sequence[int],
                         adapters: Sequence[Optional[str]]) -> np.ndarray:

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.sun.sun_adapters              # 8 and 64 tasks (~3 min on 2 shared cores)
     .venv/bin/python -m benchmarks.sun.sun_adapters --tasks 8 --requests 48
+    nice -n 5 taskset -c 1 .venv/bin/python -m benchmarks.sun.sun_adapters --backend llamacpp --threads 1
 
 A burst of requests (all at t=0; Zipf-skewed task popularity, s=1.1) of P-token prompts is prefilled
 two ways on torch, measured here, one after the other in this one process:
@@ -17,7 +18,8 @@ TTFT = when the call holding the request's row finishes (prefill only: the share
 either way, so decoding is not run). tok/s = prompt tokens / wall. Weights: the SmolLM2-135M GGUF in
 models/ dequantised to fp32 (real weights); adapters random (values do not change the time). The
 machine's 2 cores are shared by ~8 engineers: compare the two modes of one run, not across runs.
-Writes benchmarks/results/sun_adapters/<variant>.{json,md,png}.
+Writes benchmarks/results/sun_adapters/<variant>.{json,md,png}. `--backend llamacpp`: the same trace on
+the GGUF base with GGUF LoRA adapters (benchmarks/lib/sun_adapters_llamacpp.py says how), variant llamacpp.
 """
 from __future__ import annotations
 
@@ -165,7 +167,13 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="stem (default benchmarks/results/sun_adapters/default)")
+    ap.add_argument("--backend", choices=("torch", "llamacpp"), default="torch",
+                    help="llamacpp: the GGUF base + GGUF LoRA worker (benchmarks/lib/sun_adapters_llamacpp.py)")
+    ap.add_argument("--reps", type=int, default=3, help="llamacpp: repetitions of each mode (medians)")
+    ap.add_argument("--adapter-type", default="F16", choices=("F16", "F32"), help="llamacpp: adapter files")
     a = ap.parse_args(argv)
+    if a.backend == "llamacpp":
+        return main_llamacpp(a)
     from edge.model.checkpoint import load_model
     torch.set_num_threads(a.threads)
     base = load_model(MODEL)[0].eval()
@@ -181,6 +189,28 @@ def main(argv=None) -> None:
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     stem.with_suffix(".md").write_text(markdown(runs, meta))
     plot(runs, stem.with_suffix(".png"))
+    print(stem.with_suffix(".md").read_text())
+
+
+def main_llamacpp(a) -> None:
+    import os
+    import platform
+
+    from benchmarks.lib.sun_adapters_llamacpp import run_all
+    from benchmarks.lib.sun_adapters_report import llamacpp_markdown, llamacpp_plot
+    from edge.model.checkpoint import load_checkpoint
+    cfg = load_checkpoint(MODEL).config
+    res = run_all(MODEL, cfg, [int(x) for x in a.tasks.split(",")], a.requests, a.prompt_len, a.batch, a.threads,
+                  a.reps, a.seed, a.adapter_type, zipf_trace)
+    cpus = sorted(os.sched_getaffinity(0))
+    meta = {"backend": "llama.cpp", "threads": a.threads, "model": MODEL.name, "base": f"{MODEL.name} as shipped",
+            "adapter_type": a.adapter_type, "reps": a.reps, "cpus_allowed": cpus, "nice": os.nice(0),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores shared with other engineers' work"}
+    stem = Path(a.out) if a.out else result_stem("sun_adapters", "llamacpp")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, **res}, indent=1))
+    stem.with_suffix(".md").write_text(llamacpp_markdown(res, meta))
+    llamacpp_plot(res["runs"], stem.with_suffix(".png"))
     print(stem.with_suffix(".md").read_text())
 
 

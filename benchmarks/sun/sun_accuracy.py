@@ -114,6 +114,19 @@ def write(results, out: Path, wall_s: float, args, eval_sizes: dict):
     print(md, flush=True)
 
 
+def probe(base, tasks, args, t0: float) -> list:
+    from benchmarks.lib.sun_lora_probe import lr_probe, probe_markdown
+    out, probes = Path(args.out), []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for t in tasks:     # rewritten after each task
+        probes.append(lr_probe(base, t, args.probe_lrs, args.probe_steps, args.rank, args.alpha, args.batch_size))
+        out.with_suffix(".json").write_text(json.dumps(
+            {"probes": probes, "machine": platform.platform(), "wall_s": round(time.perf_counter() - t0, 1),
+             "args": recorded_args(args)}, indent=1))
+        out.with_suffix(".md").write_text(probe_markdown(args.model, probes, platform.platform(), args.threads))
+    return probes
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -135,6 +148,10 @@ def main(argv=None):
     ap.add_argument("--alpha", type=float, default=32.0)
     ap.add_argument("--lora-lr", type=float, default=1e-3,
                     help="the adapter rows' lr (a 24-step training-loss probe on tools picked 1e-3 of 5e-5..1e-3)")
+    ap.add_argument("--probe-lrs", default=None, type=lambda s: [float(x) for x in s.split(",")],
+                    help="only probe: a short SUN-LoRA run per lr on each task's training pairs (loss on "
+                         "held-back training pairs, s/step); writes --out, trains no table row")
+    ap.add_argument("--probe-steps", type=int, default=24)
     ap.add_argument("--work", default=str(ROOT / "runs" / "sun_accuracy"))
     ap.add_argument("--out", default=None, help="results path without suffix (default: "
                     "benchmarks/results/sun_accuracy/default, or .../smoke with --smoke)")
@@ -159,6 +176,8 @@ def main(argv=None):
     base, ckpt = load_model(path)
     tasks = load_tasks(ckpt.tokenizer, args.tasks, args)
     print("tasks:", {t.name: (len(t.train), len(t.eval)) for t in tasks}, flush=True)
+    if args.probe_lrs:
+        return probe(base, tasks, args, t0)
     common = dict(batch_size=args.batch_size, lr=args.lr, warmup=min(50, args.steps // 10), ckpt_every=50,
                   weight_decay=0.0)
     cfg = TableConfig(full=TuneConfig(mode="full", steps=args.steps, **common),

@@ -93,3 +93,16 @@ def test_the_results_json_records_repo_relative_paths(tmp_path):
     assert args.out.startswith("/")                                  # the run's own args are untouched
     outside = recorded_args(Namespace(work="runs/w", out=str(tmp_path / "v")))
     assert outside["out"] == str(tmp_path / "v")                     # outside the repo: kept as given
+
+
+def test_the_lr_probe_trains_on_training_pairs_only_and_reports_loss_and_step_time():
+    from benchmarks.lib.sun_lora_probe import lr_probe, probe_markdown
+    base, task = tiny_task()
+    held_out = list(task.eval)
+    p = lr_probe(base, task, [1e-4, 3e-2], steps=4, rank=4, alpha=8.0, batch_size=8, held=16, log=lambda s: None)
+    assert task.eval == held_out and p["held"] == 16 and [r["lr"] for r in p["runs"]] == [1e-4, 3e-2]
+    assert all(r["s_per_step"] > 0 for r in p["runs"])
+    slow, fast = p["runs"]
+    assert fast["loss"] < p["base_loss"] and fast["loss"] < slow["loss"]   # the larger lr learns in 4 steps
+    md = probe_markdown("tiny", [p], "here", 1)
+    assert "| reverse | 4 | 0.03 |" in md and "| reverse | 0 | base |" in md

@@ -69,13 +69,19 @@ class RabbitNode:
     mqtt_port: int
     dir: Path
     proc: Optional[subprocess.Popen] = None
+    host: str = "localhost"            # an address: the node runs in a namespace (harness/netns_rabbitmq.py)
+    prefix: List[str] = field(default_factory=list)    # argv prefix that runs a command on its host
 
     @property
     def node(self) -> str:
-        return f"{self.name}@localhost"
+        return f"{self.name}@{self.host}"
+
+    @property
+    def address(self) -> str:
+        return "127.0.0.1" if self.host == "localhost" else self.host
 
     def url(self, tls: bool) -> str:
-        return f"{'mqtts' if tls else 'mqtt'}://localhost:{self.mqtt_port}"
+        return f"{'mqtts' if tls else 'mqtt'}://{self.host}:{self.mqtt_port}"
 
     @property
     def alive(self) -> bool:
@@ -89,6 +95,8 @@ class RabbitCluster:
     nodes: List[RabbitNode] = field(default_factory=list)
     dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="starsun-rmq-")))
     users: Dict[str, str] = field(default_factory=dict)        # name -> role
+    partition_handling: Optional[str] = None     # cluster_partition_handling; None: RabbitMQ's `ignore`
+    net_ticktime: Optional[int] = None           # s until a silent peer node is down; None: Erlang's 60
 
     def __post_init__(self) -> None:
         if not (SBIN / "rabbitmq-server").exists():
@@ -103,6 +111,10 @@ class RabbitCluster:
     def _env(self, node: Optional[RabbitNode] = None) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
         env.update(HOME=str(self.dir), ERL_EPMD_PORT=str(self.epmd_port), LC_ALL="C.UTF-8")
+        if any(n.host != "localhost" for n in self.nodes):
+            env.update(RABBITMQ_USE_LONGNAME="true")       # node@10.x.y.z: no /etc/hosts needed
+        if self.net_ticktime:
+            env.update(RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=f"-kernel net_ticktime {self.net_ticktime}")
         if node is not None:
             env.update(RABBITMQ_NODENAME=node.node, RABBITMQ_NODE_PORT=str(node.amqp_port),
                        RABBITMQ_DIST_PORT=str(node.dist_port), RABBITMQ_MNESIA_BASE=str(node.dir / "mnesia"),
@@ -115,6 +127,8 @@ class RabbitCluster:
         lines = ["listeners.tcp = none",          # no AMQP: the star speaks MQTT only
                  "loopback_users = none", "mqtt.allow_anonymous = false", "mqtt.vhost = /",
                  "mqtt.exchange = amq.topic", "log.console = false", "log.file.level = info"]
+        if self.partition_handling:
+            lines.append(f"cluster_partition_handling = {self.partition_handling}")
         if self.tls:
             lines += ["mqtt.listeners.tcp = none", f"mqtt.listeners.ssl.default = {node.mqtt_port}",
                       f"ssl_options.cacertfile = {self.certs / 'ca.crt'}",
@@ -127,7 +141,7 @@ class RabbitCluster:
         return "\n".join(lines) + "\n"
 
     def ctl(self, node: RabbitNode, *args: str, timeout: float = 60.0) -> str:
-        r = subprocess.run([str(SBIN / "rabbitmqctl"), "-n", node.node, *args], env=self._env(),
+        r = subprocess.run([*node.prefix, str(SBIN / "rabbitmqctl"), "-n", node.node, *args], env=self._env(),
                            capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             raise RabbitError(f"rabbitmqctl {' '.join(args)} on {node.node} failed: "
@@ -137,16 +151,16 @@ class RabbitCluster:
     # ---- lifecycle ----
     def start(self, clients=()) -> "RabbitCluster":
         """Start every node, cluster them; `clients`: names that get client certificates."""
-        if self.tls:
-            make_certs(self.certs, hosts=("localhost", "127.0.0.1"), clients=clients)
-        for i in range(1, self.size + 1):
-            d = self.dir / f"rmq{i}"
-            (d / "log").mkdir(parents=True)
-            node = RabbitNode(f"rmq{i}", *self._ports(3), d)
-            (d / "rabbitmq.conf").write_text(self._config(node))
-            (d / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
-            self.nodes.append(node)
         try:
+            for i in range(1, self.size + 1):
+                d = self.dir / f"rmq{i}"
+                (d / "log").mkdir(parents=True)
+                self.nodes.append(self._new_node(i, d))
+            if self.tls:
+                make_certs(self.certs, hosts=self.cert_hosts(), clients=clients)
+            for node in self.nodes:
+                (node.dir / "rabbitmq.conf").write_text(self._config(node))
+                (node.dir / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
             for node in self.nodes:                 # boot in parallel: each takes seconds
                 self._spawn(node)
             for node in self.nodes:
@@ -162,6 +176,13 @@ class RabbitCluster:
             raise
         return self
 
+    def _new_node(self, i: int, d: Path) -> RabbitNode:
+        return RabbitNode(f"rmq{i}", *self._ports(3), d)
+
+    def cert_hosts(self) -> tuple:
+        """The names the broker's certificate is valid for (every node's host)."""
+        return tuple(dict.fromkeys(["localhost", "127.0.0.1", *(n.host for n in self.nodes)]))
+
     def _ports(self, n: int) -> list:
         """n free loopback ports, none already given to a node of this cluster."""
         taken = {self.epmd_port} | {p for x in self.nodes for p in (x.amqp_port, x.dist_port, x.mqtt_port)}
@@ -174,7 +195,7 @@ class RabbitCluster:
 
     def _spawn(self, node: RabbitNode) -> None:
         log = open(node.dir / "log" / "stdout.log", "ab")
-        node.proc = subprocess.Popen([str(SBIN / "rabbitmq-server")], env=self._env(node), stdout=log,
+        node.proc = subprocess.Popen([*node.prefix, str(SBIN / "rabbitmq-server")], env=self._env(node), stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
@@ -189,7 +210,7 @@ class RabbitCluster:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             try:
-                socket.create_connection(("127.0.0.1", node.mqtt_port), 0.5).close()
+                socket.create_connection((node.address, node.mqtt_port), 0.5).close()
                 return
             except OSError:
                 time.sleep(0.1)
@@ -214,7 +235,7 @@ class RabbitCluster:
 
     def tls_files(self, name: str) -> tuple[str, str, str]:
         """(CA, certificate, key) of a client made at start (or now)."""
-        make_certs(self.certs, hosts=("localhost", "127.0.0.1"), clients=[name])
+        make_certs(self.certs, hosts=self.cert_hosts(), clients=[name])
         return (str(self.certs / "ca.crt"), str(self.certs / "clients" / f"{name}.crt"),
                 str(self.certs / "clients" / f"{name}.key"))
 

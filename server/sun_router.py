@@ -4,9 +4,10 @@ The router only moves small control messages; KV caches go from the prefill
 worker straight to the chosen decoder and tokens from the workers straight to
 the client (edge/sun/prefill_node.py has the flow). For each SunRequest it
 
-1. picks a prefill worker serving the task -- a full-copy specialist announcing it, or a
-   worker with adapters listing it in its hello's tasks -- the least loaded (as for decoders,
-   ties by id: with equal loads a task always lands on the same worker);
+1. picks a prefill worker serving the task (server/sun_placement.py has the rules) -- a
+   full-copy specialist announcing it, or a worker with adapters listing it in its hello's
+   tasks -- the least loaded (as for decoders, ties by id: with equal loads a task always
+   lands on the same worker);
 2. picks a decoder among the online ones whose fingerprint is the one that
    prefill module was tuned for (model-agnostic otherwise): the least loaded,
    load = what the decoder last reported (running + awaited sequences) plus
@@ -46,17 +47,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 import msgpack
 
 from edge.wire.link import Link
-from edge.wire.protocol import (E_BAD_REQUEST, E_NO_DECODER, E_OVERLOADED, E_UNKNOWN_TASK, E_WORKER_LOST,
+from edge.wire.protocol import (E_BAD_REQUEST, E_WORKER_LOST,
                            SUN_REQ_SUB, SUN_WORKERS_SUB, DecodeAssign, Error, PrefillJob, Probe, ProtocolError, SunHello,
                            SunRequest, decode, encode, parse_topic, sun_ctl_topic, sun_kv_topic, sun_stream_topic)
 from edge.wire.seen_ids import SeenIds
 from server.liveness import Liveness
+from server.sun_placement import (SunRefusal, WorkerInfo, decoders_for, isolated_pool, least_loaded,
+                                  pick_prefill)
 from server.sun_routes import RecentRoutes
 
 log = logging.getLogger(__name__)
@@ -71,38 +73,6 @@ def _signed(payload: bytes) -> bool:
     """Whether a (decoded, so well-formed) control message carries an HMAC."""
     env = msgpack.unpackb(payload, raw=False)
     return isinstance(env, dict) and bool(env.get("h"))
-
-
-class SunRefusal(Exception):
-    def __init__(self, code: str, reason: str):
-        super().__init__(reason)
-        self.code, self.reason = code, reason
-
-
-@dataclass
-class WorkerInfo:
-    id: str
-    role: str
-    task: str
-    fingerprint: str
-    vocab_size: int
-    online: bool = True
-    load: int = 0                 # as last reported
-    capacity: int = 1
-    max_load: int = 0             # it refuses past this load (0: it said no limit)
-    served: int = 0               # jobs it had taken when it last reported
-    sent: int = 0                 # jobs we sent it (the same count on our side)
-    sent_at: float = 0.0          # when we last sent it one
-    seen: float = field(default_factory=time.monotonic)
-    tasks: Tuple[str, ...] = ()   # prefill: every task it serves (its adapters), else (task,)
-
-    @property
-    def est_load(self) -> int:
-        return self.load + max(0, self.sent - self.served)
-
-
-def _short(fp: str) -> str:
-    return fp if len(fp) <= 20 else fp[:12] + "…"
 
 
 class SunRouter:
@@ -267,52 +237,13 @@ class SunRouter:
                        if w.online and w.role == role and self.liveness.alive(w.id)), key=lambda w: w.id)
 
     def _prefill_for(self, task: str) -> WorkerInfo:
-        pre = self._online("prefill")
-        mine = [w for w in pre if task in w.tasks]
-        if not mine:
-            have = ", ".join(sorted({t for w in pre for t in w.tasks})) or "none"
-            raise SunRefusal(E_UNKNOWN_TASK, f"no prefill worker serves task {task!r} (tasks here: {have}); "
-                                             f"start one with `edge-agent run --role prefill` and that "
-                                             f"task's specialist, or add its adapter to a running worker "
-                                             f"(`edge-agent add-adapter`)")
-        return min(mine, key=lambda w: (w.est_load, w.id))
+        return pick_prefill(self._online("prefill"), task)
 
     def _decoder_for(self, task: str, fp: str) -> WorkerInfo:
-        decs = self._online("decoder")
-        fits = [d for d in decs if d.fingerprint == fp]
-        if not fits:
-            have = ", ".join(sorted({_short(d.fingerprint) for d in decs})) or "none online"
-            raise SunRefusal(E_NO_DECODER, f"task {task!r} was tuned for decoder {_short(fp)}; the decoders "
-                                           f"here are {have}: start `edge-agent run --role decoder` with "
-                                           f"that decoder, or re-tune the specialist for one of them")
+        fits = decoders_for(self._online("decoder"), task, fp)
         if self.isolated:
-            fits = self._pool(task, fits)
-        room = [d for d in fits if not d.max_load or d.est_load < d.max_load]
-        if not room:
-            held = ", ".join(f"{d.id} {d.est_load}/{d.max_load}" for d in fits)
-            raise SunRefusal(E_OVERLOADED, f"every decoder for task {task!r} holds its limit of sequences "
-                                           f"({held}); retry later or add a decoder")
-        return min(room, key=lambda d: (d.est_load, -d.capacity, d.id))
-
-    def _pool(self, task: str, fits: List[WorkerInfo]) -> List[WorkerInfo]:
-        if task in self.pools:
-            mine = [d for d in fits if d.id in self.pools[task]]
-            if not mine:
-                raise SunRefusal(E_NO_DECODER, f"isolated pools: none of task {task!r}'s decoders "
-                                               f"({', '.join(self.pools[task])}) is online with its fingerprint")
-            return mine
-        bound = self.bindings.get(task)
-        if bound is not None and any(d.id == bound for d in fits):
-            return [d for d in fits if d.id == bound]
-        taken = set(self.bindings.values()) | {d for ds in self.pools.values() for d in ds}
-        free = [d for d in fits if d.id not in taken]
-        if not free:
-            raise SunRefusal(E_NO_DECODER, f"isolated pools: every decoder is bound to another task "
-                                           f"({', '.join(f'{t}->{d}' for t, d in sorted(self.bindings.items()))}); "
-                                           f"add a decoder for task {task!r} or run the shared pool")
-        pick = min(free, key=lambda d: (d.est_load, d.id))
-        self.bindings[task] = pick.id
-        return [pick]
+            fits = isolated_pool(task, fits, self.pools, self.bindings)
+        return least_loaded(fits, task)
 
     def _on_request(self, topic: str, payload: bytes) -> None:
         self._count("requests")

@@ -28,6 +28,7 @@ from typing import Callable, List, Optional
 from edge.api.fields import STRUCTURED, TARGET, BadRequest, Profile
 from edge.api.logprobs import LogprobRecorder
 from edge.api.request import Request, parse_request
+from edge.api.stop_text import StopText
 from edge.api.structured import StructuredOutput
 from edge.api.tools import CallStream, call_grammar_lark
 
@@ -48,39 +49,6 @@ class Unavailable(RuntimeError):
 
 class _Stop(Exception):
     """Raised from the token callback to end a generation early (stop text, client gone)."""
-
-
-class StopText:
-    """Cuts generated text at the first stop string; holds back what may start one."""
-
-    def __init__(self, stops: List[str]):
-        self.stops = [s for s in stops if s]
-        self.text = ""
-        self.sent = 0
-        self.hit = False
-
-    def feed(self, delta: str) -> str:
-        """New text that is safe to emit now."""
-        self.text += delta
-        for s in self.stops:
-            i = self.text.find(s)
-            if i >= 0:
-                self.text, self.hit = self.text[:i], True
-        if self.hit:
-            return self.flush()
-        hold = 0
-        for s in self.stops:                   # a suffix that is a prefix of a stop string
-            for n in range(min(len(s) - 1, len(self.text)), 0, -1):
-                if self.text.endswith(s[:n]):
-                    hold = max(hold, n)
-                    break
-        safe = len(self.text) - hold
-        out, self.sent = self.text[self.sent:safe], max(self.sent, safe)
-        return out
-
-    def flush(self) -> str:
-        out, self.sent = self.text[self.sent:], len(self.text)
-        return out
 
 
 MODEL_SUFFIXES = (".gguf", ".onnx", ".safetensors", ".pt", ".bin")

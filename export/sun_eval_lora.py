@@ -6,7 +6,8 @@
 Same tasks, held-out prompts, scorer and seeds as export/sun_eval.py's six rows; the cells go
 into the same results.json (export/sun_eval.py's store), so a table can hold the rows computed
 earlier beside these. Each adapter and each finished cell is kept in the work directory: a rerun
-resumes (training from its last checkpoint) and recomputes nothing finished.
+resumes (training from its last checkpoint) and recomputes nothing finished. Here in export/ (not
+benchmarks/) because `edge-hub demo-sun` tunes and scores its adapter specialists with it too.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.lib.results import ROOT, result_stem
-from benchmarks.lib.sun_lora_rows import LORA_ROWS, lora_table, lora_titles
+from export.sun_eval_lora import LORA_ROWS, lora_table, lora_titles
 from export.sun_eval import ROW_TITLES, ROWS, TableConfig, accuracy_table, markdown_table
 from export.tune import TuneConfig
 

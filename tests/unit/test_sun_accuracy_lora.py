@@ -1,4 +1,4 @@
-"""The accuracy table's adapter rows (benchmarks/lib/sun_lora_rows.py) on a tiny model.
+"""The accuracy table's adapter rows (export/sun_eval_lora.py) on a tiny model.
 
 SUN-LoRA and QSUN-LoRA are tuned and scored into the same results store as the classic rows;
 cells of an earlier results JSON are kept, not recomputed; a rerun trains and scores nothing;
@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-import benchmarks.lib.sun_lora_rows as rows_mod
-from benchmarks.lib.sun_lora_rows import LORA_ROWS, lora_table, lora_titles
+import export.sun_eval_lora as rows_mod
+from export.sun_eval_lora import LORA_ROWS, lora_table, lora_titles
 from edge.model.transformer import Transformer, tiny_config
 from export.sun_eval import markdown_table
 from export.tasks import SYNTHETIC, VOCAB, TaskData, split

@@ -6,7 +6,9 @@ present, B_t (A_t x) over that task's rows (index_select / index_add, as Punica 
 many LoRAs into one batch). Cost over a single-task batch: two thin matmuls of rank r per
 distinct task per linear, and the padding of the shorter prompts to the longest. Each row's KV is
 then cut to its own length and written as the same blob a TorchEngine exports, made for the
-shared decoder's fingerprint (the base IS that decoder: adapters never touch its weights).
+shared decoder's fingerprint. With an fp decoder the base IS that decoder (adapters never touch its
+weights); with an int4 one (QSUN-LoRA: adapters tuned over the fp base against the int4 decoder) the
+base is the fp model the decoder was quantised from (`over_base`), held once for every adapter.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from edge.model.lora.adapter import base_fingerprint
 from edge.model.lora.apply import LoraTransformer, lora_prefill
 from edge.model.lora.error import AdapterError
 from edge.model.lora.files import WEIGHTS_FILE, load_adapter
+from edge.model.sun_error import SunError
 from edge.model.sun_modules import pad_right
 from edge.model.transformer import Transformer
 
@@ -38,10 +41,14 @@ class _BaseInfo:
 
 
 class TorchAdapterBackend:
-    """base: the shared decoder's model (frozen, never written); fingerprint: that decoder's."""
+    """base: the model the adapters were tuned over (frozen, never written); fingerprint: the shared
+    decoder's. base_is_decoder: False when the decoder is another model (an int4 one): then no
+    decode context can share the base (`decode_engine` refuses)."""
 
-    def __init__(self, base: Transformer, fingerprint: str, threads: Optional[int] = None):
+    def __init__(self, base: Transformer, fingerprint: str, threads: Optional[int] = None,
+                 base_is_decoder: bool = True):
         self.base, self.fingerprint, self.threads = base.eval(), fingerprint, threads
+        self.base_is_decoder = base_is_decoder
         self.view = LoraTransformer.over(self.base)
         self.engine = _BaseInfo(base)
         self.max_len = int(base.cfg.max_position)
@@ -56,6 +63,24 @@ class TorchAdapterBackend:
         fp = check_fingerprint(model, man)
         return cls(model.to(device) if device else model, fp, threads)
 
+    @classmethod
+    def over_base(cls, base_dir, decoder_dir, threads: Optional[int] = None, device=None) -> "TorchAdapterBackend":
+        """The fp base in `base_dir` (a saved module) as the prefill base, KV made for the decoder in
+        `decoder_dir` (its weights checked against its fingerprint; where its manifest records the
+        base it was made from, that must be this base): QSUN-LoRA's pairing, an int4 decoder whose
+        adapters were tuned over the fp base."""
+        from edge.model.sun_modules import check_fingerprint, load_module
+        dec, man = load_module(decoder_dir)
+        fp = check_fingerprint(dec, man)
+        del dec                                     # only its fingerprint is needed here
+        base = load_module(base_dir, dtype=torch.float32)[0]
+        be = cls(base.to(device) if device else base, fp, threads, base_is_decoder=False)
+        made_from = man.get("base_fingerprint")
+        if made_from and made_from != be.base_fp():
+            raise SunError(f"{decoder_dir} was made from another base ({made_from[:12]}, {base_dir} is "
+                           f"{be.base_fp()[:12]}); give the base it was quantised from")
+        return be
+
     @property
     def tasks(self) -> List[str]:
         return self.view.adapter_names
@@ -64,6 +89,9 @@ class TorchAdapterBackend:
         """The decode context on the SAME base (edge/sun/colocated.py): a TorchEngine over the base
         object itself (no dtype / device change, so no copy); no adapter reaches it."""
         from edge.engines.torch_engine import TorchEngine
+        if not self.base_is_decoder:
+                raise SunError("this prefill base is not the shared decoder's weights (an int4 decoder is another "
+                           "model): run the decoder as its own worker")
         return TorchEngine(self.base, fingerprint=self.fingerprint, threads=self.threads)
 
     def base_fp(self) -> str:

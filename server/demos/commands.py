@@ -48,6 +48,6 @@ def demo(**options):
               show_default=True, type=click.Path(file_okay=False), help="where the specialists are made and cached")
 @click.option("--seed", default=0, show_default=True)
 def demo_sun(**options):
-    """SUN: three task specialists share one int4 decoder over MQTT (trains tiny specialists once)."""
+    """SUN: three task specialists, adapters on one prefill worker, share one int4 decoder over MQTT (tunes once)."""
     from server.demos.sun_demo import demo_command
     demo_command(**options)

@@ -1,23 +1,20 @@
-"""The SUN part of `make demo`: task specialists share one frozen int4 decoder over MQTT.
+"""The SUN part of `make demo`: task specialists as adapters over one base, sharing one int4 decoder over MQTT.
 
-How the specialists are made (and why it is quick): a tiny llama (2 layers,
-d=64) is trained from scratch on copying strings, then three specialists --
-rotate, reverse, sort -- are tuned from it on the synthetic suite
-(export/tasks.py): full fine-tuning (the baseline), SUN (prefill module only,
-frozen decoder) and QSUN (SUN re-tuned against the int4 decoder). That is the
-accuracy table `make test` checks, ~3 minutes of one core on the first run,
-cached in --work afterwards (nothing trains silently: every run is a progress
-bar). Real-model specialists come from `edge-export tune` and
-benchmarks/sun/sun_accuracy.py.
+The specialists (server/demos/sun_specialists.py): a tiny llama trained from scratch here, and for
+each of rotate / reverse / sort a prefill-only rank-8 LoRA adapter tuned against the int4 decoder
+(QSUN-LoRA), ~1 min of one core on the first run, cached in --work afterwards (nothing trains
+silently: every run is a progress bar). The accuracy table and, per specialist, its adapter's
+bytes beside a full copy's are printed first.
 
-Then the serving: a hub (embedded broker, SUN router), one prefill worker per
-task (the QSUN modules) and ONE shared int4 decoder, each on its own MQTT
-connection as on separate devices. A client sends held-out prompts with
-Zipf-skewed task popularity and Poisson arrivals; the decoder batches the
-three tasks together. The live table shows per task requests, exact match,
-TTFT and latency, and the decoder's batch size and how many of its steps mixed
-tasks. At the end every served answer is compared with the same specialist
-and decoder run in-process (`split_generate`): they must be identical.
+Then the serving: a hub (embedded broker, SUN router), ONE prefill worker holding the fp base once
+and the three adapters (edge/sun/adapter_prefill.py: rows of different tasks share one prefill
+batch), and ONE shared int4 decoder, each on its own MQTT connection as on separate devices. A
+client sends held-out prompts with Zipf-skewed task popularity and Poisson arrivals; the router
+sends every task to the one worker that holds its adapter and the decoder batches the three tasks
+together. The live table shows per task requests, exact match, TTFT and latency, and the
+decoder's batch size and how many of its steps mixed tasks. At the end every served answer is
+compared with the same base + adapter and decoder run in-process (`split_generate`): they must
+be identical.
 """
 from __future__ import annotations
 
@@ -32,41 +29,10 @@ import click
 import numpy as np
 
 from server.demos.live_table import LiveTable
+from server.demos.sun_specialists import make_specialists
 from server.hub import Hub
 
-
-def make_specialists(work: Path, log=print) -> dict:
-    """Train (or load, when cached) the synthetic base, the table and the int4 decoder directory."""
-    import torch
-
-    from edge.model.sun_modules import load_module, save_module
-    from export.sun_eval import (ROWS, SYNTHETIC_TABLE, accuracy_table, markdown_table, synthetic_base,
-                                 synthetic_suite)
-    from export.tune import build_decoder, save_decoder
-    work.mkdir(parents=True, exist_ok=True)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)                     # faster than 2 for a model this small
-    try:
-        if (work / "base" / "manifest.json").is_file():
-            base = load_module(work / "base", dtype=torch.float32)[0]
-        else:
-            log("training the tiny base model from scratch (copying strings; ~20 s, once)")
-            base = synthetic_base(steps=800, seed=0, progress=True)
-            save_module(work / "base", base, {"kind": "synthetic-base"})
-        tasks = synthetic_suite(n_train=20000, n_eval=200, seed=0)
-        if not (work / "results.json").is_file():
-            log("tuning the specialists: full FT, SUN and QSUN for rotate / reverse / sort "
-                "(~3 min of one core, once; cached in " + str(work) + ")")
-        res = accuracy_table(base, tasks, SYNTHETIC_TABLE, out_dir=work, progress=True, log=lambda s: None)
-        if not (work / "decoder-int4" / "manifest.json").is_file():
-            dec, fp = build_decoder(base, "int4")
-            save_decoder(work / "decoder-int4", dec, "int4", fp)
-    finally:
-        torch.set_num_threads(threads)
-    log("\nthe accuracy table (exact match on 200 held-out prompts per task):\n")
-    log(markdown_table(res, ROWS))
-    return {"tasks": tasks, "table": res, "decoder": work / "decoder-int4",
-            "specialists": {t.name: work / "specialists" / t.name / "qsun" for t in tasks}}
+PREFILL_ID, DECODER_ID = "prefill-lora", "decoder-int4"
 
 
 class _Stats:
@@ -80,8 +46,8 @@ class _Stats:
 
 
 def _table(st: _Stats, dec, t: float, n: int) -> List[str]:
-    rows = [f"SUN demo: {len(st.sent)} specialists, one shared int4 decoder   t={t:5.1f}s",
-            f"{'task':<9}{'sent':>6}{'done':>6}{'exact':>8}{'TTFT p50':>10}{'latency p50':>13}"]
+    rows = [f"SUN demo: {len(st.sent)} specialists as adapters on one prefill worker, one shared int4 decoder   "
+            f"t={t:5.1f}s", f"{'task':<9}{'sent':>6}{'done':>6}{'exact':>8}{'TTFT p50':>10}{'latency p50':>13}"]
     with st.lock:
         for task, sent in st.sent.items():
             d = st.done[task]
@@ -101,28 +67,30 @@ def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: flo
     """Serve n_requests over MQTT through the hub; returns a report (and checks every answer)."""
     from edge.wire.link import MqttLink
     from edge.sun.client import SunClient
+    from server.demos.sun_memory import held_bytes, memory_lines, specialist_memory
 
     out = out or sys.stderr
     made = make_specialists(Path(work), log=lambda s: out.write(s + "\n"))
     tasks = {t.name: t for t in made["tasks"]}
     names = list(tasks)
-    from server.demos.sun_memory import memory_lines, specialist_memory
-    memory = specialist_memory(made["specialists"])
-    out.write("\n" + "\n".join(memory_lines(memory)) + "\n\n")
+    memory = specialist_memory(made["base"], made["adapters"])
     key = os.urandom(32)
     hub = Hub(broker="embedded", hub_id="sun-demo-hub", ctl_key=key).start()
     links, nodes = [], []
     st = _Stats(names)
     served: list = []
     try:
-        decoder = _start_workers(hub, key, made, max_batch, links, nodes)
+        prefill, decoder = _start_workers(hub, key, made, max_batch, links, nodes)
+        memory["held"] = held_bytes(prefill.worker.backend)
+        out.write("\n" + "\n".join(memory_lines(memory, memory["held"])) + "\n\n")
         client = SunClient(MqttLink(hub.url, client_id=f"sun-demo-client-{os.getpid()}").connect(10),
                            "demo-client").start()
         links.append(client.link)
         _wait_routes(hub, names)
         threads, t0 = _send_requests(client, tasks, st, served, n_requests, rate, zipf, seed)
         wall = _show_until_done(threads, st, decoder, t0, n_requests, live, out)
-        snap = decoder.stats_snapshot()
+        snap, workers = decoder.stats_snapshot(), hub.snapshot()["sun"]["workers"]
+        prefill_steps = list(prefill.worker.steps)
     finally:
         for node in nodes:
             node.stop()
@@ -131,24 +99,38 @@ def run_sun_demo(work: Path, n_requests: int = 60, rate: float = 20.0, zipf: flo
         hub.stop()
     same = _same_as_in_process(made, tasks, served)
     report = {"served": len(served), "identical_to_in_process": same, "errors": st.errors, "wall_s": wall,
-              "memory": memory,
-              "decoder": snap, "accuracy": {t: float(np.mean([c for c, _, _ in d])) if d else None
-                                            for t, d in st.done.items()}}
-    out.write(f"\ncheck: {same}/{len(served)} served answers identical to the in-process split run"
-              f"{'' if same == len(served) == n_requests else '  <-- MISMATCH'}\n")
-    for e in st.errors:
-        out.write(f"error: {e}\n")
-    out.write(f"one int4 decoder served {len(names)} tasks: {snap['mixed_frac']:.0%} of its batched steps held "
-              f"more than one task (isolated pools would need {len(names)} decoders)\n")
+              "memory": memory, "decoder": snap, "prefill_steps": prefill_steps,
+              "workers": {w: (d["role"], d["tasks"]) for w, d in workers.items()},
+              "served_by": sorted({tuple(r.workers) for _, _, r in served}),
+              "accuracy": {t: float(np.mean([c for c, _, _ in d])) if d else None for t, d in st.done.items()}}
+    _summary(report, names, n_requests, out)
     return report
 
 
+def _summary(report: dict, names: List[str], n_requests: int, out) -> None:
+    same, n = report["identical_to_in_process"], report["served"]
+    out.write(f"\ncheck: {same}/{n} served answers identical to the in-process split run (base + adapter, "
+              f"int4 decoder){'' if same == n == n_requests else '  <-- MISMATCH'}\n")
+    for e in report["errors"]:
+        out.write(f"error: {e}\n")
+    mixed = sum(len(set(s)) > 1 for s in report["prefill_steps"]) / max(1, len(report["prefill_steps"]))
+    out.write(f"one prefill worker held the base once and {len(names)} adapters: {mixed:.0%} of its prefill "
+              f"batches mixed tasks (full copies: {len(names)} prefill modules, one per task)\n")
+    snap = report["decoder"]
+    out.write(f"one int4 decoder served {len(names)} tasks: {snap['mixed_frac']:.0%} of its batched steps held "
+              f"more than one task (isolated pools would need {len(names)} decoders)\n")
+
+
 def _start_workers(hub: Hub, key: bytes, made: dict, max_batch: int, links: list, nodes: list):
-    """A prefill node per task and the one shared decoder's node, each on its own MQTT connection
-    (appended to `links` and `nodes`, to be closed by the caller); the decoder."""
+    """The one prefill worker (the fp base once, an adapter per task) and the one shared decoder,
+    each a node on its own MQTT connection (appended to `links` and `nodes`, to be closed by the
+    caller); (prefill node, decoder)."""
     from edge.wire.link import MqttLink
+    from edge.model.lora.files import WEIGHTS_FILE
+    from edge.model.sun_modules import read_manifest
+    from edge.sun.adapter_prefill import AdapterPrefillWorker
+    from edge.sun.adapter_torch import TorchAdapterBackend
     from edge.sun.decoder import SharedDecoder
-    from edge.sun.prefill import PrefillWorker
     from edge.sun.decoder_node import DecoderNode
     from edge.sun.prefill_node import PrefillNode
     from edge.wire.protocol import sun_hello_topic
@@ -161,12 +143,14 @@ def _start_workers(hub: Hub, key: bytes, made: dict, max_batch: int, links: list
         links.append(link)
         nodes.append(node.start())
         return node
-    for name, path in made["specialists"].items():
-        attach(PrefillNode, PrefillWorker.from_dir(path, task=name, threads=1, kv_dtype="float32"),
-               f"prefill-{name}")
-    decoder = SharedDecoder.from_dir(made["decoder"], threads=1, max_batch=max_batch, name="decoder-int4")
-    attach(DecoderNode, decoder, "decoder-int4")
-    return decoder
+    backend = TorchAdapterBackend.over_base(made["base"], made["decoder"], threads=1)
+    worker = AdapterPrefillWorker(backend, kv_dtype="float32", name=PREFILL_ID)
+    for name, path in made["adapters"].items():     # each checked against the sha256 its tuning recorded
+        worker.add(name, path, sha256=read_manifest(path)["adapter"]["sha256"][WEIGHTS_FILE])
+    prefill = attach(PrefillNode, worker, PREFILL_ID)
+    decoder = SharedDecoder.from_dir(made["decoder"], threads=1, max_batch=max_batch, name=DECODER_ID)
+    attach(DecoderNode, decoder, DECODER_ID)
+    return prefill, decoder
 
 
 def _send_requests(client, tasks: dict, st: _Stats, served: list, n_requests: int, rate: float, zipf: float,
@@ -217,34 +201,43 @@ def _show_until_done(threads: list, st: _Stats, decoder, t0: float, n_requests: 
 
 
 def _same_as_in_process(made: dict, tasks: dict, served: list) -> int:
-    """How many served answers equal the same two modules run in-process (split_generate)."""
+    """How many served answers equal the fp base under the task's adapter (prefill) and the int4
+    decoder run in-process (split_generate)."""
+    import torch
+
+    from edge.model.lora.apply import LoraTransformer
+    from edge.model.lora.files import load_adapter
     from edge.model.sun_modules import load_module, split_generate
     dec_model = load_module(made["decoder"])[0]
+    view = LoraTransformer.over(load_module(made["base"], dtype=torch.float32)[0])
     same = 0
     for name in tasks:
         mine = [(ex, r) for t, ex, r in served if t == name]
         if not mine:
             continue
-        spec = load_module(made["specialists"][name])[0]
-        want = split_generate(spec, dec_model, [ex.prompt for ex, _ in mine], tasks[name].max_new,
-                              tasks[name].stop_ids)
+        view.add_adapter(name, load_adapter(made["adapters"][name], view.cfg))
+        with torch.no_grad(), view.rows(name):
+            want = split_generate(view, dec_model, [ex.prompt for ex, _ in mine], tasks[name].max_new,
+                                  tasks[name].stop_ids)
         same += sum(r.tokens == w for (_, r), w in zip(mine, want))
     return same
 
 
 def _wait_routes(hub: Hub, names, timeout: float = 20.0) -> None:
-    """Until the hub's router has heard every worker's hello."""
-    want = {f"prefill-{n}" for n in names} | {"decoder-int4"}
+    """Until the hub's router has heard both workers' hellos (the prefill worker's listing every task)."""
     end = time.monotonic() + timeout
-    while not want <= set(hub.snapshot()["sun"]["workers"]):
+    while True:
+        workers = hub.snapshot()["sun"]["workers"]
+        if {PREFILL_ID, DECODER_ID} <= set(workers) and set(names) <= set(workers[PREFILL_ID]["tasks"]):
+            return
         if time.monotonic() > end:
             raise click.ClickException(f"the SUN workers did not reach the hub's router: {hub.snapshot()['sun']}")
         time.sleep(0.05)
 
 
 def demo_command(n_requests, rate, zipf, max_batch, work, seed):
-    """`edge-hub demo-sun` (its options are in server/hub_cli.py): three task specialists share one
-    int4 decoder over MQTT (trains tiny specialists once)."""
+    """`edge-hub demo-sun` (its options are in server/demos/commands.py): three task specialists, as
+    adapters on one prefill worker, share one int4 decoder over MQTT (tunes tiny adapters once)."""
     import logging
     logging.getLogger("amqtt").setLevel(logging.ERROR)     # its PUBACK chatter is not ours to show
     report = run_sun_demo(Path(work), n_requests, rate, zipf, seed, max_batch)

@@ -1,33 +1,53 @@
 """The SUN part of `make demo` (`edge-hub demo-sun`), end to end on the synthetic specialists.
 
-It reuses the session's synthetic accuracy table (conftest.sun_table) as its
-cache, so nothing trains twice: the demo must find the specialists, serve
-every request through the hub's router over a real MQTT broker, batch the
-tasks together on its one int4 decoder and hand back exactly what the same
-modules give in-process.
+Its specialists are prefill-only LoRA adapters over one tiny base: the demo must serve every
+request through the hub's router over a real MQTT broker from ONE prefill worker holding the base
+once and every task's adapter, batch the tasks together on its one int4 decoder, and hand back
+exactly what the same base + adapter and decoder give in-process. It runs twice on one --work:
+the first run trains the base and tunes the adapters (~1 min of one core), the second finds them
+cached and trains nothing.
 """
 import io
-import shutil
+import json
 
-from edge.model.sun_modules import save_module
-from server.demos.sun_demo import run_sun_demo
+from edge.model.lora.files import WEIGHTS_FILE
+from server.demos.sun_demo import DECODER_ID, PREFILL_ID, run_sun_demo
+from server.demos.sun_specialists import SERVED
+
+TASKS = ["reverse", "rotate", "sort"]
 
 
-def test_sun_demo_serves_every_task_on_one_decoder(sun_table, tmp_path):
-    res, table_dir, base = sun_table
+def test_sun_demo_serves_adapters_from_one_prefill_worker_on_one_decoder(tmp_path):
     work = tmp_path / "demo-sun"
-    shutil.copytree(table_dir, work)
-    save_module(work / "base", base, {"kind": "synthetic-base"})
     out = io.StringIO()
     report = run_sun_demo(work, n_requests=24, rate=200.0, zipf=1.0, seed=3, live=False, out=out)
     text = out.getvalue()
+    assert "tuning the specialists as rank-8 prefill-only adapters" in text and "| QSUN-LoRA" in text
     assert report["errors"] == [], text
     assert report["served"] == 24 and report["identical_to_in_process"] == 24, text
-    assert "tuning the specialists" not in text          # the cache was used: nothing retrained
-    assert "| QSUN" in text or "QSUN" in text            # the table is shown
+    # one prefill worker holds every task; every answer came from it and the one decoder
+    assert {w: r for w, (r, _) in report["workers"].items()} == {PREFILL_ID: "prefill", DECODER_ID: "decoder"}
+    assert report["workers"][PREFILL_ID][1] == TASKS, report["workers"]
+    assert report["served_by"] == [(PREFILL_ID, DECODER_ID)]
+    assert {t for step in report["prefill_steps"] for t in step} == set(TASKS)
+    # the specialists are adapters: on disk and in the worker, the base once plus adapter-sized tensors
+    mem = report["memory"]
+    for t in TASKS:
+        d = work / "specialists" / t / SERVED
+        assert (d / WEIGHTS_FILE).is_file() and not (d / "model.safetensors").exists()
+        m = mem["tasks"][t]
+        assert 0 < 4 * m["adapter_bytes"] < m["full_copy_bytes"] == mem["base_bytes"], m
+    assert mem["held"] == {"base_bytes": mem["base_bytes"],
+                           "adapter_bytes": {t: mem["tasks"][t]["adapter_bytes"] for t in TASKS}}
+    assert text.count("x less)") == 3 and "as full copies 3 x" in text      # a memory line per specialist
     dec = report["decoder"]
     assert dec["refused"] == 0 and dec["batch_mean"] > 1.0 and dec["mixed_frac"] > 0.0, dec
-    # the served answers score what the table says QSUN scores (same modules, same prompts)
+    # the served answers score what the table says the served adapters score (same prompts' task)
+    table = json.loads((work / "results.json").read_text())["cells"]
     for task, acc in report["accuracy"].items():
-        if acc is not None:
-            assert abs(acc - res["cells"][task]["qsun"]["acc"]) <= 0.35, (task, acc)
+        assert acc is not None and abs(acc - table[task][SERVED]["acc"]) <= 0.35, (task, acc, table)
+
+    out = io.StringIO()
+    again = run_sun_demo(work, n_requests=6, rate=200.0, zipf=1.0, seed=4, live=False, out=out)
+    assert "tuning the specialists" not in out.getvalue() and "training" not in out.getvalue()
+    assert again["errors"] == [] and again["served"] == again["identical_to_in_process"] == 6, out.getvalue()

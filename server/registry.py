@@ -13,6 +13,14 @@ A service counts as online only while server/liveness.py says it is alive: a
 retained hello alone (maybe a dead process's) is not enough until the service
 answers a probe, and its will, silence or an unanswered assignment ends it
 (its sessions are released then).
+
+A live service's hello lists the sessions it holds (DraftHello.held), and that list is the truth:
+a session this hub assigned is released when a hello newer than the assignment (by the service's
+stamp) does not list it and the assignment is at least `confirm_within` s old. That ends what no
+message would: a SessionAssign lost on the way (the service never opened it), a SessionRelease
+lost on the way (a bye or an eviction while this hub's link was moving between broker nodes), a
+session whose target is gone (the service evicts it after --evict-after). Bound: the assignment
+plus max(confirm_within, the service's eviction) plus a hello period.
 """
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ class ServiceInfo:
     local: object = None         # the hub's own DraftNode, None for a remote service
     recent: int = 0              # assigned since the last report
     seen: float = field(default_factory=time.monotonic)
+    stamp: float = 0.0           # the newest hello's stamp (the service's clock)
 
     @property
     def load(self) -> int:
@@ -56,6 +65,8 @@ class SessionInfo:
     client: str
     service: str
     created: float = field(default_factory=time.time)
+    assigned: float = 0.0        # the registry's clock at the assignment
+    after: float = 0.0           # the service's newest hello stamp then: a later hello must list it
 
 
 def _short(fp: str) -> str:
@@ -82,6 +93,7 @@ class Registry:
         self.sessions: Dict[str, SessionInfo] = {}
         self._lock = threading.Lock()
         self.refusals = 0
+        self.unconfirmed = 0          # sessions released because the service's hellos stopped listing them
 
     # ---- services ----
     def update_service(self, hello: DraftHello, local: object = None) -> bool:
@@ -98,7 +110,22 @@ class Registry:
             s.recent, s.seen = 0, time.monotonic()
             if not hello.online:
                 self._drop_sessions(s.name)
+            elif hello.stamp > s.stamp:
+                s.stamp = hello.stamp
+                self._confirm(s.name, hello)
         return probe
+
+    def _confirm(self, service: str, hello: DraftHello) -> None:
+        """Release this service's sessions that a hello newer than their assignment does not list."""
+        if hello.held is None:
+            return                            # too many to list: releases and its death still work
+        held, now = set(hello.held), self.liveness.clock()
+        gone = [sid for sid, v in self.sessions.items()
+                if v.service == service and sid not in held and hello.stamp > v.after
+                and now - v.assigned >= self.liveness.answer_within]
+        for sid in gone:
+            del self.sessions[sid]
+        self.unconfirmed += len(gone)
 
     def sweep(self) -> list:
         """Services found dead (silent, or an assignment unanswered): offline, sessions released."""
@@ -171,7 +198,8 @@ class Registry:
         svc.recent += 1
         if svc.local is None:
             self.liveness.owe(svc.name)           # its next hello must count this session
-        self.sessions[sid] = SessionInfo(sid, join.client, svc.name)
+        self.sessions[sid] = SessionInfo(sid, join.client, svc.name, assigned=self.liveness.clock(),
+                                         after=svc.stamp)
         return svc, sid, secret
 
     def release(self, sid: str) -> Optional[SessionInfo]:
@@ -185,7 +213,7 @@ class Registry:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"sessions": len(self.sessions), "refusals": self.refusals,
+            return {"sessions": len(self.sessions), "refusals": self.refusals, "unconfirmed": self.unconfirmed,
                     "liveness": self.liveness.snapshot(),
                     "services": {n: {"model_fp": s.model_fp, "vocab": s.vocab_size,
                                      "online": s.online and self.liveness.alive(n),

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable, Dict, Optional
 
 from edge.wire.link import Link
-from edge.wire.protocol import (Bye, DraftHello, DraftRequest, ProtocolError, SessionAssign, SessionRelease,
+from edge.wire.protocol import (MAX_HELD, Bye, DraftHello, DraftRequest, ProtocolError, SessionAssign, SessionRelease,
                            down_topic, draft_ctl_topic, draft_hello_topic, encode, session_up_sub)
 from edge.star.draft_service import DraftRefused, DraftService
 from edge.runtime.node import Node
@@ -75,10 +76,10 @@ class DraftNode(Node):
 
     def status(self, online: bool = True) -> DraftHello:
         """The current DraftHello (the hub reads its own service's without a publish)."""
-        lim = self.service.limits
+        lim, held = self.service.limits, sorted(self.service.sessions())
         return DraftHello(self.id, self.tokenizer_fp, self.service.vocab_size, online,
-                          lim.max_sessions, lim.max_gamma, len(self.service.sessions()),
-                          min(1.0, max(0.0, self._busy)))
+                          lim.max_sessions, lim.max_gamma, len(held), min(1.0, max(0.0, self._busy)),
+                          held=held if len(held) <= MAX_HELD else None, stamp=time.time())
 
     def telemetry(self) -> dict:
         """The node's counters plus the draft's own: busy ratio as the system model counts it

@@ -126,6 +126,15 @@ def id_list(name: str, v: Any) -> list[str]:
     return [check_id(x, name) for x in v]
 
 
+def ids(limit: int) -> Callable[[str, Any], list[str]]:
+    """A list of at most `limit` ids (id_list's cap, 256, is too small for a service's sessions)."""
+    def check(name: str, v: Any) -> list[str]:
+        if not isinstance(v, list) or len(v) > limit:
+            raise ProtocolError(f"{name} must be a list of at most {limit} ids")
+        return [check_id(x, name) for x in v]
+    return check
+
+
 def check_sampling(name: str, v: Any) -> dict:
     if not isinstance(v, dict) or set(v) != {"temperature", "top_k", "top_p", "seed"}:
         raise ProtocolError(f"{name} must map exactly temperature, top_k, top_p, seed; got {_short(v)}")

@@ -34,7 +34,7 @@ from edge.wire.fields import (CODE, FINGERPRINT, GAMMA, GRAMMAR_ID, ID, ID_OR_EM
                               MAX_GRAMMAR_BYTES, MAX_SEQ, grammar_text,
                               MAX_TEMPERATURE, MAX_TOP_K, MAX_VOCAB, MESSAGE_TEXT, SECRET_BYTES, SEQ, TOPIC,
                               VOCAB_SIZE, ProtocolError, QEntry, as_token_list, boolean, check_id,
-                              check_sampling, decode_array, encode_array, id_list, integer, number, one_of, optional,
+                              check_sampling, decode_array, encode_array, id_list, ids, integer, number, one_of, optional,
                               raw_bytes, secret_bytes, SHA256, sparse_q, split_q, text, token_ids, wire_q, _short)
 
 # the topic table (edge/wire/topics.py) is part of the wire format: its names are used from here too
@@ -51,6 +51,7 @@ MAX_KEEP = 1 << 20             # longest sequence a draft may be asked to keep
 SUN_CHUNK_BYTES = 2 << 20      # KV bytes per KVChunk (well under MAX_MESSAGE_BYTES)
 MAX_KV_CHUNKS = 4096           # 8 GiB: any receiver applies its own, smaller memory limit
 MAX_NEW_TOKENS = 1 << 16       # tokens one SUN request may ask for
+MAX_HELD = 4096               # session ids a DraftHello lists (~70 KB); past it, none
 MAX_STOP = 64                  # stop token ids per request
 MAX_STREAM_TOKENS = 256        # tokens in one SunTokens message
 JOIN_ROLES = ("target", "prefill", "decoder")  # SUN roles reserved, not served yet
@@ -206,6 +207,12 @@ class DraftHello(Message):
     max_gamma: int = wire(GAMMA, 8)
     sessions: int = wire(integer(0, 1 << 20), 0)
     busy: float = wire(number(0.0, 1.0), 0.0)   # busy ratio over the last window
+    # The session ids it serves now (None: more than MAX_HELD, not listed): a hub releases a session
+    # it assigned that a later hello does not list -- an assignment or a release lost on the way
+    # (server/registry.py). `stamp` (the service's wall clock) orders its hellos, so a stale
+    # retained copy (RabbitMQ keeps one per node) is not taken for news.
+    held: Optional[list] = wire(optional(ids(MAX_HELD)), None)
+    stamp: float = wire(number(0.0, 1e12), 0.0)
 
 
 @message("assign")

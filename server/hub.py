@@ -54,11 +54,13 @@ class Hub:
                  hub_id: str = "hub", username: Optional[str] = None, password: Optional[str] = None,
                  status_every: float = 2.0, ctl_key: Optional[bytes] = None, sun: bool = True,
                  sun_isolated: bool = False, sun_pools: Optional[dict] = None, sun_decoder=None,
-                 listeners=(), client_share: float = CLIENT_SHARE, hubs=(), hub_silent_s: float = HUB_SILENT_S):
+                 listeners=(), client_share: float = CLIENT_SHARE, hubs=(), hub_silent_s: float = HUB_SILENT_S,
+                 keepalive: int = 15):
         """hubs: the ids of every hub of the star, this one's included (several hubs); empty: this
         hub is the only one, as before. sun: route SUN requests; sun_isolated / sun_pools: one decoder pool per task
         ({task: [decoder ids]}); sun_decoder: a SharedDecoder the hub serves as
-        f"{hub_id}-decoder"; client_share: the most of the fitting draft slots one client may hold."""
+        f"{hub_id}-decoder"; client_share: the most of the fitting draft slots one client may hold;
+        keepalive: the MQTT keepalive of every link it opens (a silent broker node is left after ~1.5-2x)."""
         if (draft_engine is not None or draft_core is not None) and not tokenizer_fp:
             raise ValueError("the hub's draft service needs the tokenizer fingerprint of its model")
         if sun_pools and not sun_isolated:
@@ -70,6 +72,7 @@ class Hub:
         self.broker_url, self.broker_kind, self.port, self.acl = broker_url, broker, port, acl
         self.listeners = list(listeners)      # server.broker.Listener: addresses beyond loopback
         self.username, self.password = username, password
+        self.keepalive = keepalive
         self.draft_engine, self.tokenizer_fp, self.limits = draft_engine, tokenizer_fp, limits
         self.draft_core = draft_core          # a prebuilt draft core (edge/star/draft_kinds.py), or None
         self.status_every, self.ctl_key = status_every, ctl_key
@@ -109,8 +112,7 @@ class Hub:
                                            listeners=self.listeners)
                 if self.acl:
                     self.username, self.password = self.broker.hub_user, self.broker.hub_password
-            self.link = MqttLink(self.url, client_id=f"{self.hub_id}-{int(self.epoch * 1000) % 10**9}",
-                                 username=self.username, password=self.password)
+            self.link = self._mqtt_link(self.url, self.hub_id)
         self.link.set_will(self._status_topic(), encode(HubStatus(self.hub_id, False, self.epoch)), retain=True)
         # announce ourselves only once the draft service is registered, or early
         # joins would be refused for want of a draft service
@@ -200,13 +202,16 @@ class Hub:
     def _second_link(self, name: str):
         """Another connection to our broker as the hub's user (an in-memory bus: another link on it)."""
         if isinstance(self.link, MqttLink):
-            return MqttLink(self.link.url, client_id=f"{name}-{int(self.epoch * 1000) % 10**9}",
-                            username=self.username, password=self.password)
+            return self._mqtt_link(self.link.url, name)
         bus = getattr(self.link, "bus", None)
         if bus is not None:
             from edge.wire.memory_link import MemoryLink
             return MemoryLink(bus)
         return self.link                      # some other Link: share it
+
+    def _mqtt_link(self, url: str, name: str) -> MqttLink:
+        return MqttLink(url, client_id=f"{name}-{int(self.epoch * 1000) % 10**9}", username=self.username,
+                        password=self.password, keepalive=self.keepalive)
 
     def _revive_broker(self) -> None:
         """Our Mosquitto died under us (kill -9, the OOM killer): start it again on its port with

@@ -3,7 +3,7 @@ line and from `--config hub.toml` (docs/examples/hub.toml), the command line ove
 
 The file has one table per --help section of `edge-hub serve`, each key the long option's name:
 
-    [broker]     broker, mosquitto, port, listen, tls_dir, insecure, acl, user, credentials_out,
+    [broker]     broker, mosquitto, port, listen, tls_dir, insecure, acl, keepalive, user, credentials_out,
                  username, password_file, ctl_key_file
                  (broker: one URL or a list of a cluster's nodes; with an mqtts:// broker, tls_dir holds the
                  hub's own client certificate)
@@ -26,7 +26,7 @@ from typing import List, Optional
 import click
 
 from edge.cli.config_file import config_option, read_sectioned_config
-from edge.cli.options import draft_limits, read_ctl_key, read_password
+from edge.cli.options import KEEPALIVE_S, draft_limits, read_ctl_key, read_password
 from edge.cli.startup import DraftPlan, TelemetrySettings
 
 
@@ -56,6 +56,7 @@ class BrokerSettings:
     username: Optional[str]             # the hub's own user on an external broker
     password: Optional[str]
     tls: Optional[tuple] = None         # (CA, certificate, key): the hub's own on an external mqtts:// broker
+    keepalive: int = KEEPALIVE_S        # --keepalive: every link of the hub
 
 
 @dataclass
@@ -131,7 +132,7 @@ def broker_settings(o: dict) -> BrokerSettings:
                                "of yours. Add --credentials-out FILE (written mode 600; give each device its line's "
                                "password as --password-file), or give NAME:ROLE:PASSWORD")
     return BrokerSettings(url, "mosquitto" if o["mosquitto"] else "embedded", o["port"], listeners, o["acl"], users,
-                          o["credentials_out"], o["username"], password, tls)
+                          o["credentials_out"], o["username"], password, tls, o.get("keepalive") or KEEPALIVE_S)
 
 
 def external_broker_tls(url: str, tls_dir: Optional[str], cert_name: str) -> Optional[tuple]:

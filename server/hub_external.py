@@ -30,4 +30,4 @@ class ExternalTlsHub(Hub):
     def _tls_link(self, name: str) -> MqttLink:
         # the broker takes the certificate's CN as the username; the client id only has to be unique
         return MqttLink(self.broker_url, client_id=f"{name}-{int(time.time() * 1000) % 10**9}",
-                        username=self.username, password=self.password, tls=self.tls)
+                        username=self.username, password=self.password, tls=self.tls, keepalive=self.keepalive)

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from edge.cli.options import (apply, backend_option, credential_options, ctl_key_option, draft_options, hubs_option,
+                              keepalive_option,
                               model_options, stop_ids_option, telemetry_options, tls_dir_option)
 from edge.cli.sections import BROKER, DRAFT, HUB, SUN, SectionedCommand, option
 from edge.cli.startup import (build_draft, leave_on_sigterm, open_model_for_command, start_telemetry_for_command,
@@ -47,6 +48,7 @@ def broker_options(f):
         option(BROKER, "--credentials-out", default=None, type=click.Path(dir_okay=False), metavar="FILE",
                help="write every --user's NAME:ROLE:PASSWORD here, mode 600 (rewritten at each start: the passwords "
                     "made are new); the log only says where"),
+        keepalive_option,
         credential_options,
         ctl_key_option,
     ])
@@ -139,7 +141,8 @@ def _make_hub(cfg: HubConfig):
     kw = dict(broker_url=b.url, broker=b.kind, port=b.port, acl=b.acl, draft_core=core,
               tokenizer_fp=tok.fingerprint() if tok is not None else "", hub_id=cfg.hub_id, username=b.username,
               password=b.password, sun_isolated=sun.isolated, sun_pools=sun.pools, sun_decoder=decoder,
-              ctl_key=cfg.ctl_key, listeners=b.listeners, client_share=cfg.client_share, hubs=cfg.hubs)
+              ctl_key=cfg.ctl_key, listeners=b.listeners, client_share=cfg.client_share, hubs=cfg.hubs,
+              keepalive=b.keepalive)
     if b.tls is not None:                 # an external mqtts:// broker: every link with the hub's certificate
         from server.hub_external import ExternalTlsHub
         return ExternalTlsHub(tls=b.tls, **kw)

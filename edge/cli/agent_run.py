@@ -28,6 +28,7 @@ from edge.cli.agent_config import config_option
 from edge.cli.agent_roles import TargetSettings, open_node, run_draft, run_sun, run_target  # noqa: F401
 from edge.cli.options import (CLIENT_TLS_HELP, BrokerAccess, backend_option, broker_access, credential_options,
                               ctl_key_option, draft_limits, draft_options, gamma_option, hub_url_option, hubs_option,
+                              keepalive_option,
                               model_options, read_ctl_key, stop_ids_option, telemetry_options, tls_dir_option)
 from edge.cli.plan_command import check_before_load, memory_options
 from edge.cli.sections import ROLE, SUN, TARGET, SectionedCommand, option
@@ -89,6 +90,7 @@ class AgentConfig:
 @hub_url_option()
 @credential_options
 @tls_dir_option(CLIENT_TLS_HELP)
+@keepalive_option
 @ctl_key_option
 @backend_option(default="auto",
                 help="engine: torch (checkpoints), onnx / llamacpp (a bundle or .onnx / .gguf file); "

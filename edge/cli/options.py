@@ -41,6 +41,16 @@ def hub_url_option(required: bool = True):
                        "(a list in a config file): on losing one, the link moves to the next")
 
 
+KEEPALIVE_S = 15            # MQTT keepalive: paho gives a silent broker up after ~1.5-2x this
+
+
+keepalive_option = option(BROKER, "--keepalive", default=KEEPALIVE_S, show_default=True, metavar="S",
+                          type=click.IntRange(2, 3600),
+                          help="MQTT keepalive in seconds: a broker node that goes silent (a partition, a hung "
+                               "node) is given up, and the next one of the list tried, after about 1.5-2x this; "
+                               "shorter fails over sooner at one PINGREQ/PINGRESP pair per S of idle link")
+
+
 def tls_dir_option(help: str):
     return option(BROKER, "--tls-dir", default=None, type=click.Path(file_okay=False), help=help)
 
@@ -130,17 +140,20 @@ class BrokerAccess:
     username: Optional[str] = None
     password: Optional[str] = None
     tls: Optional[tuple] = None           # (CA, certificate, key) for mqtts://
+    keepalive: int = KEEPALIVE_S          # --keepalive
 
     def link(self, **kw):
         from edge.wire.link import MqttLink
+        kw.setdefault("keepalive", self.keepalive)
         return MqttLink(self.url, username=self.username, password=self.password, tls=self.tls, **kw)
 
 
 def broker_access(options: dict, tls_name: str) -> BrokerAccess:
-    """--hub, --username, --password(-file) and --tls-dir read (TLS files named for `tls_name`)."""
+    """--hub, --username, --password(-file), --tls-dir and --keepalive read (TLS files named for `tls_name`)."""
     return BrokerAccess(options["hub_url"], options["username"],
                         read_password(options["password"], options["password_file"]),
-                        tls_files(options["tls_dir"], tls_name, options["hub_url"]))
+                        tls_files(options["tls_dir"], tls_name, options["hub_url"]),
+                        options.get("keepalive") or KEEPALIVE_S)
 
 
 # ---- the model ----

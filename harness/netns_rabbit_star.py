@@ -25,8 +25,8 @@ from typing import Dict, List, Optional
 
 from edge.star.hub_ring import owner
 from edge.wire.link import MqttLink
-from edge.wire.protocol import (DraftHello, HubStatus, SessionAssign, SessionRelease, decode, draft_ctl_topic,
-                                draft_hello_topic, hub_hello_topic)
+from edge.wire.protocol import (DraftHello, HubStatus, Joined, ProtocolError, SessionAssign, SessionRelease, decode,
+                                draft_ctl_topic, draft_hello_topic, hub_hello_topic, subscription)
 from harness.netns import NetLab
 from harness.netns_rabbitmq import NetnsRabbitCluster
 from harness.star_processes import BIN, Procs, hf_model
@@ -55,10 +55,8 @@ class Observer:
         self.lock = threading.Lock()
         self.link = MqttLink(urls, tls=tls, keepalive=5, reconnect_delay=(0.05, 0.5)).connect(20)
         self.link.subscribe("ss/s/+/+/+/down", self._on_answer)
-        self.ups: Dict[str, list] = {}   # DEBUG sid -> [first, last, n]
-        self.joined: Dict[str, float] = {}
-        self.link.subscribe("ss/s/+/+/+/up", self._on_up)
-        self.link.subscribe("ss/c/+/joined", self._on_joined)
+        self.joins: List[tuple] = []             # (monotonic time, client, sid): a hub accepted a join
+        self.link.subscribe(subscription("joined"), self._on_joined)
         for topic in [hub_hello_topic(h) for h in HUBS] + [draft_hello_topic(DRAFT)]:
             self.link.subscribe(topic, self._on_hello)
         self.link.subscribe(draft_ctl_topic(DRAFT), self._on_hello)
@@ -68,21 +66,19 @@ class Observer:
         with self.lock:
             self.answers_.append((time.monotonic(), parts[2], parts[4]))
 
-    def _on_up(self, topic, payload):
-        sid = topic.split("/")[3]
-        now = time.monotonic()
-        with self.lock:
-            u = self.ups.setdefault(sid, [now, now, 0])
-            u[1] = now
-            u[2] += 1
-
-    def _on_joined(self, topic, payload):
+    def _on_joined(self, topic: str, payload: bytes) -> None:
         try:
-            m = decode(payload)
-        except Exception:
+            msg = decode(payload)
+        except ProtocolError:
             return
-        if getattr(m, "sid", None):
-            self.joined[m.sid] = time.monotonic()
+        if isinstance(msg, Joined) and msg.accepted:
+            with self.lock:
+                self.joins.append((time.monotonic(), msg.client, msg.sid))
+
+    def joined(self, client: str, since: float = 0.0) -> List[float]:
+        """When hubs accepted `client`'s joins (at or after `since`)."""
+        with self.lock:
+            return [t for t, c, _ in self.joins if c == client and t >= since]
 
     def _on_hello(self, topic: str, payload: bytes) -> None:
         msg = decode(payload) if payload else None
@@ -123,8 +119,10 @@ class Observer:
 
 
 class RabbitNamespaceStar:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, keepalive: Optional[int] = None) -> None:
+        """keepalive: --keepalive of every hub and agent (None: their default)."""
         self.root = Path(root)
+        self.link_opts = [] if keepalive is None else ["--keepalive", keepalive]
         self.ps = Procs(self.root)
         self.lab: Optional[NetLab] = None
         self.cluster: Optional[NetnsRabbitCluster] = None
@@ -171,11 +169,11 @@ class RabbitNamespaceStar:
     def start_hub(self, h: str) -> None:
         self.ps.start(h, *self.hosts[h].cmd(BIN / "edge-hub", "serve", "--broker", self.urls(h), "--tls-dir",
                                             self.cluster.certs, "--hub-id", h, "--hubs", ",".join(HUBS),
-                                            "--stats-every", "0"))
+                                            "--stats-every", "0", *self.link_opts))
 
     def _agent(self, host: str, *args) -> list:
         return self.hosts[host].cmd(BIN / "edge-agent", "run", "--hub", self.urls(host), "--tls-dir",
-                                    self.cluster.certs, *args)
+                                    self.cluster.certs, *self.link_opts, *args)
 
     def _until(self, cond, timeout: float, name: str) -> None:
         end = time.monotonic() + timeout

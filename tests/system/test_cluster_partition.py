@@ -1,10 +1,10 @@
-"""A node of the 3-node RabbitMQ cluster cut off while a StarSD target sits on it (issue 38).
+"""A node of the 3-node RabbitMQ cluster hung (SIGSTOP) while a StarSD target sits on it (issue 38).
 
-No firewall exists here (no iptables / nft), and `tc` drop rules on loopback cannot isolate one
-node: its Erlang distribution connections to the others leave from ephemeral ports on the same
-127.0.0.1, so no port match separates them from the rest. The nearest real thing is used:
-SIGSTOP of the node's VM (harness RabbitCluster.suspend) -- every TCP connection to it stays
-open and goes silent, as behind a partition that drops packets, with no reset to tell anyone.
+A hung node -- its VM stopped, every TCP connection to it open and silent, no reset to tell
+anyone -- on loopback ports, with the real SmolLM2 GGUF target: the fault a stuck or swapped-out
+broker host gives, and one that needs no root. The real partition (the node's packets vanish,
+its app paused by pause_minority, two hubs, leak checks) is tests/system/test_cluster_netns_partition.py,
+in network namespaces.
 
 The target (real SmolLM2-135M GGUF on llama.cpp, greedy: speculation is lossless) is attached to
 that node first; the hub and the draft service to the others. Mid-generation the node goes

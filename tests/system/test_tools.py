@@ -221,7 +221,11 @@ def test_bad_tool_requests_are_400s_naming_the_field(client):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, extra_body=extra)
         assert e.value.body["param"] == param, (extra, e.value.body)
-    assert client.chat.completions.create(model="tiny", messages=ASK, max_tokens=2).choices[0].message.content
+    # still serving: a real answer (sampled tokens of a random tiny model may decode to no text, so
+    # the answer is checked by its tokens, not by its content being non-empty)
+    r = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=2)
+    assert r.choices[0].finish_reason in ("stop", "length") and isinstance(r.choices[0].message.content, str)
+    assert r.usage.prompt_tokens > 0 and 1 <= r.usage.completion_tokens <= 2 or r.choices[0].finish_reason == "stop"
 
 
 def test_a_template_without_tool_support_is_a_400(tmp_path):

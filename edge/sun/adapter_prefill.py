@@ -17,24 +17,23 @@ AdapterError that says why and the tasks already served carry on.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-from collections import deque
 from pathlib import Path
-from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from edge.model.sun_error import SunError
 from edge.spec.sampling import GREEDY, Role, SamplingParams, pick, role_rng
 from edge.sun.limits import DEFAULT_MAX_QUEUE
-from edge.sun.prefill import PrefillFailed, PrefillOutput, QueueFull
+from edge.sun.prefill import PrefillFailed, PrefillOutput
+from edge.sun.prompt_queue import PromptQueue
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_ROWS = 8          # prompts prefilled together in one step
 MAX_TASKS = 256               # tasks one hello can list (edge/wire/fields.py id_list)
 
 
-class AdapterPrefillWorker:
+class AdapterPrefillWorker(PromptQueue):
     """The prefill core (an edge.runtime.core.EngineCore) of every task whose adapter `backend` holds.
 
     backend: TorchAdapterBackend or LlamaCppAdapterBackend (their docstrings say what each costs);
@@ -44,12 +43,11 @@ class AdapterPrefillWorker:
                  max_queue: int = DEFAULT_MAX_QUEUE, max_rows: int = DEFAULT_MAX_ROWS):
         if not backend.fingerprint:
             raise SunError("an adapter prefill worker needs the fingerprint of the shared decoder its base is")
-        if max_queue < 1 or max_rows < 1:
-            raise ValueError("max_queue and max_rows must be >= 1")
+        if max_rows < 1:
+            raise ValueError("max_rows must be >= 1")
+        super().__init__(name, max_queue)       # items: (request id, prompt, params, task)
         self.backend, self.engine = backend, backend.engine
-        self.kv_dtype, self.name, self.max_queue, self.max_rows = kv_dtype, name, max_queue, max_rows
-        self._ids = itertools.count(1)
-        self._queue: Deque[tuple] = deque()     # (request id, prompt, params, task)
+        self.kv_dtype, self.max_rows = kv_dtype, max_rows
         self.steps: List[Tuple[str, ...]] = []  # the tasks of each step's rows (the last 256 steps)
         self.refused: Dict[str, str] = {}       # task -> why, of adapters refused at open
 
@@ -119,26 +117,8 @@ class AdapterPrefillWorker:
         if task not in self.backend.tasks:
             raise SunError(f"{self.name} holds no adapter for task {task!r} (it serves: "
                            f"{', '.join(self.tasks) or 'none'})")
-        if len(self._queue) >= self.max_queue:
-            raise QueueFull(f"{self.name}: {self.max_queue} prompts are queued already, its limit; "
-                            "retry later or add a prefill worker with this task's adapter")
-        rid = request_id or f"{self.name}#{next(self._ids)}"
-        self._queue.append((rid, [int(t) for t in prompt], params, task))
-        return rid
-
-    def cancel(self, request_id: str) -> bool:
-        for item in self._queue:
-            if item[0] == request_id:
-                self._queue.remove(item)
-                return True
-        return False
-
-    @property
-    def load(self) -> int:
-        return len(self._queue)
-
-    def has_work(self) -> bool:
-        return bool(self._queue)
+        return self._admit(request_id, ([int(t) for t in prompt], params, task),
+                           "a prefill worker with this task's adapter")
 
     def step(self) -> List[Union[PrefillOutput, PrefillFailed]]:
         """Prefill up to max_rows queued prompts, whatever their tasks, in one backend call."""

@@ -14,24 +14,19 @@ answers `overloaded`), so a burst faster than the prefills cannot grow the queue
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Deque, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
 from edge.engines.base import Engine
 from edge.sun.limits import DEFAULT_MAX_QUEUE
+from edge.sun.prompt_queue import PromptQueue
 from edge.spec.sampling import GREEDY, Role, SamplingParams, pick, role_rng
 
 log = logging.getLogger(__name__)
-
-
-class QueueFull(RuntimeError):
-    """max_queue prompts wait already: retry later or elsewhere."""
 
 
 @dataclass
@@ -52,7 +47,7 @@ class PrefillFailed:
     refused: bool             # True: the prompt was refused (empty, too long, bad ids); False: a fault
 
 
-class PrefillWorker:
+class PrefillWorker(PromptQueue):
     """The prefill core (an edge.runtime.core.EngineCore) of one task. The engine's fingerprint
     must be the target decoder's fingerprint."""
 
@@ -61,15 +56,10 @@ class PrefillWorker:
         if not engine.fingerprint:
             raise ValueError("a prefill engine needs the fingerprint of the decoder it was tuned for "
                              "(the specialist manifest's decoder_fingerprint)")
+        super().__init__(name or f"prefill/{task}", max_queue)   # items: (request id, prompt, params)
         self.engine = engine
         self.task = task
         self.kv_dtype = kv_dtype
-        self.name = name or f"prefill/{task}"
-        if max_queue < 1:
-            raise ValueError("max_queue must be >= 1")
-        self.max_queue = max_queue
-        self._ids = itertools.count(1)
-        self._queue: Deque[tuple] = deque()     # (request id, prompt, params) for step
 
     @property
     def decoder_fingerprint(self) -> str:
@@ -131,28 +121,7 @@ class PrefillWorker:
         (task: None or this worker's own)."""
         if task not in (None, self.task):
             raise ValueError(f"{self.name} serves task {self.task!r}, not {task!r}")
-        if len(self._queue) >= self.max_queue:
-            raise QueueFull(f"{self.name}: {self.max_queue} prompts are queued already, its limit; "
-                            "retry later or add a prefill worker for this task")
-        rid = request_id or f"{self.name}#{next(self._ids)}"
-        self._queue.append((rid, list(prompt), params))
-        return rid
-
-    def cancel(self, request_id: str) -> bool:
-        """Drop a queued prompt; False if it is not queued (unknown, or prefilled already)."""
-        for item in self._queue:
-            if item[0] == request_id:
-                self._queue.remove(item)
-                return True
-        return False
-
-    @property
-    def load(self) -> int:
-        """Prompts queued."""
-        return len(self._queue)
-
-    def has_work(self) -> bool:
-        return bool(self._queue)
+        return self._admit(request_id, (list(prompt), params), "a prefill worker for this task")
 
     def step(self) -> List[Union[PrefillOutput, PrefillFailed]]:
         """Prefill the oldest queued prompt (one at a time: a prompt already batches its tokens)."""

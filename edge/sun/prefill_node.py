@@ -32,7 +32,8 @@ from edge.wire.protocol import (E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, SUN_CHU
                                 Error, KVChunk, PrefillJob, SunHello, SunTokens, encode, sun_ctl_topic,
                                 sun_hello_topic, sun_kv_topic, sun_stream_topic)
 from edge.runtime.node import Node
-from edge.sun.prefill import PrefillFailed, PrefillOutput, PrefillWorker, QueueFull
+from edge.sun.prefill import PrefillFailed, PrefillOutput, PrefillWorker
+from edge.sun.prompt_queue import QueueFull
 from edge.spec.sampling import SamplingParams
 
 log = logging.getLogger(__name__)

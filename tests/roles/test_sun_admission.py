@@ -13,7 +13,8 @@ from edge.engines.torch_engine import TorchEngine
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.sun.decoder import DecoderFull, SharedDecoder
 from edge.sun.decoder_node import DecoderNode, size
-from edge.sun.prefill import PrefillWorker, QueueFull
+from edge.sun.prefill import PrefillWorker
+from edge.sun.prompt_queue import QueueFull
 from edge.sun.prefill_node import PrefillNode
 from server.sun_router import SunRefusal, SunRouter
 from harness.tiny_models import random_model

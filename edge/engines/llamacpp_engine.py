@@ -112,18 +112,22 @@ class LlamaCppEngine(Engine):
         return buf.value.decode() if n >= 0 else None
 
     def close(self) -> None:
+        if self._free_context() and self._model:
+            self._lc.llama_model_free(self._model)
+            self._model = None
+
+    def _free_context(self) -> bool:
+        """Free the batch and the context (not the model); False if nothing was ever opened."""
         lc = getattr(self, "_lc", None)
         if lc is None:
-            return
+            return False
         if self._batch is not None:
             lc.llama_batch_free(self._batch)
             self._batch = None
         if self._ctx:
             lc.llama_free(self._ctx)
             self._ctx = None
-        if self._model:
-            lc.llama_model_free(self._model)
-            self._model = None
+        return True
 
     def __del__(self):
         try:

@@ -51,13 +51,5 @@ class SiblingContext(LlamaCppEngine):
 
     def close(self) -> None:
         """Free this context and its batch; the model stays its owner's."""
-        lc = getattr(self, "_lc", None)
-        if lc is None:
-            return
-        if self._batch is not None:
-            lc.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            lc.llama_free(self._ctx)
-            self._ctx = None
+        self._free_context()
         self._model = None

@@ -199,18 +199,29 @@ class Link(ABC):
                 log.exception("link %s: connection listener failed", self.client_id)
 
 
+STABLE_S = 2.0     # a connection that lasted this long proved its broker up (see _FailoverClient)
+
+
 class _FailoverClient(mqtt.Client):
     """paho's client, but each reconnect after a loss or a failed attempt goes to the next broker
-    of the list (paho's own reconnect loop calls reconnect(); host and port are its own fields)."""
+    of the list (paho's own reconnect loop calls reconnect(); host and port are its own fields).
+
+    Except once: a broker that itself closed a connection held STABLE_S is up, so it is tried
+    first. RabbitMQ 3.10 drops live nodes' MQTT connections when another node goes (a QoS 1
+    publish routed there is nacked; its MQTT plugin crashes on the nack): moving on could wait
+    out a connect to the lost node (3.4 s measured, docs/star.md). A killed broker refuses the
+    retry at once; keepalive leaves a hung or cut-off one, and that loss moves on."""
 
     def __init__(self, brokers: BrokerList, *args, **kw) -> None:
         super().__init__(*args, **kw)
         self.brokers = brokers
         self.base_id = kw["client_id"]
         self.tried = False                 # a first attempt went out; later ones move on
+        self.same_next = False             # the broker closed a stable connection: try it once more
 
     def reconnect(self):
-        if self.tried and len(self.brokers.urls) > 1:
+        same, self.same_next = self.same_next, False
+        if self.tried and len(self.brokers.urls) > 1 and not same:
             self._host, self._port = self.brokers.advance()
             # a fresh client id on another node: RabbitMQ would first delete the old id's queue,
             # which lives on the dead node, and close the connection ("home node not running")
@@ -250,6 +261,7 @@ class MqttLink(Link):
         self._refused: Optional[str] = None
         self._acks: dict[int, tuple[threading.Event, list]] = {}
         self._started = False
+        self._up_since = 0.0
         c = _FailoverClient(self.brokers, mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id,
                             protocol=mqtt.MQTTv311, clean_session=True)
         if username:
@@ -287,6 +299,7 @@ class MqttLink(Link):
             log.warning("link %s: broker %s refused the connection: %s", self.client_id, self.url, reason_code)
             return
         self._refused = None
+        self._up_since = time.monotonic()
         self.host, self.port = client.host, client.port
         with self._lock:
             patterns = list(self._subs)
@@ -298,6 +311,9 @@ class MqttLink(Link):
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was_up = self._up.is_set()
         self._up.clear()
+        if was_up and reason_code.is_failure and str(reason_code) != "Keep alive timeout" \
+                and time.monotonic() - self._up_since >= STABLE_S:
+            client.same_next = True             # the broker itself closed it: it is up
         if was_up:
             log.info("link %s: disconnected from %s:%s (%s)", self.client_id, self.host, self.port, reason_code)
             self._notify(False)

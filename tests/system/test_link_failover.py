@@ -50,3 +50,35 @@ def test_a_dead_first_broker_is_skipped_at_start():
         link.close()
     finally:
         live.close()
+
+
+def test_a_broker_that_closes_a_stable_connection_is_tried_again_first():
+    """A live broker that drops us (RabbitMQ does so on healthy nodes when another node goes) is
+    tried once more before the list moves on; a killed one refuses that try and is left."""
+    import paho.mqtt.client as mqtt
+
+    from edge.wire.link import STABLE_S
+    first, second = MosquittoBroker().start(), MosquittoBroker().start()
+    intruder = None
+    try:
+        a = MqttLink(f"{first.url},{second.url}").connect(5)
+        states = []
+        a.on_connection(states.append)
+        time.sleep(STABLE_S + 0.3)
+        intruder = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=a.client_id,
+                               protocol=mqtt.MQTTv311)
+        intruder.connect(first.host, first.port)        # same client id: the broker drops `a`
+        intruder.loop(1.0)
+        assert _wait(lambda: states[:2] == [False, True], 10), f"no reconnect: {states}"
+        assert (a.host, a.port) == (first.host, first.port) and a.brokers.failovers == 0, \
+            "a live broker that closed the connection was left for the next one"
+        time.sleep(STABLE_S + 0.3)
+        first.proc.kill()                                  # kill -9: the retry is refused, then on
+        assert _wait(lambda: states[2:4] == [False, True], 15), f"no failover: {states}"
+        assert (a.host, a.port) == (second.host, second.port) and a.brokers.failovers == 1
+        a.close()
+    finally:
+        if intruder is not None:
+            intruder.socket() and intruder.socket().close()
+        first.close()
+        second.close()

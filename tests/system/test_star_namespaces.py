@@ -18,12 +18,12 @@ from __future__ import annotations
 import os
 import socket
 import ssl
-import threading
 import time
 
 import pytest
 
 from edge.wire.link import MqttLink
+from harness.namespace_runs import complete_at_once, plain_texts
 from harness.netns import available
 from harness.netns_star import NamespaceStar
 
@@ -52,34 +52,12 @@ def star(tmp_path_factory):
 @pytest.fixture(scope="module")
 def refs(star):
     """The one-process run: each prompt's plain greedy text (what every target must print)."""
-    from edge.engines.loader import open_model
-    from edge.spec.generate import generate_plain
-    engine, tok = open_model(str(star.model), dtype="float64", threads=1, max_len=4096)
-    out = {}
-    for host, prompt in PROMPTS.items():
-        ids = tok.encode(prompt, add_special=True)
-        ref = generate_plain(engine, ids, MAX_NEW, stop_ids=tuple(tok.eos_ids)).tokens
-        stream = tok.decode_stream(skip_special=True)
-        out[host] = "".join(stream.put(t) for t in ref)
-    return out
+    return plain_texts(star.model, PROMPTS, MAX_NEW)
 
 
 def _both(star, hosts=("t1", "t2")) -> dict:
     """Generate on several targets at once (each an HTTP request with REQUEST_TIMEOUT)."""
-    got, errs = {}, []
-
-    def one(h):
-        try:
-            got[h] = star.complete(h, PROMPTS[h], MAX_NEW, timeout=REQUEST_TIMEOUT)
-        except Exception as e:         # a timeout included: the assertion below names it
-            errs.append(f"{h}: {e!r}")
-    ts = [threading.Thread(target=one, args=(h,)) for h in hosts]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errs, errs
-    return got
+    return complete_at_once(star, PROMPTS, MAX_NEW, REQUEST_TIMEOUT, hosts)
 
 
 def _recovers(star, host, since):

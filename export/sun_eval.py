@@ -93,10 +93,10 @@ def _specialist(base, task: TaskData, cfg: TuneConfig, out: Optional[Path], name
     return res.prefill
 
 
-def accuracy_table(base: Transformer, tasks: Sequence[TaskData], cfg: TableConfig = TableConfig(),
-                   out_dir=None, progress: bool = True, rows: Sequence[str] = ROWS,
-                   log: Callable[[str], None] = print) -> dict:
-    """Train what each row needs and score every (task, row) cell; returns the results dict."""
+def open_table(base: Transformer, out_dir) -> tuple:
+    """A table's store in out_dir (None: in memory) for `base`, and its two shared decoders:
+    -> (out, store, base in float32, (fp32 decoder, fingerprint), (int4 decoder, fingerprint)).
+    A store made for another base is refused (its cells would not be this base's)."""
     out = Path(out_dir) if out_dir else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
@@ -108,8 +108,17 @@ def accuracy_table(base: Transformer, tasks: Sequence[TaskData], cfg: TableConfi
     if old and old != fp_fp:
         raise ValueError(f"{out} holds results for another base model (decoder {old[:12]}, now {fp_fp[:12]}); "
                          "use a new output directory")
-    store.data["meta"].update({"decoder_fp32": fp_fp, "decoder_int4": q_fp, "config": {
-        k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in asdict(cfg).items()}})
+    store.data["meta"].update({"decoder_fp32": fp_fp, "decoder_int4": q_fp})
+    return out, store, base, (fp_dec, fp_fp), (q_dec, q_fp)
+
+
+def accuracy_table(base: Transformer, tasks: Sequence[TaskData], cfg: TableConfig = TableConfig(),
+                   out_dir=None, progress: bool = True, rows: Sequence[str] = ROWS,
+                   log: Callable[[str], None] = print) -> dict:
+    """Train what each row needs and score every (task, row) cell; returns the results dict."""
+    out, store, base, (fp_dec, fp_fp), (q_dec, q_fp) = open_table(base, out_dir)
+    store.data["meta"]["config"] = {k: asdict(v) if hasattr(v, "__dataclass_fields__") else v
+                                    for k, v in asdict(cfg).items()}
     store.save()
     for task in tasks:
         t0 = time.perf_counter()

@@ -19,9 +19,9 @@ from typing import Callable, Sequence
 
 from edge.model.lora.files import load_adapter
 from edge.model.sun_modules import MANIFEST
-from export.sun_eval import _score, _Store
+from export.sun_eval import _score, _Store, open_table
 from export.tasks import TaskData
-from export.tune import TuneConfig, build_decoder, tune
+from export.tune import TuneConfig, tune
 from export.tune_lora import make_trainee
 
 LORA_ROWS = ("sun_lora", "qsun_lora")
@@ -70,17 +70,7 @@ def lora_table(base, tasks: Sequence[TaskData], sun: TuneConfig, qsun: TuneConfi
                rows: Sequence[str] = LORA_ROWS, eval_batch: int = 16, earlier=None, progress: bool = True,
                log: Callable[[str], None] = print) -> dict:
     """Tune and score the adapter rows for each task; returns the results dict (with any earlier cells)."""
-    out = Path(out_dir) if out_dir else None
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-    store = _Store(out)
-    base = base.float().eval()
-    fp_dec, fp_fp = build_decoder(base, "fp32")
-    q_dec, q_fp = build_decoder(base, "int4")
-    old = store.data["meta"].get("decoder_fp32")
-    if old and old != fp_fp:
-        raise ValueError(f"{out} holds results for another base model; use a new output directory")
-    store.data["meta"].update({"decoder_fp32": fp_fp, "decoder_int4": q_fp})
+    out, store, base, (fp_dec, fp_fp), (q_dec, q_fp) = open_table(base, out_dir)
     store.data["meta"].setdefault("lora_config", {"sun": repr(sun), "qsun": repr(qsun)})
     if earlier:
         seed_from(store, earlier, [t.name for t in tasks])

@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Optional, Union
 
 import msgpack
 
-from edge.wire.fields import ProtocolError, _short, check_id
+from edge.wire.fields import ProtocolError, _short, as_token_list, check_id, check_sampling, sampling, token_ids
 
 PROTOCOL_VERSION = 9          # 2: SUN KV topics name their sender; 3: SunHello carries max_load;
                               # 4: DraftRequest carries background; 5: and the target's p_min;
@@ -38,6 +38,16 @@ def wire(check: Callable[[str, Any], Any], default: Any = MISSING, factory: Any 
 
 
 _BY_TAG: dict[str, type] = {}
+
+
+def sampling_field():
+    """A SamplingParams dict field (greedy unless given)."""
+    return wire(check_sampling, factory=sampling)
+
+
+def tokens_field(limit: int, **kw):
+    """A token-id list field of at most `limit` ids."""
+    return wire(token_ids(limit), send=as_token_list, **kw)
 
 
 class Message:

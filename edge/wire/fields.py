@@ -6,6 +6,7 @@ edge/wire/protocol.py declares every message with these.
 from __future__ import annotations
 
 import math
+import secrets as _secrets
 import re
 from typing import Any, Callable, Optional
 
@@ -145,6 +146,21 @@ def check_sampling(name: str, v: Any) -> dict:
     if out["top_p"] <= 0.0:
         raise ProtocolError(f"{name}.top_p must be > 0")
     return out
+
+
+def new_secret() -> bytes:
+    return _secrets.token_bytes(32)
+
+
+def new_sid() -> str:
+    return _secrets.token_hex(8)
+
+
+def sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             seed: Optional[int] = None) -> dict:
+    """A sampling dict; temperature 0 means greedy, top_k 0 means no top-k cut."""
+    return check_sampling("sampling", {"temperature": temperature, "top_k": top_k, "top_p": top_p,
+                                       "seed": seed})
 
 
 def encode_array(a: np.ndarray) -> list:

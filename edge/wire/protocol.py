@@ -1,5 +1,6 @@
 """StarSD / SUN wire format: the message table (the envelope and HMAC: edge/wire/envelope.py; the
-topic table: edge/wire/topics.py; the field checks: edge/wire/fields.py; all re-exported here).
+topic table: edge/wire/topics.py; the field checks: edge/wire/fields.py; limits and error codes:
+edge/wire/limits.py; the SUN messages: edge/wire/sun_messages.py; all re-exported here).
 
 Every message travels as a msgpack map (an *envelope*):
 
@@ -24,18 +25,17 @@ SUN_CHUNK_BYTES, so every message stays under the one size limit.
 """
 from __future__ import annotations
 
-import secrets as _secrets
 from typing import Optional
 
 from edge.wire.envelope import (MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Message, SecretSource, _BY_TAG, _mac,  # noqa: F401
-                           decode, encode, message, wire)
+                           decode, encode, message, sampling_field, tokens_field, wire)
 
 from edge.wire.fields import (CODE, FINGERPRINT, GAMMA, GRAMMAR_ID, ID, ID_OR_EMPTY, MAX_GAMMA,  # noqa: F401
                               MAX_GRAMMAR_BYTES, MAX_SEQ, grammar_text,
                               MAX_TEMPERATURE, MAX_TOP_K, MAX_VOCAB, MESSAGE_TEXT, SECRET_BYTES, SEQ, TOPIC,
                               VOCAB_SIZE, ProtocolError, QEntry, as_token_list, boolean, check_id,
                               check_sampling, decode_array, encode_array, id_list, ids, integer, number, one_of, optional,
-                              raw_bytes, secret_bytes, SHA256, sparse_q, split_q, text, token_ids, wire_q, _short)
+                              new_secret, new_sid, raw_bytes, sampling, secret_bytes, SHA256, sparse_q, split_q, text, token_ids, wire_q, _short)
 
 # the topic table (edge/wire/topics.py) is part of the wire format: its names are used from here too
 from edge.wire.topics import (  # noqa: F401,E402
@@ -45,46 +45,12 @@ from edge.wire.topics import (  # noqa: F401,E402
     topic, up_topic, TELEMETRY_SUB, telemetry_topic, HUBS_SUB, hub_hello_topic, DISCOVER_TOPIC)
 
 
-# ---- message limits (the field limits live with the checkers, edge/wire/fields.py) ----
-MAX_APPEND = 32768             # tokens fed in one request (a whole prompt at first)
-MAX_KEEP = 1 << 20             # longest sequence a draft may be asked to keep
-SUN_CHUNK_BYTES = 2 << 20      # KV bytes per KVChunk (well under MAX_MESSAGE_BYTES)
-MAX_KV_CHUNKS = 4096           # 8 GiB: any receiver applies its own, smaller memory limit
-MAX_NEW_TOKENS = 1 << 16       # tokens one SUN request may ask for
-MAX_HELD = 4096               # session ids a DraftHello lists (~70 KB); past it, none
-MAX_STOP = 64                  # stop token ids per request
-MAX_STREAM_TOKENS = 256        # tokens in one SunTokens message
-JOIN_ROLES = ("target", "prefill", "decoder")  # SUN roles reserved, not served yet
-SUN_ROLES = ("prefill", "decoder")
-TELEMETRY_ROLES = ("target", "draft", "prefill", "decoder", "hub")
-FINISH_REASONS = ("stop", "length", "context")
-
-# Error codes (Error.code).
-E_BAD_KEEP = "bad_keep"                 # keep > what the draft holds for the session
-E_UNKNOWN_SESSION = "unknown_session"   # evicted or never assigned: rejoin
-E_OVERLOADED = "overloaded"             # session / KV limits reached
-E_BAD_REQUEST = "bad_request"
-E_INTERNAL = "internal"
-E_UNKNOWN_TASK = "unknown_task"         # SUN: no prefill worker serves the task
-E_NO_DECODER = "no_decoder"             # SUN: no decoder fits the task's KV (fingerprint / pool)
-E_REFUSED = "refused"                   # SUN: the decoder refused the KV blob (reason in message)
-E_TIMEOUT = "timeout"                   # SUN: the KV cache never arrived at the decoder
-E_WORKER_LOST = "worker_lost"           # SUN: the request's decoder went offline mid-request: resend
-E_BAD_GRAMMAR = "bad_grammar"           # StarSD: the draft cannot use the request's grammar (reason in message)
-
-def new_secret() -> bytes:
-    return _secrets.token_bytes(32)
-
-
-def new_sid() -> str:
-    return _secrets.token_hex(8)
-
-
-def sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             seed: Optional[int] = None) -> dict:
-    """A sampling dict; temperature 0 means greedy, top_k 0 means no top-k cut."""
-    return check_sampling("sampling", {"temperature": temperature, "top_k": top_k, "top_p": top_p,
-                                       "seed": seed})
+# the limits and error codes (edge/wire/limits.py) are part of the wire format: used from here too
+from edge.wire.limits import (  # noqa: F401,E402
+    MAX_APPEND, MAX_KEEP, SUN_CHUNK_BYTES, MAX_KV_CHUNKS,
+    MAX_NEW_TOKENS, MAX_HELD, MAX_STOP, MAX_STREAM_TOKENS, JOIN_ROLES, SUN_ROLES, TELEMETRY_ROLES,
+    FINISH_REASONS, E_BAD_KEEP, E_UNKNOWN_SESSION, E_OVERLOADED, E_BAD_REQUEST, E_INTERNAL, E_UNKNOWN_TASK,
+    E_NO_DECODER, E_REFUSED, E_TIMEOUT, E_WORKER_LOST, E_BAD_GRAMMAR)
 
 
 # greedy decoding as a sampling dict on the wire (the SamplingParams is edge.spec.sampling.GREEDY)
@@ -93,21 +59,13 @@ GREEDY_WIRE = sampling()
 # ---- messages: each field declared once, with its checker ----
 
 
-def _sampling_field():
-    return wire(check_sampling, factory=sampling)
-
-
-def _tokens(limit: int, **kw):
-    return wire(token_ids(limit), send=as_token_list, **kw)
-
-
 @message("join")
 class Join(Message):
     client: str = wire(ID)
     model_fp: str = wire(FINGERPRINT)           # tokenizer fingerprint
     vocab_size: int = wire(VOCAB_SIZE)
     gamma: int = wire(GAMMA, 4)
-    sampling: dict = _sampling_field()
+    sampling: dict = sampling_field()
     role: str = wire(one_of(JOIN_ROLES), "target")
     nonce: str = wire(ID_OR_EMPTY, "")          # echoed in Joined so stale replies are ignored
     hub: str = wire(ID_OR_EMPTY, "")            # the hub it is for, of several (edge/star/hub_ring.py); "": the one
@@ -140,9 +98,9 @@ class DraftRequest(Message):
     sid: str = wire(ID)
     seq: int = wire(SEQ)
     keep: int = wire(integer(0, MAX_KEEP))      # draft keeps its first `keep` tokens
-    append: list[int] = _tokens(MAX_APPEND)     # then feeds these
+    append: list[int] = tokens_field(MAX_APPEND)     # then feeds these
     gamma: int = wire(GAMMA)                    # then drafts this many
-    sampling: dict = _sampling_field()
+    sampling: dict = sampling_field()
     background: bool = wire(boolean, False)     # a probe: its answer is scored, never verified
     # the target's confidence stop for this answer, used where looser than the service's
     # --draft-p-min (None: the service's): a target whose verify over k tokens costs well under
@@ -166,7 +124,7 @@ class DraftRequest(Message):
 class DraftResponse(Message):
     sid: str = wire(ID)
     seq: int = wire(SEQ)
-    tokens: list[int] = _tokens(MAX_GAMMA)
+    tokens: list[int] = tokens_field(MAX_GAMMA)
     q: Optional[list[QEntry]] = wire(sparse_q, None, send=wire_q)   # None for greedy; else exact sparse q
     compute_us: int = wire(integer(0, 1 << 40), 0)  # draft time spent: round trip - this = overhead
 
@@ -222,7 +180,7 @@ class SessionAssign(Message):
     sid: str = wire(ID)
     secret: bytes = wire(secret_bytes(empty=False))
     gamma: int = wire(GAMMA)
-    sampling: dict = _sampling_field()
+    sampling: dict = sampling_field()
 
 
 @message("release")
@@ -286,123 +244,10 @@ class Telemetry(Message):
     source: str = wire(text(None, 64), "")              # where the readings came from: psutil, tegrastats, jtop
 
 
-# ---- SUN messages ----
-
-
-@message("sun_req")
-class SunRequest(Message):
-    client: str = wire(ID)
-    rid: str = wire(ID)                         # request id, chosen by the client
-    task: str = wire(ID)                        # names the specialist (prefill worker) to use
-    prompt: list[int] = _tokens(MAX_APPEND)
-    max_new: int = wire(integer(1, MAX_NEW_TOKENS), 64)   # answer tokens, the prefill's first included
-    sampling: dict = _sampling_field()
-    stop: list[int] = _tokens(MAX_STOP, factory=list)
-    secret: bytes = wire(secret_bytes(empty=False), factory=new_secret)   # the request's key: signs its KV and tokens
-
-
-@message("sun_hello")
-class SunHello(Message):
-    worker: str = wire(ID)
-    role: str = wire(one_of(SUN_ROLES))         # "prefill" or "decoder"
-    task: str = wire(ID_OR_EMPTY)               # prefill: the task served; decoder: ""
-    fingerprint: str = wire(FINGERPRINT)        # the decoder the KV is made for / this decoder is
-    vocab_size: int = wire(VOCAB_SIZE)
-    online: bool = wire(boolean, True)
-    load: int = wire(integer(0, 1 << 20), 0)    # decoder: running + awaited; prefill: queued jobs
-    capacity: int = wire(integer(0, 1 << 20), 64)   # decoder: max batch
-    served: int = wire(SEQ, 0)                  # jobs / assignments received (in-flight accounting)
-    max_load: int = wire(integer(0, 1 << 20), 0)   # the load past which it refuses (0: not said)
-    tasks: list[str] = wire(id_list, factory=list)  # prefill with adapters: every task it serves ([]: `task` only)
-
-    def check_rules(self) -> None:
-        if (self.role == "prefill") != bool(self.task or self.tasks):
-            raise ProtocolError("sun_hello: a prefill worker names its task, a decoder names none")
-        if self.tasks and self.task not in self.tasks:
-            raise ProtocolError("sun_hello: a worker serving several tasks names one of them as its task")
-
-
-@message("sun_prefill")
-class PrefillJob(Message):
-    worker: str = wire(ID)
-    rid: str = wire(ID)
-    client: str = wire(ID)
-    secret: bytes = wire(secret_bytes(empty=False))
-    task: str = wire(ID)
-    prompt: list[int] = _tokens(MAX_APPEND)
-    sampling: dict = _sampling_field()
-    decoder: str = wire(ID, kw_only=True)       # where the KV goes (no default: "" is no worker)
-
-
-@message("sun_assign")
-class DecodeAssign(Message):
-    worker: str = wire(ID)
-    rid: str = wire(ID)
-    client: str = wire(ID)
-    secret: bytes = wire(secret_bytes(empty=False))
-    task: str = wire(ID)
-    max_new: int = wire(integer(1, MAX_NEW_TOKENS), 64)
-    sampling: dict = _sampling_field()
-    stop: list[int] = _tokens(MAX_STOP, factory=list)
-    prefill: str = wire(ID, kw_only=True)       # who sends the KV (the decoder holds only its early KV)
-
-
-@message("sun_kv", session=True, id_field="rid")
-class KVChunk(Message):
-    rid: str = wire(ID)
-    index: int = wire(integer(0, MAX_KV_CHUNKS - 1))
-    total: int = wire(integer(1, MAX_KV_CHUNKS))
-    first_token: int = wire(integer(0, MAX_VOCAB - 1))
-    data: bytes = wire(raw_bytes(1, SUN_CHUNK_BYTES))
-
-    def check_rules(self) -> None:
-        if self.index >= self.total:
-            raise ProtocolError(f"sun_kv: chunk {self.index} of {self.total} is out of range")
-
-
-@message("sun_tokens", session=True, id_field="rid")
-class SunTokens(Message):
-    rid: str = wire(ID)
-    seq: int = wire(SEQ)                        # per sender; the receiver accepts each once
-    index: int = wire(integer(0, MAX_NEW_TOKENS))   # answer position of tokens[0] (0 = the prefill's)
-    tokens: list[int] = _tokens(MAX_STREAM_TOKENS)
-    done: bool = wire(boolean, False)
-    finish_reason: str = wire(one_of(FINISH_REASONS, 16, empty=True), "")   # when done
-    worker: str = wire(ID_OR_EMPTY, "")         # who produced them
-
-    def check_rules(self) -> None:
-        if self.done != bool(self.finish_reason):
-            raise ProtocolError("sun_tokens: a finish_reason comes with done, and only then")
-
-
-@message("sun_adapter_add")
-class AdapterAdd(Message):
-    """operator / hub -> a prefill worker with adapters, on its ctl topic, signed with the ctl key:
-    load `task`'s adapter from `path` (an adapter directory or GGUF file, or with `bundle` a bundle
-    whose manifest lists `task`) after checking its weights file's sha256. The answer
-    (AdapterResult, signed with the ctl key) goes to ss/sun/r/{client}/{rid}."""
-    worker: str = wire(ID)
-    rid: str = wire(ID)
-    client: str = wire(ID)
-    task: str = wire(ID)
-    path: str = wire(text(None, 4096))
-    sha256: str = wire(SHA256)
-    bundle: bool = wire(boolean, False)
-
-    def check_rules(self) -> None:
-        if not self.path:
-            raise ProtocolError("sun_adapter_add: path names the adapter file or bundle")
-
-
-@message("sun_adapter_result")
-class AdapterResult(Message):
-    """prefill worker -> the AdapterAdd's sender: loaded (ok) or refused, with why."""
-    worker: str = wire(ID)
-    rid: str = wire(ID)
-    task: str = wire(ID)
-    ok: bool = wire(boolean)
-    message: str = wire(MESSAGE_TEXT, "")
-    tasks: list[str] = wire(id_list, factory=list)     # what the worker serves now
+# the SUN messages (edge/wire/sun_messages.py), registered with the others on import
+from edge.wire.sun_messages import (  # noqa: F401,E402
+    SunRequest, SunHello, PrefillJob, DecodeAssign,
+    KVChunk, SunTokens, AdapterAdd, AdapterResult)
 
 
 def check_vocab(msg: Message, vocab_size: int) -> None:

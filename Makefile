@@ -19,7 +19,7 @@ lint:
 help:
 	@echo "make demo    - fetch real models, run the StarSD star, then the SUN shared-decoder demo"
 	@echo "make test    - run the whole test suite (installs what it needs)"
-	@echo "make models  - fetch every model in DATA.md (sha256 checked)"
+	@echo "make models  - fetch every model in docs/models.md (sha256 checked)"
 	@echo "make bench   - run the benchmarks (hours on 2 cores; writes benchmarks/results/)"
 	@echo "make flash-jetson DEVICE=user@host PROFILE=.. ROLE=.. HUB=mqtt://.. MODEL=.. [DRY=1] - provision a device"
 

@@ -1,4 +1,4 @@
-"""Real SUN tasks from shipped data (DATA.md): maths, function calling, code.
+"""Real SUN tasks from shipped data (docs/models.md): maths, function calling, code.
 
 * maths - reasoning-gym's `gsm_symbolic` generator (seeded, unlimited): train on
   its worked solution ending "#### N", score the final number.
@@ -43,7 +43,7 @@ def _pkg_dir(module: str, pip_name: str) -> Path:
     try:
         mod = __import__(module)
     except ImportError:
-        raise TaskDataError(f"task data needs `{pip_name}`: .venv/bin/pip install {pip_name} (see DATA.md)") from None
+        raise TaskDataError(f"task data needs `{pip_name}`: .venv/bin/pip install {pip_name} (see docs/models.md)") from None
     return Path(mod.__file__).parent
 
 

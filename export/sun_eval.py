@@ -1,6 +1,6 @@
 """The SUN accuracy table: one base model, several tasks, six ways to serve them.
 
-Rows (the paper's comparison, DESIGN.md "Baselines"):
+Rows (the paper's comparison, docs/architecture.md "Baselines"):
 
   base          the base model alone
   full_ft       one fully fine-tuned model per task (prefill = decoder = the FT model)

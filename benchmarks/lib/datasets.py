@@ -1,4 +1,4 @@
-"""Prompt sets for the benchmarks (MT-bench, HumanEval), from the registry packages that ship them (DATA.md)."""
+"""Prompt sets for the benchmarks (MT-bench, HumanEval), from the registry packages that ship them (docs/models.md)."""
 from __future__ import annotations
 
 import json

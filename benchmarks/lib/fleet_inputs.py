@@ -18,10 +18,10 @@ from benchmarks.lib.fleet_des import FleetInputs
 from devices.profile import load_profile
 from server.planner import SystemInputs
 
-TARGET_WEIGHTS, TARGET_PARAMS = 1_117_320_768, 1.54e9      # Qwen2.5-Coder-1.5B Q4_K_M (DATA.md)
-DRAFT_WEIGHTS, DRAFT_PARAMS = 491_400_064, 0.494e9          # Qwen2.5-Coder-0.5B Q4_K_M (DATA.md)
+TARGET_WEIGHTS, TARGET_PARAMS = 1_117_320_768, 1.54e9      # Qwen2.5-Coder-1.5B Q4_K_M (docs/models.md)
+DRAFT_WEIGHTS, DRAFT_PARAMS = 491_400_064, 0.494e9          # Qwen2.5-Coder-0.5B Q4_K_M (docs/models.md)
 DRAFT_KV_BYTES_PER_TOKEN = 2 * 24 * 2 * 64 * 2              # K and V, 24 layers, 2 KV heads x 64, fp16
-DATA_ALPHA = 0.68                                           # DATA.md: 0.5B vs 1.5B greedy agreement
+DATA_ALPHA = 0.68                                           # docs/models.md: 0.5B vs 1.5B greedy agreement
 ROOFLINE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 

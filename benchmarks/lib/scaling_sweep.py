@@ -22,7 +22,7 @@ from harness.emulated_target import DeviceTiming
 from edge.model.fetch import model_path
 from export.target_format import FORMATS, NATIVE, target_gguf
 
-DATA_ALPHA = 0.68          # DATA.md: 0.5B vs 1.5B greedy agreement on MT-bench, 0.64-0.72
+DATA_ALPHA = 0.68          # docs/models.md: 0.5B vs 1.5B greedy agreement on MT-bench, 0.64-0.72
 DRAFT, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 
 
@@ -37,7 +37,7 @@ def ints(s: str) -> list:
 def args_of(argv=None, description: str = "StarSD scaling: one draft service, N targets"):
     """benchmarks/star/starsd_scaling.py's options (draft_switch.py parses its own sweep with them)."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--quick", action="store_true", help="short windows, alpha from DATA.md, no real targets")
+    ap.add_argument("--quick", action="store_true", help="short windows, alpha from docs/models.md, no real targets")
     ap.add_argument("--ns", type=ints, default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--seconds", type=float, help="measurement window per point (default 45, quick 12)")
@@ -50,7 +50,7 @@ def args_of(argv=None, description: str = "StarSD scaling: one draft service, N 
                     help="the emulated target's step instead of the profile's roofline (e.g. a target "
                          "measured on this machine; give its --verify-cost too)")
     ap.add_argument("--target-label", default="", help="what the emulated targets stand for, for the report")
-    ap.add_argument("--alpha", default=None, help="a number, 'measure' (real 1.5B greedy) or 'data' (DATA.md)")
+    ap.add_argument("--alpha", default=None, help="a number, 'measure' (real 1.5B greedy) or 'data' (docs/models.md)")
     ap.add_argument("--alpha-prompts", type=int, default=4)
     ap.add_argument("--alpha-tokens", type=int, default=32)
     ap.add_argument("--draft-backend", choices=["llamacpp", "torch"], default="llamacpp")

@@ -4,7 +4,7 @@ measured costs, checked against a measured small star before it is trusted at 10
 Inputs: the broker's cost per routed message (benchmarks/star/broker_costs.py's JSON), the draft's
 D(b) (measured on this machine by starsd_scaling, or a GPU hub profile's roofline: named as such),
 the targets' step and verify costs (a device profile: the Jetson Orin Nano), acceptance from
-DATA.md's measured agreement. Outputs per (N, K, M): per-target speedup over decoding alone,
+docs/models.md's measured agreement. Outputs per (N, K, M): per-target speedup over decoding alone,
 draft busy, broker load per node, p50/p99 round trip; and, per K, the smallest M at which a
 target still gains --goal. First, per measured starsd_scaling run given (--validate), the
 simulator fed with that run's own costs beside what the run measured.
@@ -87,7 +87,7 @@ def main(argv=None) -> None:
     out = {"n": a.n, "goal": a.goal, "window_s": a.seconds, "warmup_s": a.warmup, "left_out": LEFT_OUT,
            "inputs": {"target": target, "alpha": a.alpha, "gamma": a.gamma, "broker": broker, "net_ms": a.net_ms,
                       "hub_net_ms": a.hub_net_ms,
-                      "alpha_source": "DATA.md: Qwen2.5-Coder 0.5B vs 1.5B greedy agreement, 0.64-0.72 on MT-bench"},
+                      "alpha_source": "docs/models.md: Qwen2.5-Coder 0.5B vs 1.5B greedy agreement, 0.64-0.72 on MT-bench"},
            "validation": [], "fleets": {}}
     for path in [p for p in a.validate.split(",") if p and Path(p).exists()]:
         v = validate(Path(path), broker["broker_msg_ms"], a.validate_seconds)

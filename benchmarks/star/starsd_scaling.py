@@ -39,11 +39,11 @@ from harness.emulated_target import DeviceTiming
 
 
 def alpha_of(a, draft, tok, prompts) -> dict:
-    """The emulated targets' acceptance: measured against the real 1.5B, DATA.md's, or given."""
+    """The emulated targets' acceptance: measured against the real 1.5B, docs/models.md's, or given."""
     if a.alpha == "measure":
         return measure_alpha(draft, tok, prompts, a.alpha_prompts, a.alpha_tokens, a.draft_threads)
     if a.alpha == "data":
-        return {"alpha": DATA_ALPHA, "source": "DATA.md: measured 0.5B/1.5B greedy agreement 0.64-0.72"}
+        return {"alpha": DATA_ALPHA, "source": "docs/models.md: measured 0.5B/1.5B greedy agreement 0.64-0.72"}
     return {"alpha": float(a.alpha), "source": "given on the command line"}
 
 

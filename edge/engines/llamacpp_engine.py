@@ -12,7 +12,7 @@ state (edge/engines/llamacpp_kv.py converts it to and from our KV blobs), so a
 GGUF can be a SUN prefill module or a shared (Q4_0) decoder; llama and qwen2.
 
 llama.cpp's quantised kernels do not reproduce torch's fp32 logits bit for
-bit, and its one-token and multi-token calls differ slightly too (DATA.md):
+bit, and its one-token and multi-token calls differ slightly too (docs/models.md):
 compare across backends by closeness and agreement, not equality.
 """
 from __future__ import annotations

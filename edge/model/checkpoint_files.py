@@ -3,7 +3,7 @@ conversion-cache directory and its tokenizer.
 
 These live apart from edge/model/checkpoint.py (which dequantises weights into torch tensors) so
 that the llama.cpp and onnxruntime paths, which never hold torch tensors, do not import
-torch: importing it costs ~0.3-0.4 GB of RSS on its own (DATA.md, "Memory facts").
+torch: importing it costs ~0.3-0.4 GB of RSS on its own (docs/models.md, "Memory facts").
 
 Weight fingerprint (`file_fingerprint`): sha256 over the file size and 16 evenly spaced
 1 MiB samples of the file (first and last included) -- cheap (~16 MiB read), and it

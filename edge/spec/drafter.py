@@ -2,7 +2,7 @@
 
 ModelDrafter (a local draft model), NgramDrafter (prompt lookup) and RemoteDrafter
 (a StarSD hub session) implement it. Each proposal comes with the exact distribution q it
-was sampled from; verification is lossless whatever the proposals are (DESIGN.md).
+was sampled from; verification is lossless whatever the proposals are (docs/architecture.md).
 """
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ class ModelDrafter(Drafter):
     context, feeds what is missing and drafts gamma tokens, returning with
     each the exact distribution it was sampled from. With top_k > 0 (and
     temperature > 0) it samples from the renormalised top-k truncation and
-    returns that SparseDist — still exactly lossless (DESIGN.md).
+    returns that SparseDist — still exactly lossless (docs/architecture.md).
     """
 
     def __init__(self, engine: Engine, params: SamplingParams = GREEDY, top_k: int = 0):

@@ -232,7 +232,7 @@ def to_probs(logits, params: SamplingParams) -> np.ndarray:
 @dataclass(frozen=True)
 class SparseDist:
     """A distribution over a few token ids, given exactly: what a draft sampled
-    from after top-k truncation, and what it sends to the target (DESIGN.md)."""
+    from after top-k truncation, and what it sends to the target (docs/architecture.md)."""
     indices: np.ndarray   # int64, unique, >= 0
     probs: np.ndarray     # float64, >= 0, summing to 1
 

@@ -3,7 +3,7 @@
 Verification (Leviathan et al. 2023; Chen et al. 2023) keeps the output
 distribution exactly the target's, whatever the draft proposed; the draft
 only changes how many tokens one target call yields. The cost model says
-when that is worth it (DESIGN.md, "Speculative decoding").
+when that is worth it (docs/architecture.md, "Speculative decoding").
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ chains of recently served sessions as if the target accepted everything
 its inputs between steps and real requests always come first.
 
 Lossless either way: a draft token is always sampled from the q sent with
-it, and q may be anything (DESIGN.md) -- if its uniforms are independent of
+it, and q may be anything (docs/architecture.md) -- if its uniforms are independent of
 the target's. A session samples from role_rng(seed, DRAFT, digest(sid), n), n
 numbering every stream this service derives: never the target's stream, never
 an earlier session's (a rejoin gets a new sid: replayed uniforms would

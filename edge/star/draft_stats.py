@@ -1,6 +1,6 @@
 """Busy/idle accounting of a draft service, for the StarSD system model.
 
-T_γ = N·S(d) + T_idle (DESIGN.md): S(d) is measured per batch size (one
+T_γ = N·S(d) + T_idle (docs/architecture.md): S(d) is measured per batch size (one
 batch serves every pending request), T_idle as the gaps in which the service
 had nothing to do, and the busy ratio as busy / (busy + idle + draft-ahead).
 Fed with seconds from the service's clock; reads no clock itself except

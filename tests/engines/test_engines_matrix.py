@@ -5,7 +5,7 @@ llamacpp (an F32 GGUF from export/gguf.py), all holding the same tiny llama.
 Contract checks compare a backend with itself: forward in pieces == one call,
 a ragged batched step == single steps, truncate + refeed == a fresh run.
 torch and onnx must agree to float32 rounding (1e-5 of the logit scale);
-llama.cpp runs other kernels for one- and multi-token calls (DATA.md), so
+llama.cpp runs other kernels for one- and multi-token calls (docs/models.md), so
 it gets a looser 1e-3 and the same argmax. Across backends the roles are
 checked by their rules: a speculative run's every token is the argmax of
 the target's own logits (whatever the draft backend), and a SUN prefill

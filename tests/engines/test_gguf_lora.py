@@ -2,7 +2,7 @@
 
 A PEFT-written adapter of a tiny random llama / qwen2 becomes a GGUF LoRA that llama.cpp loads
 beside the F32 base GGUF (export/gguf.py). The reference is PEFT's own merge (W + scale B A in a
-copy of the torch weights). Tolerance: DATA.md (Runtimes) says to compare backends by logit
+copy of the torch weights). Tolerance: docs/models.md (Runtimes) says to compare backends by logit
 closeness, not equality; with F32 weights, an F32 KV cache and flash attention off only the
 summation order differs, so the bound is test_gguf_export.py's F32 one, 1e-4 of the logit scale
 (measured here: ~2e-7 of it). llama.cpp's CPU flash attention works in F16 inside, hence off.

@@ -21,7 +21,7 @@ def test_memory_bound_device_verifies_k_tokens_for_about_one_step():
     cpu = load_profile("cpu-2core")
     wbytes, params = 1.1e9, 1.5e9  # Qwen2.5-Coder-1.5B Q4_K_M
     assert jet.verify_cost(5, wbytes, params) < 1.2
-    assert cpu.verify_cost(5, wbytes, params) > 2.0  # measured on these CPUs (DATA.md)
+    assert cpu.verify_cost(5, wbytes, params) > 2.0  # measured on these CPUs (docs/models.md)
 
 
 def test_unknown_profile_is_a_clear_error():

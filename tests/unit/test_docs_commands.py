@@ -206,7 +206,7 @@ def check_simple(seg: list[str]) -> None:
             if spec.submodule_search_locations is not None:      # a package runs its __main__
                 assert importlib.util.find_spec(f"{args[1]}.__main__") is not None, \
                     f"python -m {args[1]}: a package without __main__"
-        elif args and args[0].endswith(".py") and not args[0].startswith(".."):   # ../shared is not the repo's
+        elif args and args[0].endswith(".py"):
             assert (ROOT / args[0]).is_file(), f"python {args[0]}: no such file"
 
 

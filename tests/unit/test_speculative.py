@@ -92,7 +92,7 @@ def test_expected_tokens():
 
 def test_predicted_speedup_and_choose_gamma():
     flat = lambda k: 1.0                    # memory-bound device: verify ~ one step
-    cpu = lambda k: 1.0 + 0.3 * (k - 1)     # 2-core CPU as measured in DESIGN.md
+    cpu = lambda k: 1.0 + 0.3 * (k - 1)     # 2-core CPU as measured in docs/architecture.md
     assert predicted_speedup(0.8, 0, 0.1, flat) == 1.0
     assert predicted_speedup(0.8, 3, 0.1, flat) == pytest.approx(expected_tokens(0.8, 3) / 1.3)
     g = choose_gamma(0.8, 0.05, flat, 8)

@@ -74,13 +74,13 @@ bench: install llama models
 	$(BIN)/python -m benchmarks.sun.sun_serving
 	$(BIN)/python -m benchmarks.star.starsd_scaling
 	$(BIN)/python -m benchmarks.star.draft_formats
-	$(BIN)/python -m benchmarks.spec.local_spec
+	$(BIN)/python -m benchmarks.speculative.local_spec
 	$(BIN)/python -m benchmarks.star.starsd_two_device
-	$(BIN)/python -m benchmarks.spec.native_spec
+	$(BIN)/python -m benchmarks.speculative.native_spec
 	$(BIN)/python -m benchmarks.device.device --profile $(or $(PROFILE),cpu-2core)
 
 # llama.cpp's own tools (llama-speculative-simple, llama-server, ...) from the vendored source, AMX off:
-# the native peer of benchmarks/spec/native_spec.py (minutes; kept in ~/.cache/starsun/llama-tools-*)
+# the native peer of benchmarks/speculative/native_spec.py (minutes; kept in ~/.cache/starsun/llama-tools-*)
 llama-tools: install
 	bash scripts/ensure_system.sh compiler cmake
 	bash scripts/llama_tools.sh $(BIN)

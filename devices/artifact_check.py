@@ -1,7 +1,7 @@
 """What the device will run, checked on the PC before the device is touched: the artifact
 (a model file, a bundle, a SUN module directory) exists, is whole, and fits the profile's budget.
 
-The budget check is `edge-agent plan`'s (edge/cli/plan_command.py, edge/memory/plan.py): the same
+The budget check is `edge-agent plan`'s (edge/cli/plan_command.py, edge/memory/fit.py): the same
 numbers the agent checks again on the device before it loads (`run --profile`).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _resolve(role: str, model, bundle, module) -> tuple:
     if role not in SUN_ROLES and kind == "module":
         raise click.UsageError(f"--role {role} runs a model: give MODEL=... or BUNDLE=DIR, not MODULE")
     from edge.engines.base import EngineError
-    from edge.model.spec import resolve_model
+    from edge.model.reference import resolve_model
     try:
         path = Path(spec) if kind != "model" else resolve_model(spec)
     except EngineError as e:       # ModelNotFound: the name is neither a path nor a fetched model

@@ -63,7 +63,7 @@ def print_dry_run(p) -> None:
 
     from devices import agent_files as files
     from devices.device_checks import DeviceFacts, probe_script
-    from devices.install_plan import venv_size_command
+    from devices.install_recipe import venv_size_command
     o = p.o
     user = o.device.split("@", 1)[0] if "@" in o.device else "USER"
     home = "/root" if user == "root" else f"/home/{user}"

@@ -19,7 +19,7 @@ from devices import agent_files as files
 from devices import gpu_confirm
 from devices.artifact_check import Artifact, check_artifact
 from devices.device_checks import FLASH_HELP, DeviceFacts, check_facts, probe_script, recovery_boards
-from devices.install_plan import build_wheel, check_command, describe_size, install_commands, venv_size_command
+from devices.install_recipe import build_wheel, check_command, describe_size, install_commands, venv_size_command
 from devices.remote import Remote, changed_files, local_files, sha256_file
 
 MB = 1e6

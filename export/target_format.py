@@ -44,7 +44,7 @@ def target_gguf(name: Union[str, Path], fmt: str = NATIVE) -> Path:
     """The path of model `name`'s GGUF (a model name or a GGUF path) stored as `fmt` (native: as fetched)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown target format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    from edge.model.spec import resolve_model
+    from edge.model.reference import resolve_model
     src = resolve_model(name)
     if fmt == NATIVE:
         return src

@@ -61,7 +61,7 @@ def tune(base, task, data, out, full, precision, init_dir, decoder_dir, adapter,
          batch_size, lr, seed, eval_every, ckpt_every, n_train, n_eval, max_len, threads):
     """Prefill-only tuning of one task specialist against a frozen decoder (SUN / QSUN)."""
     from edge.model.checkpoint import CheckpointError, load_model
-    from edge.model.spec import ModelNotFound, resolve_model
+    from edge.model.reference import ModelNotFound, resolve_model
     if bool(task) == bool(data):
         raise click.UsageError("give exactly one of --task or --data")
     if full and precision != "fp32":

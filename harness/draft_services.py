@@ -11,7 +11,7 @@ import torch
 
 from edge.engines.torch_engine import TorchEngine
 from edge.model.transformer import Transformer, tiny_config
-from edge.spec.generate import ModelDrafter
+from edge.speculative.generate import ModelDrafter
 from edge.star.draft_service import DraftLimits, DraftService
 
 

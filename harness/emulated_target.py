@@ -2,7 +2,7 @@
 
 An emulated target runs the REAL target code (edge.star.target.StarTarget:
 join, DraftRequest/DraftResponse over MQTT, deadlines, greedy verification by
-edge.spec.generate) on a fake engine whose cost and acceptance come from a device
+edge.speculative.generate) on a fake engine whose cost and acceptance come from a device
 profile and a measured acceptance rate:
 
 * `EmulatedEngine.forward(seq, [pending] + drafts)` sleeps what one call over
@@ -35,11 +35,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edge.spec.drafter import Drafter
+from edge.speculative.drafter import Drafter
 from edge.engines.base import Engine, EngineError
 from edge.wire.link import Link
 from edge.wire.protocol import DraftResponse, Error
-from edge.star.session import HubClient, Session
+from edge.star.hub_client import HubClient, Session
 
 # Weights of the real pair (docs/models.md): bytes of the Q4_K_M files, parameter counts.
 TARGET_BYTES, TARGET_PARAMS = 1_117_320_768, 1.54e9      # Qwen2.5-Coder-1.5B-Instruct Q4_K_M

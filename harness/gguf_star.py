@@ -10,7 +10,7 @@ from pathlib import Path
 from edge.engines.loader import load_engine
 from edge.star.draft_node import DraftNode
 from edge.star.draft_service import DraftLimits, DraftService
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.target import StarTarget
 from edge.wire.protocol import draft_hello_topic
 from harness.waiting import wait_until

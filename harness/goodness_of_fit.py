@@ -4,7 +4,7 @@ import itertools
 import math
 import statistics
 
-from edge.spec.sampling import to_probs
+from edge.speculative.sampling import to_probs
 
 from harness.table_engine import TableEngine as _Table
 

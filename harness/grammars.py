@@ -3,9 +3,9 @@ c, ab and an end token), a small Lark grammar over it, the exact constrained dis
 table model's outputs by enumeration, a pair of float64 tiny transformers and a JSON schema."""
 import numpy as np
 
-from edge.spec.constrained import mask_logits
-from edge.spec.grammar import Grammar, grammar_from_lark
-from edge.spec.sampling import to_probs
+from edge.speculative.constrained import mask_logits
+from edge.speculative.grammar import Grammar, grammar_from_lark
+from edge.speculative.sampling import to_probs
 
 EOS = 4
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok", "n"],

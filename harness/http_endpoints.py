@@ -17,7 +17,7 @@ from edge.engines.torch_engine import TorchEngine
 from edge.model.sun_modules import weights_fingerprint
 from edge.model.tokenizer import Tokenizer
 from edge.model.transformer import Transformer, tiny_config
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.target import StarTarget
 from edge.sun.decoder import SharedDecoder
 from edge.sun.prefill import PrefillWorker

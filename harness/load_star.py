@@ -31,7 +31,7 @@ from edge.engines.torch_engine import TorchEngine
 from edge.wire.link import MqttLink
 from edge.wire.protocol import sampling
 from edge.star.draft_service import DraftLimits, DraftService
-from edge.star.session import HubClient, JoinRefused
+from edge.star.hub_client import HubClient, JoinRefused
 from server.hub import Hub
 
 TOK = "tok-tiny"

@@ -30,7 +30,7 @@ from edge.sun.decoder_node import DecoderNode
 from edge.sun.prefill import PrefillWorker
 from edge.sun.prefill_node import PrefillNode
 from edge.sun.client import SunClient, SunRequestError
-from edge.sun.limits import DEFAULT_MAX_SEQUENCES
+from edge.sun.worker_limits import DEFAULT_MAX_SEQUENCES
 from edge.model.sun_modules import split_generate, weights_fingerprint
 from server.sun_router import SunRouter
 from harness.waiting import wait_until

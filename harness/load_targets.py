@@ -37,7 +37,7 @@ from typing import Dict, List
 ROOT = Path(__file__).resolve().parents[1]     # the repository: `-m harness.load_targets` runs from it
 
 from edge.wire.protocol import DraftResponse, Error
-from edge.star.session import HubClient, Session
+from edge.star.hub_client import HubClient, Session
 
 LATENCIES_KEPT = 4096          # per target: a soak must not grow the worker without bound
 
@@ -128,7 +128,7 @@ def run(spec: dict, commands: "queue.Queue[str]") -> dict:
     from harness.emulated_target import DelayLink, DeviceTiming, EmulatedEngine, _Delayer
     from edge.wire.link import MqttLink
     from edge.star.target import Deadline, StarTarget
-    from edge.spec.sampling import GREEDY
+    from edge.speculative.sampling import GREEDY
 
     n, first = spec["n"], spec["first"]
     timing = DeviceTiming.from_dict(spec["timing"])

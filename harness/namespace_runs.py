@@ -9,7 +9,7 @@ from typing import Dict, Iterable
 def plain_texts(model, prompts: Dict[str, str], max_new: int) -> Dict[str, str]:
     """host -> the plain greedy text of its prompt in this process (what its target must print)."""
     from edge.engines.loader import open_model
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
     out = {}
     for host, prompt in prompts.items():

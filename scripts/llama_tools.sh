@@ -2,7 +2,7 @@
 # Build llama.cpp's own command-line tools (llama-speculative-simple, llama-speculative, llama-lookup,
 # llama-server, llama-bench, llama-completion) from the source vendored in the llama-cpp-python
 # release the kit uses, so its native speculation is measured against the same ggml on the same CPU
-# (benchmarks/spec/native_spec.py). Same flags as scripts/llama_wheel.sh: -march=native, AMX off.
+# (benchmarks/speculative/native_spec.py). Same flags as scripts/llama_wheel.sh: -march=native, AMX off.
 #
 # usage: scripts/llama_tools.sh VENV_BIN   -> prints the bin directory (env: LLAMA_VERSION, STARSUN_TOOLS_DIR)
 set -euo pipefail

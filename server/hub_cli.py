@@ -12,7 +12,7 @@ from edge.cli.options import (CLIENT_TLS_HELP, credential_options, ctl_key_optio
                               read_password, tls_dir_option, tls_files)
 from server.demos.commands import demo, demo_sun
 from server.hub_serve import serve
-from server.throughput_plan import plan
+from server.throughput_model import plan
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

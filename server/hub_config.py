@@ -27,7 +27,7 @@ import click
 
 from edge.cli.config_file import config_option, read_sectioned_config
 from edge.cli.options import KEEPALIVE_S, draft_limits, read_ctl_key, read_password
-from edge.cli.startup import DraftPlan, TelemetrySettings
+from edge.cli.startup import DraftSetup, TelemetrySettings
 
 
 @dataclass
@@ -84,7 +84,7 @@ class HubConfig:
     dtype: str
     threads: Optional[int]
     max_len: int
-    draft: Optional[DraftPlan]          # the hub's own draft service, or None (devices draft)
+    draft: Optional[DraftSetup]          # the hub's own draft service, or None (devices draft)
     client_share: float
     sun: SunSettings
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
@@ -155,13 +155,13 @@ def external_broker_tls(url: str, tls_dir: Optional[str], cert_name: str) -> Opt
     return tls_files(tls_dir, cert_name, urls[0])
 
 
-def _draft_plan(o: dict) -> Optional[DraftPlan]:
+def _draft_plan(o: dict) -> Optional[DraftSetup]:
     if not o["draft_model"]:
         if o["drafter"] != "model":
             raise click.UsageError(f"--drafter {o['drafter']} needs --draft-model (for suffix: only its tokenizer "
                                    "is loaded, to serve the targets that share it)")
         return None
-    return DraftPlan(o["drafter"], o["draft_model"], draft_limits(o), o["suffix_min_score"])
+    return DraftSetup(o["drafter"], o["draft_model"], draft_limits(o), o["suffix_min_score"])
 
 
 def _sun_settings(o: dict) -> SunSettings:

@@ -21,7 +21,7 @@ from edge.cli.options import (apply, backend_option, credential_options, ctl_key
 from edge.cli.sections import BROKER, DRAFT, HUB, SUN, SectionedCommand, option
 from edge.cli.startup import (build_draft, leave_on_sigterm, open_model_for_command, start_telemetry_for_command,
                               wait_for_signal)
-from edge.sun.limits import DEFAULT_MAX_SEQUENCES
+from edge.sun.worker_limits import DEFAULT_MAX_SEQUENCES
 from server.hub_config import HubConfig, hub_config_from, hub_config_option
 
 def broker_options(f):

@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from edge.spec.verify import expected_tokens
+from edge.speculative.verify import expected_tokens
 
 
 def interp_table(table: Dict[int, float], x: float) -> float:

@@ -8,7 +8,7 @@ tokenizer (every specialist shares it: they are tuned from one base). GET
 /v1/models lists the tasks some prefill worker serves right now. Requests run
 concurrently; the shared decoder batches them.
 
-Fields: the shared rule of edge/api/fields.py under the SUN_HUB profile (no
+Fields: the shared rule of edge/api/request_fields.py under the SUN_HUB profile (no
 logprobs, no penalties: the decoder streams tokens only). A request the star
 cannot take now -- no decoder online, every decoder full, its worker lost, no
 answer in time -- is a 503 with Retry-After; a bad one a 400.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from edge.api.fields import SUN_HUB, BadRequest
+from edge.api.request_fields import SUN_HUB, BadRequest
 from edge.api.openai_http import OpenAIServer, Unavailable
 from edge.sun.client import SunClient, SunRequestError
 from edge.wire.protocol import E_BAD_REQUEST

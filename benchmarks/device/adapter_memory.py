@@ -30,7 +30,7 @@ from pathlib import Path
 from benchmarks.lib.results import ROOT, result_stem
 from edge.memory.adapters import TARGETS, adapter_bytes, specialists_that_fit
 from edge.memory.model_shape import read_shape
-from edge.memory.plan import Workload, estimate
+from edge.memory.fit import Workload, estimate
 
 MODELS = {"SmolLM2-135M": "SmolLM2-135M-Instruct.Q4_1.gguf",
           "Qwen2.5-Coder-0.5B": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",

@@ -1,4 +1,4 @@
-"""Is the memory planner right? Peak RSS of real child processes next to edge/memory/plan.py's estimate.
+"""Is the memory planner right? Peak RSS of real child processes next to edge/memory/fit.py's estimate.
 
     .venv/bin/python -m benchmarks.device.memory_plan              # measure every case (~15 min on 2 cores)
     .venv/bin/python -m benchmarks.device.memory_plan --only llamacpp
@@ -115,7 +115,7 @@ def measure(c: dict) -> dict:
 
 
 def estimate_for(c: dict):
-    from edge.memory.plan import Workload, estimate
+    from edge.memory.fit import Workload, estimate
     from edge.memory.model_shape import read_shape
     if c["role"] == "llama":
         return None
@@ -151,7 +151,7 @@ def write(rs: list, out: Path) -> None:
     mib = 1 / 2 ** 20
     lines = ["# Memory plan: estimate vs measured peak RSS (benchmarks/device/memory_plan.py)", "",
              f"Peak RSS of one child process per case (os.wait4 ru_maxrss), 2-core x86 ({cpu_name()}), no GPU. "
-             "Estimate: edge/memory/plan.py (runtime + tokenizer + weights + KV + compute [+ loading]).", "",
+             "Estimate: edge/memory/fit.py (runtime + tokenizer + weights + KV + compute [+ loading]).", "",
              "Measured: the worst of the case's runs (onnxruntime cases: 3 runs, all listed).", "",
              "| case | measured MiB | estimate MiB | error | weights | KV | compute | torch imported | runs MiB |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -203,7 +203,7 @@ def _plot(rs: list, path: Path) -> None:
     ax.plot([0, top], [0, top * 0.85], "k:", lw=0.6)
     ax.set_xlabel("measured peak RSS (GiB)")
     ax.set_ylabel("planner estimate (GiB)")
-    ax.set_title("edge/memory/plan.py vs measured, one process per case")
+    ax.set_title("edge/memory/fit.py vs measured, one process per case")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -29,7 +29,7 @@ PROMPT = "def quicksort(xs):\n    \"\"\"Sort a list of integers.\"\"\"\n"
 
 def decode_rate(path, extra_bufts, threads, new):
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     from edge.model.tokenizer import Tokenizer
     ids = Tokenizer.from_gguf(path).encode(PROMPT)
     eng = LlamaCppEngine(path, max_len=512, n_seq_max=1, threads=threads, extra_bufts=extra_bufts)

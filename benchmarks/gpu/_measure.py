@@ -139,7 +139,7 @@ def draft_service_times(eng: TorchEngine, batches: Sequence[int], gamma: int, co
 def greedy_lossless(device: str, dtype: str, prompts: int = 6, max_new: int = 40, gamma: int = 4) -> dict:
     """Speculative greedy == plain greedy on this device and dtype, with a tiny random target and a
     draft that is the target plus noise (so drafts are accepted and rejected both)."""
-    from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
+    from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
     target, draft = _tiny_pair(device, dtype, vocab=256, noise=0.01)      # acceptance ~0.5
     same, accepted, drafted, diffs = 0, 0, 0, []
     for i in range(prompts):
@@ -184,8 +184,8 @@ def chi2_lossless(device: str, dtype: str, n: int, length: int = 3, vocab: int =
     tests/unit/test_lossless.py)."""
     import itertools
 
-    from edge.spec.generate import ModelDrafter, generate_speculative
-    from edge.spec.sampling import SamplingParams, to_probs
+    from edge.speculative.generate import ModelDrafter, generate_speculative
+    from edge.speculative.sampling import SamplingParams, to_probs
     from harness.goodness_of_fit import chi_square, critical_value
     target, draft = _tiny_pair(device, dtype, vocab, noise=0.05)
     params, start = SamplingParams(temperature=1.0), [3, 1, 0]

@@ -31,7 +31,7 @@ from typing import List
 
 import numpy as np
 
-from edge.spec.verify import expected_tokens
+from edge.speculative.verify import expected_tokens
 from server.planner import SystemInputs, interp_table
 
 REQ_AT_BROKER, REQ_AT_DRAFT, BATCH_DONE, RESP_AT_BROKER, RESP_AT_TARGET = range(5)

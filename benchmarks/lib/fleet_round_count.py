@@ -85,7 +85,7 @@ def count_star(link_of: Callable[[str], object], make_hub: Callable[[], object],
     """Generate from `prompts` through a real star; count every message the broker carried.
 
     link_of(name): a connected-or-connectable Link for a client; make_hub(): a started Hub."""
-    from edge.star.session import HubClient
+    from edge.star.hub_client import HubClient
     from edge.star.target import StarTarget
     from edge.star.remote_round import Deadline
 

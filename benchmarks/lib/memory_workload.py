@@ -30,7 +30,7 @@ def run_case(case: dict) -> dict:
     if role == "llama":
         return _llama_own(case)
     from edge.engines.loader import open_model
-    from edge.memory.plan import engine_kwargs
+    from edge.memory.fit import engine_kwargs
     kw = engine_kwargs(case["backend"], role, S)
     engine, _tok = open_model(case["model"], backend=case["backend"], role=role,
                               dtype=case.get("dtype", "float32"), max_len=ctx, **kw)
@@ -64,7 +64,7 @@ def run_case(case: dict) -> dict:
 def _llama_own(case: dict) -> dict:
     from llama_cpp import Llama
 
-    from edge.model.spec import resolve_model
+    from edge.model.reference import resolve_model
     llm = Llama(str(resolve_model(case["model"])), n_ctx=int(case["context"]), verbose=False)
     llm(" ".join(["def"] * 64), max_tokens=8)
     return {"torch_imported": "torch" in sys.modules}

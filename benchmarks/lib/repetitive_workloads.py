@@ -76,8 +76,8 @@ def mtbench_second(n: int, first_answer: Callable[[list], str]) -> List[Tuple[li
 def prompts_of(workload: str, n: int, target, tok, args):
     """n prompts of a workload as token ids, chat-templated (tools in the template for BFCL); multi-turn
     asks `target` for the first answer (greedy, args.turn1_tokens)."""
-    from edge.spec.generate import generate_plain
-    from edge.spec.sampling import SamplingParams
+    from edge.speculative.generate import generate_plain
+    from edge.speculative.sampling import SamplingParams
     if workload == "bfcl":
         cases = bfcl(n)
     elif workload == "edits":

@@ -139,7 +139,7 @@ def forced_hits(draft, prompt: list, continuation: list) -> int:
 def measure_alpha(draft, tok, prompts, n_prompts: int, n_tokens: int, threads: int) -> dict:
     """Position-by-position greedy agreement of the draft with the real 1.5B target's own greedy text."""
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     target = LlamaCppEngine(model_path(TARGET), max_len=1024, n_seq_max=1, threads=threads)
     hits = total = 0
     t0 = time.perf_counter()

@@ -107,8 +107,8 @@ def _engines(spec: dict) -> list:
 
 
 def run(spec: dict) -> dict:
-    from edge.spec.generate import generate_plain, generate_speculative
-    from edge.spec.sampling import GREEDY
+    from edge.speculative.generate import generate_plain, generate_speculative
+    from edge.speculative.sampling import GREEDY
 
     mode, n, gamma = spec["mode"], spec["n"], spec["gamma"]
     stop_ids = tuple(spec.get("stop_ids", ()))

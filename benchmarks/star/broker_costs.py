@@ -35,7 +35,7 @@ def count_rounds(a) -> dict:
     from benchmarks.lib.scaling_sweep import DRAFT, TARGET, load_draft, mtbench_prompts
     from edge.engines.llamacpp_engine import LlamaCppEngine
     from edge.model.fetch import model_path
-    from edge.spec.sampling import GREEDY, SamplingParams
+    from edge.speculative.sampling import GREEDY, SamplingParams
     from edge.star.draft_service import DraftLimits
     from edge.wire.link import MqttLink
     from server.hub import Hub

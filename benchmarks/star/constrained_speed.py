@@ -115,8 +115,8 @@ class Clock:
 
 def time_target_grammar() -> Clock:
     """Wrap what generate_speculative / generate_plain call on the grammar (this process: the target)."""
-    import edge.spec.generate as gen
-    from edge.spec.grammar import GrammarMatcher
+    import edge.speculative.generate as gen
+    from edge.speculative.grammar import GrammarMatcher
     clock = Clock()
     for name in ("legal_drafts", "mask_rows", "grammar_matcher"):
         setattr(gen, name, clock.wrap(name, getattr(gen, name)))
@@ -258,10 +258,10 @@ def main(argv=None) -> None:
     os.sched_setaffinity(0, {cores[0]})             # this process is the target device
     clock = time_target_grammar()
     from edge.engines.loader import open_model
-    from edge.spec.generate import generate_plain
-    from edge.spec.grammar import JSON_OBJECT, Grammar, grammar_from_json_schema, grammar_tokenizer
-    from edge.spec.sampling import GREEDY
-    from edge.star.session import HubClient
+    from edge.speculative.generate import generate_plain
+    from edge.speculative.grammar import JSON_OBJECT, Grammar, grammar_from_json_schema, grammar_tokenizer
+    from edge.speculative.sampling import GREEDY
+    from edge.star.hub_client import HubClient
     from edge.star.target import StarTarget
     from edge.telemetry.cpu_info import cpu_name
     from edge.wire.link import MqttLink

@@ -55,7 +55,7 @@ def neighbour(stop, ready, core: int, load: str, draft: str, fmt: str) -> None:
 
 
 def measure(engine, ids, new: int, load: str, args) -> float:
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     stop, ready = mp.Event(), mp.Event()
     p = mp.Process(target=neighbour, args=(stop, ready, args.cores[1], load, args.draft, args.draft_format))
     p.start()
@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     os.sched_setaffinity(0, {args.cores[0]})
     from edge.telemetry.cpu_info import cpu_name
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     from export.target_format import target_gguf
     rows = []
     for fmt in [f.strip() for f in args.formats.split(",") if f.strip()]:

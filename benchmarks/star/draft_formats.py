@@ -67,8 +67,8 @@ def target_texts(args, tok) -> dict:
     """set -> [(prompt ids, the target's greedy continuation)]."""
     from benchmarks.lib.datasets import code_prompts, mtbench_first_turns
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.spec.generate import generate_plain
-    from edge.model.spec import resolve_model
+    from edge.speculative.generate import generate_plain
+    from edge.model.reference import resolve_model
     target = LlamaCppEngine(resolve_model(args.target), max_len=1024, n_seq_max=1, threads=os.cpu_count())
     sets = {"mtbench": mtbench_first_turns(args.prompts), "code": code_prompts(args.prompts)}
     out = {}

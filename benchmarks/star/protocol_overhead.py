@@ -77,7 +77,7 @@ def kit_round_trips(url: str, rounds: int) -> list:
     from edge.model.transformer import Transformer, tiny_config
     from edge.wire.protocol import sampling
     from edge.star.draft_service import DraftLimits
-    from edge.star.session import HubClient
+    from edge.star.hub_client import HubClient
     from server.hub import Hub
     torch.manual_seed(0)
     model = Transformer(tiny_config("llama")).eval()

@@ -18,7 +18,7 @@ server/demos/two_device.py's (`edge-hub demo` shows the same comparison).
 A draft that learns from every session (`--drafter suffix|hybrid`) runs each prompt once a pass
 through the star; `--rounds` passes, each with a fresh hub and draft service, give the medians.
 
-`--gammas` takes fixed γ values and `auto` (γ 0..8 chosen each round, edge/spec/remote_gamma.py;
+`--gammas` takes fixed γ values and `auto` (γ 0..8 chosen each round, edge/speculative/remote_gamma.py;
 `auto:N` for 0..N); `auto-asked` is γ=auto pricing a round as if every draft asked were sent
 (the model before the confidence stop's sent count was priced), side by side for A/B.
 Run from the repository root. Writes benchmarks/results/starsd_two_device/<variant>.{json,md,png}
@@ -95,7 +95,7 @@ def main(argv=None) -> None:
     from benchmarks.lib.datasets import code_prompts, mtbench_first_turns
     from edge.engines.loader import open_model
     from edge.wire.link import MqttLink
-    from edge.star.session import HubClient
+    from edge.star.hub_client import HubClient
     from edge.star.target import StarTarget
     from server.demos.two_device import RemoteStar, measure_prompt
     from server.mosquitto import MosquittoBroker
@@ -150,7 +150,7 @@ def main(argv=None) -> None:
 
 def repetitive_prompts(engine, tok, args):
     """(kind, label, ids) of the workloads where text repeats (benchmarks/lib/repetitive_workloads.py),
-    templated as benchmarks/spec/suffix_draft.py does (tools in the template for BFCL)."""
+    templated as benchmarks/speculative/suffix_draft.py does (tools in the template for BFCL)."""
     from benchmarks.lib.repetitive_workloads import prompts_of
     out = []
     for kind in ("bfcl", "edits", "multiturn"):

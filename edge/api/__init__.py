@@ -2,5 +2,5 @@
 what it shares with the SUN hub's endpoint (server/sun_http.py): the rule for every request field
 (fields.py, documented in docs/api.md), request parsing (request.py) and logprobs (logprobs.py).
 
-May import: edge.spec and below.
+May import: edge.speculative and below.
 """

@@ -14,7 +14,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from edge.spec.sampling import top_logprobs
+from edge.speculative.sampling import top_logprobs
 
 
 @lru_cache(maxsize=1)

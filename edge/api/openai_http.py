@@ -9,7 +9,7 @@ that disconnects mid-stream stops its generation. With `models` it fronts
 several models -- the hub's SUN tasks: "model" names the task, generations run
 concurrently (the shared decoder batches them) and generate gets model=.
 
-Which request fields each endpoint honours is one table, edge/api/fields.py
+Which request fields each endpoint honours is one table, edge/api/request_fields.py
 (docs/api.md); `profile` says what this endpoint's generation can do. A
 generate that raises Unavailable (no decoder online, overloaded) answers 503
 with Retry-After -- also for a stream, whose headers wait for its first token.
@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from contextlib import nullcontext
 from typing import Callable, List, Optional
 
-from edge.api.fields import STRUCTURED, TARGET, BadRequest, Profile
+from edge.api.request_fields import STRUCTURED, TARGET, BadRequest, Profile
 from edge.api.logprobs import LogprobRecorder
 from edge.api.request import Request, parse_request
 from edge.api.stop_text import StopText
@@ -70,7 +70,7 @@ class OpenAIServer:
     def __init__(self, generate: Callable, tokenizer, model_name: str, host: str = "127.0.0.1",
                  port: int = 8000, max_tokens_cap: int = 4096, context: Optional[int] = None,
                  models: Optional[Callable[[], List[str]]] = None, profile: Profile = TARGET):
-        """profile: what generate can honour (edge/api/fields.py); TARGET's generate takes on_logits."""
+        """profile: what generate can honour (edge/api/request_fields.py); TARGET's generate takes on_logits."""
         self.generate, self.tok, self.model_name = generate, tokenizer, served_model_id(model_name)
         self.max_tokens_cap, self.context, self.profile = max_tokens_cap, context, profile
         self.models = models                  # None: one model, one generation at a time

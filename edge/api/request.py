@@ -1,6 +1,6 @@
 """A chat or completions request body -> what to generate (Request), or a 400 naming the field.
 
-check_fields (edge/api/fields.py) runs first: every field left is one this
+check_fields (edge/api/request_fields.py) runs first: every field left is one this
 endpoint honours, and each is read and range-checked here.
 """
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from edge.api.fields import CHAT, COMPLETIONS, TOOLS, BadRequest, Profile, check_fields
-from edge.api.tools import ToolPlan, read_tools, render, template_messages
-from edge.spec.sampling import SamplingParams
+from edge.api.request_fields import CHAT, COMPLETIONS, TOOLS, BadRequest, Profile, check_fields
+from edge.api.tools import ToolRequest, read_tools, render, template_messages
+from edge.speculative.sampling import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024
@@ -28,7 +28,7 @@ class Request:
     include_usage: bool = False        # stream_options.include_usage: a last chunk with the usage
     logprobs: Optional[int] = None     # None: not asked; N: the token's logprob and N alternatives
     grammar: Optional[object] = None   # response_format's (edge/api/structured.py), set by the endpoint
-    tools: Optional[ToolPlan] = None   # the tools offered and what tool_choice asks (edge/api/tools.py)
+    tools: Optional[ToolRequest] = None   # the tools offered and what tool_choice asks (edge/api/tools.py)
 
 
 def number(body: dict, key: str, default, lo, hi, kind=float):

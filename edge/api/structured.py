@@ -5,7 +5,7 @@
 (llguidance's JSON schema support; a schema it cannot compile is a 400 naming response_format,
 as is one whose grammar passes the size cap). The generation masks the target's distribution
 with the grammar, under speculation too, so the text is exactly the target's constrained text
-(edge/spec/constrained.py); through the star the draft service proposes under the same grammar.
+(edge/speculative/constrained.py); through the star the draft service proposes under the same grammar.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import threading
 from collections import OrderedDict
 from typing import Optional
 
-from edge.api.fields import BadRequest
-from edge.spec.grammar import (JSON_OBJECT, Grammar, GrammarError, grammar_from_json_schema, grammar_from_lark,
+from edge.api.request_fields import BadRequest
+from edge.speculative.grammar import (JSON_OBJECT, Grammar, GrammarError, grammar_from_json_schema, grammar_from_lark,
                                grammar_tokenizer)
 
 KEEP_COMPILED = 32       # grammars kept compiled per endpoint (agents repeat their schemas)

@@ -6,7 +6,7 @@ reply's tool calls parsed back (Qwen2.5 / Hermes style: <tool_call>{"name", "arg
   support: the tool's name never appears in the prompt) is a 400 naming `tools`.
 * tool_choice "auto" (the default): the model decides; "none": the tools are not rendered and
   the answer is text; "required" or {"type": "function", "function": {"name"}}: the reply is
-  constrained (edge/spec/grammar.py, the same lossless machinery as response_format) to one tool
+  constrained (edge/speculative/grammar.py, the same lossless machinery as response_format) to one tool
   call -- or, with parallel_tool_calls not false, one or more -- of the allowed functions,
   with arguments that follow each function's JSON schema.
 * The reply's <tool_call> blocks become message.tool_calls ({id, type: function, function:
@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from edge.api.fields import BadRequest
+from edge.api.request_fields import BadRequest
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
@@ -32,14 +32,14 @@ _PROBE = "starsun_probe_tool"
 
 
 @dataclass
-class ToolPlan:
+class ToolRequest:
     """What a request's tools ask of the generation."""
     tools: List[dict]                 # as the template gets them ({type: function, function: {...}})
     forced: Optional[List[str]]       # names one of which must be called (None: the model decides)
     parallel: bool = True             # more than one call allowed when forced
 
 
-def read_tools(body: dict) -> Optional[ToolPlan]:
+def read_tools(body: dict) -> Optional[ToolRequest]:
     """The request's tools and tool_choice, checked; None when no tool is offered (or choice none)."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
@@ -64,17 +64,17 @@ def read_tools(body: dict) -> Optional[ToolPlan]:
     if parallel is not None and not isinstance(parallel, bool):
         raise BadRequest("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
     if choice in (None, "auto"):
-        return ToolPlan(tools, None, parallel is not False)
+        return ToolRequest(tools, None, parallel is not False)
     if choice == "none":
         return None
     if choice == "required":
-        return ToolPlan(tools, names, parallel is not False)
+        return ToolRequest(tools, names, parallel is not False)
     named = choice.get("function", {}).get("name") if isinstance(choice, dict) and \
         choice.get("type") == "function" and isinstance(choice.get("function"), dict) else None
     if named not in names:
         raise BadRequest("'tool_choice' must be none, auto, required or {type: function, function: {name}} "
                          "naming one of the tools", "tool_choice")
-    return ToolPlan(tools, [named], parallel is not False)
+    return ToolRequest(tools, [named], parallel is not False)
 
 
 def template_messages(messages: list) -> List[dict]:
@@ -108,7 +108,7 @@ def _template_call(c) -> dict:
     return {"id": c.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
-def render(tok, messages: List[dict], plan: Optional[ToolPlan]) -> str:
+def render(tok, messages: List[dict], plan: Optional[ToolRequest]) -> str:
     """The prompt: the model's chat template over the messages and (if any) the tools. A template
     that does not show the tools to the model is a 400 naming `tools`."""
     if plan is None:
@@ -124,7 +124,7 @@ def render(tok, messages: List[dict], plan: Optional[ToolPlan]) -> str:
     return tok.apply_chat_template(messages, tools=plan.tools)
 
 
-def call_grammar_lark(plan: ToolPlan) -> str:
+def call_grammar_lark(plan: ToolRequest) -> str:
     """A Lark grammar (llguidance) for the reply a forced tool_choice allows: one <tool_call> block
     -- or several, one per line, when parallel -- whose JSON names an allowed function and whose
     arguments follow its parameters schema."""

@@ -30,9 +30,9 @@ def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature,
                    draft_backend=None, draft_top_k=64, device="auto", gpu_layers=None):
     """gamma: (γ, adaptive) as --gamma reads it: the fixed γ, or the largest one a policy picks from.
     device / gpu_layers: where both models run (edge/engines/placement.py)."""
-    from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
-    from edge.spec.ngram import NgramDrafter
-    from edge.spec.sampling import SamplingParams
+    from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
+    from edge.speculative.ngram import NgramDrafter
+    from edge.speculative.sampling import SamplingParams
 
     gamma, adaptive = gamma
     target, tok = open_model_for_command(target_spec, dtype, threads, max_len, backend, device=device,
@@ -41,7 +41,7 @@ def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature,
     if draft_spec == "ngram":
         drafter, draft_name = NgramDrafter(), "n-gram prompt lookup"
     elif draft_spec == "suffix":
-        from edge.spec.suffix_drafter import SuffixDrafter
+        from edge.speculative.suffix_drafter import SuffixDrafter
         drafter, draft_name = SuffixDrafter(), "suffix trees (prompt + output)"
     else:
         draft, dtok = open_model_for_command(draft_spec, dtype, threads, max_len, draft_backend or backend,
@@ -137,7 +137,7 @@ def demo(prompt, **kw):
     run_generation(DEFAULT_TARGET, DEFAULT_DRAFT, prompt, **kw)
 
 
-from edge.cli.plan_command import plan as _plan_command  # noqa: E402  (memory plans: edge/memory/plan.py)
+from edge.cli.plan_command import plan as _plan_command  # noqa: E402  (memory plans: edge/memory/fit.py)
 
 main.add_command(_plan_command, "plan")
 

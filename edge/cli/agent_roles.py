@@ -11,7 +11,7 @@ from typing import Optional
 import click
 
 from edge.cli.startup import TelemetrySettings, leave_on_sigterm, start_telemetry_for_command, wait_for_signal
-from edge.sun.limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
+from edge.sun.worker_limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
 
 
 @dataclass
@@ -136,7 +136,7 @@ def open_node(role, link, directory, worker_id, task=None, threads=None, max_bat
 def run_target(engine, tok, link, client_id, model, target: TargetSettings,
                tele: Optional[TelemetrySettings] = None, ctl_key=None) -> None:
     """Join the star (or decode alone until a draft comes online), then --prompt once or serve."""
-    from edge.star.session import HubClient, JoinRefused
+    from edge.star.hub_client import HubClient, JoinRefused
     from edge.star.target import StarTarget
 
     star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size, hubs=target.hubs),
@@ -166,7 +166,7 @@ def run_target(engine, tok, link, client_id, model, target: TargetSettings,
 
 
 def _generate_once(star, tok, target: TargetSettings) -> None:
-    from edge.spec.sampling import SamplingParams
+    from edge.speculative.sampling import SamplingParams
     prompt = target.prompt
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}])
                      if tok.chat_template else prompt, add_special=not tok.chat_template)

@@ -32,8 +32,8 @@ from edge.cli.options import (CLIENT_TLS_HELP, BrokerAccess, backend_option, bro
                               model_options, read_ctl_key, stop_ids_option, telemetry_options, tls_dir_option)
 from edge.cli.plan_command import check_before_load, memory_options
 from edge.cli.sections import ROLE, SUN, TARGET, SectionedCommand, option
-from edge.cli.startup import DraftPlan, TelemetrySettings, build_draft, open_model_for_command
-from edge.sun.limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
+from edge.cli.startup import DraftSetup, TelemetrySettings, build_draft, open_model_for_command
+from edge.sun.worker_limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
 
 SUN_ROLES = ("prefill", "decoder")
 
@@ -75,7 +75,7 @@ class AgentConfig:
     ctl_key: Optional[bytes]
     telemetry: TelemetrySettings
     model: ModelSettings
-    draft: Optional[DraftPlan]          # --role draft
+    draft: Optional[DraftSetup]          # --role draft
     target: TargetSettings
     sun: SunSettings
 
@@ -151,7 +151,7 @@ def agent_config_from(o: dict) -> AgentConfig:
     if o["drafter"] != "model" and role != "draft":
         raise click.UsageError(f"--drafter {o['drafter']} is for --role draft (a target verifies; the hub or a "
                                "draft service drafts)")
-    draft = DraftPlan(o["drafter"], o["model"], draft_limits(o), o["suffix_min_score"]) if role == "draft" else None
+    draft = DraftSetup(o["drafter"], o["model"], draft_limits(o), o["suffix_min_score"]) if role == "draft" else None
     gamma, adaptive = o["gamma"]            # STAR_GAMMA: (γ or the largest γ, auto?)
     return AgentConfig(
         role, client_id, broker, ctl_key, TelemetrySettings.from_options(o),

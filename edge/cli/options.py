@@ -200,7 +200,7 @@ def model_options(f):
 
 class StarGamma(click.ParamType):
     """--gamma: an integer >= 1 (fixed), `auto` (0..8 per round from measured costs,
-    edge/spec/remote_gamma.py, edge/spec/adaptive.py) or `auto:N` (0..N). Converts to
+    edge/speculative/remote_gamma.py, edge/speculative/adaptive.py) or `auto:N` (0..N). Converts to
     (gamma, adaptive): the fixed γ or the largest γ, and whether a policy picks it."""
     name = "γ|auto[:N]"
 

@@ -3,7 +3,7 @@
     edge-agent plan --profile jetson-orin-nano-8gb --role target -m qwen2.5-coder-1.5b -b llamacpp
     edge-agent plan --memory-budget 2G --role draft -m qwen2.5-coder-0.5b --max-sessions 16 --json
 
-The numbers come from edge/memory/plan.py (estimates calibrated against measured peak RSS,
+The numbers come from edge/memory/fit.py (estimates calibrated against measured peak RSS,
 benchmarks/results/memory_plan/default.md); the budget from a device profile's usable memory
 (devices/profiles/*.toml; devices/profile.py imports nothing from server/ or export/, so edge
 may read it) or from --memory-budget, which wins over the profile.
@@ -17,7 +17,7 @@ import click
 
 from edge.cli.options import backend_option, dtype_option
 from edge.cli.sections import MODEL, option
-from edge.memory.plan import (Fit, Workload, engine_kwargs, fit, parse_bytes, role_sequences)
+from edge.memory.fit import (Fit, Workload, engine_kwargs, fit, parse_bytes, role_sequences)
 
 GB = 1e9
 _DEFAULT_CTX = 4096                     # `edge-agent run --max-len`'s default
@@ -66,7 +66,7 @@ def make_plan(role: str, spec: str, budget: Optional[int], backend: str = "auto"
     """(Fit or None without a budget, Estimate) for a role as `edge-agent run` would load it;
     adapters = (count, rank, targets, itemsize) of the LoRA specialists a prefill worker holds."""
     from edge.engines.base import EngineError
-    from edge.memory.plan import estimate
+    from edge.memory.fit import estimate
     from edge.memory.model_shape import read_shape
     try:
         shape = read_shape(spec, role=role, backend=None if backend == "auto" else backend)

@@ -26,7 +26,7 @@ def open_model_for_command(spec: str, dtype: str, threads, max_len: int, backend
     from edge.model.checkpoint_files import CheckpointError   # torch-free: llama.cpp / ORT roles skip torch
     from edge.engines.base import EngineError       # ModelNotFound is one
     from edge.engines.loader import open_model
-    from edge.model.spec import resolve_model
+    from edge.model.reference import resolve_model
 
     if placement is None:
         placement = place_model(spec, backend, role, device, gpu_layers, profile)
@@ -49,7 +49,7 @@ def suffix_identity(spec: str):
     from edge.model.checkpoint_files import CheckpointError, load_tokenizer
     from edge.engines.base import EngineError
     from edge.memory.model_shape import read_shape
-    from edge.model.spec import resolve_model
+    from edge.model.reference import resolve_model
     try:
         return load_tokenizer(resolve_model(spec)), read_shape(spec).vocab
     except (CheckpointError, EngineError, OSError) as e:
@@ -58,7 +58,7 @@ def suffix_identity(spec: str):
 
 
 @dataclass
-class DraftPlan:
+class DraftSetup:
     """What a draft service runs: `kind` (--drafter) over the model `model`, under `limits`."""
     kind: str                       # model | suffix | hybrid (edge/star/draft_kinds.py)
     model: str                      # its model, or (suffix) the model whose tokenizer it serves
@@ -66,7 +66,7 @@ class DraftPlan:
     min_score: Optional[float] = None   # hybrid: --suffix-min-score
 
 
-def build_draft(plan: DraftPlan, name: str, load_model: Callable[[], tuple]):
+def build_draft(plan: DraftSetup, name: str, load_model: Callable[[], tuple]):
     """(draft core, tokenizer) for any --drafter kind: the one path of `edge-hub serve`'s own draft
     and `edge-agent run --role draft`. A suffix draft reads only the tokenizer; the others call
     load_model() -> (engine, tokenizer), which each command opens its own way."""
@@ -88,7 +88,7 @@ def _grammars_of(tok, engine):
     """The draft's tokenizer for grammars (constrained output), made at the first grammar asked for."""
     if engine is None or tok is None:
         return None
-    from edge.spec.grammar import grammar_tokenizer
+    from edge.speculative.grammar import grammar_tokenizer
     return lambda: grammar_tokenizer(tok, engine.vocab_size)
 
 

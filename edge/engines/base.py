@@ -2,7 +2,7 @@
 
 An engine holds one model and many *sequences*. A sequence is an int handle
 that owns its KV cache. Logits come back as numpy arrays so the verification
-math (edge/spec/verify.py) never depends on a backend.
+math (edge/speculative/verify.py) never depends on a backend.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from edge.engines.base import Engine, EngineError
 from edge.model.bundle_manifest import BUNDLE_FORMAT, MANIFEST, is_bundle, manifest_problem
-from edge.model.spec import resolve_model
+from edge.model.reference import resolve_model
 
 if TYPE_CHECKING:
     from edge.model.tokenizer import Tokenizer

@@ -1,6 +1,6 @@
 """A model's dimensions and stored weight bytes, read from its files without loading it.
 
-What the memory planner (edge/memory/plan.py) needs of a model: layers, widths,
+What the memory planner (edge/memory/fit.py) needs of a model: layers, widths,
 heads, vocabulary, parameter count and the bytes its weights take as the chosen
 backend holds them. Sources: a GGUF (its header), a Hugging Face or SUN module
 directory (config.json / manifest.json + safetensors headers), an .onnx graph
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from edge.model.errors import EngineError
-from edge.model.spec import resolve_model
+from edge.model.reference import resolve_model
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from edge.memory.plan import Estimate
+from edge.memory.fit import Estimate
 
 GB = 1e9
 _HOST_ALWAYS = ("runtime", "tokenizer")     # the process itself, wherever the model is

@@ -58,8 +58,8 @@ def cache_dir(path: Path, fingerprint: str) -> Path:
 
 
 def resolve_checkpoint(path) -> Path:
-    """The path a spec names (edge.model.spec), its errors as CheckpointError; config.json -> its dir."""
-    from .spec import ModelNotFound, resolve_model
+    """The path a spec names (edge.model.reference), its errors as CheckpointError; config.json -> its dir."""
+    from .reference import ModelNotFound, resolve_model
     try:
         p = resolve_model(path)
     except ModelNotFound as e:          # this module's callers catch CheckpointError

@@ -11,7 +11,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from edge.wire.protocol import DraftRequest
-from edge.spec.sampling import SamplingParams, SparseDist
+from edge.speculative.sampling import SamplingParams, SparseDist
 
 
 def sure_prefix(entries, p_min: float) -> int:

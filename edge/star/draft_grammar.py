@@ -5,7 +5,7 @@ service has answered one (edge/wire/protocol.py). The service compiles a text on
 recent grammars are kept: many targets ask for the same JSON schema), gives each session a
 matcher that follows the tokens it has fed from `grammar_from` on, and masks the draft's row
 with it before each proposal: the draft's q is then the masked, renormalised q, exactly what the
-target's verification of a constrained generation wants (edge/spec/constrained.py).
+target's verification of a constrained generation wants (edge/speculative/constrained.py).
 
 A service built without a tokenizer for grammars drafts unconstrained: the target keeps the legal
 prefix of the proposals (still lossless, fewer accepted). A grammar the service cannot compile
@@ -18,8 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-from edge.spec.constrained import NoTokenAllowed, mask_logits
-from edge.spec.grammar import Grammar, GrammarError, grammar_id
+from edge.speculative.constrained import NoTokenAllowed, mask_logits
+from edge.speculative.grammar import Grammar, GrammarError, grammar_id
 from edge.star.draft_limits import DraftRefused
 from edge.wire.protocol import E_BAD_GRAMMAR, DraftRequest
 
@@ -56,7 +56,7 @@ class DraftGrammars:
     """Grammars for one draft service: compiled against its tokenizer, kept by id."""
 
     def __init__(self, tokenizer=None):
-        """tokenizer: edge.spec.grammar.grammar_tokenizer()'s, or a function making it at the first
+        """tokenizer: edge.speculative.grammar.grammar_tokenizer()'s, or a function making it at the first
         grammar (a large vocabulary takes a second), or None (draft unconstrained)."""
         self._make = tokenizer if callable(tokenizer) else None
         self.tokenizer = None if callable(tokenizer) else tokenizer

@@ -24,7 +24,7 @@ from edge.wire.protocol import (MAX_HELD, Bye, DraftHello, DraftRequest, Protoco
                            down_topic, draft_ctl_topic, draft_hello_topic, encode, session_up_sub)
 from edge.star.draft_service import DraftRefused, DraftService
 from edge.runtime.node import Node
-from edge.star.session import SessionKeys
+from edge.star.hub_client import SessionKeys
 
 log = logging.getLogger(__name__)
 DEFER_MAX_BYTES = 8 << 20   # up messages of sessions not known yet, waiting for the loop

@@ -22,7 +22,7 @@ the rest fed. After an answer the session always holds T + drafts[:-1], which
 is what the target assumes when it computes its next `keep`.
 
 Confidence (`DraftLimits.p_min`, llama.cpp's --draft-p-min; a request's own `p_min` where the
-target sends a looser one, edge/spec/remote_gamma.py): an answer stops before a draft the draft model
+target sends a looser one, edge/speculative/remote_gamma.py): an answer stops before a draft the draft model
 gives less than p_min (its top probability there), and drafting for the request stops there too.
 Where the draft is unsure the target verifies fewer tokens it would mostly reject and gets its
 answer sooner. Draft-ahead still runs past it in idle time: the unsure token is the draft's
@@ -57,7 +57,7 @@ import itertools
 import time
 from typing import Callable, List, Optional, Tuple
 
-from edge.spec.common_prefix import common_prefix
+from edge.speculative.common_prefix import common_prefix
 from edge.engines.base import Engine, EngineError
 from edge.wire.protocol import E_INTERNAL, E_OVERLOADED, DraftRequest, DraftResponse, Error
 from edge.star.batch_hold import BatchHold
@@ -66,7 +66,7 @@ from edge.star.draft_grammar import DraftGrammars
 from edge.star.draft_limits import DraftLimits, DraftRefused
 from edge.star.draft_sessions import DraftSessions
 from edge.runtime.isolated_step import step_isolated
-from edge.spec.sampling import Role, SamplingParams, pick, role_rng
+from edge.speculative.sampling import Role, SamplingParams, pick, role_rng
 
 FEED_BY_STEP = 2        # appends up to this long are fed inside the batched steps
 

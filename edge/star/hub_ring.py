@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional
 
-from edge.wire.fields import ProtocolError, check_id
+from edge.wire.field_types import ProtocolError, check_id
 
 HUB_SILENT_S = 5.0           # hubs announce every ~2 s: two missed announcements and some slack
 

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from edge.spec.common_prefix import common_prefix
+from edge.speculative.common_prefix import common_prefix
 from edge.wire.protocol import DraftRequest, DraftResponse, Error
 from edge.star.draft_service import DraftService
 from edge.star.draft_limits import DraftRefused
 from edge.star.suffix_service import SuffixDraftService, _greedy
-from edge.spec.suffix_drafter import SuffixConfig
-from edge.spec.suffix_tree import SuffixTree
+from edge.speculative.suffix_drafter import SuffixConfig
+from edge.speculative.suffix_tree import SuffixTree
 
 MIN_SCORE = 1.5          # expected accepted suffix tokens that beat asking the model
 SYNC_LAG = 8             # the model behind by more tokens than this: caught up in idle time

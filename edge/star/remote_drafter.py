@@ -1,6 +1,6 @@
 """The StarSD target's side of a remote draft: never depend on the draft.
 
-`RemoteDrafter` plugs a hub session into `edge.spec.generate.generate_speculative`
+`RemoteDrafter` plugs a hub session into `edge.speculative.generate.generate_speculative`
 (the same loop as local speculation): each round it sends a DraftRequest
 {keep, append, γ} and waits for the answer until a deadline adapted to the
 measured round trips. A late, missing or refused answer just means this
@@ -28,12 +28,12 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edge.spec.common_prefix import common_prefix
-from edge.spec.drafter import Drafter
-from edge.spec.remote_gamma import GammaPricing, RemoteGamma, RoundTrips, Wait
-from edge.spec.sampling import SamplingParams, SparseDist
+from edge.speculative.common_prefix import common_prefix
+from edge.speculative.drafter import Drafter
+from edge.speculative.remote_gamma import GammaPricing, RemoteGamma, RoundTrips, Wait
+from edge.speculative.sampling import SamplingParams, SparseDist
 from edge.star.remote_round import Backoff, Deadline, DraftHeld, DrafterStats, Outstanding
-from edge.star.session import HubClient, JoinRefused, Session
+from edge.star.hub_client import HubClient, JoinRefused, Session
 from edge.wire.protocol import (E_BAD_GRAMMAR, E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, MAX_GAMMA,
                                 DraftResponse, Error)
 
@@ -45,13 +45,13 @@ BUSY_BACKOFF_S = (0.05, 2.0)   # after 'overloaded': decode alone this long, dou
 
 
 class RemoteDrafter(Drafter):
-    """A Drafter (see edge.spec.generate) whose draft model runs behind the hub."""
+    """A Drafter (see edge.speculative.generate) whose draft model runs behind the hub."""
 
     def __init__(self, hub: HubClient, sampling: dict, max_gamma: int = 4,
                  deadline: Optional[Deadline] = None, rejoin_s: tuple = (0.2, 5.0),
                  pricing: Optional[GammaPricing] = None):
         """pricing: what the adaptive γ (gamma_policy) starts from: the target's measured verify
-        costs, and how a round is priced (edge/spec/remote_gamma.py)."""
+        costs, and how a round is priced (edge/speculative/remote_gamma.py)."""
         self.hub = hub
         self.pricing = pricing or GammaPricing()
         self.sampling = sampling
@@ -260,7 +260,7 @@ class RemoteDrafter(Drafter):
         return self.policy
 
     def observe(self, context: Sequence[int], gamma: int):
-        """A background probe (edge.spec.drafter.Drafter.observe): poll, never wait."""
+        """A background probe (edge.speculative.drafter.Drafter.observe): poll, never wait."""
         s = self._ready()
         if s is None:
             return None

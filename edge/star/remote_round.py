@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple, Optional, Sequence
 
-from edge.spec.common_prefix import common_prefix
+from edge.speculative.common_prefix import common_prefix
 
 RTT_SAMPLES = 4096      # round-trip samples kept
 

@@ -1,6 +1,6 @@
 """`SessionKeys`: the secret of every session a node serves, and raw MQTT payloads turned into
 checked messages: a bad HMAC, a replayed (non-increasing) seq or an invalid body is dropped and
-counted, never half-processed. Used by targets (edge/star/session.py) and draft services."""
+counted, never half-processed. Used by targets (edge/star/hub_client.py) and draft services."""
 from __future__ import annotations
 
 import logging

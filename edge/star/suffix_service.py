@@ -1,4 +1,4 @@
-"""A StarSD draft service with no model: suffix-tree proposals (edge/spec/suffix_drafter.py).
+"""A StarSD draft service with no model: suffix-tree proposals (edge/speculative/suffix_drafter.py).
 
 The same core interface as DraftService (open/close/submit/step on edge/runtime/loop.py,
 behind a DraftNode), so the hub or a device serves it like the model draft. Per session
@@ -23,9 +23,9 @@ import numpy as np
 from edge.wire.protocol import DraftRequest, DraftResponse, Error
 from edge.star.draft_limits import DraftLimits, DraftRefused
 from edge.star.draft_sessions import DraftSessions
-from edge.spec.sampling import SamplingParams
-from edge.spec.suffix_drafter import SuffixConfig, SuffixContext
-from edge.spec.suffix_tree import SuffixTree
+from edge.speculative.sampling import SamplingParams
+from edge.speculative.suffix_drafter import SuffixConfig, SuffixContext
+from edge.speculative.suffix_tree import SuffixTree
 
 
 def _greedy(req: DraftRequest) -> bool:

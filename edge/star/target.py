@@ -10,13 +10,13 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine
-from edge.spec.generate import GenResult, generate_speculative
-from edge.spec.remote_gamma import GammaPricing
+from edge.speculative.generate import GenResult, generate_speculative
+from edge.speculative.remote_gamma import GammaPricing
 from edge.star.remote_drafter import RemoteDrafter
 from edge.star.remote_round import Deadline
-from edge.star.session import HubClient, JoinRefused
-from edge.spec.sampling import GREEDY, SamplingParams
-from edge.spec.verify_costs import measure_verify_costs
+from edge.star.hub_client import HubClient, JoinRefused
+from edge.speculative.sampling import GREEDY, SamplingParams
+from edge.speculative.verify_costs import measure_verify_costs
 
 __all__ = ["Deadline", "RemoteDrafter", "StarTarget"]
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class StarTarget:
     def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, join_timeout: float = 3.0,
                  adaptive: bool = False):
         """gamma: drafted tokens per round; with adaptive=True the largest γ, each round choosing
-        one in 0..gamma (edge/spec/remote_gamma.py)."""
+        one in 0..gamma (edge/speculative/remote_gamma.py)."""
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1 for a StarSD target, got {gamma}")
         self.engine, self.hub, self.gamma, self.adaptive = engine, hub, gamma, adaptive
@@ -79,7 +79,7 @@ class StarTarget:
                  grammar=None) -> GenResult:
         """Speculative generation through the star. on_logits(token, row): the target's own row
         each committed token was chosen from (generate_speculative), drafted or not. grammar: an
-        edge.spec.grammar.Grammar the output follows; the draft service proposes under it too."""
+        edge.speculative.grammar.Grammar the output follows; the draft service proposes under it too."""
         with self.lock:
             if self.adaptive and self.verify_costs is None:
                 self._calibrate()

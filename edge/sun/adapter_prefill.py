@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from edge.model.sun_error import SunError
-from edge.spec.sampling import GREEDY, Role, SamplingParams, pick, role_rng
-from edge.sun.limits import DEFAULT_MAX_QUEUE
+from edge.speculative.sampling import GREEDY, Role, SamplingParams, pick, role_rng
+from edge.sun.worker_limits import DEFAULT_MAX_QUEUE
 from edge.sun.prefill import PrefillFailed, PrefillOutput
 from edge.sun.prompt_queue import PromptQueue
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_ROWS = 8          # prompts prefilled together in one step
-MAX_TASKS = 256               # tasks one hello can list (edge/wire/fields.py id_list)
+MAX_TASKS = 256               # tasks one hello can list (edge/wire/field_types.py id_list)
 
 
 class AdapterPrefillWorker(PromptQueue):

@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from edge.wire.link import Link
 from edge.wire.protocol import (E_TIMEOUT, E_WORKER_LOST, GREEDY_WIRE, Error, ProtocolError, SunRequest, SunTokens, decode, encode,
                            new_secret, new_sid, parse_topic, sampling, sun_req_topic, sun_stream_sub)
-from edge.spec.sampling import SamplingParams
+from edge.speculative.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 # the errors after which the same request, sent again under a new id, can still succeed: its

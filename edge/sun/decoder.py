@@ -37,8 +37,8 @@ import numpy as np
 from edge.engines.base import Engine, EngineError
 from edge.model.kv_blob import KVError, read_header
 from edge.runtime.isolated_step import step_isolated
-from edge.sun.limits import DEFAULT_MAX_SEQUENCES
-from edge.spec.sampling import GREEDY, Role, SamplingParams, pick, role_rng
+from edge.sun.worker_limits import DEFAULT_MAX_SEQUENCES
+from edge.speculative.sampling import GREEDY, Role, SamplingParams, pick, role_rng
 
 
 class AdmissionError(ValueError):

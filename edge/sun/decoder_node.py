@@ -31,7 +31,7 @@ from edge.wire.protocol import (E_INTERNAL, E_OVERLOADED, E_REFUSED, E_TIMEOUT, 
 from edge.sun.decoder import AdmissionError, DecoderFull, SharedDecoder, TokenEvent
 from edge.sun.early_kv import EarlyKV
 from edge.runtime.node import Node
-from edge.spec.sampling import SamplingParams
+from edge.speculative.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 MAX_ASSIGNED_KEYS = 4096       # recent assignments whose KV may pass a full queue (a bounded memory)

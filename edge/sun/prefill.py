@@ -22,9 +22,9 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 
 from edge.engines.base import Engine
-from edge.sun.limits import DEFAULT_MAX_QUEUE
+from edge.sun.worker_limits import DEFAULT_MAX_QUEUE
 from edge.sun.prompt_queue import PromptQueue
-from edge.spec.sampling import GREEDY, Role, SamplingParams, pick, role_rng
+from edge.speculative.sampling import GREEDY, Role, SamplingParams, pick, role_rng
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from edge.wire.protocol import (E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, SUN_CHU
 from edge.runtime.node import Node
 from edge.sun.prefill import PrefillFailed, PrefillOutput, PrefillWorker
 from edge.sun.prompt_queue import QueueFull
-from edge.spec.sampling import SamplingParams
+from edge.speculative.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

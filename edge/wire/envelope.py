@@ -5,7 +5,7 @@
 
 The HMAC covers version, tag, sid and body bytes, keyed with the session secret. The body
 is unpacked only after the HMAC checks, then every field is checked by the checker declared
-with it (edge/wire/fields.py) and the message's own cross-field rules. Nothing is ever
+with it (edge/wire/field_types.py) and the message's own cross-field rules. Nothing is ever
 pickled. The messages themselves are declared in edge/wire/protocol.py, which re-exports all this.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Optional, Union
 
 import msgpack
 
-from edge.wire.fields import ProtocolError, _short, as_token_list, check_id, check_sampling, sampling, token_ids
+from edge.wire.field_types import ProtocolError, _short, as_token_list, check_id, check_sampling, sampling, token_ids
 
 PROTOCOL_VERSION = 9          # 2: SUN KV topics name their sender; 3: SunHello carries max_load;
                               # 4: DraftRequest carries background; 5: and the target's p_min;

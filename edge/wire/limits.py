@@ -1,5 +1,5 @@
 """The wire format's limits, roles and error codes (edge/wire/protocol.py re-exports them; the
-per-field limits live with their checkers in edge/wire/fields.py)."""
+per-field limits live with their checkers in edge/wire/field_types.py)."""
 from __future__ import annotations
 
 MAX_APPEND = 32768             # tokens fed in one request (a whole prompt at first)

@@ -1,5 +1,5 @@
 """StarSD / SUN wire format: the message table (the envelope and HMAC: edge/wire/envelope.py; the
-topic table: edge/wire/topics.py; the field checks: edge/wire/fields.py; limits and error codes:
+topic table: edge/wire/topics.py; the field checks: edge/wire/field_types.py; limits and error codes:
 edge/wire/limits.py; the SUN messages: edge/wire/sun_messages.py; all re-exported here).
 
 Every message travels as a msgpack map (an *envelope*):
@@ -13,7 +13,7 @@ anyone who does not hold the secret. Session messages (`session=True` below)
 must be signed; control messages travel unsigned unless the caller passes a
 key (the deployment's ctl key). The body is unpacked only after the HMAC
 checks, then every field is checked by the checker declared with it
-(edge/wire/fields.py) and the message's own cross-field rules. Nothing is ever
+(edge/wire/field_types.py) and the message's own cross-field rules. Nothing is ever
 pickled. MQTT 3.1.1: replies go to topics, never v5 properties.
 
 Confidentiality of the secrets in Joined, SessionAssign and SunRequest comes
@@ -30,7 +30,7 @@ from typing import Optional
 from edge.wire.envelope import (MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Message, SecretSource, _BY_TAG, _mac,  # noqa: F401
                            decode, encode, message, sampling_field, tokens_field, wire)
 
-from edge.wire.fields import (CODE, FINGERPRINT, GAMMA, GRAMMAR_ID, ID, ID_OR_EMPTY, MAX_GAMMA,  # noqa: F401
+from edge.wire.field_types import (CODE, FINGERPRINT, GAMMA, GRAMMAR_ID, ID, ID_OR_EMPTY, MAX_GAMMA,  # noqa: F401
                               MAX_GRAMMAR_BYTES, MAX_SEQ, grammar_text,
                               MAX_TEMPERATURE, MAX_TOP_K, MAX_VOCAB, MESSAGE_TEXT, SECRET_BYTES, SEQ, TOPIC,
                               VOCAB_SIZE, ProtocolError, QEntry, as_token_list, boolean, check_id,
@@ -53,7 +53,7 @@ from edge.wire.limits import (  # noqa: F401,E402
     E_NO_DECODER, E_REFUSED, E_TIMEOUT, E_WORKER_LOST, E_BAD_GRAMMAR)
 
 
-# greedy decoding as a sampling dict on the wire (the SamplingParams is edge.spec.sampling.GREEDY)
+# greedy decoding as a sampling dict on the wire (the SamplingParams is edge.speculative.sampling.GREEDY)
 GREEDY_WIRE = sampling()
 
 # ---- messages: each field declared once, with its checker ----
@@ -106,7 +106,7 @@ class DraftRequest(Message):
     # --draft-p-min (None: the service's): a target whose verify over k tokens costs well under
     # k steps wants the unsure drafts too
     p_min: Optional[float] = wire(optional(number(0.0, 0.999)), None)
-    # constrained output (edge/spec/constrained.py): the grammar the drafts follow, named by its id
+    # constrained output (edge/speculative/constrained.py): the grammar the drafts follow, named by its id
     # on every request, its text sent until the draft has answered one carrying it; it governs
     # the context from position grammar_from on (the generated part)
     grammar_id: str = wire(GRAMMAR_ID, "")

@@ -4,7 +4,7 @@ edge/sun/prefill_node.py has the flow)."""
 from __future__ import annotations
 
 from edge.wire.envelope import Message, message, sampling_field, tokens_field, wire
-from edge.wire.fields import (FINGERPRINT, ID, ID_OR_EMPTY, MAX_VOCAB, MESSAGE_TEXT, SEQ, SHA256, VOCAB_SIZE,
+from edge.wire.field_types import (FINGERPRINT, ID, ID_OR_EMPTY, MAX_VOCAB, MESSAGE_TEXT, SEQ, SHA256, VOCAB_SIZE,
                               ProtocolError, boolean, id_list, integer, new_secret, one_of, raw_bytes, secret_bytes,
                               text)
 from edge.wire.limits import (FINISH_REASONS, MAX_APPEND, MAX_KV_CHUNKS, MAX_NEW_TOKENS, MAX_STOP,

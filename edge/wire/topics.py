@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from edge.wire.fields import ProtocolError, check_id
+from edge.wire.field_types import ProtocolError, check_id
 
 TOPICS = {
     "join":        "ss/hub/join/{client}",         # target -> hub: Join (the ACL: a client writes only its own)

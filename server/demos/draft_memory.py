@@ -1,7 +1,7 @@
 """What the draft costs in memory: N co-located pairs (a draft on every device) vs one star.
 
 A co-located pair keeps a draft model beside each target, so N devices hold N drafts; the star
-keeps one, at the hub, holding N sessions' KV. Both from edge/memory/plan.py's estimate (weights
+keeps one, at the hub, holding N sessions' KV. Both from edge/memory/fit.py's estimate (weights
 as the backend holds them, KV as allocated, compute buffers, runtime), as `edge-agent plan` says.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import List
 
 def draft_memory(draft: str, backend: str, n: int, context: int) -> dict:
     """Bytes: one co-located draft (one sequence), N of them, and the star's one draft (N sequences)."""
-    from edge.memory.plan import Workload, estimate
+    from edge.memory.fit import Workload, estimate
     from edge.memory.model_shape import read_shape
     shape = read_shape(draft, role="draft", backend=backend)
     one = estimate(shape, Workload("draft", backend, context=context, sequences=1)).total

@@ -26,7 +26,7 @@ import click
 
 from edge.engines.base import Engine
 from edge.engines.counting import CountingEngine
-from edge.spec.sampling import GREEDY
+from edge.speculative.sampling import GREEDY
 from server.demos.live_table import LiveTable
 from server.hub import Hub
 
@@ -143,7 +143,7 @@ def run_star_demo(draft_engine: Engine, target_engines: Sequence[Engine], tokeni
     machine; here the N targets would otherwise starve the one draft of these few cores.
     `notes` are printed under the final table (the demo's draft-memory line); with `decode`,
     one line of each target's text follows."""
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
 
     out = out or sys.stderr
     labels = list(labels or [f"prompt {i}" for i in range(len(prompts))])
@@ -183,7 +183,7 @@ def run_star_demo(draft_engine: Engine, target_engines: Sequence[Engine], tokeni
 def _join(targets: List[_Target], hub, tokenizer_fp: str, gamma: int, adaptive: bool, links: list) -> None:
     """A StarTarget per target on its own MQTT connection (appended to `links`)."""
     from edge.wire.link import MqttLink
-    from edge.star.session import HubClient
+    from edge.star.hub_client import HubClient
     from edge.star.target import StarTarget
     for x in targets:      # one at a time: amqtt 0.12.1 may drop a client connecting during a SUBSCRIBE
         link = MqttLink(hub.url, client_id=f"{x.name}-{os.getpid()}").connect(10)
@@ -307,7 +307,7 @@ def load_star_models(draft: str, target: str, n_targets: int, backend: str = "ll
     and every target get ONE thread each (`threads` for the draft): llama.cpp's threads spin at
     each barrier, so more threads than free cores make every call collapse, and here the draft
     and the targets all share this machine. torch: the targets share one loaded model (fp32)."""
-    from edge.model.spec import resolve_model
+    from edge.model.reference import resolve_model
     from edge.model.tokenizer import Tokenizer
 
     dpath, tpath = resolve_model(draft), resolve_model(target)
@@ -347,11 +347,11 @@ def demo_command(n_targets, max_new, gamma, draft, target, backend, broker, chec
     memory N co-located pairs would need and a line of each target's text."""
     import logging
     from edge.engines.base import EngineError
-    from edge.model.spec import resolve_model
+    from edge.model.reference import resolve_model
     from server.demos.draft_memory import draft_memory, memory_lines
     from server.demos.two_device import parse_modes, run_two_device, two_device_part_format, two_device_target
     logging.getLogger("amqtt").setLevel(logging.ERROR)     # its PUBACK chatter is not ours to show
-    logging.getLogger("edge.star.session").setLevel(logging.ERROR)   # a late answer to a closed session
+    logging.getLogger("edge.star.hub_client").setLevel(logging.ERROR)   # a late answer to a closed session
     gamma, adaptive = gamma if isinstance(gamma, tuple) else (gamma, False)
     if n_targets < 1 or gamma < 1:
         raise click.BadParameter("--targets and --gamma must be at least 1")

@@ -148,7 +148,7 @@ def two_device_target(target: str, fmt: str, shared, out=None) -> Iterator[Tuple
         yield shared, None
         return
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.model.spec import resolve_model
+    from edge.model.reference import resolve_model
     src, path = resolve_model(target), target_gguf(target, fmt)
     native = format_name(src)
     (out or sys.stderr).write(
@@ -214,7 +214,7 @@ def measure_prompt(engine, star, ids: Sequence[int], max_new: int, modes, rounds
     gamma_zero_share (what was asked for), sent_mean (drafts the service sent a round that asked),
     wait_overhead_ms / wait_per_draft_ms (o and d of the wait the target saw, last run; RoundTrips),
     same_text, split_at, margin_at_split."""
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     alone, runs, ref, calls = [], {m[0]: [] for m in modes}, None, {}
     for i in range(rounds):
         r = generate_plain(engine, ids, max_new, stop_ids=tuple(stop_ids))
@@ -264,7 +264,7 @@ def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], 
     the table can say what the speedup is worth in absolute tok/s. p_min: the draft service's
     --draft-p-min (None: its default)."""
     from edge.wire.link import MqttLink
-    from edge.star.session import HubClient
+    from edge.star.hub_client import HubClient
     from edge.star.target import StarTarget
 
     out = out or sys.stderr
@@ -302,7 +302,7 @@ def run_two_device(engine, tokenizer_fp: str, prompts: Sequence[Sequence[int]], 
 def _time_alone(engine, prompts, max_new: int, stop_ids, core: int) -> List[float]:
     """tok/s of `engine` alone per prompt on `core`, before the star starts: with the other core idle,
     as the device would run it with no star at all."""
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     with pinned(core):
         generate_plain(engine, list(prompts[0]), 4)          # the first call pays the warm-ups
         return [generate_plain(engine, ids, max_new, stop_ids=tuple(stop_ids)).tokens_per_s for ids in prompts]

@@ -17,7 +17,7 @@ import pytest
 from edge.engines.base import EngineError
 from edge.engines.loader import load_engine
 from edge.engines.torch_engine import TorchEngine
-from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
+from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
 
 BACKENDS = ["torch", "onnx", "llamacpp"]
 REL = {"torch": 1e-5, "onnx": 1e-5, "llamacpp": 1e-3}

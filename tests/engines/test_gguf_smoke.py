@@ -54,7 +54,7 @@ def _llama_greedy(path, ids):
 @pytest.mark.parametrize("ftype", ["Q4_0", "Q4_1", "Q4_K_M", "Q8_0", "F16"])
 def test_each_gguf_type_decodes_in_llama_and_in_our_engine(gguf_files, ftype):
     from edge.engines.llamacpp_engine import LlamaCppEngine
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     from edge.model.tokenizer import Tokenizer
 
     path = gguf_files[ftype]

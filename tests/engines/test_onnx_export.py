@@ -180,7 +180,7 @@ def test_kv_blobs_move_between_torch_and_onnx(exports, arch):
 
 
 def test_greedy_64_tokens_identical_fp32(exports):
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     m = exports.model("qwen2")
     p = prompts(1, seed=7)[0]
     want = generate_plain(torch_engine(m), p, 64).tokens
@@ -281,7 +281,7 @@ def smollm2(tmp_path_factory):
 
 
 def test_smollm2_three_graphs_match_torch_and_greedy_is_identical(smollm2):
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     model, ckpt, paths = smollm2
     t = torch_engine(model, ckpt.fingerprint)
     o = OnnxEngine(paths["model"], device="cpu")

@@ -1,8 +1,8 @@
-"""edge/spec/verify_costs.py: the target's cost curve is measured on a scratch sequence that leaves no trace."""
+"""edge/speculative/verify_costs.py: the target's cost curve is measured on a scratch sequence that leaves no trace."""
 from __future__ import annotations
 
 from edge.engines.torch_engine import TorchEngine
-from edge.spec.verify_costs import measure_verify_costs
+from edge.speculative.verify_costs import measure_verify_costs
 from harness.tiny_models import random_model
 
 

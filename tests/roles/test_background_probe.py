@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.star.remote_drafter import RemoteDrafter
-from edge.star.session import HubClient
-from edge.spec.sampling import GREEDY
+from edge.star.hub_client import HubClient
+from edge.speculative.sampling import GREEDY
 from server.hub import Hub
 
 from harness.tiny_models import tiny_model

@@ -11,11 +11,11 @@ import pytest
 
 llg = pytest.importorskip("llguidance")
 
-from edge.spec.generate import generate_plain  # noqa: E402
-from edge.spec.grammar import Grammar, grammar_from_json_schema, grammar_id, grammar_tokenizer  # noqa: E402
-from edge.spec.sampling import GREEDY, SamplingParams  # noqa: E402
+from edge.speculative.generate import generate_plain  # noqa: E402
+from edge.speculative.grammar import Grammar, grammar_from_json_schema, grammar_id, grammar_tokenizer  # noqa: E402
+from edge.speculative.sampling import GREEDY, SamplingParams  # noqa: E402
 from edge.star.draft_service import DraftLimits, DraftService  # noqa: E402
-from edge.star.session import HubClient  # noqa: E402
+from edge.star.hub_client import HubClient  # noqa: E402
 from edge.star.target import Deadline, StarTarget  # noqa: E402
 from edge.wire.memory_link import MemoryBus, MemoryLink  # noqa: E402
 from edge.wire.protocol import E_BAD_GRAMMAR, DraftRequest, DraftResponse, Error, sampling  # noqa: E402

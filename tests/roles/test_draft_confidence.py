@@ -5,12 +5,12 @@ The sampling case is measured in tests/roles/test_seed_streams.py (chi-square)."
 import numpy as np
 import pytest
 
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import DraftRequest, DraftResponse
-from edge.spec.remote_gamma import RemoteGamma
+from edge.speculative.remote_gamma import RemoteGamma
 from edge.star.draft_service import DraftLimits, DraftService
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.target import StarTarget
 from server.hub import Hub
 
@@ -108,7 +108,7 @@ def test_a_requests_looser_p_min_wins_a_stricter_one_does_not():
 
 
 def test_star_with_the_targets_own_stop_is_lossless_greedy():
-    """γ=auto sends its p_min with every request (edge/spec/remote_gamma.py RemoteGamma.p_min); a
+    """γ=auto sends its p_min with every request (edge/speculative/remote_gamma.py RemoteGamma.p_min); a
     service whose own stop is strict still answers it, and the text is the target's."""
     bus = MemoryBus()
     hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=make_engine(seed=1), tokenizer_fp="tok",

@@ -5,11 +5,11 @@ import threading
 
 import numpy as np
 
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import DraftRequest, DraftResponse
 from edge.star.draft_service import DraftLimits
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.target import StarTarget
 from server.hub import Hub
 from harness.draft_services import contexts, make_engine, reference, service, step

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, DraftRequest, DraftResponse,
                            Error, sampling)
 from edge.star.draft_service import DraftLimits, DraftRefused, DraftService
-from edge.star.session import HubClient, JoinRefused
+from edge.star.hub_client import HubClient, JoinRefused
 from edge.star.target import StarTarget
-from edge.spec.sampling import SamplingParams, to_probs, truncate_top_k
+from edge.speculative.sampling import SamplingParams, to_probs, truncate_top_k
 from edge.engines.base import EngineError
 from edge.engines.torch_engine import TorchEngine
 from server.hub import Hub

@@ -9,7 +9,7 @@ import torch
 
 from edge.star.draft_node import DraftNode
 from edge.star.draft_service import DraftLimits, DraftService
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import GREEDY_WIRE, SessionAssign, SessionRelease, decode
 from harness.draft_services import make_engine

@@ -1,4 +1,4 @@
-"""A join nobody waits for any more must not hold a draft slot (edge/star/session.py HubClient,
+"""A join nobody waits for any more must not hold a draft slot (edge/star/hub_client.py HubClient,
 edge/star/target.py RemoteDrafter): the load test's churn filled a 256-session draft with
 accepted joins whose targets had given up on them, until eviction 60 s later.
 
@@ -15,7 +15,7 @@ from edge.engines.torch_engine import TorchEngine
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import sampling
 from edge.star.draft_service import DraftLimits
-from edge.star.session import HubClient, JoinRefused
+from edge.star.hub_client import HubClient, JoinRefused
 from edge.star.target import RemoteDrafter
 from server.hub import Hub
 from harness.tiny_models import tiny_model

@@ -1,4 +1,4 @@
-"""One seed, many parties: every sampler draws its own stream (edge.spec.sampling.role_rng).
+"""One seed, many parties: every sampler draws its own stream (edge.speculative.sampling.role_rng).
 
 If the draft service seeded its generator with the request's seed and the target
 did too, the draft's sampling uniforms would be the target's acceptance
@@ -12,15 +12,15 @@ and must fail the same test.
 import numpy as np
 import pytest
 
-import edge.spec.generate as gen
+import edge.speculative.generate as gen
 import edge.star.draft_service as draft_mod
 from edge.wire.link import MqttLink
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import DraftRequest, sampling
 from edge.star.draft_service import DraftLimits, DraftService
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.target import Deadline, StarTarget
-from edge.spec.sampling import Role, SamplingParams, role_rng
+from edge.speculative.sampling import Role, SamplingParams, role_rng
 from server.hub import Hub
 
 from harness.goodness_of_fit import TableEngine, chi_square, critical_value, exact_distribution

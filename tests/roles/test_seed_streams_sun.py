@@ -26,7 +26,7 @@ from edge.sun.decoder_node import DecoderNode
 from edge.sun.prefill import PrefillWorker
 from edge.sun.prefill_node import PrefillNode
 from edge.sun.client import SunClient
-from edge.spec.sampling import SamplingParams, to_probs
+from edge.speculative.sampling import SamplingParams, to_probs
 from server.sun_router import SunRouter
 
 from harness.table_engine import TableEngine

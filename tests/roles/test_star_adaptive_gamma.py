@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.memory_link import MemoryBus, MemoryLink
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.target import Deadline, StarTarget
 from server.hub import Hub
 

@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.spec.generate import generate_plain, generate_speculative
+from edge.speculative.generate import generate_plain, generate_speculative
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import E_BAD_KEEP, E_UNKNOWN_SESSION, DraftRequest, DraftResponse, Error, sampling
 from edge.star.draft_service import DraftLimits, DraftService
 from edge.star.draft_kinds import make_draft_core
 from edge.star.hybrid_service import HybridDraftService
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.suffix_service import SuffixDraftService
 from edge.star.target import StarTarget
-from edge.spec.sampling import SamplingParams
-from edge.spec.suffix_drafter import SuffixDrafter
+from edge.speculative.sampling import SamplingParams
+from edge.speculative.suffix_drafter import SuffixDrafter
 from server.hub import Hub
 
 from harness.tiny_models import tiny_model
@@ -145,7 +145,7 @@ def test_hybrid_keeps_the_models_keep_consistent_after_suffix_answers(engines, i
     steps between requests, where the model catches up, which must send nothing; joining:
     the model answers a few steps later, as `edge-hub serve` runs it by default)."""
     _, draft = engines
-    from edge.spec.generate import ModelDrafter
+    from edge.speculative.generate import ModelDrafter
     svc = HybridDraftService(DraftService(draft, DraftLimits(ahead=True, join=join)), min_score=1.0)
     svc.open("a")
     rng = np.random.default_rng(4)
@@ -173,7 +173,7 @@ def test_hybrid_catches_the_model_up_in_idle_time_after_a_suffix_answered_prompt
     """A prompt the suffix answered (a fleet tree that knows how answers open) must not leave
     the model a prefill to pay inside a later round: the next idle step feeds it, sends nothing."""
     _, draft = engines
-    from edge.spec.generate import ModelDrafter
+    from edge.speculative.generate import ModelDrafter
     svc = HybridDraftService(DraftService(draft, DraftLimits(ahead=False)), min_score=0.0)
     svc.open("a")
     prompt = [5, 6, 7, 8, 9] * 4 + [5, 6]

@@ -16,10 +16,10 @@ from edge.wire.link import MqttLink
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.star.draft_service import DraftLimits, DraftService
 from edge.star.hybrid_service import HybridDraftService
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.suffix_service import SuffixDraftService
 from edge.star.target import Deadline, StarTarget
-from edge.spec.sampling import SamplingParams
+from edge.speculative.sampling import SamplingParams
 from server.hub import Hub
 
 from harness.goodness_of_fit import TableEngine, chi_square, critical_value, exact_distribution

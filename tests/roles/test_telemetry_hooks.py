@@ -15,7 +15,7 @@ from edge.sun.decoder import SharedDecoder
 from edge.sun.decoder_node import DecoderNode
 from edge.sun.prefill import PrefillWorker
 from edge.sun.prefill_node import PrefillNode
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.sun.client import SunClient
 from edge.star.target import StarTarget
 from edge.model.sun_modules import weights_fingerprint

@@ -115,7 +115,7 @@ def test_draft_service_serves_its_sessions_but_not_other_services(star, inbox):
     ups, ctl, other_ctl, hello, other_ups, bob_down = inbox(), inbox(), inbox(), inbox(), inbox(), inbox()
     assert svc.subscribe(P.session_up_sub("jetson-1"), ups)
     assert svc.subscribe(P.draft_ctl_topic("jetson-1"), ctl)
-    assert bob.subscribe("ss/s/bob/+/+/down", bob_down)              # as a target does (edge/star/session.py)
+    assert bob.subscribe("ss/s/bob/+/+/down", bob_down)              # as a target does (edge/star/hub_client.py)
     _subscribe(svc, P.draft_ctl_topic("jetson-2"), other_ctl)
     _subscribe(connect("jetson-1", "draft"), P.session_up_sub("jetson-2"), other_ups)
     _subscribe(connect("jetson-1", "draft"), "ss/s/#", other_ups)

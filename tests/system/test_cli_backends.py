@@ -58,7 +58,7 @@ def agents(tmp_path_factory, mosquitto):
 
 def test_onnx_target_with_a_llamacpp_draft_service(agents):
     from edge.engines.loader import open_model
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     ps, _, bundle, _ = agents
     engine, tok = open_model(str(bundle), backend="onnx", role="target", dtype="float32", threads=1, max_len=4096)
     assert engine.name.startswith("onnx")

@@ -59,7 +59,7 @@ def star(tmp_path_factory):
 
 def test_starsd_target_process_through_the_hub_process(star):
     from edge.engines.loader import open_model
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     ps, url, model, _, _ = star
     engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
     ids = tok.encode(PROMPT, add_special=True)

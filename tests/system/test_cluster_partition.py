@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.link import MqttLink
 from harness.gguf_star import MAX_NEW, PROMPT, Star, engine
 from harness.rabbitmq import RabbitCluster

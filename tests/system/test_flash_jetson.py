@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from devices.agent_files import exec_start_of
-from devices.install_plan import build_wheel
+from devices.install_recipe import build_wheel
 from devices.provision import main as provision
 from edge.engines.loader import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256_file
 from edge.model.fetch import model_path

@@ -22,10 +22,10 @@ import torch
 
 from edge.wire import protocol as P
 from edge.engines.torch_engine import TorchEngine
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.link import MqttLink
 from edge.star.draft_service import DraftLimits
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.target import StarTarget
 from edge.model.sun_modules import weights_fingerprint
 from server.hub import Hub

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.link import MqttLink
 from edge.star.draft_service import DraftLimits
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.target import StarTarget
 from server.broker import find_free_port
 from server.hub import Hub

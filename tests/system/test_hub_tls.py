@@ -56,7 +56,7 @@ def test_certs_are_idempotent_and_name_the_client(tmp_path):
 
 def test_a_target_over_tls_decodes_its_plain_greedy_text(tls_star):
     from edge.engines.loader import open_model
-    from edge.spec.generate import generate_plain
+    from edge.speculative.generate import generate_plain
     ps, url, certs, model, common = tls_star
     ps.start("target", BIN / "edge-agent", "run", "--role", "target", "--hub", url, "--tls-dir", certs,
              "--client-id", "dev1", "--model", model, "--prompt", PROMPT, "-n", MAX_NEW, "-g", "3", *common)

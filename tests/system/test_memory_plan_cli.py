@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from edge.cli.agent import main
-from edge.memory.plan import Workload, estimate
+from edge.memory.fit import Workload, estimate
 from edge.memory.model_shape import read_shape
 
 

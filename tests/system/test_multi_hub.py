@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from edge.engines.loader import open_model
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.star.hub_ring import owner
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.target import StarTarget
 from edge.wire.link import MqttLink
 from edge.wire.protocol import DraftHello, HubStatus, decode, draft_hello_topic, hub_hello_topic

@@ -1,4 +1,4 @@
-"""Every request field has a rule (edge/api/fields.py), checked with the official `openai` client
+"""Every request field has a rule (edge/api/request_fields.py), checked with the official `openai` client
 against a StarSD target's endpoint (tiny float64 models, drafts from a hub on a memory bus).
 
 Honoured fields do what they say (logprobs from the target's own rows, identical to target-only
@@ -14,9 +14,9 @@ import openai
 import pytest
 import torch
 
-from edge.api.fields import FIELDS, IGNORED, REFUSED
-from edge.spec.generate import generate_plain
-from edge.spec.sampling import SamplingParams, top_logprobs
+from edge.api.request_fields import FIELDS, IGNORED, REFUSED
+from edge.speculative.generate import generate_plain
+from edge.speculative.sampling import SamplingParams, top_logprobs
 from harness.http_endpoints import openai_endpoint
 
 torch.set_num_threads(1)

@@ -8,9 +8,9 @@ import urllib.request
 import pytest
 import torch
 
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.api.openai_http import StopText
-from edge.spec.sampling import SamplingParams
+from edge.speculative.sampling import SamplingParams
 from harness.http_endpoints import openai_endpoint, post
 
 torch.set_num_threads(1)

@@ -21,12 +21,12 @@ import pytest
 import torch
 
 from edge.engines.loader import open_model
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.link import MqttLink
 from edge.wire.protocol import STATUS_TOPIC, HubStatus, decode, draft_hello_topic
 from edge.star.draft_service import DraftLimits, DraftService
 from edge.star.draft_node import DraftNode
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.star.target import StarTarget
 from server.broker import find_free_port
 from server.hub import Hub

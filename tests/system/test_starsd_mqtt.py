@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.link import MqttLink
 from edge.wire.protocol import DraftRequest, DraftResponse, encode, up_topic
 from edge.star.draft_service import DraftLimits
-from edge.star.session import HubClient, JoinRefused
+from edge.star.hub_client import HubClient, JoinRefused
 from edge.star.target import StarTarget
 from server.hub import Hub
 
@@ -89,7 +89,7 @@ def test_eight_targets_share_one_draft_and_stay_lossless(broker, models):
 
 
 def test_auto_gamma_targets_stay_lossless_over_the_broker(broker, models):
-    """γ auto (edge/spec/remote_gamma.py): each round picks 0..8 from the waits this target sees;
+    """γ auto (edge/speculative/remote_gamma.py): each round picks 0..8 from the waits this target sees;
     three targets at once, every text its own plain greedy output."""
     target_model, draft_model = models
     hub = Hub(broker_url=broker.url, draft_engine=TorchEngine(draft_model, "draft"), tokenizer_fp=TOK).start()

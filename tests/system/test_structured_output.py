@@ -16,11 +16,11 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 from edge.api.openai_http import OpenAIServer  # noqa: E402
-from edge.spec.generate import generate_plain  # noqa: E402
-from edge.spec.grammar import Grammar, grammar_from_json_schema, grammar_tokenizer  # noqa: E402
-from edge.spec.sampling import GREEDY  # noqa: E402
+from edge.speculative.generate import generate_plain  # noqa: E402
+from edge.speculative.grammar import Grammar, grammar_from_json_schema, grammar_tokenizer  # noqa: E402
+from edge.speculative.sampling import GREEDY  # noqa: E402
 from edge.star.draft_service import DraftLimits, DraftService  # noqa: E402
-from edge.star.session import HubClient  # noqa: E402
+from edge.star.hub_client import HubClient  # noqa: E402
 from edge.star.target import StarTarget  # noqa: E402
 from edge.wire.memory_link import MemoryBus, MemoryLink  # noqa: E402
 from server.hub import Hub  # noqa: E402

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from edge.engines.loader import open_model
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.wire.link import MqttLink
 from edge.star.draft_service import DraftLimits
-from edge.star.session import HubClient, JoinRefused
+from edge.star.hub_client import HubClient, JoinRefused
 from edge.star.suffix_service import SuffixDraftService
 from edge.star.target import StarTarget
 from server.hub import Hub

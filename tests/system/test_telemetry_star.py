@@ -134,7 +134,7 @@ def _until(check, timeout=30.0):
 
 def test_draft_node_and_hub_report_through_mqtt_metrics_and_top(star):
     from edge.engines.loader import open_model
-    from edge.star.session import HubClient
+    from edge.star.hub_client import HubClient
     from edge.star.target import StarTarget
     ps, url, model, pw, hub_url, draft_url = star
     engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=256)

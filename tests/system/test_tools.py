@@ -20,9 +20,9 @@ openai = pytest.importorskip("openai")
 
 from edge.api.openai_http import OpenAIServer  # noqa: E402
 from edge.api.tools import parse_calls, template_messages  # noqa: E402
-from edge.spec.grammar import grammar_tokenizer  # noqa: E402
+from edge.speculative.grammar import grammar_tokenizer  # noqa: E402
 from edge.star.draft_service import DraftLimits, DraftService  # noqa: E402
-from edge.star.session import HubClient  # noqa: E402
+from edge.star.hub_client import HubClient  # noqa: E402
 from edge.star.target import StarTarget  # noqa: E402
 from edge.wire.memory_link import MemoryBus, MemoryLink  # noqa: E402
 from server.hub import Hub  # noqa: E402
@@ -256,7 +256,7 @@ def test_the_real_qwen_template_renders_tools_and_calls():
     gguf = sorted(glob.glob(str(pathlib.Path(__file__).resolve().parents[2] / "models" / "qwen2.5-coder-0.5b*.gguf")))
     if not gguf:
         pytest.skip("the Qwen2.5-Coder 0.5B GGUF is not fetched (make models)")
-    from edge.api.tools import ToolPlan, render
+    from edge.api.tools import ToolRequest, render
     from edge.model.tokenizer import open_gguf
     template = open_gguf(gguf[0]).fields["tokenizer.chat_template"].contents()
     tok = bpe_tokenizer(pathlib.Path(__import__("tempfile").mkdtemp()) / "t")   # the template is what counts
@@ -264,7 +264,7 @@ def test_the_real_qwen_template_renders_tools_and_calls():
     call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
     msgs = template_messages(ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
                                     {"role": "tool", "tool_call_id": "call_1", "content": "3"}])
-    text = render(tok, msgs, ToolPlan(TOOLS, None))
+    text = render(tok, msgs, ToolRequest(TOOLS, None))
     assert json.dumps(WEATHER["function"]["parameters"]["properties"]["city"]) in text.replace("\n", "")
     assert '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>' in text
     assert "<tool_response>\n3\n</tool_response>" in text

@@ -1,4 +1,4 @@
-"""Constrained speculation stays lossless (edge/spec/constrained.py, edge/spec/grammar.py).
+"""Constrained speculation stays lossless (edge/speculative/constrained.py, edge/speculative/grammar.py).
 
 Under a grammar the target's distribution is the constrained one (forbidden tokens masked,
 then renormalised). Greedy: speculative output equals plain constrained decoding exactly
@@ -15,11 +15,11 @@ import pytest
 
 llg = pytest.importorskip("llguidance")
 
-import edge.spec.generate as gen  # noqa: E402
-from edge.spec.constrained import legal_drafts  # noqa: E402
-from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
-from edge.spec.grammar import Grammar, GrammarError, grammar_from_json_schema, grammar_tokenizer  # noqa: E402
-from edge.spec.sampling import GREEDY, SamplingParams  # noqa: E402
+import edge.speculative.generate as gen  # noqa: E402
+from edge.speculative.constrained import legal_drafts  # noqa: E402
+from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
+from edge.speculative.grammar import Grammar, GrammarError, grammar_from_json_schema, grammar_tokenizer  # noqa: E402
+from edge.speculative.sampling import GREEDY, SamplingParams  # noqa: E402
 
 from harness.goodness_of_fit import TableEngine, bad_draft_of, chi_square, critical_value  # noqa: E402
 from harness.grammars import EOS, SCHEMA, bpe_tokenizer, constrained_distribution, tiny_grammar, tiny_pair  # noqa: E402

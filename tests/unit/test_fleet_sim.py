@@ -5,8 +5,8 @@ import pytest
 
 from benchmarks.lib.fleet_des import FleetInputs, simulate
 from benchmarks.lib.fleet_round_count import ROUND_KINDS, ROUND_MESSAGES, count_star, mqtt_publish_bytes
-from edge.spec.sampling import GREEDY
-from edge.spec.verify import expected_tokens
+from edge.speculative.sampling import GREEDY
+from edge.speculative.verify import expected_tokens
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from harness.goodness_of_fit import TableEngine
 from server.hub import Hub

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the wire decoder (edge/wire/protocol.py + edge/wire/fields.py).
+"""Property-based fuzzing of the wire decoder (edge/wire/protocol.py + edge/wire/field_types.py).
 
 Whatever arrives -- arbitrary bytes, an arbitrary msgpack envelope, a valid message with one
 field replaced by any msgpack value, correctly signed -- `decode` either returns a message

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from edge.star.hub_ring import owner
-from edge.star.session import HubClient
+from edge.star.hub_client import HubClient
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import GREEDY_WIRE, Join, SunRequest, encode, join_topic, sun_req_topic
 from harness.http_endpoints import tiny_engine

@@ -1,6 +1,6 @@
 """A device installs only what its role runs (issue 35, point 6).
 
-The install plan (devices/install_plan.py) for every role x artifact x profile kind: no torch
+The install plan (devices/install_recipe.py) for every role x artifact x profile kind: no torch
 where the role runs on llama.cpp or onnxruntime, no onnxruntime where it runs on llama.cpp or
 torch. And the other half, in a fresh interpreter: what a llama.cpp target (and an onnxruntime
 one) really imports, mapped to distributions, is inside the core plus its backend's extra, with
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from devices.artifact_check import _backend
-from devices.install_plan import BACKEND_EXTRAS, TORCH_CPU_INDEX, describe_size, install_commands, wheel_requirements
+from devices.install_recipe import BACKEND_EXTRAS, TORCH_CPU_INDEX, describe_size, install_commands, wheel_requirements
 from devices.profile import load_profile, tomllib
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ import importlib, json, sys
 from importlib import metadata
 for m in ("edge.cli.agent", "edge.cli.agent_run", "edge.cli.agent_roles", "edge.wire.link", "edge.api.openai_http",
           "edge.telemetry.readings", "edge.telemetry.metrics_http", "edge.telemetry.publisher",
-          "edge.star.target", "edge.star.remote_drafter", "edge.star.draft_node", "edge.memory.plan"):
+          "edge.star.target", "edge.star.remote_drafter", "edge.star.draft_node", "edge.memory.fit"):
     importlib.import_module(m)                     # what `edge-agent run` may load for a target or a draft
 from edge.cli.plan_command import check_before_load
 from edge.engines.loader import load_engine, open_model

@@ -18,7 +18,7 @@ from pathlib import Path
 from devices import agent_files as files
 from devices.artifact_check import Artifact
 from devices.device_checks import DeviceFacts, check_facts
-from devices.install_plan import build_wheel, install_commands, wheel_requirements
+from devices.install_recipe import build_wheel, install_commands, wheel_requirements
 from devices.profile import load_profile
 from devices.steps import Options, Provisioning
 

@@ -1,7 +1,7 @@
 """Stochastic speculative sampling is exactly lossless: a goodness-of-fit test.
 
 A tiny-vocabulary target (a context-hashing table model) generates short
-sequences through edge.spec.generate.generate_speculative with a deliberately bad
+sequences through edge.speculative.generate.generate_speculative with a deliberately bad
 draft (its logits are the target's, negated and sharpened). The target's exact
 distribution over whole sequences is enumerated, and a chi-square test compares
 it with the empirical one — for dense q, for sparse top-k q, and for the n-gram
@@ -12,10 +12,10 @@ import math
 
 import pytest
 
-import edge.spec.generate as gen
-from edge.spec.generate import ModelDrafter, generate_speculative
-from edge.spec.ngram import NgramDrafter
-from edge.spec.sampling import SamplingParams, sample
+import edge.speculative.generate as gen
+from edge.speculative.generate import ModelDrafter, generate_speculative
+from edge.speculative.ngram import NgramDrafter
+from edge.speculative.sampling import SamplingParams, sample
 
 
 from harness.goodness_of_fit import ALPHA, TableEngine, bad_draft_of, chi_square, critical_value, exact_distribution  # noqa: F401

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 import torch
 
 from edge.engines.torch_engine import TorchEngine
-from edge.spec.generate import generate_plain
+from edge.speculative.generate import generate_plain
 from edge.model.transformer import Transformer, tiny_config
-from edge.spec.remote_gamma import RoundTrips
+from edge.speculative.remote_gamma import RoundTrips
 from edge.star.remote_round import DrafterStats
 from server.demos.two_device import measure_prompt, parse_modes
 

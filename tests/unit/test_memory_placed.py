@@ -11,7 +11,7 @@ from edge.cli.plan_command import check_before_load
 from edge.engines.placement import Capabilities, decide_placement
 from edge.memory.model_shape import read_shape
 from edge.memory.placed import MemorySides, check_sides, gpu_fraction, planned_placement, split
-from edge.memory.plan import Workload, estimate
+from edge.memory.fit import Workload, estimate
 
 GB = 1e9
 CUDA = Capabilities(llama_gpu_offload=True, torch_cuda=True)

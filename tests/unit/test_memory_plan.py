@@ -1,4 +1,4 @@
-"""The memory planner (edge/memory/plan.py): estimates of known shapes, fits or not, the most that fits.
+"""The memory planner (edge/memory/fit.py): estimates of known shapes, fits or not, the most that fits.
 
 The constants themselves are checked against measured peak RSS by benchmarks/device/memory_plan.py
 (benchmarks/results/memory_plan/default.md); these tests pin the arithmetic the estimate is made of.
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from edge.memory.plan import (LLAMACPP_CTX_PAD, LLAMACPP_SEQUENCES, Workload, engine_kwargs, estimate, fit,
+from edge.memory.fit import (LLAMACPP_CTX_PAD, LLAMACPP_SEQUENCES, Workload, engine_kwargs, estimate, fit,
                               kv_bytes_per_token, parse_bytes, role_sequences)
 from edge.memory.model_shape import ModelShape
 

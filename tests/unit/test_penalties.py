@@ -11,9 +11,9 @@ import itertools
 import numpy as np
 import pytest
 
-import edge.spec.generate as gen
-from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
-from edge.spec.sampling import SamplingParams, adjust_logits, to_probs, top_logprobs
+import edge.speculative.generate as gen
+from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
+from edge.speculative.sampling import SamplingParams, adjust_logits, to_probs, top_logprobs
 from harness.goodness_of_fit import TableEngine, bad_draft_of, chi_square, critical_value
 
 PROMPT = [1, 3, 0]

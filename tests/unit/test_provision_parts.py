@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from devices.agent_files import Layout, agent_config, exec_start_of, unit_text
 from devices.device_checks import DeviceFacts, check_facts, recovery_boards
-from devices.install_plan import install_commands, wheel_requirements
+from devices.install_recipe import install_commands, wheel_requirements
 from devices.profile import load_profile
 from edge.cli.agent_config import read_config
 from edge.cli.agent_run import run

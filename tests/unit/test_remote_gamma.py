@@ -1,6 +1,6 @@
-"""The star's adaptive γ (edge/spec/remote_gamma.py), pure: a cost table stands in for the clock.
+"""The star's adaptive γ (edge/speculative/remote_gamma.py), pure: a cost table stands in for the clock.
 
-Each simulated round feeds the policy what edge/spec/generate.py and RemoteDrafter would: the
+Each simulated round feeds the policy what edge/speculative/generate.py and RemoteDrafter would: the
 target call's seconds from a table v(k), the wait W(γ) = o + d·γ with its compute part, and
 the acceptance of drafts that agree with probability alpha_true."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.spec.remote_gamma import RemoteGamma, RoundTrips, Wait, best_gamma
+from edge.speculative.remote_gamma import RemoteGamma, RoundTrips, Wait, best_gamma
 
 
 def simulate(policy, rounds, alpha_true, step_s=0.05, verify_slope=1.0, overhead_s=0.1, draft_s=0.01,
@@ -189,7 +189,7 @@ STEP_CURVE = {1: 1.0, 2: 1.5, 3: 1.6, 4: 1.7, 6: 2.1, 8: 2.6, 9: 2.8}
 
 
 def test_a_seeded_verify_curve_lets_a_memory_bound_target_speculate_deep():
-    from edge.spec.verify import CostTracker
+    from edge.speculative.verify import CostTracker
     seeded = CostTracker()
     for k, v in STEP_CURVE.items():
         seeded.add_target(k, 0.1 * v)
@@ -235,7 +235,7 @@ def test_with_the_feed_priced_once_a_memory_bound_target_asks_deeper():
     over 2 / 4 tokens 1.21 / 1.53 steps; α 0.85): from γ=1 answers alone a γ=3 round is priced
     at 2.33 steps and γ=2 looks best; with the γ=3 answers' line it is 2.02 and deeper pays (on
     a prompt where γ=auto asked 1.6 on average, the fixed γ=3 measured 1.32× against 1.12×)."""
-    from edge.spec.verify import AcceptanceTracker, CostTracker
+    from edge.speculative.verify import AcceptanceTracker, CostTracker
 
     def policy(waits):
         costs, acc = CostTracker(), AcceptanceTracker()

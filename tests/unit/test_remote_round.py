@@ -2,7 +2,7 @@
 draft holds of the target's context."""
 import json
 
-from edge.spec.remote_gamma import GammaPricing
+from edge.speculative.remote_gamma import GammaPricing
 from edge.star.remote_round import Backoff, DraftHeld, DrafterStats
 
 KEYS = {"rounds", "answered", "late_used", "timeouts", "alone", "probes", "probe_answers", "errors",

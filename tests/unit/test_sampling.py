@@ -1,8 +1,8 @@
-"""edge/spec/sampling.py: temperature, top-k, top-p, sampling and sparse distributions."""
+"""edge/speculative/sampling.py: temperature, top-k, top-p, sampling and sparse distributions."""
 import numpy as np
 import pytest
 
-from edge.spec.sampling import SamplingParams, SparseDist, sample, to_probs, truncate_top_k
+from edge.speculative.sampling import SamplingParams, SparseDist, sample, to_probs, truncate_top_k
 
 
 def softmax(x):

@@ -1,4 +1,4 @@
-"""The star's adaptive γ prices a round by the drafts the service sends (edge/spec/remote_gamma.py).
+"""The star's adaptive γ prices a round by the drafts the service sends (edge/speculative/remote_gamma.py).
 
 A draft service with a confidence stop (--draft-p-min) ends an answer before a draft it is
 unsure of, so on uncertain text asking for γ costs a verify over fewer than γ+1 tokens. Pure:
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.spec.remote_gamma import RemoteGamma, RoundTrips, Wait
-from edge.spec.verify import AcceptanceTracker, CostTracker
+from edge.speculative.remote_gamma import RemoteGamma, RoundTrips, Wait
+from edge.speculative.verify import AcceptanceTracker, CostTracker
 
 # a memory-bound target (the AVX2 EPYC two-device layout): a verify over k tokens in steps
 VERIFY = {1: 1.0, 2: 1.25, 3: 1.40, 4: 1.56, 5: 1.72, 6: 1.88, 7: 2.04, 8: 2.20, 9: 2.36}

@@ -1,8 +1,8 @@
 """A drafter that sends fewer drafts than asked (a draft service unsure of the rest:
 --draft-p-min): for the adaptive γ the missing ones failed, so α measures what asking for γ
 yields, not only how often the drafts that came were right."""
-from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
-from edge.spec.remote_gamma import RemoteGamma
+from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
+from edge.speculative.remote_gamma import RemoteGamma
 
 from harness.table_engine import TableEngine
 

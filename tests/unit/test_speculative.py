@@ -1,4 +1,4 @@
-"""edge/spec/verify.py, edge/spec/ngram.py and edge/spec/generate.py: verification, cost
+"""edge/speculative/verify.py, edge/speculative/ngram.py and edge/speculative/generate.py: verification, cost
 model, prompt lookup, and speculative == plain greedy output."""
 import time
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from edge.engines.base import EngineError
-from edge.spec.drafter import Drafter
-from edge.spec.local_gamma import AdaptiveGamma
-from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
-from edge.spec.ngram import NgramDrafter
-from edge.spec.sampling import SamplingParams, SparseDist
-from edge.spec.verify import (AcceptanceTracker, CostTracker, choose_gamma, expected_tokens,
+from edge.speculative.drafter import Drafter
+from edge.speculative.local_gamma import AdaptiveGamma
+from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
+from edge.speculative.ngram import NgramDrafter
+from edge.speculative.sampling import SamplingParams, SparseDist
+from edge.speculative.verify import (AcceptanceTracker, CostTracker, choose_gamma, expected_tokens,
                               predicted_speedup, verify_greedy, verify_stochastic)
 from harness.table_engine import TableEngine
 

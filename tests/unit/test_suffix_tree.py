@@ -1,11 +1,11 @@
-"""The suffix trie (edge/spec/suffix_tree.py) and one request's view of it (edge/spec/suffix_drafter.py):
+"""The suffix trie (edge/speculative/suffix_tree.py) and one request's view of it (edge/speculative/suffix_drafter.py):
 longest match, frequency scoring, adaptive length, the node bound, the fleet tree."""
 import random
 
 import pytest
 
-from edge.spec.suffix_drafter import SuffixConfig, SuffixContext
-from edge.spec.suffix_tree import SuffixTree
+from edge.speculative.suffix_drafter import SuffixConfig, SuffixContext
+from edge.speculative.suffix_tree import SuffixTree
 
 
 def occurrences(seqs, pattern):

@@ -34,7 +34,7 @@ def demo_calls(monkeypatch):
     calls = {}
     shared = SimpleNamespace(name="shared", max_len=1024)
     monkeypatch.setattr(star_demo, "load_star_models", lambda *a, **k: ("draft", [shared], _Tok()))
-    monkeypatch.setattr("edge.model.spec.resolve_model", lambda spec: Path(f"/m/{spec}.gguf"))
+    monkeypatch.setattr("edge.model.reference.resolve_model", lambda spec: Path(f"/m/{spec}.gguf"))
 
     class Target:
         def __init__(self, target, fmt, engine):
@@ -114,7 +114,7 @@ def test_a_stored_format_gets_its_own_one_thread_engine_closed_on_exit(monkeypat
 
         def close(self):
             self.closed = True
-    monkeypatch.setattr("edge.model.spec.resolve_model", lambda spec: src)
+    monkeypatch.setattr("edge.model.reference.resolve_model", lambda spec: src)
     monkeypatch.setattr(target_format, "target_gguf", lambda name, fmt: f16)
     monkeypatch.setattr(llamacpp_engine, "LlamaCppEngine", Engine)
     out = io.StringIO()

@@ -11,8 +11,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from edge.spec.drafter import Drafter
-from edge.spec.sampling import SparseDist
+from edge.speculative.drafter import Drafter
+from edge.speculative.sampling import SparseDist
 
 
 class NgramDrafter(Drafter):
@@ -48,7 +48,7 @@ class NgramDrafter(Drafter):
 
     def draft(self, context_tokens: Sequence[int], gamma: int,
               rng: Optional[np.random.Generator] = None) -> Tuple[List[int], List[SparseDist]]:
-        """Drafter interface used by edge.spec.generate: tokens and the q they were
+        """Drafter interface used by edge.speculative.generate: tokens and the q they were
         "sampled" from. A deterministic proposal is a sample from the one-hot
         q at that token, so stochastic verification stays exactly lossless."""
         tokens = self.propose(context_tokens, gamma)

@@ -22,14 +22,14 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edge.spec.common_prefix import common_prefix
-from edge.spec.constrained import ConstrainedProposer, grammar_matcher, legal_drafts, mask_rows
-from edge.spec.drafter import Drafter
-from edge.spec.gamma_rounds import GammaRounds
+from edge.speculative.common_prefix import common_prefix
+from edge.speculative.constrained import ConstrainedProposer, grammar_matcher, legal_drafts, mask_rows
+from edge.speculative.drafter import Drafter
+from edge.speculative.gamma_rounds import GammaRounds
 from edge.engines.base import Engine
-from edge.spec.sampling import (GREEDY, Role, SamplingParams, SparseDist, adjust_logits, pick, role_rng,
+from edge.speculative.sampling import (GREEDY, Role, SamplingParams, SparseDist, adjust_logits, pick, role_rng,
                                 to_probs)
-from edge.spec.verify import verify_greedy, verify_stochastic
+from edge.speculative.verify import verify_greedy, verify_stochastic
 
 
 @dataclass
@@ -98,7 +98,7 @@ class ModelDrafter(Drafter):
         self._proposer: Optional[ConstrainedProposer] = None   # the grammar its proposals follow
 
     def constrain(self, grammar, start: int) -> None:
-        """Propose under `grammar` (edge/spec/constrained.py) from context position `start` on."""
+        """Propose under `grammar` (edge/speculative/constrained.py) from context position `start` on."""
         self._proposer = None if grammar is None else ConstrainedProposer(grammar, start)
 
     def _pick(self, logits: np.ndarray, rng: np.random.Generator) -> Tuple[int, Union[np.ndarray, SparseDist]]:
@@ -263,7 +263,7 @@ def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
                    on_logits: Optional[Callable[[int, np.ndarray], None]] = None,
                    grammar=None) -> GenResult:
     """Target-only decoding, one target call per generated token. grammar: an
-    edge.spec.grammar.Grammar the output follows (its end token stops the generation)."""
+    edge.speculative.grammar.Grammar the output follows (its end token stops the generation)."""
     prompt = _check_prompt(prompt_ids, max_new)
     rng = role_rng(params.seed, Role.TARGET)
     run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits)
@@ -296,8 +296,8 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     target's greedy text) whatever the drafter does. gamma is the number of
     drafted tokens per round (>= 1); with adaptive=True it is the largest
     gamma tried and each round picks one in 0..gamma from measured costs
-    (edge/spec/gamma_rounds.py keeps that bookkeeping). With a grammar the target's
-    distribution is the constrained one, and stays exactly that (edge/spec/constrained.py).
+    (edge/speculative/gamma_rounds.py keeps that bookkeeping). With a grammar the target's
+    distribution is the constrained one, and stays exactly that (edge/speculative/constrained.py).
     """
     _check_speculative(target, drafter, gamma)
     prompt = _check_prompt(prompt_ids, max_new)

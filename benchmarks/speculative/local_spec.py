@@ -8,7 +8,7 @@ against the same system's own target-only run on the same prompt, medians
 over prompts. Also measures the cost model's inputs (verify cost vs k, draft
 cost ratio c) and prints its predicted speedup next to the measured one.
 
-  python -m benchmarks.spec.local_spec --prompts 8 --max-new 64      # ~1 h on 2 busy cores
+  python -m benchmarks.speculative.local_spec --prompts 8 --max-new 64      # ~1 h on 2 busy cores
 Run from the repository root. Writes benchmarks/results/local_spec/<variant>.{json,png,md}
 (--out; default: the variant `default`).
 """
@@ -27,10 +27,10 @@ import numpy as np
 from benchmarks.lib.datasets import mtbench_first_turns
 from benchmarks.lib.results import result_stem
 from edge.model.fetch import model_path
-from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
-from edge.spec.ngram import NgramDrafter
-from edge.spec.sampling import SamplingParams
-from edge.spec.verify import predicted_speedup
+from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
+from edge.speculative.ngram import NgramDrafter
+from edge.speculative.sampling import SamplingParams
+from edge.speculative.verify import predicted_speedup
 
 GREEDY = SamplingParams(temperature=0.0)
 

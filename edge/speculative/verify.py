@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edge.spec.sampling import Dist, SparseDist, draw
+from edge.speculative.sampling import Dist, SparseDist, draw
 
 
 def _check_rows(draft_tokens: Sequence[int], rows: np.ndarray, what: str) -> int:
@@ -73,7 +73,7 @@ def verify_stochastic(draft_tokens: Sequence[int], q_list: Sequence[Dist], p,
     p = np.asarray(p, dtype=np.float64)
     vocab = _check_rows(draft_tokens, p, "target probabilities p")
     if (p < 0).any() or not np.isfinite(p).all():
-        raise ValueError("target probabilities p must be finite and >= 0 (use edge.spec.sampling.to_probs)")
+        raise ValueError("target probabilities p must be finite and >= 0 (use edge.speculative.sampling.to_probs)")
     if len(q_list) != len(draft_tokens):
         raise ValueError(f"need one draft distribution per drafted token: {len(draft_tokens)} tokens, "
                          f"{len(q_list)} distributions")

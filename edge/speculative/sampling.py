@@ -85,7 +85,7 @@ class Role(IntEnum):
     """The spawn keys of the random streams derived from one request seed.
 
     TARGET   1001  the target: speculative acceptance uniforms, residual and
-                   bonus draws, plain sampling (edge/spec/generate.py)
+                   bonus draws, plain sampling (edge/speculative/generate.py)
     DRAFT    1002  a draft's proposals: a local ModelDrafter with no extra key;
                    the draft service adds (session digest, stream number)
     PREFILL  1003  SUN's prefill worker: the first answer token

@@ -12,8 +12,8 @@ excluded), whether the text equals target-only (llama.cpp's multi-token verify m
 split greedy texts at near-ties), and the drafter's own time per call. Medians per
 workload x mode go in the table.
 
-  python -m benchmarks.spec.suffix_draft                                   # 8 prompts a workload, 128 tokens
-  python -m benchmarks.spec.suffix_draft --prompts 2 --max-new 24 --out /tmp/sfx   # a quick check
+  python -m benchmarks.speculative.suffix_draft                                   # 8 prompts a workload, 128 tokens
+  python -m benchmarks.speculative.suffix_draft --prompts 2 --max-new 24 --out /tmp/sfx   # a quick check
 Run from the repository root. Writes benchmarks/results/suffix_draft/<variant>.{json,png,md} (--out;
 default: the variant `default`, or the target format's name, `f16`). Run it on quiet cores:
 the speedups are ratios of wall times.
@@ -32,12 +32,12 @@ from benchmarks.lib.repetitive_workloads import prompts_of
 from benchmarks.lib.results import result_stem
 from export.target_format import FORMATS
 from edge.telemetry.cpu_info import cpu_name
-from edge.spec.drafter import Drafter
+from edge.speculative.drafter import Drafter
 from edge.model.fetch import model_path
-from edge.spec.generate import ModelDrafter, generate_plain, generate_speculative
-from edge.spec.ngram import NgramDrafter
-from edge.spec.sampling import SamplingParams
-from edge.spec.suffix_drafter import SuffixConfig, SuffixDrafter
+from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
+from edge.speculative.ngram import NgramDrafter
+from edge.speculative.sampling import SamplingParams
+from edge.speculative.suffix_drafter import SuffixConfig, SuffixDrafter
 
 GREEDY = SamplingParams(temperature=0.0)
 WORKLOADS = ("bfcl", "edits", "multiturn", "mtbench")

@@ -1,4 +1,4 @@
-"""The Drafter interface: what edge.spec.generate's speculative loop asks of a proposer.
+"""The Drafter interface: what edge.speculative.generate's speculative loop asks of a proposer.
 
 ModelDrafter (a local draft model), NgramDrafter (prompt lookup) and RemoteDrafter
 (a StarSD hub session) implement it. Each proposal comes with the exact distribution q it
@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edge.spec.local_gamma import AdaptiveGamma
+from edge.speculative.local_gamma import AdaptiveGamma
 
 
 class Drafter(ABC):
@@ -31,7 +31,7 @@ class Drafter(ABC):
 
     def gamma_policy(self, max_gamma: int):
         """The adaptive γ policy for this drafter (next_gamma(), .costs, .acceptance): by default
-        edge/spec/local_gamma.py's, which prices the draft by its compute on this device."""
+        edge/speculative/local_gamma.py's, which prices the draft by its compute on this device."""
         return AdaptiveGamma(max_gamma)
 
     def observe(self, context: Sequence[int], gamma: int) -> Optional[Tuple[int, int]]:
@@ -42,7 +42,7 @@ class Drafter(ABC):
         return None
 
     def constrain(self, grammar, start: int) -> None:
-        """Propose under `grammar` (an edge.spec.grammar.Grammar; None: unconstrained) for the
+        """Propose under `grammar` (an edge.speculative.grammar.Grammar; None: unconstrained) for the
         generated part of the context, from position `start` on. By default a drafter proposes
         freely: the loop keeps the legal prefix of its proposals (still lossless, fewer accepted)."""
 

@@ -13,7 +13,7 @@ Ours, in the same run: benchmarks/star/starsd_two_device.py (the target on core 
 child, the hub + draft service on core 1, Mosquitto) on the same prompts. Each system's speedup is
 over its own target-only; the target-only tok/s of both are compared directly (same backend).
 
-  python -m benchmarks.spec.native_spec [--mtbench 4] [--code 4] [--new 64] [--gammas 3] [--rounds 3]
+  python -m benchmarks.speculative.native_spec [--mtbench 4] [--code 4] [--new 64] [--gammas 3] [--rounds 3]
 Run from the repository root. Writes benchmarks/results/native_spec/<variant>.{json,md,png}
 (--out; default: the variant `default`; ours' own run: --ours-out).
 """

@@ -1,6 +1,6 @@
 """Adaptive γ for a draft behind the hub (StarSD): how many tokens to ask for each round, 0 included.
 
-The co-located policy (edge/spec/local_gamma.py) prices the draft by its compute, which lands on the
+The co-located policy (edge/speculative/local_gamma.py) prices the draft by its compute, which lands on the
 device. A remote draft's compute does not; what the target pays is the wait for the answer
 -- the round trip as it sees it, the draft service's queueing and drafting included. So a
 round of γ drafts costs, in target single-step units,
@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Optional
 
 import numpy as np
 
-from edge.spec.verify import AcceptanceTracker, CostTracker, expected_tokens
+from edge.speculative.verify import AcceptanceTracker, CostTracker, expected_tokens
 
 
 def best_gamma(alpha: float, round_cost: Callable[[int], float], max_gamma: int, margin: float = 0.0,
@@ -198,7 +198,7 @@ class GammaPricing:
     RemoteDrafter, whose gamma_policy() builds the RemoteGamma from it and the waits it measures.
 
     verify_costs: {k: seconds of a target call over k tokens} measured beforehand
-    (edge/spec/verify_costs.py), seeding the cost model (empty: measured as it goes).
+    (edge/speculative/verify_costs.py), seeding the cost model (empty: measured as it goes).
     stop_aware: RemoteGamma's; False is the pricing before the confidence stop's sent count was
     priced, kept for the A/B runs that set it side by side (`--gammas auto-asked`)."""
     verify_costs: Mapping[int, float] = field(default_factory=dict)
@@ -212,7 +212,7 @@ class GammaPricing:
 
 
 class RemoteGamma:
-    """γ per round for a RemoteDrafter; the loop of edge/spec/generate.py feeds `costs` (target calls)
+    """γ per round for a RemoteDrafter; the loop of edge/speculative/generate.py feeds `costs` (target calls)
     and `acceptance`, the drafter feeds `waits`.
 
     It opens with `explore` rounds at γ=`first_gamma` (the answer to the primed first request is

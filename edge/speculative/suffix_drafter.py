@@ -5,7 +5,7 @@ prompt and output, and one global tree over recent outputs of every request that
 local tree as they grow, feeds the tokens that look like output (appends of at most
 `prompt_feed` tokens; a longer one is a prompt, kept local) into the shared global tree,
 and proposes from whichever tree scores higher. `SuffixDrafter` plugs one into
-edge.spec.generate; the StarSD services (edge/star/suffix_service.py, hybrid_draft.py) keep one
+edge.speculative.generate; the StarSD services (edge/star/suffix_service.py, hybrid_draft.py) keep one
 per session over one global tree, so every session teaches every other.
 
 Proposals are deterministic: q is the point mass at each proposed token (as NgramDrafter
@@ -19,9 +19,9 @@ from typing import Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edge.spec.drafter import Drafter
-from edge.spec.sampling import SparseDist
-from edge.spec.suffix_tree import Proposal, SuffixTree
+from edge.speculative.drafter import Drafter
+from edge.speculative.sampling import SparseDist
+from edge.speculative.suffix_tree import Proposal, SuffixTree
 
 HEAD = 4                             # context tokens an output's shared sequence starts with
 _keys = itertools.count()            # distinct shared-tree keys for drafters made without one
@@ -112,7 +112,7 @@ class SuffixContext:
 
 
 class SuffixDrafter(Drafter):
-    """edge.spec.generate's Drafter over a SuffixContext. Pass one `shared` tree to many drafters
+    """edge.speculative.generate's Drafter over a SuffixContext. Pass one `shared` tree to many drafters
     (or generations) to let them learn from each other's outputs."""
     name = "suffix"
     vocab_size: Optional[int] = None     # works with any vocabulary

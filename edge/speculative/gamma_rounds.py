@@ -1,4 +1,4 @@
-"""γ's bookkeeping in the speculative loop (edge/spec/generate.py): the γ each round asks for, and
+"""γ's bookkeeping in the speculative loop (edge/speculative/generate.py): the γ each round asks for, and
 what an adaptive policy (local_gamma.py, remote_gamma.py) learns from each round -- the draft's and
 the target's call times, the acceptance, background probes. With a fixed γ there is no policy and
 every method but next_gamma() does nothing. None of it touches what the target verifies."""

@@ -7,7 +7,7 @@ carries), its id (a hash of that text) and the tokenizer it is compiled against.
 allowed next (`allowed`), and `sync(tokens)`, which rolls back to the common prefix and consumes
 the rest, so a draft or a target can follow any context cheaply.
 
-Everything that decides *which* token comes out lives in edge/spec/constrained.py (pure
+Everything that decides *which* token comes out lives in edge/speculative/constrained.py (pure
 functions over masks); this module only answers "which tokens may come next".
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from edge.wire.fields import MAX_GRAMMAR_BYTES   # one cap: the API's, the wire's, the draft's
+from edge.wire.field_types import MAX_GRAMMAR_BYTES   # one cap: the API's, the wire's, the draft's
 
 __all__ = ["MAX_GRAMMAR_BYTES", "Grammar", "GrammarError", "GrammarMatcher", "grammar_from_json_schema",
            "grammar_from_lark", "grammar_id", "grammar_tokenizer"]

@@ -1,10 +1,10 @@
-"""The adaptive γ policy of edge/spec/generate.py: how many tokens to draft each round (0 included),
+"""The adaptive γ policy of edge/speculative/generate.py: how many tokens to draft each round (0 included),
 from measured costs (edge/speculative.CostTracker) and the running acceptance rate."""
 from __future__ import annotations
 
 from typing import Optional
 
-from edge.spec.verify import AcceptanceTracker, CostTracker, choose_gamma
+from edge.speculative.verify import AcceptanceTracker, CostTracker, choose_gamma
 
 
 class AdaptiveGamma:

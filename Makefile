@@ -21,7 +21,7 @@ help:
 	@echo "make test    - run the whole test suite (installs what it needs)"
 	@echo "make models  - fetch every model in docs/models.md (sha256 checked)"
 	@echo "make bench   - run the benchmarks (hours on 2 cores; writes benchmarks/results/)"
-	@echo "make flash-jetson DEVICE=user@host PROFILE=.. ROLE=.. HUB=mqtt://.. MODEL=.. [DRY=1] - provision a device"
+	@echo "make flash-jetson SSH=user@host PROFILE=.. ROLE=.. BROKER=mqtt://.. MODEL=.. [DRY=1] - provision a device"
 
 $(BIN)/.installed: pyproject.toml
 	@$(PY) -c 'import venv, ensurepip' 2>/dev/null || bash scripts/ensure_system.sh venv
@@ -85,14 +85,16 @@ llama-tools: install
 	bash scripts/ensure_system.sh compiler cmake
 	bash scripts/llama_tools.sh $(BIN)
 
-# make flash-jetson DEVICE=user@host PROFILE=jetson-orin-nano-8gb ROLE=target|draft|prefill|decoder
-#   HUB=mqtt://pc:1883 (BUNDLE=dir | MODEL=name-or-file | MODULE=dir) [CLIENT_ID=..] [MAX_LEN=..] [DRY=1]
+# make flash-jetson SSH=user@host PROFILE=jetson-orin-nano-8gb ROLE=target|draft|prefill|decoder
+#   BROKER=mqtt://pc:1883 (BUNDLE=dir | MODEL=name-or-file | MODULE=dir) [CLIENT_ID=..] [MAX_LEN=..] [DRY=1]
 #   [ARGS="--password-file f --deps device ..."]   (python -m devices.provision --help: every option)
 flash-jetson: install
+	$(if $(DEVICE),$(error DEVICE= is gone: write SSH=user@host),)
+	$(if $(HUB),$(error HUB= is gone: write BROKER=mqtt://HOST:PORT),)
 	bash scripts/ensure_system.sh ssh rsync
-	$(BIN)/python -m devices.provision $(if $(DEVICE),--device $(DEVICE),) \
+	$(BIN)/python -m devices.provision $(if $(SSH),--ssh $(SSH),) \
 	  $(if $(PROFILE),--profile $(PROFILE),) $(if $(ROLE),--role $(ROLE),) \
-	  $(if $(HUB),--hub $(HUB),) $(if $(BUNDLE),--bundle $(BUNDLE),) $(if $(MODEL),--model $(MODEL),) \
+	  $(if $(BROKER),--broker $(BROKER),) $(if $(BUNDLE),--bundle $(BUNDLE),) $(if $(MODEL),--model $(MODEL),) \
 	  $(if $(MODULE),--module $(MODULE),) $(if $(CLIENT_ID),--client-id $(CLIENT_ID),) \
 	  $(if $(MAX_LEN),--max-len $(MAX_LEN),) $(if $(DRY),--dry-run,) $(ARGS)
 
@@ -100,7 +102,7 @@ flash-jetson: install
 # make certs HOSTS="hub.local 192.168.1.10" DEVICES="jetson1 jetson2" [CERTS=certs]
 CERTS ?= certs
 certs: install
-	$(BIN)/edge-hub certs --out $(CERTS) $(foreach h,$(HOSTS),--host $(h)) $(foreach d,$(DEVICES),--device $(d))
+	$(BIN)/edge-hub certs --out $(CERTS) $(foreach h,$(HOSTS),--host $(h)) $(foreach d,$(DEVICES),--client-id $(d))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 
 GPU_KINDS = ("jetson", "gpu")
 _LOADED = re.compile(r"^loaded .*?: (?P<where>.*)$", re.M)
-_REFUSED = re.compile(r"^Error: (?P<why>(--device cuda|--gpu-layers).*)$", re.M)
+_REFUSED = re.compile(r"^Error: (?P<why>(--accelerator cuda|--gpu-layers).*)$", re.M)
 
 
 def backend_of(backend: Optional[str], artifact: str) -> str:

@@ -1,7 +1,7 @@
 """`make flash-jetson`: put a running device (a Jetson with JetPack, or any Linux box) into the star.
 
-    make flash-jetson DEVICE=nvidia@jetson.local PROFILE=jetson-orin-nano-8gb ROLE=target \\
-        HUB=mqtt://hub.local:1883 MODEL=qwen2.5-coder-1.5b [DRY=1]
+    make flash-jetson SSH=nvidia@jetson.local PROFILE=jetson-orin-nano-8gb ROLE=target \\
+        BROKER=mqtt://hub.local:1883 MODEL=qwen2.5-coder-1.5b [DRY=1]
     python -m devices.provision --help
 
 Over ssh (BatchMode: a key, no prompt), in steps (devices/steps.py): check the PC's USB for a
@@ -21,6 +21,7 @@ import time
 import click
 
 from devices.profile import list_profiles, load_profile
+from edge.cli.options import renamed_option
 
 ROLES = ("target", "draft", "prefill", "decoder")
 
@@ -96,11 +97,14 @@ def print_dry_run(p) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--device", required=True, help="ssh destination (user@host or a Host of your ssh config)")
+@click.option("--ssh", "device", required=True, help="the device's ssh destination (user@host or a Host of your ssh config)")
+@renamed_option("--device", "--ssh USER@HOST")
+@renamed_option("--hub", "--broker mqtt(s)://HOST:PORT")
+@renamed_option("--watch-hub", "--watch-broker")
 @click.option("--profile", "profile_name", default="jetson-orin-nano-8gb", show_default=True,
               type=click.Choice(list_profiles()), help="the device's profile (devices/profiles): its budget")
 @click.option("--role", default="target", show_default=True, type=click.Choice(ROLES))
-@click.option("--hub", required=True, help="the hub's broker as the DEVICE reaches it: mqtt(s)://HOST:PORT")
+@click.option("--broker", "hub", required=True, help="the hub's broker as the DEVICE reaches it: mqtt(s)://HOST:PORT")
 @click.option("--model", default=None, help="target/draft: a model name (edge.model.fetch) or file (.gguf, .onnx)")
 @click.option("--bundle", default=None, help="target/draft: a bundle directory (edge-export bundle)")
 @click.option("--module", default=None, help="prefill/decoder: a SUN module directory or its bundle")
@@ -128,7 +132,7 @@ def print_dry_run(p) -> None:
 @click.option("--ssh-config", default=None, help="an ssh config file (ssh -F): port, key, known hosts")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="wait until the agent has joined the hub")
 @click.option("--timeout", default=180.0, show_default=True, help="seconds to wait for the join")
-@click.option("--watch-hub", default=None, help="the hub's broker as this PC reaches it (default: --hub)")
+@click.option("--watch-broker", "watch_hub", default=None, help="the hub's broker as this PC reaches it (default: --broker)")
 @click.option("--watch-username", default=None, help="broker user for the PC's join watch (an ACL'd hub)")
 @click.option("--watch-password-file", default=None, help="its password file")
 @click.option("--watch-tls-dir", default=None, help="its TLS files (mqtts://)")
@@ -145,7 +149,7 @@ def main(device, profile_name, role, hub, model, bundle, module, backend, client
     try:
         parse_url(hub)
     except LinkError as e:
-        raise click.BadParameter(str(e), param_hint="--hub") from None
+        raise click.BadParameter(str(e), param_hint="--broker") from None
     tls = tls_files(tls_dir, client_id or "CLIENT_ID", hub) if (tls_dir or hub.startswith("mqtts://")) else None
     if tls and not client_id:
         raise click.UsageError("with --tls-dir give --client-id (the certificate's CN)")

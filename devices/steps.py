@@ -218,7 +218,7 @@ class Provisioning:
         o, lay = self.o, self.layout
         cred = f"{lay.root}/credentials"
         tls_dir = f"{cred}/tls" if o.tls_files else None
-        values = {"role": o.role, "hub": o.hub, "client_id": self.client_id,
+        values = {"role": o.role, "broker": o.hub, "client_id": self.client_id,
                   ("module" if o.role in ("prefill", "decoder") else "model"): self._artifact_remote(),
                   "backend": None if self.artifact.backend == "auto" else self.artifact.backend,
                   "profile": o.profile.name, "memory_budget": o.memory_budget, "max_len": o.max_len,

@@ -3,9 +3,9 @@ their own (harness/netns.py + harness/netns_rabbitmq.py): real processes, TLS ce
 per-user topic permissions, two hubs. tests/system/test_cluster_partition.py's set-up.
 
     r1 r2 r3   RabbitMQ nodes (pause_minority), MQTT over TLS on 8883
-    ha, hb     edge-hub serve --broker <list> --tls-dir certs --hub-id ha|hb --hubs ha,hb
+    ha, hb     edge-hub serve --broker <list> --tls-dir certs --hub-id ha|hb --hub-ids ha,hb
     draft      edge-agent run --role draft (draft1)
-    t1, t2     edge-agent run --role target --hubs ha,hb (OpenAI HTTP on :8000); t1's client id
+    t1, t2     edge-agent run --role target --hub-ids ha,hb (OpenAI HTTP on :8000); t1's client id
                is owned by ha, t2's by hb (rendezvous hashing, edge/star/hub_ring.py)
 
 Each client gets the whole node list, starting on its own node (ATTACH): ha and t1 on r3 (the
@@ -153,7 +153,7 @@ class RabbitNamespaceStar:
         self.ps.start("draft", *self._agent("draft", "--role", "draft", "--client-id", DRAFT, "--model",
                                             self.model, "--evict-after", EVICT_S, *common))
         for t, dev in self.devices.items():
-            self.ps.start(t, *self._agent(t, "--role", "target", "--client-id", dev, "--hubs", ",".join(HUBS),
+            self.ps.start(t, *self._agent(t, "--role", "target", "--client-id", dev, "--hub-ids", ",".join(HUBS),
                                           "--model", self.model, "--http-host", self.hosts[t].ip,
                                           "--http-port", HTTP_PORT, "-g", "3", *common))
         self.observer = Observer(c.urls(1, 0), c.tls_files("monitor"))
@@ -168,11 +168,11 @@ class RabbitNamespaceStar:
 
     def start_hub(self, h: str) -> None:
         self.ps.start(h, *self.hosts[h].cmd(BIN / "edge-hub", "serve", "--broker", self.urls(h), "--tls-dir",
-                                            self.cluster.certs, "--hub-id", h, "--hubs", ",".join(HUBS),
+                                            self.cluster.certs, "--hub-id", h, "--hub-ids", ",".join(HUBS),
                                             "--stats-every", "0", *self.link_opts))
 
     def _agent(self, host: str, *args) -> list:
-        return self.hosts[host].cmd(BIN / "edge-agent", "run", "--hub", self.urls(host), "--tls-dir",
+        return self.hosts[host].cmd(BIN / "edge-agent", "run", "--broker", self.urls(host), "--tls-dir",
                                     self.cluster.certs, *self.link_opts, *args)
 
     def _until(self, cond, timeout: float, name: str) -> None:

@@ -106,7 +106,7 @@ class NamespaceStar:
         self.certs = self.root / "certs"
         names = ["dev1", "dev2", "draft1", "monitor", "app", "pre1", "dec1", "pre2", "dec2"]
         r = subprocess.run([BIN / "edge-hub", "certs", "--out", self.certs, "--host", hub.ip,
-                            *[x for n in names for x in ("--device", n)]], capture_output=True, text=True)
+                            *[x for n in names for x in ("--client-id", n)]], capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"edge-hub certs failed: {r.stderr}")
         key = self.root / "ctl.key"
@@ -133,14 +133,14 @@ class NamespaceStar:
         self.ps.wait_for("hub", f"devices: {self.url}", timeout=90)
         agent = [BIN / "edge-agent", "run", "--tls-dir", self.certs]
         self.signed = signed
-        self.ps.start("draft", *self.hosts["draft"].cmd(*agent, "--hub", self.url, "--role", "draft",
+        self.ps.start("draft", *self.hosts["draft"].cmd(*agent, "--broker", self.url, "--role", "draft",
                                                          "--client-id", "draft1", "--model", self.model,
                                                          *signed, *self.common, *self.telemetry))
         if self.sun:
             self._start_sun("pre", "dec", "1")
         for name, dev in DEVICES.items():
             url = self.url if name == "t2" else f"mqtts://{hub.ip}:{self.proxy_port}"
-            self.ps.start(name, *self.hosts[name].cmd(*agent, "--hub", url, "--role", "target", "--client-id",
+            self.ps.start(name, *self.hosts[name].cmd(*agent, "--broker", url, "--role", "target", "--client-id",
                                                        dev, "--model", self.model, "--http-host",
                                                        self.hosts[name].ip, "--http-port", HTTP_PORT, "-g", "3",
                                                        *self.common))
@@ -155,7 +155,7 @@ class NamespaceStar:
                 raise RuntimeError(f"{name} was never drafted for:\n{self.ps.err(name)}\n{self.ps.err('draft')}")
 
     def _start_sun(self, pre: str, dec: str, n: str) -> None:
-        agent = [BIN / "edge-agent", "run", "--tls-dir", self.certs, "--hub", self.url, "--threads", "1",
+        agent = [BIN / "edge-agent", "run", "--tls-dir", self.certs, "--broker", self.url, "--threads", "1",
                  *self.signed, *self.telemetry]
         self.ps.start(pre, *self.hosts[pre].cmd(*agent, "--role", "prefill", "--client-id", f"pre{n}",
                                                 "--module", self.maths_dir, "--task", "maths"))

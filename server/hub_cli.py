@@ -8,7 +8,7 @@ import logging
 
 import click
 
-from edge.cli.options import (CLIENT_TLS_HELP, credential_options, ctl_key_option, hub_url_option, read_ctl_key,
+from edge.cli.options import (renamed_option, verbose_option, CLIENT_TLS_HELP, credential_options, ctl_key_option, hub_url_option, read_ctl_key,
                               read_password, tls_dir_option, tls_files)
 from server.demos.commands import demo, demo_sun
 from server.hub_serve import serve
@@ -16,11 +16,9 @@ from server.throughput_model import plan
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", count=True, help="-v info, -vv debug logging")
-def main(verbose):
+@verbose_option
+def main():
     """StarSun hub: MQTT broker, registry and draft service for a star of devices."""
-    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 main.add_command(plan)
@@ -31,7 +29,8 @@ main.add_command(serve)                 # server/hub_serve.py; its --config: ser
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="directory of the star's certificates")
 @click.option("--host", "hosts", multiple=True, metavar="NAME|ADDR",
               help="a name or address devices reach the hub by (repeatable; the broker's certificate)")
-@click.option("--device", "devices", multiple=True, metavar="CLIENT_ID",
+@renamed_option("--device", "--client-id CLIENT_ID (one per device, repeatable)")
+@click.option("--client-id", "devices", multiple=True, metavar="CLIENT_ID",
               help="one client certificate per device / service (repeatable; CN = its client id)")
 def certs(out, hosts, devices):
     """Make (or extend) the star's CA, the broker's certificate and one per device."""

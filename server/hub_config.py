@@ -88,18 +88,18 @@ class HubConfig:
     client_share: float
     sun: SunSettings
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
-    device: str = "auto"                # where the draft and the SUN decoder run (--device)
+    device: str = "auto"                # where the draft and the SUN decoder run (--accelerator)
     gpu_layers: Optional[str] = None    # llama.cpp: N | all (--gpu-layers)
     draft_backend: str = "torch"        # the hub draft's engine (--draft-backend)
-    hubs: tuple = ()                    # every hub's id when there are several (--hubs)
+    hubs: tuple = ()                    # every hub's id when there are several (--hub-ids)
 
 
 def hub_config_from(o: dict) -> HubConfig:
     """`serve`'s options (by parameter name) checked and read into a HubConfig."""
     if o["hubs"] and o["hub_id"] not in o["hubs"]:
-        raise click.BadParameter(f"--hub-id {o['hub_id']} is not in --hubs {','.join(o['hubs'])}: give every hub's "
+        raise click.BadParameter(f"--hub-id {o['hub_id']} is not in --hub-ids {','.join(o['hubs'])}: give every hub's "
                                  "id, this one's included, in the same list on every hub and target",
-                                 param_hint="--hubs")
+                                 param_hint="--hub-ids")
     broker = broker_settings(o)
     ctl_key = read_ctl_key(o["ctl_key_file"])
     sun = _sun_settings(o)

@@ -29,7 +29,7 @@ def broker_options(f):
     return apply(f, [
         option(BROKER, "--broker", "broker_url", default=None, metavar="mqtt[s]://HOST:PORT[,...]",
                help="use this external MQTT broker, or the nodes of a cluster in the order to try them (the "
-                    "same spelling as edge-agent run --hub; default: start one here)"),
+                    "same spelling as edge-agent run --broker; default: start one here)"),
         option(BROKER, "--mosquitto", is_flag=True, help="start Mosquitto instead of the embedded amqtt broker"),
         option(BROKER, "--port", default=1883, show_default=True, help="loopback port of the broker started here"),
         option(BROKER, "--listen", "listen", multiple=True, metavar="ADDR[:PORT]",

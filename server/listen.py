@@ -48,7 +48,7 @@ def listeners_for(specs: Iterable[str], tls_dir: Optional[str], insecure: bool, 
                 raise ValueError(
                     f"--listen {spec}: beyond loopback the hub needs authentication and TLS, or any "
                     f"client that reaches it could read every device's tokens. Add --acl and --tls-dir DIR "
-                    f"(make DIR with `edge-hub certs --out DIR --host {host} --device CLIENT_ID ...`), "
+                    f"(make DIR with `edge-hub certs --out DIR --host {host} --client-id CLIENT_ID ...`), "
                     f"or say --insecure on a network you trust")
         out.append(Listener(host, port, tls))
     return out

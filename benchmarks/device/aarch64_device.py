@@ -127,7 +127,7 @@ def x86_reference(bundle: Path, hub_url: str, max_tokens: int) -> dict:
     """The same bundle on this machine's onnxruntime, through the same hub and endpoint."""
     port = free_port()
     agent = Lines([str(ROOT / ".venv/bin/edge-agent"), "run", "--role", "target", "--model", str(bundle),
-                   "-b", "onnx", "--hub", hub_url, "--client-id", "x86-ref", "--max-len", "512",
+                   "-b", "onnx", "--broker", hub_url, "--client-id", "x86-ref", "--max-len", "512",
                    "--http-port", str(port)], "x86")
     try:
         agent.until(r"OpenAI endpoint on", timeout=300)
@@ -140,8 +140,8 @@ def flash(root: Arm64Root, bundle: Path, hub_url: str, http_port: int, join_time
     """make flash-jetson to the root; starts the unit's ExecStart over ssh when provisioning asks."""
     args = (f"--ssh-config {root.ssh_config} --backend onnx --timeout {join_timeout:.0f} "
             f"--set http_port={http_port} --device-python python3")
-    prov = Lines(["make", "--no-print-directory", "flash-jetson", f"DEVICE={root.alias}", "PROFILE=cpu-2core",
-                  "ROLE=target", f"HUB={hub_url}", f"BUNDLE={bundle}", "CLIENT_ID=arm64-target", "MAX_LEN=512",
+    prov = Lines(["make", "--no-print-directory", "flash-jetson", f"SSH={root.alias}", "PROFILE=cpu-2core",
+                  "ROLE=target", f"BROKER={hub_url}", f"BUNDLE={bundle}", "CLIENT_ID=arm64-target", "MAX_LEN=512",
                   f"ARGS={args}"], "flash", cwd=ROOT)
     cmd = prov.until(START + r"(.*?) \([\d.]+ s\)\n", timeout=7200).group(1)     # the step's time follows
     agents.append(root.run_as_user(cmd, root.home / "starsun/agent.log"))   # what systemd would start

@@ -1,7 +1,7 @@
 """One benchmark per device: what fits its profile, measured on it, in one report named after it.
 
   python -m benchmarks.device.device --profile cpu-2core                   # here: ~10 min on 2 cores
-  python -m benchmarks.device.device --profile jetson-orin-nano-8gb --hub mqtts://hub.local:8883 --tls-dir certs
+  python -m benchmarks.device.device --profile jetson-orin-nano-8gb --broker mqtts://hub.local:8883 --tls-dir certs
 
 On the device (the same script here now, on a Jetson later) it
 
@@ -12,7 +12,7 @@ On the device (the same script here now, on a Jetson later) it
    verify call over k tokens in one-token units, peak RSS (benchmarks/engines/backends.py, a fresh
    process per model);
 3. StarSD: this device's target with a remote draft vs the target alone, same prompts, texts
-   compared (benchmarks/star/starsd_two_device.py: with --hub against that hub's draft service; without,
+   compared (benchmarks/star/starsd_two_device.py: with --broker against that hub's draft service; without,
    cores as devices -- the target on core 0, hub + draft on core 1 -- when there are two cores);
 4. SUN: the shared decoder's step with int4 (Q4_0) weights vs F16, same runtime
    (benchmarks/sun/qsun_speed.py's timing).
@@ -97,9 +97,9 @@ def starsd(rows: list, a) -> dict:
     """Target with a remote draft vs the target alone (benchmarks/star/starsd_two_device.py)."""
     fits = {r["role"]: r for r in rows if r["fits"]}
     if "target" not in fits or (not a.hub and "draft" not in fits):
-        return {"skipped": "the target (and, without --hub, the draft) must fit the profile"}
+        return {"skipped": "the target (and, without --broker, the draft) must fit the profile"}
     if not a.hub and len(os.sched_getaffinity(0)) < 2:
-        return {"skipped": "one core and no --hub: there is no second device for the draft"}
+        return {"skipped": "one core and no --broker: there is no second device for the draft"}
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "-m", "benchmarks.star.starsd_two_device", "--target", fits["target"]["model"],
                "--mtbench", str(a.prompts), "--code", str(a.prompts), "--new", str(a.new), "--rounds", str(a.rounds),
@@ -107,7 +107,7 @@ def starsd(rows: list, a) -> dict:
         if "draft" in fits:
             cmd += ["--draft", fits["draft"]["model"]]
         if a.hub:
-            cmd += ["--hub", a.hub] + (["--tls-dir", a.tls_dir] if a.tls_dir else [])
+            cmd += ["--broker", a.hub] + (["--tls-dir", a.tls_dir] if a.tls_dir else [])
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
         if p.returncode != 0:
             return {"error": (p.stderr or p.stdout).strip().splitlines()[-1][:300] if (p.stderr or p.stdout)
@@ -217,9 +217,9 @@ def plot(rep: dict, path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", required=True, help="a devices/profiles name or a TOML path")
-    ap.add_argument("--hub", default=None, metavar="mqtt[s]://HOST:PORT",
+    ap.add_argument("--broker", default=None, metavar="mqtt[s]://HOST:PORT",
                     help="measure StarSD against this hub's draft service (default: cores as devices here)")
-    ap.add_argument("--tls-dir", default=None, help="with an mqtts:// --hub: the CA and this device's certificate")
+    ap.add_argument("--tls-dir", default=None, help="with an mqtts:// --broker: the CA and this device's certificate")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--steps", type=int, default=12, help="timed steps per batch size")
     ap.add_argument("--prompts", type=int, default=2, help="StarSD: MT-bench first turns and code prompts each")

@@ -90,7 +90,7 @@ def _free_port() -> int:
 
 def _cli_argv(c: dict, port: int) -> list:
     return [str(ROOT / ".venv/bin/edge-agent"), "run", "--role", "target", "-b", c["backend"], "-m", c["model"],
-            "--hub", f"mqtt://127.0.0.1:{port}", "--max-len", str(c["context"]), "--prompt",
+            "--broker", f"mqtt://127.0.0.1:{port}", "--max-len", str(c["context"]), "--prompt",
             "Write a Python function that checks whether a number is prime.", "-n", "16"]
 
 

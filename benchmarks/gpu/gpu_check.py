@@ -3,7 +3,7 @@ step, verify, prefill, the draft service's D(b), losslessness on the device (gre
 for Jetson targets, and (optionally) llama.cpp's GGUF path.
 
     bash benchmarks/gpu/gpu_check.sh                       # on an NVIDIA machine, ~5-8 min
-    .venv/bin/python -m benchmarks.gpu.gpu_check --device cpu --quick --out /tmp/g   # the dry run here
+    .venv/bin/python -m benchmarks.gpu.gpu_check --accelerator cpu --quick --out /tmp/g   # the dry run here
 
 Needs only what the repository carries and the machine's torch (no registry: the models are
 random weights of SmolLM2-135M, Qwen2.5-Coder-0.5B and 1.5B shapes; timings do not depend on
@@ -34,7 +34,7 @@ QUICK_DRAFT, QUICK_TARGET = "tiny-llama", "tiny-qwen2"
 def args_of(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    ap.add_argument("--accelerator", dest="device", choices=("cpu", "cuda"), default="cuda")
     ap.add_argument("--quick", action="store_true", help="small shapes and sizes: a dry run of every section")
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="output folder (default $OUT, else a temp dir)")
     ap.add_argument("--models", default=None, help="comma-separated (default: the three real shapes)")
@@ -163,7 +163,7 @@ def main(argv=None) -> None:
         import torch
         if not torch.cuda.is_available():
             raise SystemExit("torch sees no CUDA device here: run on an NVIDIA machine, or dry-run with "
-                             "--device cpu --quick")
+                             "--accelerator cpu --quick")
     res = run(a)
     from benchmarks.gpu._report import markdown
     md = markdown(res)

@@ -4,7 +4,7 @@
 # Writes $OUT/gpu_check.{json,md} ($OUT: the environment's, else a temp dir). Needs only this
 # repository and a python3 with torch (CUDA); no registry. It stops starting new parts after
 # --budget-s (420 s) and is killed at GPU_CHECK_TIMEOUT (480 s), keeping what it wrote.
-# The dry run on a CPU: bash benchmarks/gpu/gpu_check.sh --device cpu --quick
+# The dry run on a CPU: bash benchmarks/gpu/gpu_check.sh --accelerator cpu --quick
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -z "${PY:-}" ]; then

@@ -2,10 +2,10 @@
 
 One StarSD round of one target, as the star runs it (edge/star/, edge/wire/):
 
-    target --net--> broker node --hub net--> draft service queue   (DraftRequest, QoS 0)
+    target --net--> broker node --broker net--> draft service queue   (DraftRequest, QoS 0)
     draft service: batched engine steps; a request joins at the next step, leaves after γ
                    (or, as the planner: when free, takes every pending request as one batch, D(b))
-    draft service --hub net--> broker node --net--> target          (DraftResponse, QoS 0)
+    draft service --broker net--> broker node --net--> target          (DraftResponse, QoS 0)
     target verifies γ+1 tokens on its own device (target step × v(γ+1)), commits
     1 + (accepted drafts) tokens, and sends its next request (`extra_ms` later: signing etc.)
 

@@ -58,7 +58,7 @@ def args_of(argv=None, description: str = "StarSD scaling: one draft service, N 
     ap.add_argument("--draft-format", default="native", choices=FORMATS,
                     help="the draft's GGUF storage format (llamacpp): Q4_0 batches best on x86 "
                          "(benchmarks/star/draft_formats.py)")
-    ap.add_argument("--broker", choices=["mosquitto", "embedded"], default="mosquitto", help="for the sweep")
+    ap.add_argument("--broker-kind", dest="broker", choices=["mosquitto", "embedded"], default="mosquitto", help="for the sweep")
     ap.add_argument("--overhead-brokers", default="mosquitto,embedded")
     ap.add_argument("--real-targets", type=ints, default=None, help="N for real 1.5B targets (default 2, quick none)")
     ap.add_argument("--deadline", choices=["wait", "adaptive"], default="wait",

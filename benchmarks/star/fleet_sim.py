@@ -56,12 +56,12 @@ def args_of(argv=None):
     ap.add_argument("--per-hub", default="1,2,4,8,16,32", help="draft services per hub tried")
     ap.add_argument("--goal", type=float, default=1.3, help="per-target speedup over decoding alone")
     ap.add_argument("--profile", default="jetson-orin-nano-8gb", help="the targets' device profile")
-    ap.add_argument("--hubs", default="h200,rtx4090-workstation",
+    ap.add_argument("--hub-profiles", dest="hubs", default="h200,rtx4090-workstation",
                     help="GPU hub profiles whose draft roofline to try (comma-separated)")
     ap.add_argument("--measured-draft", default=str(RESULTS / "starsd_scaling" / "pinned_xeon_f16_targets_join.json"),
                     help="a starsd_scaling JSON whose measured (CPU) draft D(b) to try too ('' for none)")
     ap.add_argument("--broker-costs", default=str(result_stem("broker_costs")) + ".json")
-    ap.add_argument("--broker", default="mosquitto", choices=["mosquitto", "rabbitmq"],
+    ap.add_argument("--broker-kind", dest="broker", default="mosquitto", choices=["mosquitto", "rabbitmq"],
                     help="whose measured cost per routed message a broker node pays")
     ap.add_argument("--validate", default=",".join(str(RESULTS / "fleet_sim" / f) for f in
                                                    ("measured_star_orin.json",)) + "," +

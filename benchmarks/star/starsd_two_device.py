@@ -74,10 +74,10 @@ def args_of(argv=None):
                     help="the remote draft service's drafter (edge-agent run --drafter)")
     ap.add_argument("--draft-p-min", type=float, default=None,
                     help="the draft service's --draft-p-min (default: edge-agent run's; 0 drafts every γ)")
-    ap.add_argument("--hub", default=None, metavar="mqtt[s]://HOST:PORT",
+    ap.add_argument("--broker", default=None, metavar="mqtt[s]://HOST:PORT",
                     help="a real hub elsewhere (its draft services draft): this process is the device")
-    ap.add_argument("--tls-dir", default=None, help="with an mqtts:// --hub: ca.crt and this device's certificate")
-    ap.add_argument("--client-id", default="dev0", help="this device's client id at --hub")
+    ap.add_argument("--tls-dir", default=None, help="with an mqtts:// --broker: ca.crt and this device's certificate")
+    ap.add_argument("--client-id", default="dev0", help="this device's client id at --broker")
     args = ap.parse_args(argv)
     args.modes = parse_modes(args.gammas)
     learns = args.drafter != "model"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from edge.cli.options import adaptive_refusal, apply, backend_option, gamma_option, model_options
+from edge.cli.options import adaptive_refusal, apply, backend_option, gamma_option, model_options, verbose_option
 from edge.cli.sections import GENERATION, MODEL, SectionedCommand, option
 from edge.cli.startup import open_model_for_command
 
@@ -92,6 +92,7 @@ def report(rows, greedy):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@verbose_option
 def main():
     """StarSun edge agent: run a role on a device, or generate locally."""
 

@@ -2,7 +2,7 @@
 writes; the reader is edge/cli/config_file.py's).
 
     role = "draft"
-    hub = "mqtt://hub.local:1883"
+    broker = "mqtt://hub.local:1883"
     client_id = "jetson1"
     model = "/home/nvidia/starsun/artifacts/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
     backend = "llamacpp"
@@ -20,5 +20,5 @@ from edge.cli.config_file import SECRET_KEYS, config_option as _config_option, r
 __all__ = ["SECRET_KEYS", "config_option", "read_config"]
 
 config_option = _config_option(read_config, help="read these options from a TOML file (keys: the long option "
-                                                 "names, e.g. role, hub, model, client_id); the command line "
+                                                 "names, e.g. role, broker, model, client_id); the command line "
                                                  "overrides it")

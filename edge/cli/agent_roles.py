@@ -24,7 +24,7 @@ class TargetSettings:
     prompt: Optional[str]
     max_new: int
     temperature: float
-    hubs: tuple = ()                # --hubs: the star's hub ids when there are several
+    hubs: tuple = ()                # --hub-ids: the star's hub ids when there are several
 
 
 def run_draft(core, tok, link, service_id, ctl_key=None, tele: Optional[TelemetrySettings] = None) -> None:

@@ -26,7 +26,7 @@ import click
 from edge.cli.agent_config import config_option
 # open_node: the SUN nodes' factory, imported from here by tests and provisioning checks
 from edge.cli.agent_roles import TargetSettings, open_node, run_draft, run_sun, run_target  # noqa: F401
-from edge.cli.options import (CLIENT_TLS_HELP, BrokerAccess, backend_option, broker_access, credential_options,
+from edge.cli.options import (verbose_option, CLIENT_TLS_HELP, BrokerAccess, backend_option, broker_access, credential_options,
                               ctl_key_option, draft_limits, draft_options, gamma_option, hub_url_option, hubs_option,
                               keepalive_option,
                               model_options, read_ctl_key, stop_ids_option, telemetry_options, tls_dir_option)
@@ -41,7 +41,7 @@ SUN_ROLES = ("prefill", "decoder")
 @dataclass
 class ModelSettings:
     """The role's model and how it loads: --model or --module, --backend, --dtype, --threads,
-    --max-len, where it runs (--device, --gpu-layers) and the memory budget it is checked against
+    --max-len, where it runs (--accelerator, --gpu-layers) and the memory budget it is checked against
     first (--profile, --memory-budget)."""
     model: Optional[str]
     module_dir: Optional[str]
@@ -120,11 +120,9 @@ class AgentConfig:
              "repeat for more tasks")
 @stop_ids_option("decoder")
 @telemetry_options
-@click.option("-v", "--verbose", count=True, help="-v info, -vv debug logging")
-def run(verbose, **options):
-    """Join the star at --hub as a target, a draft service or a SUN worker (runs until Ctrl-C)."""
-    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+@verbose_option
+def run(**options):
+    """Join the star at --broker as a target, a draft service or a SUN worker (runs until Ctrl-C)."""
     start_role(agent_config_from(options))
 
 

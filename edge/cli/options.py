@@ -11,6 +11,7 @@ imports another (the hub never imports the agent's commands).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -35,10 +36,11 @@ def apply(f, decorators):
 # ---- broker and credentials ----
 
 def hub_url_option(required: bool = True):
-    """--hub: the star's MQTT broker (`edge-agent run`, `edge-hub top`)."""
-    return option(BROKER, "--hub", "hub_url", required=required, metavar="mqtt[s]://HOST:PORT[,...]",
+    """--broker: the star's MQTT broker (`edge-agent run`, `edge-hub top`)."""
+    real = option(BROKER, "--broker", "hub_url", required=required, metavar="mqtt[s]://HOST:PORT[,...]",
                   help="the star's MQTT broker (the hub's); several nodes of a clustered broker comma-separated "
                        "(a list in a config file): on losing one, the link moves to the next")
+    return lambda f: renamed_option("--hub", "--broker mqtt[s]://HOST:PORT")(real(f))
 
 
 KEEPALIVE_S = 15            # MQTT keepalive: paho gives a silent broker up after ~1.5-2x this
@@ -55,7 +57,7 @@ def tls_dir_option(help: str):
     return option(BROKER, "--tls-dir", default=None, type=click.Path(file_okay=False), help=help)
 
 
-CLIENT_TLS_HELP = ("with an mqtts:// --hub: ca.crt and this client's CLIENT_ID.crt/.key (or clients/CLIENT_ID.*), "
+CLIENT_TLS_HELP = ("with an mqtts:// --broker: ca.crt and this client's CLIENT_ID.crt/.key (or clients/CLIENT_ID.*), "
                    "from `edge-hub certs`")
 
 
@@ -101,11 +103,11 @@ def tls_files(tls_dir, client_id: str, hub_url: str):
     from pathlib import Path
     if not hub_url.startswith("mqtts://"):
         if tls_dir:
-            raise click.UsageError("--tls-dir needs an mqtts://HOST:PORT --hub")
+            raise click.UsageError("--tls-dir needs an mqtts://HOST:PORT --broker")
         return None
     if not tls_dir:
-        raise click.UsageError("an mqtts:// --hub needs --tls-dir DIR (ca.crt and this client's "
-                               "certificate and key, from `edge-hub certs --device CLIENT_ID`)")
+        raise click.UsageError("an mqtts:// --broker needs --tls-dir DIR (ca.crt and this client's "
+                               "certificate and key, from `edge-hub certs --client-id CLIENT_ID`)")
     d = Path(tls_dir)
     for base in (d / "clients", d):
         cert, key = base / f"{client_id}.crt", base / f"{client_id}.key"
@@ -113,7 +115,7 @@ def tls_files(tls_dir, client_id: str, hub_url: str):
             return str(d / "ca.crt"), str(cert), str(key)
     raise click.UsageError(f"--tls-dir {tls_dir}: need ca.crt and {client_id}.crt / {client_id}.key "
                            f"(the certificate's CN must be the client id {client_id!r}); make them on the hub "
-                           f"with `edge-hub certs --out DIR --device {client_id}`")
+                           f"with `edge-hub certs --out DIR --client-id {client_id}`")
 
 
 def read_ctl_key(path):
@@ -149,7 +151,7 @@ class BrokerAccess:
 
 
 def broker_access(options: dict, tls_name: str) -> BrokerAccess:
-    """--hub, --username, --password(-file), --tls-dir and --keepalive read (TLS files named for `tls_name`)."""
+    """--broker, --username, --password(-file), --tls-dir and --keepalive read (TLS files named for `tls_name`)."""
     return BrokerAccess(options["hub_url"], options["username"],
                         read_password(options["password"], options["password_file"]),
                         tls_files(options["tls_dir"], tls_name, options["hub_url"]),
@@ -176,20 +178,21 @@ def threads_option(f):
 
 
 def placement_options(f):
-    """--device / --gpu-layers: where a model runs (edge/engines/placement.py decides `auto`)."""
+    """--accelerator / --gpu-layers: where a model runs (edge/engines/placement.py decides `auto`)."""
     return apply(f, [
-        option(MODEL, "--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
+        option(MODEL, "--accelerator", "device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
                help="where the model runs. auto: the GPU where the backend's runtime can use one (llama.cpp "
                     "built with CUDA, onnxruntime-gpu, CUDA torch) and the --profile has a GPU, else the CPU; "
                     "cuda: the GPU or a refusal naming what to install"),
         option(MODEL, "--gpu-layers", default=None, metavar="N|all",
                help="llamacpp: layers on the GPU (all, or N of them; 0: none); other backends place the whole "
-                    "model by --device"),
+                    "model by --accelerator"),
+        renamed_option("--device", "--accelerator auto|cpu|cuda"),
     ])
 
 
 def model_options(f):
-    """--dtype / --threads / --max-len and the placement (--device / --gpu-layers) of a loaded model
+    """--dtype / --threads / --max-len and the placement (--accelerator / --gpu-layers) of a loaded model
     (`edge-agent run|generate`, `edge-hub serve`: its draft and SUN decoder)."""
     return apply(f, [dtype_option, threads_option,
                      option(MODEL, "--max-len", default=4096, show_default=True, help="context cap per sequence"),
@@ -235,7 +238,7 @@ def gamma_option(section: Section, what: str = "drafted tokens per verification"
 
 
 class HubList(click.ParamType):
-    """--hubs a,b (or a TOML list): the star's hub ids when there are several (edge/star/hub_ring.py)."""
+    """--hub-ids a,b (or a TOML list): the star's hub ids when there are several (edge/star/hub_ring.py)."""
     name = "hub ids"
 
     def convert(self, value, param, ctx):
@@ -249,10 +252,11 @@ class HubList(click.ParamType):
 
 
 def hubs_option(section: Section, who: str):
-    """--hubs ID,ID,...: several hubs on one broker (`edge-hub serve`, `edge-agent run`)."""
-    return option(section, "--hubs", default=(), type=HubList(), metavar="ID,ID,...",
+    """--hub-ids ID,ID,...: several hubs on one broker (`edge-hub serve`, `edge-agent run`)."""
+    real = option(section, "--hub-ids", "hubs", default=(), type=HubList(), metavar="ID,ID,...",
                   help=f"every hub's id when the star has several ({who}); each client is served by "
                        "one of the live ones, and moves when it dies (docs/star.md, Several hubs)")
+    return lambda f: renamed_option("--hubs", "--hub-ids ID,ID,...")(real(f))
 
 
 def _no_adaptive(ctx, param, value):
@@ -333,3 +337,26 @@ def telemetry_options(f):
                help="address of the /metrics endpoint (0.0.0.0 for a scraper on another machine)"),
     ])
 
+
+
+# ---- one spelling per meaning ----
+
+def renamed_option(old: str, new: str, why: str = ""):
+    """A spelling that is gone: hidden from --help, it fails naming the option that replaced it."""
+    def fail(ctx, param, value):
+        if value:
+            raise click.UsageError(f"{old} is gone: write {new}{why}")
+    return click.option(old, "_gone_" + old.strip("-").replace("-", "_"), hidden=True, expose_value=False,
+                        default=None, callback=fail)
+
+
+def _set_verbosity(ctx, param, value):
+    if value:
+        logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(value, 2)], force=True,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return value
+
+
+# -v before or after the subcommand, on edge-agent and edge-hub alike
+verbose_option = click.option("-v", "--verbose", count=True, expose_value=False, callback=_set_verbosity,
+                              help="-v info, -vv debug logging")

@@ -1,5 +1,5 @@
 """Placement as a command applies it: where a role's model runs, decided before it loads
-(edge/engines/placement.py) from --device / --gpu-layers, the --profile and the installed
+(edge/engines/placement.py) from --accelerator / --gpu-layers, the --profile and the installed
 runtime, with its warnings and refusals shown the way a command shows errors.
 
 The start line (`placement: ...`, then `loaded ...: <where>` once the engine says where it put

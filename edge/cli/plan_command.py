@@ -15,7 +15,7 @@ from typing import Optional
 
 import click
 
-from edge.cli.options import backend_option, dtype_option
+from edge.cli.options import backend_option, dtype_option, renamed_option
 from edge.cli.sections import MODEL, option
 from edge.memory.fit import (Fit, Workload, engine_kwargs, fit, parse_bytes, role_sequences)
 
@@ -237,7 +237,8 @@ def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
 @click.option("--max-sessions", type=int, default=64, show_default=True, help="draft: sessions")
 @click.option("--max-kv-mb", type=float, default=None, help="draft on torch/onnx: the service's KV cap")
 @dtype_option
-@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
+@renamed_option("--device", "--accelerator auto|cpu|cuda")
+@click.option("--accelerator", "device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
               help="where the role runs on the device (auto: its GPU where the profile has one)")
 @click.option("--gpu-layers", default=None, metavar="N|all", help="llamacpp: layers on the GPU")
 @click.option("--adapters", "n_adapters", type=int, default=0, show_default=True,

@@ -1,7 +1,7 @@
 """The one Engine interface (base.py) and its backends: torch, onnxruntime, llama.cpp.
 
 llamacpp_engine.py opens its GGUF with llamacpp_load.py. placement.py decides where a role's
-model runs (`decide_placement`: --device / --gpu-layers, the profile, what the runtime can do).
+model runs (`decide_placement`: --accelerator / --gpu-layers, the profile, what the runtime can do).
 `open_model(spec, backend=...)` in loader.py is the entry point: (engine, tokenizer) for a
 name, file or bundle. Logits come back as numpy so the verify math never sees a backend.
 

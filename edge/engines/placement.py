@@ -3,7 +3,7 @@ what the installed runtime can do.
 
     decide_placement(backend, device="auto", gpu_layers=None, device_facts=None, caps=probe(backend))
 
-`device`: auto | cpu | cuda (`--device`); `gpu_layers`: llama.cpp's layers on the GPU
+`device`: auto | cpu | cuda (`--accelerator`); `gpu_layers`: llama.cpp's layers on the GPU
 (`--gpu-layers N|all`, all = -1). `auto` puts every layer on the GPU where the runtime can use
 one (llama.cpp built with a GPU backend, onnxruntime with CUDAExecutionProvider, torch with
 CUDA) and the profile has a GPU; without a profile the runtime decides (a CUDA build on a
@@ -168,16 +168,16 @@ def decide_placement(backend: str, device: str = "auto", gpu_layers: Optional[in
                         "every layer decodes on the ARM cores until then")
     if device == "cpu":
         if layers:
-            raise PlacementError(f"--device cpu with --gpu-layers {'all' if layers < 0 else layers}: "
-                                 "pick one (--gpu-layers 0 or --device cuda)")
-        return _on(backend, "cpu", "asked for --device cpu", 0, warnings)
+            raise PlacementError(f"--accelerator cpu with --gpu-layers {'all' if layers < 0 else layers}: "
+                                 "pick one (--gpu-layers 0 or --accelerator cuda)")
+        return _on(backend, "cpu", "asked for --accelerator cpu", 0, warnings)
     wants_gpu = device == "cuda" or bool(layers)
     if wants_gpu and not can:
-        asked = "--device cuda" if device == "cuda" else f"--gpu-layers {'all' if layers < 0 else layers}"
-        raise PlacementError(f"{asked} on {backend}, but {FIXES[backend]}; or run it on the CPU with --device cpu")
+        asked = "--accelerator cuda" if device == "cuda" else f"--gpu-layers {'all' if layers < 0 else layers}"
+        raise PlacementError(f"{asked} on {backend}, but {FIXES[backend]}; or run it on the CPU with --accelerator cpu")
     if wants_gpu:
         n = ALL_LAYERS if layers is None else layers
-        why = "asked for --device cuda" if device == "cuda" else f"asked for --gpu-layers {'all' if n < 0 else n}"
+        why = "asked for --accelerator cuda" if device == "cuda" else f"asked for --gpu-layers {'all' if n < 0 else n}"
         return _on(backend, "cuda", why, n, warnings)
     # auto, nothing forced
     if layers == 0:

@@ -5,7 +5,7 @@ sha256(hub, client) and the heaviest live hub owns the client. Every party (the 
 hub) computes it from the same hub list and the hubs' own announcements, so nobody
 coordinates; a hub that dies moves only its own clients (each to its next-heaviest hub), and a
 hub that returns takes back only the clients whose heaviest hub it is -- no storm, no reshuffle
-of anybody else. The hub list is configured on every party (`--hubs a,b`): the candidates
+of anybody else. The hub list is configured on every party (`--hub-ids a,b`): the candidates
 must be the same everywhere for the owners to agree, and exact topics (ss/hubs/{hub}) get their
 retained announcement even on brokers that deliver none through wildcards (RabbitMQ).
 

@@ -1,6 +1,6 @@
 """A device's watch over several hubs: their announcements, their silence, and its owner.
 
-With a hub list (`--hubs a,b`) a device reads each hub's announcement on its own topic
+With a hub list (`--hub-ids a,b`) a device reads each hub's announcement on its own topic
 ss/hubs/{hub} (exact topics: their retained copy arrives even where wildcards get none) into a
 HubView (edge/star/hub_ring.py), sweeps it for silent hubs every `tick_s`, and calls
 `on_change(hub)` whenever a hub went offline, came up or restarted: the sessions that hub

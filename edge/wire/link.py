@@ -258,7 +258,7 @@ class MqttLink(Link):
                 raise LinkError(f"broker {self.url} refused {self.username or 'anonymous'!r}: {why}; "
                                 "check the username (the client id) and password the hub issued")
             raise LinkError(f"no MQTT broker answered at {self.url} within {timeout:g} s: start one "
-                            "(`edge-hub serve`, or `mosquitto -p PORT`) or pass the right --hub URL")
+                            "(`edge-hub serve`, or `mosquitto -p PORT`) or pass the right --broker URL")
         return self
 
     def publish(self, topic: str, payload: bytes, kind: str = "control") -> bool:

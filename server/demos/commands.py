@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from edge.cli.options import gamma_option
+from edge.cli.options import gamma_option, renamed_option
 from edge.cli.sections import TARGET
 from export.target_format import FORMATS
 
@@ -17,7 +17,9 @@ from export.target_format import FORMATS
 @click.option("--draft", "-D", default="qwen2.5-coder-0.5b", show_default=True, help="the hub's draft model")
 @click.option("--target", "-T", default="qwen2.5-coder-1.5b", show_default=True, help="every target's model")
 @click.option("--backend", type=click.Choice(["llamacpp", "torch"]), default="llamacpp", show_default=True)
-@click.option("--broker", type=click.Choice(["embedded", "mosquitto"]), default="embedded", show_default=True)
+@renamed_option("--broker", "--broker-kind embedded|mosquitto (the broker the demo starts)")
+@click.option("--broker-kind", "broker", type=click.Choice(["embedded", "mosquitto"]), default="embedded", show_default=True,
+              help="the broker the demo starts")
 @click.option("--check", is_flag=True, help="then decode alone and compare each target's output")
 @click.option("--plot", "plot_path", default=None, help="plot path [default: runs/demo-star/star_demo.png]")
 @click.option("--live/--no-live", default=True, show_default=True, help="refresh the table in place")

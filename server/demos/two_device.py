@@ -96,7 +96,7 @@ class RemoteStar:
             extra += [] if self.drafter == "model" else ["--drafter", self.drafter]
             extra += [] if self.p_min is None else ["--draft-p-min", self.p_min]
             self._start("draft", BIN / "edge-agent", "run", "--role", "draft", "-b", self.backend, "-m", self.draft,
-                        "--threads", self.threads, "--hub", self.url, "--client-id", "draft1", *extra)
+                        "--threads", self.threads, "--broker", self.url, "--client-id", "draft1", *extra)
             self._wait_for("draft", "registered at")
         except BaseException:
             self.close()

@@ -60,7 +60,7 @@ def test_cuda_here_is_a_command_error_with_the_fix(exports, backend, fix):
     model = {"llamacpp": exports.gguf("llama"), "onnx": exports.onnx("llama")}.get(backend, "unused")
     with pytest.raises(click.ClickException) as e:
         place_model(str(model), backend, "target", "cuda", None)
-    assert fix in e.value.message and "--device cpu" in e.value.message
+    assert fix in e.value.message and "--accelerator cpu" in e.value.message
 
 
 def test_gpu_layers_all_here_is_refused_before_loading(exports):

@@ -39,7 +39,7 @@ def agents(tmp_path_factory, mosquitto):
     build_bundle(maths_dir, sun, onnx_graphs=("prefill",), log=quiet)
     hub = Hub(broker_url=mosquitto.url).start()
     ps = Procs(root)
-    agent = [BIN / "edge-agent", "run", "--hub", mosquitto.url, "--threads", "1"]
+    agent = [BIN / "edge-agent", "run", "--broker", mosquitto.url, "--threads", "1"]
     try:
         ps.start("draft", *agent, "--role", "draft", "--backend", "llamacpp", "--model", bundle,
                  "--client-id", "draft-llamacpp", "--no-ahead")
@@ -118,7 +118,7 @@ def test_backend_errors_name_the_fix(tmp_path):
     from edge.cli.agent_run import run
     module = tmp_path / "not-a-bundle"
     module.mkdir()
-    r = CliRunner().invoke(run, ["--role", "decoder", "--hub", "mqtt://127.0.0.1:1", "--backend", "onnx",
+    r = CliRunner().invoke(run, ["--role", "decoder", "--broker", "mqtt://127.0.0.1:1", "--backend", "onnx",
                                  "--module", str(module)])
     assert r.exit_code != 0 and "edge-export bundle" in r.output, r.output
     from server.hub_cli import main as hub_main

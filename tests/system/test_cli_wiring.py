@@ -45,7 +45,7 @@ def star(tmp_path_factory):
                  "--draft-model", model, "--sun-decoder", dec_dir, "--stats-every", "0", *common, *signed,
                  *[x for u in users for x in ("--user", u)])
         ps.wait_for("hub", "serving on")
-        agent = [BIN / "edge-agent", "run", "--hub", url]
+        agent = [BIN / "edge-agent", "run", "--broker", url]
         ps.start("target", *agent, "--role", "target", "--model", model, "--username", "dev1",
                  "--password", PW, "--prompt", PROMPT, "-n", MAX_NEW, "-g", "3", *common)
         ps.start("prefill", *agent, "--role", "prefill", "--module", maths_dir, "--task", "maths",
@@ -127,9 +127,9 @@ def test_cli_usage_errors():
         assert r.exit_code == 2 and "at least 16" in r.output
     finally:
         short.unlink(missing_ok=True)
-    r = CliRunner().invoke(run, ["--role", "decoder", "--hub", "mqtt://127.0.0.1:1"])
+    r = CliRunner().invoke(run, ["--role", "decoder", "--broker", "mqtt://127.0.0.1:1"])
     assert r.exit_code == 2 and "--module" in r.output
-    r = CliRunner().invoke(run, ["--role", "target", "--hub", "mqtt://127.0.0.1:1"])
+    r = CliRunner().invoke(run, ["--role", "target", "--broker", "mqtt://127.0.0.1:1"])
     assert r.exit_code == 2 and "--model" in r.output
-    r = CliRunner().invoke(run, ["--role", "target", "--hub", "mqtt://127.0.0.1:1", "--gamma", "often"])
+    r = CliRunner().invoke(run, ["--role", "target", "--broker", "mqtt://127.0.0.1:1", "--gamma", "often"])
     assert r.exit_code == 2 and "`auto`" in r.output

@@ -1,4 +1,4 @@
-"""SUN on a 3-node RabbitMQ cluster with faults (issue 38): two `edge-hub serve --hubs` processes
+"""SUN on a 3-node RabbitMQ cluster with faults (issue 38): two `edge-hub serve --hub-ids` processes
 (SUN routers) on an mqtts:// broker list with certificate login, an `edge-agent run --role prefill`
 worker, an `edge-agent run --role decoder` shared decoder, and a SunClient here -- each attached
 to its own node first, every one holding the whole node list.
@@ -105,11 +105,11 @@ def star(cluster, files):
     order = {HUBS[0]: (0, 1, 2), HUBS[1]: (1, 2, 0), PRE: (2, 0, 1), DEC: (1, 0, 2)}
     tls = ["--tls-dir", str(c.certs)]
     cmds = {h: [BIN / "edge-hub", "-v", "serve", "--broker", c.urls(*order[h]), *tls, "--hub-id", h,
-                "--hubs", ",".join(HUBS), "--stats-every", "0"] for h in HUBS}
+                "--hub-ids", ",".join(HUBS), "--stats-every", "0"] for h in HUBS}
     agent = [BIN / "edge-agent", "run", "-v", "--threads", "1", "--dtype", "float64", *tls]
-    cmds[PRE] = [*agent, "--role", "prefill", "--hub", c.urls(*order[PRE]), "--module", maths_dir,
+    cmds[PRE] = [*agent, "--role", "prefill", "--broker", c.urls(*order[PRE]), "--module", maths_dir,
                  "--task", "maths", "--client-id", PRE]
-    cmds[DEC] = [*agent, "--role", "decoder", "--hub", c.urls(*order[DEC]), "--module", dec_dir,
+    cmds[DEC] = [*agent, "--role", "decoder", "--broker", c.urls(*order[DEC]), "--module", dec_dir,
                  "--client-id", DEC, "--max-batch", "64"]
     for name, cmd in cmds.items():
         procs.start(name, *cmd)

@@ -59,8 +59,8 @@ def hub(mosquitto):
 
 
 def _args(device, wheel, hub_url, *more):
-    return ["--device", device.alias, "--ssh-config", str(device.ssh_config), "--profile", "cpu-2core",
-            "--hub", hub_url, "--deps", "device", "--wheel", str(wheel), "--device-python", device.python,
+    return ["--ssh", device.alias, "--ssh-config", str(device.ssh_config), "--profile", "cpu-2core",
+            "--broker", hub_url, "--deps", "device", "--wheel", str(wheel), "--device-python", device.python,
             "--timeout", "60", *more]
 
 
@@ -226,7 +226,7 @@ def test_refusals_name_the_step_and_leave_the_device_untouched(device, wheel, sm
     hub_url = "mqtt://127.0.0.1:1"           # never reached: each run stops before the wait
     before = device.snapshot()
     cases = [
-        (["--device", f"{device.alias}-down", "--role", "draft", "--model", str(smol)],
+        (["--ssh", f"{device.alias}-down", "--role", "draft", "--model", str(smol)],
          "step 3/10 (the device is ready) failed: cannot reach"),
         (["--role", "draft", "--bundle", str(_bundle(tmp_path, smol)), "--max-len", "131072"],
          "step 2/10 (the artifact fits the profile) failed: draft on llamacpp does not fit profile cpu-2core"),
@@ -238,7 +238,7 @@ def test_refusals_name_the_step_and_leave_the_device_untouched(device, wheel, sm
     ]
     for more, expect in cases:
         args = _args(device, wheel, hub_url, *more)
-        if more[0] == "--device":
+        if more[0] == "--ssh":
             args = args[2:]
         r = CliRunner().invoke(provision, args)
         assert r.exit_code != 0, r.output
@@ -250,7 +250,7 @@ def test_refusals_name_the_step_and_leave_the_device_untouched(device, wheel, sm
 
 
 def test_dry_run_prints_each_step_and_contacts_nothing(smol):
-    r = CliRunner().invoke(provision, ["--device", "nvidia@jetson.invalid", "--role", "target", "--hub",
+    r = CliRunner().invoke(provision, ["--ssh", "nvidia@jetson.invalid", "--role", "target", "--broker",
                                        "mqtt://hub.local:1883", "--model", str(smol), "--dry-run"])
     assert r.exit_code == 0, r.output
     for n in range(1, 11):
@@ -275,7 +275,7 @@ def _decoder_module(tmp_path: Path) -> Path:
 
 def test_a_sun_decoder_is_planned_and_its_join_is_seen(tmp_path, hub):
     module = _decoder_module(tmp_path)
-    r = CliRunner().invoke(provision, ["--device", "nv@jetson.invalid", "--role", "decoder", "--hub", hub.url,
+    r = CliRunner().invoke(provision, ["--ssh", "nv@jetson.invalid", "--role", "decoder", "--broker", hub.url,
                                        "--module", str(module), "--max-batch", "16", "--dry-run"])
     assert r.exit_code == 0, r.output
     for line in ('role = "decoder"', 'module = "/home/nv/starsun/artifacts/decoder"', 'backend = "torch"',

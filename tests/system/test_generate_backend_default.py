@@ -46,7 +46,7 @@ def test_a_target_run_defaults_to_the_artifacts_backend(exports):
     line says so), as on a device that installed only the llama extra."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
     p = subprocess.Popen([str(Path(sys.executable).parent / "edge-agent"), "run", "--role", "target",
-                          "-m", str(exports.gguf("llama")), "--hub", "mqtt://127.0.0.1:9", "--client-id", "auto-t",
+                          "-m", str(exports.gguf("llama")), "--broker", "mqtt://127.0.0.1:9", "--client-id", "auto-t",
                           "--http-port", "0", "--max-len", "64"],
                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO)
     lines = []

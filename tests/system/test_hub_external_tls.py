@@ -1,7 +1,7 @@
 """`edge-hub serve` as a client of an external clustered broker over TLS (issue 38): a real hub
 process on a real 3-node RabbitMQ cluster that logs clients in by their certificate (CN = user)
 and holds each user to its topic permissions. The broker list and the TLS directory come from
-the hub's TOML config (the spelling of `edge-agent run --hub A,B --tls-dir DIR`).
+the hub's TOML config (the spelling of `edge-agent run --broker A,B --tls-dir DIR`).
 
 The hub must come up on the first node, announce itself (its status reaches a client on
 another node: the broker let the hub's certificate in and let it publish as a hub), move to

@@ -26,8 +26,8 @@ def tls_star(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"tls-{request.param}")
     model = _hf_model(root / "tiny-hf")
     certs = root / "certs"
-    r = subprocess.run([BIN / "edge-hub", "certs", "--out", certs, "--host", ADDR, "--device", "dev1",
-                        "--device", "dev2"], capture_output=True, text=True)
+    r = subprocess.run([BIN / "edge-hub", "certs", "--out", certs, "--host", ADDR, "--client-id", "dev1",
+                        "--client-id", "dev2"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     port = find_free_port(ADDR)
     ps = Procs(root)
@@ -58,7 +58,7 @@ def test_a_target_over_tls_decodes_its_plain_greedy_text(tls_star):
     from edge.engines.loader import open_model
     from edge.speculative.generate import generate_plain
     ps, url, certs, model, common = tls_star
-    ps.start("target", BIN / "edge-agent", "run", "--role", "target", "--hub", url, "--tls-dir", certs,
+    ps.start("target", BIN / "edge-agent", "run", "--role", "target", "--broker", url, "--tls-dir", certs,
              "--client-id", "dev1", "--model", model, "--prompt", PROMPT, "-n", MAX_NEW, "-g", "3", *common)
     engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
     ids = tok.encode(PROMPT, add_special=True)

@@ -64,7 +64,7 @@ def _run(monkeypatch, gguf, *extra):
         loaded.update(kw)
         raise SystemExit(0)
     monkeypatch.setattr(agent_run, "open_model_for_command", fake_open)
-    r = CliRunner().invoke(main, ["run", "--role", "target", "--hub", "mqtt://127.0.0.1:1", "-b", "llamacpp",
+    r = CliRunner().invoke(main, ["run", "--role", "target", "--broker", "mqtt://127.0.0.1:1", "-b", "llamacpp",
                                   "-m", gguf, "--max-len", "4096", *extra])
     return r, loaded
 

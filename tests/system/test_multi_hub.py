@@ -1,4 +1,4 @@
-"""Two hubs, either can die (issue 38, point 3): two `edge-hub serve --hubs` processes on one
+"""Two hubs, either can die (issue 38, point 3): two `edge-hub serve --hub-ids` processes on one
 real Mosquitto, a draft service process that serves both, and a target here that joins the hub
 owning its client id (rendezvous hashing, edge/star/hub_ring.py).
 
@@ -55,7 +55,7 @@ def procs(tmp_path):
 
 
 def hub_cmd(url, hub_id, creds=None):
-    return [BIN / "edge-hub", "-v", "serve", "--broker", url, "--hub-id", hub_id, "--hubs", ",".join(HUBS),
+    return [BIN / "edge-hub", "-v", "serve", "--broker", url, "--hub-id", hub_id, "--hub-ids", ",".join(HUBS),
             "--stats-every", "0", *_login(creds, hub_id)]
 
 
@@ -139,7 +139,7 @@ def kill_and_return(procs, model, urls, creds=None):
     draft_id = DRAFT_ID
     hub_urls = urls["hubs"] if isinstance(urls["hubs"], list) else [urls["hubs"]] * len(HUBS)
     path, backend, extra = model
-    procs.start("draft", BIN / "edge-agent", "run", "--role", "draft", "--hub", urls["draft"], "--model", path,
+    procs.start("draft", BIN / "edge-agent", "run", "--role", "draft", "--broker", urls["draft"], "--model", path,
                 "--backend", backend, "--client-id", draft_id, "--no-ahead", "--threads", "1", *extra,
                 *_login(creds, draft_id))
     for h, u in zip(HUBS, hub_urls):

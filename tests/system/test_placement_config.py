@@ -1,4 +1,4 @@
-"""--device / --gpu-layers reach each command's config: `edge-agent run` (flat TOML, the command line
+"""--accelerator / --gpu-layers reach each command's config: `edge-agent run` (flat TOML, the command line
 overriding it), `edge-hub serve` (its [model] table) and `edge-agent generate`'s loaded models."""
 from click.testing import CliRunner
 
@@ -21,7 +21,7 @@ def test_agent_config_carries_the_placement(tmp_path):
     o = _run_options(["--config", str(cfg)])
     m = agent_config_from(o).model
     assert (m.device, str(m.gpu_layers)) == ("cuda", "20")
-    o = _run_options(["--config", str(cfg), "--device", "cpu", "--gpu-layers", "0"])   # the command line wins
+    o = _run_options(["--config", str(cfg), "--accelerator", "cpu", "--gpu-layers", "0"])   # the command line wins
     assert (agent_config_from(o).model.device, agent_config_from(o).model.gpu_layers) == ("cpu", "0")
 
 
@@ -37,9 +37,9 @@ def test_hub_config_carries_the_placement(tmp_path):
 
 def test_generate_refuses_cuda_here_before_loading(exports):
     r = CliRunner().invoke(agent, ["generate", "hi", "-T", str(exports.gguf("llama")), "-D", "ngram",
-                                   "-b", "llamacpp", "--device", "cuda", "-n", "2"])
+                                   "-b", "llamacpp", "--accelerator", "cuda", "-n", "2"])
     assert r.exit_code == 1, r.output
-    assert "--device cuda on llamacpp" in r.output and "-DGGML_CUDA=ON" in r.output
+    assert "--accelerator cuda on llamacpp" in r.output and "-DGGML_CUDA=ON" in r.output
     assert "loaded" not in r.output
 
 

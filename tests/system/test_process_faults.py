@@ -173,7 +173,7 @@ def test_a_dead_services_retained_hello_is_never_trusted(mosquitto, files):
 def test_draft_service_process_killed(mosquitto, files, procs):
     _, model, _, _ = files
     did = f"drafter-{PID}"
-    cmd = [*AGENT, "--role", "draft", "--hub", mosquitto.url, "--model", model, "--client-id", did, "--no-ahead"]
+    cmd = [*AGENT, "--role", "draft", "--broker", mosquitto.url, "--model", model, "--client-id", did, "--no-ahead"]
     procs.start("draft", *cmd)
     hub = Hub(broker_url=mosquitto.url, hub_id=f"hd{PID}").start()          # drafts only on devices
     stars = targets(mosquitto.url, model, prefix="d")
@@ -292,7 +292,7 @@ def test_target_process_killed_its_session_and_kv_are_freed(mosquitto, files, pr
     hub = Hub(broker_url=mosquitto.url, hub_id=f"ht{PID}", draft_engine=engine, tokenizer_fp=tok.fingerprint(),
               limits=DraftLimits(ahead=False, evict_after_s=1.0)).start()
     svc = hub.service
-    procs.start("target", *AGENT, "--role", "target", "--hub", mosquitto.url, "--model", model,
+    procs.start("target", *AGENT, "--role", "target", "--broker", mosquitto.url, "--model", model,
                 "--client-id", f"tgt-{PID}", "--prompt", "the the he", "-g", "3", "-n", "3000")
     star = None
     try:

@@ -57,9 +57,9 @@ def sun_star(mosquitto, files):
     procs = Procs(root / "sun")
     procs.root.mkdir()
     ids = {"prefill": f"pre-{PID}", "decoder": f"dec-{PID}"}
-    cmds = {"prefill": [*AGENT[:2], "--threads", "1", "--role", "prefill", "--hub", mosquitto.url,
+    cmds = {"prefill": [*AGENT[:2], "--threads", "1", "--role", "prefill", "--broker", mosquitto.url,
                         "--module", maths_dir, "--task", "maths", "--client-id", ids["prefill"]],
-            "decoder": [*AGENT[:2], "--threads", "1", "--role", "decoder", "--hub", mosquitto.url,
+            "decoder": [*AGENT[:2], "--threads", "1", "--role", "decoder", "--broker", mosquitto.url,
                         "--module", dec_dir, "--client-id", ids["decoder"], "--max-batch", "64"]}
     for name, cmd in cmds.items():
         procs.start(name, *cmd)

@@ -98,7 +98,7 @@ def test_suffix_and_hybrid_drafts_from_the_console_scripts_are_lossless(broker, 
         _wait(lambda: "serving on" in err.read_text() or p.poll() is not None, 60, lambda: err.read_text())
     else:                        # a device's hybrid draft service takes an in-process hub's sessions
         hub = Hub(broker_url=broker.url, status_every=60.0).start()
-        p, err = _process(tmp_path, "draft", BIN / "edge-agent", "run", "--role", "draft", "--hub", broker.url,
+        p, err = _process(tmp_path, "draft", BIN / "edge-agent", "run", "--role", "draft", "--broker", broker.url,
                           "--drafter", "hybrid", "--model", d, "--client-id", "dev-draft", *common)
         _wait(lambda: "registered" in err.read_text() or p.poll() is not None, 60, lambda: err.read_text())
     assert p.poll() is None, err.read_text()
@@ -156,9 +156,9 @@ def test_drafter_usage_errors_say_what_to_do():
     from server.hub_cli import main
     r = CliRunner().invoke(main, ["serve", "--drafter", "suffix"])
     assert r.exit_code == 2 and "needs --draft-model" in r.output
-    r = CliRunner().invoke(run, ["--role", "target", "--hub", "mqtt://127.0.0.1:1", "--model", "x",
+    r = CliRunner().invoke(run, ["--role", "target", "--broker", "mqtt://127.0.0.1:1", "--model", "x",
                                  "--drafter", "hybrid"])
     assert r.exit_code == 2 and "is for --role draft" in r.output
-    r = CliRunner().invoke(run, ["--role", "draft", "--hub", "mqtt://127.0.0.1:1", "--model", "/nonexistent",
+    r = CliRunner().invoke(run, ["--role", "draft", "--broker", "mqtt://127.0.0.1:1", "--model", "/nonexistent",
                                  "--drafter", "suffix"])
     assert r.exit_code == 1 and "reads the model's tokenizer" in r.output

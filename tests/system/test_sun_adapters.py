@@ -77,7 +77,7 @@ def test_an_adapter_added_while_serving_is_announced_and_served(mosquitto, made,
     star, node = adapter_star(mosquitto.url, made, ("maths",))
     key = tmp_path / "ctl.key"
     key.write_bytes(KEY)
-    cli = ["add-adapter", WORKER, "tools", str(dirs["tools"][0]), "--hub", mosquitto.url, "--ctl-key-file", str(key),
+    cli = ["add-adapter", WORKER, "tools", str(dirs["tools"][0]), "--broker", mosquitto.url, "--ctl-key-file", str(key),
            "--client-id", "ops"]
     try:
         p = prompts(1, seed=5)[0]
@@ -147,7 +147,7 @@ def test_edge_agent_prefill_process_serves_its_adapter_options(mosquitto, tmp_pa
     dec = SharedDecoder.from_dir(dec_dir, threads=1)
     star._start(lambda ln: DecoderNode(dec, ln, "dec-a", KEY), "dec-a")
     ps = Procs(tmp_path)
-    ps.start("prefill", BIN / "edge-agent", "run", "--role", "prefill", "--module", dec_dir, "--hub", mosquitto.url,
+    ps.start("prefill", BIN / "edge-agent", "run", "--role", "prefill", "--module", dec_dir, "--broker", mosquitto.url,
              "--client-id", WORKER, "--threads", "1", "--ctl-key-file", key, "--adapter", f"code={dirs['code']}",
              "--adapter", f"tools={other}", "--adapter", f"maths={dirs['maths']}")
     try:

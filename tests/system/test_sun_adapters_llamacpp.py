@@ -97,7 +97,7 @@ def test_a_llamacpp_adapter_worker_process_serves_every_bundled_task_and_a_hot_a
     ps = Procs(root)
     # no --backend: auto runs the bundle's GGUF on llama.cpp
     ps.start("prefill", BIN / "edge-agent", "run", "--role", "prefill", "--module", sun,
-             "--hub", mosquitto.url, "--client-id", WORKER, "--threads", "1", "--ctl-key-file", key)
+             "--broker", mosquitto.url, "--client-id", WORKER, "--threads", "1", "--ctl-key-file", key)
     ops = star.link("ops").connect(5)
     try:
         ps.wait_for("prefill", "up at")

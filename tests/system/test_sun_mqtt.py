@@ -116,7 +116,7 @@ def test_kv_from_this_process_is_decoded_by_a_decoder_process(mosquitto, models,
     star = Star(mosquitto.url, models, decoders=(), ctl_key=None, tasks=("maths", "code"))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "edge.cli.agent", "run", "--role", "decoder", "--module",
-                             str(tmp_path / "dec"), "--hub", mosquitto.url, "--client-id", "dec-proc",
+                             str(tmp_path / "dec"), "--broker", mosquitto.url, "--client-id", "dec-proc",
                              "--threads", "1"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

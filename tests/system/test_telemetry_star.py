@@ -90,7 +90,7 @@ def star(tmp_path_factory):
                  "--telemetry-interval", INTERVAL, "--metrics-port", hub_metrics,
                  *[x for u in users for x in ("--user", u)])
         ps.wait_for("hub", "serving on")
-        ps.start("draft", BIN / "edge-agent", "run", "--role", "draft", "--hub", url, "--model", model,
+        ps.start("draft", BIN / "edge-agent", "run", "--role", "draft", "--broker", url, "--model", model,
                  "--username", "drafter", "--password-file", pw, "--threads", "1", "--dtype", "float64",
                  "--max-len", "256", "--telemetry-interval", INTERVAL, "--metrics-port", draft_metrics,
                  "--draft-p-min", "0")          # a tiny random draft is never sure: draft every γ
@@ -111,7 +111,7 @@ def _scrape(url: str) -> dict:
 
 
 def _top(url: str, pw: Path) -> str:
-    r = subprocess.run([str(BIN / "edge-hub"), "top", "--hub", url, "--username", "monitor", "--password-file",
+    r = subprocess.run([str(BIN / "edge-hub"), "top", "--broker", url, "--username", "monitor", "--password-file",
                         str(pw), "--once", "--wait", "5"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     return r.stdout

@@ -50,7 +50,7 @@ def test_link_starts_on_the_first_and_moves_only_after_an_attempt(monkeypatch):
 
 def test_toml_list_becomes_the_comma_form(tmp_path):
     @click.command()
-    @click.option("--hub", "hub_url")
+    @click.option("--broker", "hub_url")
     @click.option("--tag", multiple=True)
     def cmd(hub_url, tag):
         pass

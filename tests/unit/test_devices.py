@@ -31,9 +31,9 @@ def test_unknown_profile_is_a_clear_error():
 
 def test_provision_needs_a_device_a_hub_and_an_artifact():
     r = CliRunner().invoke(provision, [])
-    assert r.exit_code != 0 and "--device" in r.output
+    assert r.exit_code != 0 and "--ssh" in r.output
     # a unit with no model would crash-loop on the device: refused before anything (tests/system/test_flash_jetson.py)
-    r = CliRunner().invoke(provision, ["--device", "nv@jet", "--hub", "mqtt://pc:1883", "--role", "draft", "--dry-run"])
+    r = CliRunner().invoke(provision, ["--ssh", "nv@jet", "--broker", "mqtt://pc:1883", "--role", "draft", "--dry-run"])
     assert r.exit_code != 0 and "MODEL=" in r.output, r.output
 
 

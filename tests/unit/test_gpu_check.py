@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gpu-check")
-    r = subprocess.run(["bash", "benchmarks/gpu/gpu_check.sh", "--device", "cpu", "--quick",
+    r = subprocess.run(["bash", "benchmarks/gpu/gpu_check.sh", "--accelerator", "cpu", "--quick",
                         "--dtypes", "float32,bfloat16"], cwd=REPO, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "OUT": str(out), "PY": sys.executable})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -55,7 +55,7 @@ def test_it_needs_nothing_the_gpu_machine_lacks(tmp_path):
     """The GPU image has torch, numpy, msgpack, tokenizers but neither paho-mqtt nor gguf."""
     code = ("import sys; sys.modules['paho'] = None; sys.modules['gguf'] = None\n"
             "from benchmarks.gpu.gpu_check import main\n"
-            f"main(['--device', 'cpu', '--quick', '--dtypes', 'float32', '--out', {str(tmp_path)!r}])\n"
+            f"main(['--accelerator', 'cpu', '--quick', '--dtypes', 'float32', '--out', {str(tmp_path)!r}])\n"
             "assert 'paho' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -68,8 +68,8 @@ def test_cuda_without_a_gpu_says_how_to_dry_run():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     from benchmarks.gpu.gpu_check import main
-    with pytest.raises(SystemExit, match="--device cpu --quick"):
-        main(["--device", "cuda"])
+    with pytest.raises(SystemExit, match="--accelerator cpu --quick"):
+        main(["--accelerator", "cuda"])
 
 
 def test_the_shapes_are_the_real_models():

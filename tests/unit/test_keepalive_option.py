@@ -14,7 +14,7 @@ from server.hub_serve import serve
 
 
 def _agent(*args):
-    return agent_config_from(run.make_context("run", ["--role", "draft", "--model", "m", "--hub",
+    return agent_config_from(run.make_context("run", ["--role", "draft", "--model", "m", "--broker",
                                                       "mqtt://a:1,mqtt://b:2", *args]).params)
 
 

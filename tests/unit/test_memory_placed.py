@@ -109,5 +109,5 @@ def test_plan_json_says_where_the_bytes_live():
     assert (p["device"], p["gpu_layers"], p["unified"], p["refusal"]) == ("cuda", 14, True, None)
     assert 0 < p["gpu_fraction"] < 1 and p["host_bytes"] + p["gpu_bytes"] == json.loads(out.output)["total_bytes"]
     cpu = CliRunner().invoke(main, ["plan", "--profile", "jetson-orin-nano-8gb", "--role", "target", "-m",
-                                    "qwen2.5-coder-1.5b", "-b", "llamacpp", "--device", "cpu", "--json"])
+                                    "qwen2.5-coder-1.5b", "-b", "llamacpp", "--accelerator", "cpu", "--json"])
     assert json.loads(cpu.output)["placement"]["gpu_bytes"] == 0

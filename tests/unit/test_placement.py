@@ -60,7 +60,7 @@ def test_explicit_requests_win_over_the_profile():
     assert decide_placement("llamacpp", "cpu", None, JETSON, CUDA_ALL).gpu_layers == 0
     assert decide_placement("llamacpp", "auto", 0, JETSON, CUDA_ALL).device == "cpu"
     p = decide_placement("llamacpp", "cuda", None, CPU_BOX, CUDA_ALL)
-    assert (p.device, p.gpu_layers, p.reason) == ("cuda", ALL_LAYERS, "asked for --device cuda")
+    assert (p.device, p.gpu_layers, p.reason) == ("cuda", ALL_LAYERS, "asked for --accelerator cuda")
 
 
 @pytest.mark.parametrize("backend,device,layers,fix", [
@@ -74,7 +74,7 @@ def test_absent_gpu_is_refused_with_the_fix(backend, device, layers, fix):
     with pytest.raises(PlacementError) as e:
         decide_placement(backend, device, layers, JETSON, CPU_ONLY)
     assert fix in str(e.value)
-    assert "--device cpu" in str(e.value)
+    assert "--accelerator cpu" in str(e.value)
 
 
 def test_contradictions_and_bad_values_are_refused():

@@ -32,8 +32,8 @@ def test_dry_run_writes_the_placement_into_the_config(profile, lines):
     smol = model_path(SMOL)
     if not smol.exists():
         pytest.skip(f"{SMOL} is not fetched (make test-models)")
-    r = CliRunner().invoke(provision, ["--device", "nvidia@jetson.invalid", "--profile", profile, "--role", "target",
-                                       "--hub", "mqtt://hub.local:1883", "--model", str(smol), "--dry-run"])
+    r = CliRunner().invoke(provision, ["--ssh", "nvidia@jetson.invalid", "--profile", profile, "--role", "target",
+                                       "--broker", "mqtt://hub.local:1883", "--model", str(smol), "--dry-run"])
     assert r.exit_code == 0, r.output
     config = [ln.strip() for ln in r.output.splitlines()]
     for line in lines:
@@ -71,11 +71,11 @@ def test_a_refused_start_is_a_wrong_build(exports, capsys):
     with pytest.raises(click.ClickException) as e:
         _start_lines(exports, capsys, device="cuda")
     ok, what = judge_start_lines(f"Error: {e.value.message}\n", "llamacpp")
-    assert ok is False and "refused to start: --device cuda on llamacpp" in what
+    assert ok is False and "refused to start: --accelerator cuda on llamacpp" in what
 
 
 def test_layers_on_the_gpu_are_confirmed_and_silence_is_not():
-    line = ("placement: llamacpp on cuda: all layers on the GPU (asked for --device cuda)\n"
+    line = ("placement: llamacpp on cuda: all layers on the GPU (asked for --accelerator cuda)\n"
             "loaded m.gguf on llamacpp (vocab 49152) in 0.6s: 30 of 30 layers on the GPU (n_gpu_layers=-1)\n")
     assert judge_start_lines(line, "llamacpp") == (True, "30 of 30 layers on the GPU (n_gpu_layers=-1)")
     ort = "loaded m.onnx on onnx (vocab 320) in 0.1s: onnxruntime providers CUDAExecutionProvider, CPUExecutionProvider"
@@ -104,7 +104,7 @@ class LocalShell:
 
 def test_final_check_confirms_the_gpu_or_fails_a_wrong_build(tmp_path, exports, capsys):
     jet = load_profile("jetson-orin-nano-8gb")
-    gpu = ("placement: llamacpp on cuda: all layers on the GPU (asked for --device cuda)\n"
+    gpu = ("placement: llamacpp on cuda: all layers on the GPU (asked for --accelerator cuda)\n"
            "loaded m.gguf on llamacpp (vocab 49152) in 0.6s: 30 of 30 layers on the GPU (n_gpu_layers=-1)\n")
     assert confirm_on_gpu(LocalShell(tmp_path / "a", gpu), jet, "llamacpp", False, True) == (
         "on the GPU: 30 of 30 layers on the GPU (n_gpu_layers=-1)")

@@ -11,7 +11,7 @@ TEST_MODELS ?= smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 DEMO_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 # the layering contracts of pyproject.toml ([tool.importlinter]); `make test` runs them first
-lint:
+lint: install
 	$(BIN)/lint-imports
 
 .PHONY: lint install llama llama-tools system-test certs models test-models demo test bench export flash-jetson clean help

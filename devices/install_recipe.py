@@ -74,15 +74,15 @@ def wheel_requirements(wheel: Path, extra: Optional[str] = None, python: str = "
     for line in lines:
         if not line.startswith("Requires-Dist:"):
             continue
-        req = Requirement(line.split(":", 1)[1].strip())
+        requirement = Requirement(line.split(":", 1)[1].strip())
         env = {"python_version": python, "sys_platform": "linux", "platform_system": "Linux", "extra": extra or ""}
         if machine:                     # else packaging fills in the PC's, wrong for an aarch64 device
             env["platform_machine"] = machine
-        if req.marker is None or req.marker.evaluate(env):
-            if (req.marker is not None and "extra" in str(req.marker)) != bool(extra):
+        if requirement.marker is None or requirement.marker.evaluate(env):
+            if (requirement.marker is not None and "extra" in str(requirement.marker)) != bool(extra):
                 continue                # an extra's requirement, or a base one when asking for the extra
-            req.marker = None
-            out.append(str(req))
+            requirement.marker = None
+            out.append(str(requirement))
     return out
 
 
@@ -98,8 +98,9 @@ def _pyproject_requires() -> List[str]:
     return lines
 
 
-def _name(req: str) -> str:
-    return re.split(r"[<>=!~ \[;]", req, 1)[0].lower().replace("_", "-")
+def _name(requirement: str) -> str:
+    """The distribution a requirement names ("llama_cpp_python>=0.3; ..." -> "llama-cpp-python")."""
+    return re.split(r"[<>=!~ \[;]", requirement, 1)[0].lower().replace("_", "-")
 
 
 def install_commands(profile, backend: str, deps: str, root: str, python: str, wheel: Path,

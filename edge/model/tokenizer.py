@@ -115,9 +115,10 @@ def _canon(normalizer, pre) -> str:
                       sort_keys=True, separators=(",", ":"))
 
 
-def _pre_id(spec: dict) -> str:
-    """Name of a known pre-tokenizer structure, else a hash of it (version-stable for knowns)."""
-    have = _canon(spec.get("normalizer"), spec.get("pre_tokenizer"))
+def _pre_id(tokenizer_json: dict) -> str:
+    """Name of a known pre-tokenizer structure (the normalizer and pre_tokenizer of a serialized
+    tokenizer, tokenizer.json's dict), else a hash of it (version-stable for knowns)."""
+    have = _canon(tokenizer_json.get("normalizer"), tokenizer_json.get("pre_tokenizer"))
     for name in _KNOWN_PRE:
         probe = _HFTokenizer(models.BPE({}, []))
         probe.pre_tokenizer = _pre_tokenizer(name)
@@ -341,16 +342,16 @@ class Tokenizer:
         """sha256 of the vocabulary (tokens in id order), the merges, the pre-tokenizer
         (by known name, else a hash of its structure) and the added tokens."""
         if self._fingerprint is None:
-            spec = json.loads(self._tok.to_str())
+            tokenizer_json = json.loads(self._tok.to_str())     # tokenizer.json as a dict
             h = hashlib.sha256()
             inv = {i: t for t, i in self._tok.get_vocab(with_added_tokens=True).items()}
             for i in range(self.vocab_size):
                 h.update(inv.get(i, "").encode("utf-8") + b"\0")
             h.update(b"\1merges\1")
-            for m in spec["model"].get("merges", []):
+            for m in tokenizer_json["model"].get("merges", []):
                 h.update((" ".join(m) if isinstance(m, list) else m).encode("utf-8") + b"\0")
-            h.update(b"\1pre\1" + _pre_id(spec).encode())
-            added = sorted((a["id"], a["content"], bool(a["special"])) for a in spec["added_tokens"])
+            h.update(b"\1pre\1" + _pre_id(tokenizer_json).encode())
+            added = sorted((a["id"], a["content"], bool(a["special"])) for a in tokenizer_json["added_tokens"])
             h.update(b"\1added\1" + json.dumps(added, ensure_ascii=False).encode("utf-8"))
             self._fingerprint = h.hexdigest()
         return self._fingerprint

@@ -2,9 +2,9 @@
 that reads the agent's own start lines to confirm a GPU device decodes on its GPU.
 
 A profile with a GPU (a Jetson, a GPU workstation) gets an explicit placement in the config:
-`device = "cuda"` (and, for llama.cpp, `gpu_layers = "all"`), so a device whose runtime cannot
+`accelerator = "cuda"` (and, for llama.cpp, `gpu_layers = "all"`), so a device whose runtime cannot
 reach the GPU refuses to start with the fix instead of decoding on its CPU in silence; a CPU
-profile gets `device = "cpu"`. The agent prints `placement: ...` and then `loaded ...: <where>`
+profile gets `accelerator = "cpu"`. The agent prints `placement: ...` and then `loaded ...: <where>`
 (edge/cli/placing.py, edge/cli/startup.py); judge_start_lines reads those lines: layers on the
 GPU, a CPU-only build (a wrong build, reported as such), or no start line yet.
 """
@@ -28,8 +28,8 @@ def backend_of(backend: Optional[str], artifact: str) -> str:
 def placement_values(profile, backend: str) -> dict:
     """The config keys of the placement a profile asks for (profile: devices.profile.DeviceProfile)."""
     if profile.kind not in GPU_KINDS:
-        return {"device": "cpu"}
-    return {"device": "cuda", **({"gpu_layers": "all"} if backend == "llamacpp" else {})}
+        return {"accelerator": "cpu"}
+    return {"accelerator": "cuda", **({"gpu_layers": "all"} if backend == "llamacpp" else {})}
 
 
 def start_lines_command(system: bool, lines: int = 40) -> str:
@@ -65,7 +65,7 @@ def confirm_on_gpu(remote, profile, backend: str, system: bool, systemd: bool) -
     """The final check of a GPU profile: the agent's start lines say its model is on the GPU. Raises
     RuntimeError when they say otherwise (a wrong build); a CPU profile has nothing to confirm."""
     if profile.kind not in GPU_KINDS:
-        return "CPU profile: the model runs on the CPU (device = \"cpu\")"
+        return "CPU profile: the model runs on the CPU (accelerator = \"cpu\")"
     if not systemd:
         return ("not confirmed: no systemd journal on the device; the agent's start line `loaded ...` says where "
                 "the model runs")

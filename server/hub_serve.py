@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from edge.cli.options import (apply, backend_option, credential_options, ctl_key_option, draft_options, hubs_option,
+from edge.cli.options import (verbose_option, apply, backend_option, credential_options, ctl_key_option, draft_options, hubs_option,
                               keepalive_option,
                               model_options, stop_ids_option, telemetry_options, tls_dir_option)
 from edge.cli.sections import BROKER, DRAFT, HUB, SUN, SectionedCommand, option
@@ -96,6 +96,7 @@ def sun_options(f):
 @draft_options
 @sun_options
 @telemetry_options
+@verbose_option
 def serve(**options):
     """Run the hub until Ctrl-C."""
     run_hub(hub_config_from(options))

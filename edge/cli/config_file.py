@@ -27,6 +27,13 @@ else:  # Jetson images ship Python 3.10
 
 # a secret in the file would sit next to a config anyone may read: {key: what to use instead}
 SECRET_KEYS = {"password": "password_file (or $STARSUN_MQTT_PASSWORD)", "ctl_key": "ctl_key_file"}
+# keys of options that were renamed (edge/cli/options.py, renamed_option): {old key: the key now}
+RENAMED_KEYS = {"hub": "broker", "hubs": "hub_ids", "device": "accelerator"}
+
+
+def _check_renamed(path, where: str, key: str, known) -> None:
+    if _key(key) in RENAMED_KEYS and _key(key) not in known:
+        _refuse(path, where, f"{key!r} is gone: write {RENAMED_KEYS[_key(key)]} = ... instead")
 
 
 def _key(name: str) -> str:
@@ -78,6 +85,7 @@ def read_config(path, command: click.Command) -> dict:
     out: dict = {}
     for key, value in _load_toml(path).items():
         _check_secret(path, "", key)
+        _check_renamed(path, "", key, keys)
         if _key(key) not in keys:
             _refuse(path, "", f"unknown key {key!r}; known: {', '.join(sorted(keys))}")
         out[keys[_key(key)].name] = _value(keys[_key(key)], value)
@@ -103,6 +111,7 @@ def read_sectioned_config(path, command: click.Command, check: Callable = None) 
         for key, value in values.items():
             where = f"[{table}] "
             _check_secret(path, where, key)
+            _check_renamed(path, where, key, tables[table])
             if _key(key) not in tables[table]:
                 home = next((f"; it belongs in [{t}]" for t, ks in tables.items() if _key(key) in ks), "")
                 _refuse(path, where, f"unknown key {key!r}{home or '; known here: ' + ', '.join(tables[table])}")

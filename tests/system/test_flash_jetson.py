@@ -133,10 +133,10 @@ def test_provision_lands_files_joins_the_hub_and_a_second_run_changes_nothing(de
         assert sha256_file(root / "artifacts" / smol.name) == sha256_file(smol)
         assert (root / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()
         cfg = (root / "agent.toml").read_text()
-        for line in ('role = "draft"', f'hub = "{hub.url}"', 'client_id = "flash-draft"', 'backend = "llamacpp"',
+        for line in ('role = "draft"', f'broker = "{hub.url}"', 'client_id = "flash-draft"', 'backend = "llamacpp"',
                      f'model = "{root}/artifacts/{smol.name}"', 'profile = "cpu-2core"', "max_len = 256",
                      "threads = 1", 'username = "flash-draft"', f'password_file = "{root}/credentials/mqtt.password"',
-                     'device = "cpu"'):         # the profile's placement (devices/gpu_confirm.py)
+                     'accelerator = "cpu"'):         # the profile's placement (devices/gpu_confirm.py)
             assert line in cfg.splitlines(), cfg
         pw = root / "credentials/mqtt.password"
         assert pw.read_text() == secret.read_text() and oct(pw.stat().st_mode & 0o777) == "0o600"

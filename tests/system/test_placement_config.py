@@ -15,7 +15,7 @@ def _run_options(ctx_args):
 
 def test_agent_config_carries_the_placement(tmp_path):
     cfg = tmp_path / "agent.toml"
-    cfg.write_text('role = "target"\nhub = "mqtt://127.0.0.1:1883"\nmodel = "m.gguf"\ndevice = "cuda"\n'
+    cfg.write_text('role = "target"\nbroker = "mqtt://127.0.0.1:1883"\nmodel = "m.gguf"\naccelerator = "cuda"\n'
                    'gpu_layers = 20\n')
     assert read_config(cfg, run)["device"] == "cuda"
     o = _run_options(["--config", str(cfg)])
@@ -29,7 +29,7 @@ def test_hub_config_carries_the_placement(tmp_path):
     from server.hub_config import hub_config_from
     from server.hub_serve import serve
     cfg = tmp_path / "hub.toml"
-    cfg.write_text('[model]\ndevice = "cpu"\ngpu_layers = "all"\nmax_len = 512\n')
+    cfg.write_text('[model]\naccelerator = "cpu"\ngpu_layers = "all"\nmax_len = 512\n')
     ctx = serve.make_context("serve", ["--config", str(cfg)])
     hub = hub_config_from(ctx.params)
     assert (hub.device, hub.gpu_layers, hub.max_len) == ("cpu", "all", 512)

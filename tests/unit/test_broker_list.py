@@ -55,5 +55,5 @@ def test_toml_list_becomes_the_comma_form(tmp_path):
     def cmd(hub_url, tag):
         pass
     f = tmp_path / "agent.toml"
-    f.write_text('hub = ["mqtts://a:8883", "mqtts://b:8883"]\ntag = ["x", "y"]\n')
+    f.write_text('broker = ["mqtts://a:8883", "mqtts://b:8883"]\ntag = ["x", "y"]\n')
     assert read_config(f, cmd) == {"hub_url": "mqtts://a:8883,mqtts://b:8883", "tag": ["x", "y"]}

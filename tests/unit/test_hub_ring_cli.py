@@ -12,7 +12,7 @@ from server.hub_serve import serve
 
 def test_hub_list_from_the_command_line_and_from_toml(tmp_path):
     conf = tmp_path / "hub.toml"
-    conf.write_text('[hub]\nhub_id = "a"\nhubs = ["a", "b"]\n')
+    conf.write_text('[hub]\nhub_id = "a"\nhub_ids = ["a", "b"]\n')
     assert serve.make_context("serve", ["--config", str(conf)]).params["hubs"] == ("a", "b")
     assert hub_config_from(serve.make_context("serve", ["--config", str(conf)]).params).hubs == ("a", "b")
     ctx = run.make_context("run", ["--role", "target", "--model", "m", "--broker", "mqtt://h:1", "--hub-ids", "a, b"])

@@ -82,7 +82,7 @@ def test_jetson_install_keeps_jetpack_torch_and_takes_onnxruntime_gpu_and_cuda_l
 
 
 def test_the_config_file_is_what_edge_agent_run_reads(tmp_path):
-    values = {"role": "draft", "hub": "mqtt://hub:1883", "client_id": "jet1", "model": "/m/x.gguf",
+    values = {"role": "draft", "broker": "mqtt://hub:1883", "client_id": "jet1", "model": "/m/x.gguf",
               "backend": "llamacpp", "max_len": 512, "max_sessions": 4, "profile": "jetson-orin-nano-8gb",
               "password_file": "/home/nv/starsun/credentials/mqtt.password", "memory_budget": None}
     p = tmp_path / "agent.toml"
@@ -95,13 +95,13 @@ def test_the_config_file_is_what_edge_agent_run_reads(tmp_path):
 
 def test_edge_agent_run_config_errors_and_command_line_override(tmp_path):
     p = tmp_path / "agent.toml"
-    p.write_text('role = "draft"\nhub = "mqtt://127.0.0.1:1"\npasword_file = "x"\n')
+    p.write_text('role = "draft"\nbroker = "mqtt://127.0.0.1:1"\npasword_file = "x"\n')
     r = CliRunner().invoke(run, ["--config", str(p)])
     assert r.exit_code == 2 and "unknown key 'pasword_file'" in r.output and "password_file" in r.output
-    p.write_text('role = "draft"\nhub = "mqtt://127.0.0.1:1"\npassword = "hunter2"\n')
+    p.write_text('role = "draft"\nbroker = "mqtt://127.0.0.1:1"\npassword = "hunter2"\n')
     r = CliRunner().invoke(run, ["--config", str(p)])
     assert r.exit_code == 2 and "would put a secret in the config file" in r.output
-    p.write_text('role = "draft"\nhub = "mqtt://127.0.0.1:1"\n')
+    p.write_text('role = "draft"\nbroker = "mqtt://127.0.0.1:1"\n')
     r = CliRunner().invoke(run, ["--config", str(p)])        # the file's role and hub satisfy the required options
     assert r.exit_code == 2 and "--role draft needs --model" in r.output
     r = CliRunner().invoke(run, ["--config", str(p), "--role", "prefill"])    # the command line wins

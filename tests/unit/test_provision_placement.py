@@ -16,17 +16,17 @@ SMOL = "smollm2-135m"
 
 def test_placement_values_per_profile_and_backend():
     jet, rtx, cpu = (load_profile(n) for n in ("jetson-orin-nano-8gb", "rtx4090-workstation", "cpu-2core"))
-    assert placement_values(jet, "llamacpp") == {"device": "cuda", "gpu_layers": "all"}
-    assert placement_values(jet, "onnx") == {"device": "cuda"}
-    assert placement_values(rtx, "torch") == {"device": "cuda"}
-    assert placement_values(cpu, "llamacpp") == {"device": "cpu"}
+    assert placement_values(jet, "llamacpp") == {"accelerator": "cuda", "gpu_layers": "all"}
+    assert placement_values(jet, "onnx") == {"accelerator": "cuda"}
+    assert placement_values(rtx, "torch") == {"accelerator": "cuda"}
+    assert placement_values(cpu, "llamacpp") == {"accelerator": "cpu"}
     assert [backend_of(None, "/a/m.gguf"), backend_of("auto", "/a/m.onnx"), backend_of(None, "/a/dir"),
             backend_of("onnx", "/a/m.gguf")] == ["llamacpp", "onnx", "torch", "onnx"]
 
 
 @pytest.mark.parametrize("profile,lines", [
-    ("jetson-orin-nano-8gb", ('device = "cuda"', 'gpu_layers = "all"')),
-    ("cpu-2core", ('device = "cpu"',)),
+    ("jetson-orin-nano-8gb", ('accelerator = "cuda"', 'gpu_layers = "all"')),
+    ("cpu-2core", ('accelerator = "cpu"',)),
 ])
 def test_dry_run_writes_the_placement_into_the_config(profile, lines):
     smol = model_path(SMOL)
@@ -47,7 +47,7 @@ def test_the_config_placement_is_what_edge_agent_run_reads(tmp_path):
 
     from edge.cli.agent_run import run
     cfg = tmp_path / "agent.toml"
-    cfg.write_text('role = "target"\nhub = "mqtt://127.0.0.1:1"\nmodel = "m"\ndevice = "cuda"\ngpu_layers = "all"\n')
+    cfg.write_text('role = "target"\nbroker = "mqtt://127.0.0.1:1"\nmodel = "m"\naccelerator = "cuda"\ngpu_layers = "all"\n')
     r = Runner().invoke(run, ["--config", str(cfg), "--help"])
     assert r.exit_code == 0, r.output
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from edge.speculative.gamma_probes import ProbeSchedule
 from edge.speculative.verify import AcceptanceTracker, CostTracker, choose_gamma
 
 
@@ -23,7 +24,8 @@ class AdaptiveGamma:
     can recover -- O(log n) probes in all, and none where even the optimistic
     alpha would not pay. While speculating, a plain step every `refresh`
     rounds (every 8 until the single-step window is full) keeps the
-    single-step time -- the unit of every cost -- measured.
+    single-step time -- the unit of every cost -- measured. (The probes and
+    refresh steps: edge/speculative/gamma_probes.py, shared with RemoteGamma.)
     """
     background = False      # a co-located draft's probe costs the device its compute: real rounds
 
@@ -37,9 +39,7 @@ class AdaptiveGamma:
         self.refresh = refresh
         self.acceptance = acceptance or AcceptanceTracker()
         self.costs = costs or CostTracker()
-        self._probe_start = self._interval = probe_start
-        self._zeros = 0
-        self._since_plain = 0
+        self._rounds = ProbeSchedule(probe_start)
 
     def could_pay(self) -> bool:
         """Would speculation win at the optimistic alpha, with the costs measured so far?"""
@@ -56,16 +56,5 @@ class AdaptiveGamma:
         g = choose_gamma(self.acceptance.alpha, self.costs.c, self.costs.verify_cost,
                          self.max_gamma, self.margin)
         if g > 0:
-            self._zeros, self._interval = 0, self._probe_start
-            self._since_plain += 1
-            every = self.refresh if self.costs.samples(1) >= self.costs.window else 8
-            if self._since_plain > every:
-                self._since_plain = 0
-                return 0
-            return g
-        self._since_plain = 0
-        self._zeros += 1
-        if self._zeros >= self._interval:
-            self._zeros, self._interval = 0, self._interval * 2
-            return 1 if self.could_pay() else 0
-        return 0
+            return self._rounds.speculating(g, self.refresh if self.costs.samples(1) >= self.costs.window else 8)
+        return 1 if self._rounds.plain(self.could_pay) else 0      # a γ=1 probe where it could pay

@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Optional
 
 import numpy as np
 
+from edge.speculative.gamma_probes import ProbeSchedule
 from edge.speculative.verify import AcceptanceTracker, CostTracker, expected_tokens
 
 
@@ -228,7 +229,8 @@ class RemoteGamma:
     through the star) the probe is not a round: next_gamma() stays 0 and `probe` says how many
     drafts to ask for in the background; `observed()` then feeds what they would have accepted, so a
     prompt where the draft agrees little costs the target nothing to keep measuring.
-    While speculating, a plain step every `refresh` rounds keeps t1 measured.
+    While speculating, a plain step every `refresh` rounds keeps t1 measured. (The probes and
+    refresh steps: edge/speculative/gamma_probes.py, shared with AdaptiveGamma.)
     """
 
     MAX_P_MIN = 0.95                  # the strictest stop a target asks for
@@ -242,14 +244,12 @@ class RemoteGamma:
             raise ValueError(f"max_gamma must be >= 1 for adaptive γ, got {max_gamma!r}")
         self.max_gamma, self.margin, self.explore_alpha = max_gamma, margin, explore_alpha
         self.explore, self.explore_gamma = explore, explore_gamma
-        self.refresh, self.max_interval = refresh, max_interval
+        self.refresh = refresh
         self.waits = waits if waits is not None else RoundTrips()
         self.acceptance = acceptance or AcceptanceTracker()
         self.costs = costs or CostTracker()
         self._asked = 0
-        self._probe_start = self._interval = probe_start
-        self._zeros = 0
-        self._since_plain = 0
+        self._rounds = ProbeSchedule(probe_start, max_interval, quiet_growth=4)
         self.background, self.probe_gamma = background, min(max_gamma, probe_gamma)
         # stop_aware: price a round by the drafts the service sends and ask for the confidence stop
         # that suits this target (p_min()); False: as if all γ asked were sent, and the service's
@@ -330,21 +330,10 @@ class RemoteGamma:
             return 0                          # the unit of every cost
         g = self.choose(self.acceptance.alpha)
         if g > 0:
-            self._zeros, self._interval = 0, self._probe_start
-            self._since_plain += 1
-            every = self.refresh if self.costs.samples(1) >= 4 else 8
-            if self._since_plain > every:
-                self._since_plain = 0
-                return 0
-            return g
-        self._since_plain = 0
-        self._zeros += 1
-        if self._zeros >= self._interval:
-            pays = self.choose(self.explore_alpha) > 0
-            self._zeros = 0
-            self._interval = min(self._interval * 2, self.max_interval) if pays else self._interval * 4
-            if self.background:
-                self.probe = self.probe_gamma
-                return 0
-            return 1
-        return 0
+            return self._rounds.speculating(g, self.refresh if self.costs.samples(1) >= 4 else 8)
+        if self._rounds.plain(self.could_pay) is None:
+            return 0
+        if self.background:                   # a probe due: in the background, or a γ=1 round
+            self.probe = self.probe_gamma
+            return 0
+        return 1

@@ -28,7 +28,7 @@ for a suffix proposal, the model's sampled top-k otherwise).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Optional
 
 from edge.speculative.common_prefix import common_prefix
 from edge.wire.protocol import DraftRequest, DraftResponse, Error
@@ -88,38 +88,34 @@ class HybridDraftService(SuffixDraftService):
     def wake_in(self):
         return self.model.wake_in()          # a batch the model holds
 
-    # ---- the step ----
-    def step(self) -> List[Tuple[str, object]]:
-        taken = self._take()
-        for s, req, t_in in taken:
-            try:
-                self._context(s, req)
-            except DraftRefused as e:
-                self._reply(s.sid, Error(s.sid, req.seq, e.code, e.reason))
-                continue
-            s.sampling = req.sampling
-            self._score_last(s)
-            p = s.ctx.propose(req.gamma)
-            y = s.suffix_cal * p.score     # what the proposal is expected to yield, calibrated
-            if p.tokens and y >= self.min_score and (s.model_yield is None or y >= s.model_yield):
-                self.stats.count("hybrid_suffix")
-                s.answered = ("suffix", len(s.ctx.tokens), list(p.tokens), p.score)
-                self.answer(s, req.seq, _greedy(req), s.ctx.tokens, p.tokens, t_in)
-                self._behind[s.sid] = None
-                continue
-            self.stats.count("hybrid_model")
-            context, keep = _model_feed(s)
-            s.waiting = {req.seq: (context, t_in)}     # the model answers it within this step
-            self.model.submit(DraftRequest(s.sid, req.seq, keep, context[keep:], req.gamma, req.sampling,
-                                           req.background, req.p_min, req.grammar_id, req.grammar,
-                                           req.grammar_from))
-            self._behind.pop(s.sid, None)
-        if not taken and not self.model.has_work():
+    # ---- the step (SuffixDraftService.step: each request synced, then _draft; then _stepped) ----
+    def _draft(self, s, req: DraftRequest, t_in: float) -> None:
+        """The suffix proposal if it scores high enough, else a request to the model."""
+        s.sampling = req.sampling
+        self._score_last(s)
+        p = s.ctx.propose(req.gamma)
+        y = s.suffix_cal * p.score     # what the proposal is expected to yield, calibrated
+        if p.tokens and y >= self.min_score and (s.model_yield is None or y >= s.model_yield):
+            self.stats.count("hybrid_suffix")
+            s.answered = ("suffix", len(s.ctx.tokens), list(p.tokens), p.score)
+            self.answer(s, req.seq, _greedy(req), s.ctx.tokens, p.tokens, t_in)
+            self._behind[s.sid] = None
+            return
+        self.stats.count("hybrid_model")
+        context, keep = _model_feed(s)
+        s.waiting = {req.seq: (context, t_in)}     # the model answers it within this step
+        self.model.submit(DraftRequest(s.sid, req.seq, keep, context[keep:], req.gamma, req.sampling,
+                                       req.background, req.p_min, req.grammar_id, req.grammar,
+                                       req.grammar_from))
+        self._behind.pop(s.sid, None)
+
+    def _stepped(self, n: int, t0) -> None:
+        """The model's part: a catch-up in idle time, then its batch (the stats are the model's)."""
+        if not n and not self.model.has_work():
             self._sync_one()
         if self.model.has_work():
             for sid, msg in self.model.step():
                 self._from_model(sid, msg)
-        return self._replies()
 
     def _score_last(self, s) -> None:
         """Fold how many drafts of the last answer the target kept into that source's yield, the

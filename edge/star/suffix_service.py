@@ -76,23 +76,33 @@ class SuffixDraftService(DraftSessions):
         with self._lock:
             return bool(self._outbox or self._pending)
 
-    # ---- the core's step ----
+    # ---- the core's step (the hybrid's too: it overrides _draft and _stepped) ----
     def step(self) -> List[Tuple[str, object]]:
-        """Answer everything pending; returns the replies: (sid, DraftResponse | Error)."""
+        """Answer everything pending; returns the replies: (sid, DraftResponse | Error). Each
+        request's context is checked and synced first (a refusal is answered with its Error),
+        then drafted for (_draft); _stepped closes the step."""
         taken = self._take()
-        if taken:
-            t0 = self.clock()
-            for s, req, t_in in taken:
-                try:
-                    self._context(s, req)
-                except DraftRefused as e:
-                    self._reply(s.sid, Error(s.sid, req.seq, e.code, e.reason))
-                    continue
-                p = s.ctx.propose(req.gamma)
-                self.stats.count(f"proposed_{s.ctx.source}" if p.tokens else "proposed_none")
-                self.answer(s, req.seq, _greedy(req), s.ctx.tokens, p.tokens, t_in)
-            self.stats.add_batch(len(taken), 0, self.clock() - t0)
+        t0 = self.clock() if taken else None
+        for s, req, t_in in taken:
+            try:
+                self._context(s, req)
+            except DraftRefused as e:
+                self._reply(s.sid, Error(s.sid, req.seq, e.code, e.reason))
+                continue
+            self._draft(s, req, t_in)
+        self._stepped(len(taken), t0)
         return self._replies()
+
+    def _draft(self, s: _Session, req: DraftRequest, t_in: float) -> None:
+        """Answer a synced request: the suffix trees' proposal."""
+        p = s.ctx.propose(req.gamma)
+        self.stats.count(f"proposed_{s.ctx.source}" if p.tokens else "proposed_none")
+        self.answer(s, req.seq, _greedy(req), s.ctx.tokens, p.tokens, t_in)
+
+    def _stepped(self, n: int, t0: Optional[float]) -> None:
+        """After the step's `n` requests (taken at t0; None with none): the batch's account."""
+        if n:
+            self.stats.add_batch(n, 0, self.clock() - t0)
 
     def _context(self, s: _Session, req: DraftRequest) -> None:
         """Check the request and sync the session's trees to its context T = held[:keep] + append."""

@@ -9,6 +9,8 @@
 
 With --adapter lora the specialist is a prefill-only LoRA adapter over the frozen base
 (PEFT's adapter_config.json + adapter_model.safetensors + our manifest.json): megabytes, not a model.
+Its default learning rate is 1e-3, not the 2e-5 of a full prefill copy (or --full): on a new
+task a LoRA adapter at 2e-5 scored 0.000 after 60 steps, 0.958 at 1e-3. --lr sets either.
 
 Runs resume from their last checkpoint in --out; the saved manifest names the
 decoder fingerprint the specialist was tuned for (edge/sun/prefill.py puts it
@@ -26,6 +28,14 @@ from edge.model.lora.adapter import parse_targets
 from edge.model.lora.error import AdapterError
 from export.tune import TuneConfig, TuneError, build_decoder, save_decoder
 from export.tune import tune as run_tune
+
+FULL_LR = 2e-5          # a full prefill copy (SUN / QSUN) or --full
+LORA_LR = 1e-3          # a LoRA adapter: low-rank updates need a larger step to move at all
+
+
+def default_lr(adapter) -> float:
+    """The learning rate `tune` uses when --lr is not given: by what is trained."""
+    return LORA_LR if adapter == "lora" else FULL_LR
 
 
 @click.command("tune")
@@ -49,7 +59,8 @@ from export.tune import tune as run_tune
               help="linears the adapter applies to (q,k,v,o,gate,up,down or PEFT's names)")
 @click.option("--steps", default=600, show_default=True)
 @click.option("--batch-size", default=8, show_default=True)
-@click.option("--lr", default=2e-5, show_default=True)
+@click.option("--lr", type=float, default=None,
+              help=f"learning rate  [default: {LORA_LR:g} with --adapter lora, else {FULL_LR:g}]")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--eval-every", default=100, show_default=True)
 @click.option("--ckpt-every", default=50, show_default=True)
@@ -91,6 +102,8 @@ def tune(base, task, data, out, full, precision, init_dir, decoder_dir, adapter,
         exs = _examples(tok, [(r["prompt"], r["answer"]) for r in rows], True)
         train, ev, max_new, stops = exs[n_eval:], exs[:n_eval], 256, tuple(sorted(tok.eos_ids))
     train = [e for e in train if len(e.prompt) + len(e.answer) <= max_len]
+    click.echo(_start_line(src, task or data, full, adapter, precision, steps, lr, len(train)))
+    lr = default_lr(adapter) if lr is None else lr
     cfg = TuneConfig(mode="full" if full else "sun", decoder=precision, steps=steps, batch_size=batch_size,
                      lr=lr, seed=seed, eval_every=eval_every, ckpt_every=ckpt_every, max_new=max_new,
                      stop_ids=stops, threads=threads, warmup=min(50, steps // 10), adapter=adapter or "",
@@ -107,6 +120,15 @@ def tune(base, task, data, out, full, precision, init_dir, decoder_dir, adapter,
     except (TuneError, AdapterError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"saved {out} (decoder {res.decoder_fingerprint[:12]}, final {res.history[-1]})")
+
+
+def _start_line(src, on, full: bool, adapter, precision: str, steps: int, lr, n_train: int) -> str:
+    """What is tuned, how long and at which learning rate (and where that rate came from)."""
+    what = ("full fine-tuning" if full else
+            f"{'a LoRA adapter' if adapter else 'a prefill copy'} against the {precision} decoder")
+    rate = (f"lr {lr:g} (--lr)" if lr is not None else
+            f"lr {default_lr(adapter):g} (the default{' with --adapter ' + adapter if adapter else ''}; --lr sets it)")
+    return f"tuning {what} of {src} on {on}: {steps} steps, {rate}, {n_train} training examples"
 
 
 def _load_init(init_dir, model, lora: bool):

@@ -68,11 +68,14 @@ def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature,
         plain = generate_plain(target, ids, max_new, params, stop_ids=stops, on_token=streamer(tok))
         click.echo("")
         rows.append(("target alone", plain))
-    report(rows, greedy=temperature == 0)
+    from edge.speculative.speedup_note import speedup_note
+    why = speedup_note(spec, rows[1][1] if compare else None, drafter.policy if adaptive else None, gamma)
+    report(rows, greedy=temperature == 0, why=why)
     return rows
 
 
-def report(rows, greedy):
+def report(rows, greedy, why=None):
+    """The table of the runs, the speedup, and `why` (edge/speculative/speedup_note.py) when it did not pay."""
     spec = rows[0][1]
     click.echo(f"\n{'mode':<14}{'tokens':>8}{'tok/s':>9}{'accept':>9}{'tok/verify':>12}", err=True)
     for name, r in rows:
@@ -89,6 +92,8 @@ def report(rows, greedy):
             click.echo(f"greedy outputs agree on the first {same} of {n} tokens"
                        + ("" if same == n else " (fp32 near-tie: multi-token and one-token calls round differently)"),
                        err=True)
+    if why:
+        click.echo(why, err=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -29,10 +29,14 @@ class Drafter(ABC):
         (the draft's cost does not land on this device, or it is free)."""
         return None
 
+    policy = None                        # the γ policy gamma_policy() made last (what γ=auto measured)
+
     def gamma_policy(self, max_gamma: int):
         """The adaptive γ policy for this drafter (next_gamma(), .costs, .acceptance): by default
-        edge/speculative/local_gamma.py's, which prices the draft by its compute on this device."""
-        return AdaptiveGamma(max_gamma)
+        edge/speculative/local_gamma.py's, which prices the draft by its compute on this device.
+        It stays as `policy` after the run (edge/speculative/speedup_note.py reads its estimates)."""
+        self.policy = AdaptiveGamma(max_gamma)
+        return self.policy
 
     def observe(self, context: Sequence[int], gamma: int) -> Optional[Tuple[int, int]]:
         """At a plain step of adaptive γ: ask for `gamma` drafts after `context` in the background

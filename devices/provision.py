@@ -8,7 +8,8 @@ Over ssh (BatchMode: a key, no prompt), in steps (devices/steps.py): check the P
 board in recovery mode, the artifact against the profile's memory budget and the device
 (Python, architecture, disk, memory) -- nothing changes before these pass; then build the
 kit's wheel, push it and the artifact, install into a venv, write the agent's config and a
-systemd unit, enable and (re)start it, and wait until the agent has joined the hub. Each
+systemd unit, enable and (re)start it, and wait until the agent has joined the hub (a target:
+and its OpenAI endpoint answers on the device, devices/endpoint_wait.py). Each
 step compares hashes first: a second run changes nothing and says so. Flashing JetPack
 itself is NVIDIA's job (SDK Manager, l4t_initrd_flash.sh): see README, "Provisioning".
 """
@@ -88,12 +89,23 @@ def print_dry_run(p) -> None:
              + ["systemctl --user daemon-reload && systemctl --user enable starsun-agent.service",
                 f"loginctl enable-linger {user}   # a user unit starts at boot only so"]),
             ("the agent is running", ["systemctl --user restart starsun-agent.service   # when anything changed"]),
-            ("the agent has joined the hub", [f"watch {o.hub} for {o.role} {p.facts.host} (devices/join_wait.py)"])]
+            ("the agent has joined the hub", [f"watch {o.hub} for {o.role} {p.facts.host} (devices/join_wait.py)"]
+             + _endpoint_lines(p))]
     for i, (name, lines) in enumerate(show, 3):
         click.echo(f"[{i}/10] {name} (dry run):")
         for line in lines:
             click.echo(f"      {line}")
     click.echo(f"dry run: nothing was changed on {o.device} (the home is assumed to be {home})")
+
+
+def _endpoint_lines(p) -> list:
+    """What step 10 does after the join for an agent that serves the OpenAI endpoint (a target)."""
+    from devices.endpoint_wait import endpoint_url
+    url = endpoint_url(p.config_values())
+    if url is None:
+        return []
+    return [f"then on the device: {p.layout.venv}/bin/python GETs {url} until it answers, within --timeout "
+            "(devices/endpoint_wait.py)"]
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -130,8 +142,10 @@ def print_dry_run(p) -> None:
               "https://pypi.jetson-ai-lab.io/jp6/cu126)")
 @click.option("--device-python", default="python3", show_default=True, help="the device's interpreter (>= 3.10)")
 @click.option("--ssh-config", default=None, help="an ssh config file (ssh -F): port, key, known hosts")
-@click.option("--wait/--no-wait", default=True, show_default=True, help="wait until the agent has joined the hub")
-@click.option("--timeout", default=180.0, show_default=True, help="seconds to wait for the join")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="wait until the agent has joined the hub "
+              "(a target: and its OpenAI endpoint answers)")
+@click.option("--timeout", default=180.0, show_default=True, help="seconds to wait for the join (and a target's "
+              "OpenAI endpoint)")
 @click.option("--watch-broker", "watch_hub", default=None, help="the hub's broker as this PC reaches it (default: --broker)")
 @click.option("--watch-username", default=None, help="broker user for the PC's join watch (an ACL'd hub)")
 @click.option("--watch-password-file", default=None, help="its password file")

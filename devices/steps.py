@@ -9,6 +9,7 @@ import hashlib
 import shlex
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -19,6 +20,7 @@ from devices import agent_files as files
 from devices import gpu_confirm
 from devices.artifact_check import Artifact, check_artifact
 from devices.device_checks import FLASH_HELP, DeviceFacts, check_facts, probe_script, recovery_boards
+from devices.endpoint_wait import endpoint_url, wait_answers
 from devices.install_recipe import build_wheel, check_command, describe_size, install_commands, venv_size_command
 from devices.remote import Remote, changed_files, local_files, sha256_file
 
@@ -310,6 +312,19 @@ class Provisioning:
         return what
 
     def wait_joined(self) -> str:
+        """The agent has joined the hub and, for a target, its OpenAI endpoint answers on the device
+        (devices/endpoint_wait.py: a client's request between the two would be refused); both
+        within --timeout (at least 5 s for the endpoint)."""
+        end = time.monotonic() + self.o.timeout
+        joined = self._joined()
+        url = endpoint_url(self.config_values()) if self.watch is not None else None
+        if url is None:
+            return joined
+        left = max(5.0, end - time.monotonic())
+        self.echo(f"      waiting up to {left:.0f} s for the OpenAI endpoint on the device (GET {url})")
+        return f"{joined}; {wait_answers(self.remote, self.layout.venv + '/bin/python', url, left)}"
+
+    def _joined(self) -> str:
         if self.watch is None:
             return "not waited for (--no-wait)"
         try:

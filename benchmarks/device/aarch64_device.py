@@ -18,8 +18,12 @@ Steps (each prints its progress and time):
  5. the x86 reference: a target on this machine, same bundle, same hub, one greedy request;
  6. `make flash-jetson` of a target to the root (profile cpu-2core, --backend onnx, --deps pypi:
     the device's pip fetches aarch64 wheels); no systemd runs there, so the script starts the
-    unit's ExecStart over ssh when step 9 of provisioning says so, and provisioning waits for the join;
- 7. the same greedy request to the device's OpenAI endpoint; the texts compared;
+    unit's ExecStart over ssh when step 9 of provisioning says so, and provisioning waits for the
+    join and then, on the device over the same ssh, until the target's OpenAI endpoint answers
+    (devices/endpoint_wait.py: under qemu the agent opens it long after it joins, and a request
+    in between was refused);
+ 7. the same greedy request to the device's OpenAI endpoint (once step 6 saw it answer); the
+    texts compared;
  8. the wheels pip chose on the device (each dist-info's WHEEL tag) and the venv's size.
 Everything started is stopped, and everything mounted unmounted, even on failure or Ctrl-C.
 Writes <out>.json and <out>.md (default /var/tmp/starsun-aarch64/result).
@@ -150,6 +154,8 @@ def flash(root: Arm64Root, bundle: Path, hub_url: str, http_port: int, join_time
         log = (root.home / "starsun/agent.log")
         raise RuntimeError("make flash-jetson failed" + (f"; the agent's log:\n{log.read_text()[-3000:]}"
                                                          if log.is_file() else ""))
+    if f"its OpenAI endpoint answers on the device: GET http://127.0.0.1:{http_port}/" not in prov.out:
+        raise RuntimeError(f"make flash-jetson ended without seeing the endpoint on :{http_port} answer")
     return prov
 
 
@@ -220,7 +226,7 @@ class Run:
                                                               self.agents))
         r["venv"] = next(iter(re.findall(r"the venv takes \d+ MiB", prov.out)), "not reported")
         r["flash_output"] = [ln for ln in prov.out.splitlines() if re.match(r"\s*(\[\d+/10\]|\(|.*provisioned)", ln)
-                             or "MiB" in ln or "joined" in ln]
+                             or "MiB" in ln or "joined" in ln or "OpenAI endpoint" in ln]
         r["aarch64"] = self.step("aarch64 greedy request", lambda: chat(http_port, a.max_tokens, a.request_timeout))
         r["same_text"] = r["aarch64"]["text"] == r["x86"]["text"]
         r["wheels"] = self.step("wheels on the device", lambda: chosen_wheels(root))
@@ -241,7 +247,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=WORK, help="the root, keys and bundle live here (not the repo)")
     ap.add_argument("--max-tokens", type=int, default=24)
-    ap.add_argument("--join-timeout", type=float, default=1800, help="seconds provisioning waits for the join")
+    ap.add_argument("--join-timeout", type=float, default=1800, help="seconds provisioning waits for the join "
+                    "and the endpoint (its --timeout)")
     ap.add_argument("--request-timeout", type=float, default=1800, help="seconds for the device's answer")
     ap.add_argument("--fresh", action="store_true", help="delete a root left by an earlier run first (its venv "
                     "and pip cache too): everything from debootstrap on, as a new device")

@@ -173,8 +173,9 @@ def test_a_target_is_provisioned_and_joins_a_hub_that_drafts(device, wheel, smol
     engine, tok = open_model(str(smol), backend="llamacpp", max_len=512)
     hub = Hub(broker_url=mosquitto.url, hub_id="flashstar", draft_engine=engine, tokenizer_fp=tok.fingerprint(),
               status_every=0.5).start()
+    port = free_port()
     args = _args(device, wheel, hub.url, "--role", "target", "--model", str(smol), "--client-id", "flash-target",
-                 "--max-len", "256", "--set", f"http_port={free_port()}", "--set", "threads=1")
+                 "--max-len", "256", "--set", f"http_port={port}", "--set", "threads=1")
     prov = Provision(args)
     unit = device.home / ".config/systemd/user/starsun-agent.service"
     agent = None
@@ -186,6 +187,9 @@ def test_a_target_is_provisioned_and_joins_a_hub_that_drafts(device, wheel, smol
         out = prov.finish()
         assert prov.proc.returncode == 0, out
         assert "target flash-target joined the star: session" in out and "drafted by flashstar-draft" in out, out
+        # step 10 ends when the endpoint answers on the device, not at the join (issue 43)
+        assert f"for the OpenAI endpoint on the device (GET http://127.0.0.1:{port}/v1/models)" in out, out
+        assert f"its OpenAI endpoint answers on the device: GET http://127.0.0.1:{port}/v1/models lists " in out, out
         assert 'role = "target"' in (device.home / "starsun/agent.toml").read_text()
     finally:
         prov.kill()
@@ -261,6 +265,7 @@ def test_dry_run_prints_each_step_and_contacts_nothing(smol):
     assert "du -sk /home/nvidia/starsun/venv" in out                    # the install size, reported
     assert "loginctl enable-linger nvidia" in out and "--system-site-packages" in out
     assert f'model = "/home/nvidia/starsun/artifacts/{smol.name}"' in out
+    assert "GETs http://127.0.0.1:8000/v1/models until it answers" in out     # a target: step 10 waits for it
     assert "dry run: nothing was changed on nvidia@jetson.invalid" in out
 
 

@@ -222,3 +222,53 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(name)
         if {"mosquitto", "mosquitto_acl", "embedded_broker"} & set(getattr(item, "fixturenames", ())):
             item.add_marker("broker")
+
+
+# --- the kit reads nothing outside its own tree (tests/unit/test_self_contained.py) ---------------
+# An audit hook records every `open` of a path inside the checkout's sibling `shared` folder (where
+# the design notes lived before docs/ had them); the session then fails if anything was recorded.
+# This process only: the roles a test starts as subprocesses are covered by the git grep test.
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+
+
+class SharedOpens:
+    """An audit hook: the paths opened inside `root` (resolved, so a symlink into it counts too)."""
+
+    def __init__(self, root) -> None:
+        self.root = _os.path.realpath(root)
+        self.opened: list[str] = []
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if event != "open" or not args or isinstance(args[0], int):
+            return
+        try:
+            path = _os.path.realpath(_os.fsdecode(args[0]))
+        except Exception:  # noqa: BLE001 -- an audit hook must never break the open it watches
+            return
+        if path == self.root or path.startswith(self.root + _os.sep):
+            self.opened.append(path)
+
+
+_SHARED_OPENS = SharedOpens(_Path(__file__).resolve().parents[1].parent / "shared")
+_sys.addaudithook(_SHARED_OPENS)
+
+
+@pytest.fixture
+def shared_opens():
+    """The session's recorder (its class makes a fresh one for a test of the hook itself)."""
+    return _SHARED_OPENS
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _SHARED_OPENS.opened:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"the kit opened files outside its tree (under {_SHARED_OPENS.root}):",
+                 *sorted(set(_SHARED_OPENS.opened))[:20]]
+        if tr is not None:
+            tr.ensure_newline()
+            for line in lines:
+                tr.write_line(line, red=True)
+        else:
+            print("\n".join(lines), file=_sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

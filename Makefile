@@ -54,7 +54,7 @@ demo: install llama
 	$(BIN)/edge-hub demo
 	$(BIN)/edge-hub demo-sun
 
-# the services the tests need (a real Mosquitto)
+# the services the tests need: Mosquitto, RabbitMQ, sshd, rsync, iproute2 (network namespaces; root)
 system-test:
 	bash scripts/ensure_system.sh mosquitto rabbitmq ssh sshd rsync netns
 

@@ -6,7 +6,7 @@ Run each from the repository root as a module; `python -m benchmarks` lists them
     .venv/bin/python -m benchmarks.star.protocol_overhead --help    # one script's options
 
     engines/  one engine on this machine: backends x precisions, the torch engine's costs, the AMX fix
-    spec/     speculative decoding on one machine and against the peers (local, llama.cpp's own, suffix)
+    speculative/ speculative decoding on one machine and against the peers (local, llama.cpp's own, suffix)
     star/     StarSD: the two-device star, scaling to N targets, draft formats and switches, overhead
     sun/      SUN / QSUN: accuracy, shared vs isolated decode pools, int4 decoder speed
     device/   one report per device profile, and the memory planner against measured peak RSS

@@ -5,7 +5,7 @@ Packages by concern, lowest layer first (the import-linter contracts in pyprojec
     wire/       the star's wire format: messages, envelope + HMAC, topics, the MQTT / in-memory link
     model/      model files: the transformer, checkpoints, tokenizers, KV blobs, fetched models
     engines/    the Engine interface and its backends (torch, onnxruntime, llama.cpp)
-    spec/       speculative decoding: sampling, the lossless verify math, drafters, local generation, γ policies
+    speculative/ speculative decoding: sampling, the lossless verify math, drafters, local generation, γ policies
     runtime/    the one engine loop and the node base every networked role runs on
     star/       StarSD roles: the draft service (model, suffix, hybrid), its node, the target
     sun/        SUN roles: prefill workers, the shared decoder, the client

@@ -4,7 +4,7 @@
 
 The raw KV is [layers, 2 (k/v), kv_heads, length, head_dim] in the header's dtype
 (float16 by default). The format lives here, in numpy only, because the llama.cpp and
-onnxruntime engines write and read blobs and must not import torch (~0.3-0.4 GB of RSS);
+onnxruntime engines write and read blobs and must not import torch (~0.2 GB of RSS);
 edge/model/kv.py's SequenceKV (the torch cache) frames its bytes with the same functions.
 bfloat16 has no numpy dtype: it is float32's upper 16 bits, rounded to nearest even as
 torch rounds it.

@@ -5,7 +5,7 @@ hybrid_service.py (model-free and mixed cores), draft_kinds.py (which core a ser
 draft_node.py (a core on the star), draft_sessions.py / draft_chain.py / draft_limits.py /
 draft_stats.py / batch_hold.py (its state, limits, accounting and batching).
 Target side: target.py (`StarTarget`), remote_drafter.py (a hub session as a Drafter; its round
-state and counters in remote_round.py), session.py.
+state and counters in remote_round.py), hub_client.py.
 
 May import: edge.runtime and below. Not edge.sun.
 """

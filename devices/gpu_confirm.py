@@ -18,13 +18,6 @@ _LOADED = re.compile(r"^loaded .*?: (?P<where>.*)$", re.M)
 _REFUSED = re.compile(r"^Error: (?P<why>(--accelerator cuda|--gpu-layers).*)$", re.M)
 
 
-def backend_of(backend: Optional[str], artifact: str) -> str:
-    """The backend the agent will run (config `backend`, or what `auto` makes of the file)."""
-    if backend and backend != "auto":
-        return backend
-    return "llamacpp" if artifact.endswith(".gguf") else "onnx" if artifact.endswith(".onnx") else "torch"
-
-
 def placement_values(profile, backend: str) -> dict:
     """The config keys of the placement a profile asks for (profile: devices.profile.DeviceProfile)."""
     if profile.kind not in GPU_KINDS:

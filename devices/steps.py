@@ -222,7 +222,7 @@ class Provisioning:
         tls_dir = f"{cred}/tls" if o.tls_files else None
         values = {"role": o.role, "broker": o.hub, "client_id": self.client_id,
                   ("module" if o.role in ("prefill", "decoder") else "model"): self._artifact_remote(),
-                  "backend": None if self.artifact.backend == "auto" else self.artifact.backend,
+                  "backend": self.artifact.backend,
                   "profile": o.profile.name, "memory_budget": o.memory_budget, "max_len": o.max_len,
                   "max_sessions": o.max_sessions if o.role == "draft" else None,
                   "max_batch": o.max_batch if o.role == "decoder" else None,
@@ -234,7 +234,8 @@ class Provisioning:
         return {**values, **placement, **o.extra}
 
     def _backend(self) -> str:
-        return gpu_confirm.backend_of(self.artifact.backend, str(self._artifact_remote()))
+        """What the agent runs: resolved by check_artifact with the agent's own `auto` rule."""
+        return self.artifact.backend
 
     def _write_if_changed(self, path: str, text: str, what: str, sudo: bool = False) -> bool:
         data = text.encode()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -19,8 +20,8 @@ from edge.cli.options import (verbose_option, apply, backend_option, credential_
                               keepalive_option,
                               model_options, stop_ids_option, telemetry_options, tls_dir_option)
 from edge.cli.sections import BROKER, DRAFT, HUB, SUN, SectionedCommand, option
-from edge.cli.startup import (build_draft, leave_on_sigterm, open_model_for_command, start_telemetry_for_command,
-                              wait_for_signal)
+from edge.cli.startup import (build_draft, leave_on_sigterm, open_model_for_command, resolve_for_command,
+                              start_telemetry_for_command, wait_for_signal)
 from edge.sun.worker_limits import DEFAULT_MAX_SEQUENCES
 from server.hub_config import HubConfig, hub_config_from, hub_config_option
 
@@ -131,10 +132,12 @@ def _make_hub(cfg: HubConfig):
     decoder = _sun_decoder(cfg)
     core, tok = None, None
     if cfg.draft is not None:
-        core, tok = build_draft(cfg.draft, f"{cfg.hub_id}-draft",
-                                lambda: open_model_for_command(cfg.draft.model, cfg.dtype, cfg.threads, cfg.max_len,
-                                                               cfg.draft_backend, device=cfg.device,
-                                                               gpu_layers=cfg.gpu_layers))
+        # resolved once here (a suffix draft reads only its tokenizer: any of a bundle's artifacts names it)
+        model = resolve_for_command(cfg.draft.model, cfg.draft_backend,
+                                    None if cfg.draft.kind == "suffix" else "draft")
+        core, tok = build_draft(replace(cfg.draft, model=model), f"{cfg.hub_id}-draft",
+                                lambda: open_model_for_command(model, cfg.dtype, cfg.threads, cfg.max_len,
+                                                               device=cfg.device, gpu_layers=cfg.gpu_layers))
     else:
         click.echo("no --draft-model: this hub only routes to draft services on devices "
                    "(`edge-agent run --role draft`)", err=True)
@@ -153,10 +156,13 @@ def _make_hub(cfg: HubConfig):
 def _sun_tokenizer(cfg: HubConfig):
     if not cfg.sun.http_port:
         return None
-    from edge.model.checkpoint_files import CheckpointError, load_tokenizer
+    from edge.engines.base import EngineError
+    from edge.engines.loader import open_tokenizer
+    from edge.model.checkpoint_files import CheckpointError
+    from edge.model.resolved import resolve
     try:
-        return load_tokenizer(cfg.sun.tokenizer)     # a model name or a path
-    except CheckpointError as e:
+        return open_tokenizer(resolve(cfg.sun.tokenizer))     # a model name or a path
+    except (CheckpointError, EngineError) as e:
         raise click.ClickException(f"--sun-tokenizer {cfg.sun.tokenizer}: {e}") from None
 
 
@@ -168,10 +174,13 @@ def _sun_decoder(cfg: HubConfig):
     from edge.model.sun_error import SunError
     from edge.cli.placing import place_model
     from edge.sun.decoder import SharedDecoder
-    placement = place_model(sun.decoder_dir, sun.backend, "decoder", cfg.device, cfg.gpu_layers)
+    # resolved here: --sun-backend auto becomes the bundle's decoder artifact (llama.cpp: the decoder sizes
+    # its context's sequences for it) or torch for a tuned directory
+    model = resolve_for_command(sun.decoder_dir, sun.backend, "decoder")
+    placement = place_model(model, cfg.device, cfg.gpu_layers)
     try:
-        decoder = SharedDecoder.from_dir(sun.decoder_dir, threads=cfg.threads, max_batch=sun.max_batch,
-                                         stop_ids=sun.stop_ids, name=f"{cfg.hub_id}-decoder", backend=sun.backend,
+        decoder = SharedDecoder.from_dir(model, threads=cfg.threads, max_batch=sun.max_batch,
+                                         stop_ids=sun.stop_ids, name=f"{cfg.hub_id}-decoder", backend=model.backend,
                                          max_sequences=sun.max_sequences, engine_kw=placement.engine_kwargs())
     except (SunError, OSError, EngineError) as e:
         raise click.ClickException(f"--sun-decoder {sun.decoder_dir}: {e}") from None

@@ -46,6 +46,7 @@ def plan(profile, max_len: int) -> list:
     """Each candidate against the profile's usable memory, as `edge-agent plan` computes it."""
     from edge.model.fetch import model_path
     from edge.cli.plan_command import make_plan
+    from edge.model.resolved import resolve
     budget = int(profile.usable_memory_gb * GB)
     # the profile's first backend family ("llamacpp-cuda" is llama.cpp; the accelerator is the build's)
     backend = next((b.split("-")[0] for b in profile.backends if b.split("-")[0] in CONFIG_OF_BACKEND), "torch")
@@ -56,7 +57,7 @@ def plan(profile, max_len: int) -> list:
             rows.append({**row, "fits": False, "why": "not fetched (make models)"})
             continue
         try:
-            f, e = make_plan(role, model, budget, backend, max_len, max_batch=16, max_sessions=16)
+            f, e = make_plan(role, resolve(model, backend, role), budget, max_len, max_batch=16, max_sessions=16)
         except Exception as exc:  # a model the planner cannot size is reported, not fatal
             rows.append({**row, "fits": False, "why": str(exc)[:200]})
             continue

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
 from edge.cli.options import adaptive_refusal, apply, backend_option, gamma_option, model_options, verbose_option
 from edge.cli.sections import GENERATION, MODEL, SectionedCommand, option
-from edge.cli.startup import open_model_for_command
+from edge.cli.startup import open_model_for_command, resolve_for_command
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
@@ -25,33 +24,38 @@ def streamer(tokenizer):
     return on_token
 
 
-def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature, top_k, top_p,
+def run_generation(target_ref, draft_ref, prompt, gamma, max_new, temperature, top_k, top_p,
                    seed, chat, compare, dtype, threads, max_len, backend="auto",
                    draft_backend=None, draft_top_k=64, device="auto", gpu_layers=None):
     """gamma: (γ, adaptive) as --gamma reads it: the fixed γ, or the largest one a policy picks from.
+    draft_ref None: a fetched model with the target's tokenizer (default_draft).
     device / gpu_layers: where both models run (edge/engines/placement.py)."""
     from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
     from edge.speculative.ngram import NgramDrafter
     from edge.speculative.sampling import SamplingParams
 
     gamma, adaptive = gamma
-    target, tok = open_model_for_command(target_spec, dtype, threads, max_len, backend, device=device,
-                                         gpu_layers=gpu_layers)
+    target_model = resolve_for_command(target_ref, backend, "target")
+    target, tok = open_model_for_command(target_model, dtype, threads, max_len, device=device, gpu_layers=gpu_layers)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    if draft_spec == "ngram":
+    draft_tok = None
+    if draft_ref is None:
+        draft_ref, draft_tok = default_draft(target_model, tok)
+    if draft_ref == "ngram":
         drafter, draft_name = NgramDrafter(), "n-gram prompt lookup"
-    elif draft_spec == "suffix":
+    elif draft_ref == "suffix":
         from edge.speculative.suffix_drafter import SuffixDrafter
         drafter, draft_name = SuffixDrafter(), "suffix trees (prompt + output)"
     else:
-        draft, dtok = open_model_for_command(draft_spec, dtype, threads, max_len, draft_backend or backend,
-                                             device=device, gpu_layers=gpu_layers)
+        draft_model = resolve_for_command(draft_ref, draft_backend or backend, "draft")
+        draft, dtok = open_model_for_command(draft_model, dtype, threads, max_len, device=device,
+                                             gpu_layers=gpu_layers, tokenizer=draft_tok)
         if dtok.fingerprint() != tok.fingerprint():
             raise click.ClickException(
                 "draft and target use different tokenizers (fingerprints "
                 f"{dtok.fingerprint()[:12]} vs {tok.fingerprint()[:12]}); speculative decoding "
                 "needs the same vocabulary: pick a draft from the target's family")
-        drafter, draft_name = ModelDrafter(draft, params, top_k=draft_top_k), Path(draft_spec).name
+        drafter, draft_name = ModelDrafter(draft, params, top_k=draft_top_k), draft_model.name
     text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     ids = tok.encode(text)
     if len(ids) + max_new > target.max_len:
@@ -72,6 +76,34 @@ def run_generation(target_spec, draft_spec, prompt, gamma, max_new, temperature,
     why = speedup_note(spec, rows[1][1] if compare else None, drafter.policy if adaptive else None, gamma)
     report(rows, greedy=temperature == 0, why=why)
     return rows
+
+
+def default_draft(target, tok) -> tuple:
+    """(name, its tokenizer) of the draft `generate` uses when --draft is not given: the smallest
+    model of edge.model.fetch that is fetched, smaller than the target and has its tokenizer (the
+    same fingerprint); else ('ngram', None): prompt lookup, no model. Said on stderr."""
+    from edge.engines.base import EngineError
+    from edge.engines.loader import open_tokenizer
+    from edge.model.checkpoint_files import CheckpointError
+    from edge.model.fetch import MODELS, model_path
+    from edge.model.resolved import resolve
+    fp, vocab = tok.fingerprint(), target.shape.vocab
+    for size, name in sorted((MODELS[n].size, n) for n in MODELS):
+        p = model_path(name)
+        if not p.is_file() or p.resolve() == target.path.resolve() or size >= target.shape.stored_bytes:
+            continue
+        try:
+            cand = resolve(name, role="draft")
+            dtok = open_tokenizer(cand) if cand.shape.vocab == vocab else None
+            if dtok is not None and dtok.fingerprint() == fp:
+                click.echo(f"draft: {name}, the smallest fetched model with {target.name}'s tokenizer "
+                           "(--draft names another)", err=True)
+                return name, dtok
+        except (CheckpointError, EngineError, OSError):
+            continue                      # an unreadable file is no candidate
+    click.echo(f"draft: n-gram prompt lookup: no fetched model smaller than {target.name} has its tokenizer "
+               "(name a draft of its family with --draft MODEL, or --draft suffix)", err=True)
+    return "ngram", None
 
 
 def report(rows, greedy, why=None):
@@ -127,8 +159,10 @@ def generation_options(f):
 @main.command(cls=SectionedCommand)
 @click.argument("prompt")
 @option(MODEL, "--target", "-T", default=DEFAULT_TARGET, show_default=True, help="model name or path")
-@option(MODEL, "--draft", "-D", default=DEFAULT_DRAFT, show_default=True,
-        help="draft model name/path, 'ngram' for prompt lookup or 'suffix' for suffix trees (no model)")
+@option(MODEL, "--draft", "-D", default=None,
+        help="draft model name/path, 'ngram' for prompt lookup or 'suffix' for suffix trees (no model); "
+             f"default: the smallest fetched model with the target's tokenizer ({DEFAULT_DRAFT} for "
+             f"{DEFAULT_TARGET}), else ngram")
 @generation_options
 def generate(prompt, target, draft, **kw):
     """Generate from PROMPT with a draft and a target on this machine."""

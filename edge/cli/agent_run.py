@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import click
@@ -32,7 +32,8 @@ from edge.cli.options import (verbose_option, CLIENT_TLS_HELP, BrokerAccess, bac
                               model_options, read_ctl_key, stop_ids_option, telemetry_options, tls_dir_option)
 from edge.cli.plan_command import check_before_load, memory_options
 from edge.cli.sections import ROLE, SUN, TARGET, SectionedCommand, option
-from edge.cli.startup import DraftSetup, TelemetrySettings, build_draft, open_model_for_command
+from edge.cli.startup import (DraftSetup, TelemetrySettings, build_draft, open_model_for_command,
+                              resolve_for_command)
 from edge.sun.worker_limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
 
 SUN_ROLES = ("prefill", "decoder")
@@ -183,49 +184,46 @@ def _adapter_pairs(role: str, given) -> tuple:
 
 
 def start_role(cfg: AgentConfig) -> None:
-    """The factory of `edge-agent run`: load what cfg.role needs (a role that does not fit its
-    memory budget is refused first), then run it on the star until a signal."""
+    """The factory of `edge-agent run`: resolve the role's model (once: everything below takes the
+    ResolvedModel), load what cfg.role needs (a role that does not fit its memory budget is
+    refused first), then run it on the star until a signal."""
     m = cfg.model
     if cfg.role in SUN_ROLES:             # the module dir carries its own model
         from edge.cli.placing import place_model
-        from edge.sun.adapter_prefill import listed_tasks
-        adapters = cfg.role == "prefill" and (cfg.sun.adapters or listed_tasks(m.module_dir))
-        plan_role = "decoder" if adapters else cfg.role     # with adapters the base is the decoder's artifact
-        backend = sun_backend(m.module_dir, m.backend, plan_role)
-        placement = place_model(m.module_dir, backend, plan_role, m.device, m.gpu_layers, m.profile)
-        check_before_load(plan_role, m.module_dir, backend, None, m.profile, m.memory_budget,
-                          max_batch=cfg.sun.max_batch, placement=placement)
-        run_sun(cfg.role, cfg.broker.link(), m.module_dir, cfg.client_id, cfg.sun, m.threads, backend,
+        model = resolve_for_command(m.module_dir, m.backend, role_of=lambda base: sun_role(cfg, base))
+        placement = place_model(model, m.device, m.gpu_layers, m.profile)
+        check_before_load(model.role, model, None, m.profile, m.memory_budget, max_batch=cfg.sun.max_batch,
+                          placement=placement)
+        run_sun(cfg.role, cfg.broker.link(), model, cfg.client_id, cfg.sun, m.threads, model.backend,
                 cfg.ctl_key, cfg.telemetry, engine_kw=placement.engine_kwargs())
     elif cfg.role == "draft":
-        core, tok = build_draft(cfg.draft, cfg.client_id, lambda: _open_planned(cfg))
+        # a suffix draft reads only the model's tokenizer: any of a bundle's artifacts names it
+        model = resolve_for_command(m.model, m.backend, None if cfg.draft.kind == "suffix" else "draft")
+        core, tok = build_draft(replace(cfg.draft, model=model), cfg.client_id, lambda: _open_planned(cfg, model))
         run_draft(core, tok, cfg.broker.link(), cfg.client_id, cfg.ctl_key, cfg.telemetry)
     else:
-        engine, tok = _open_planned(cfg)
-        run_target(engine, tok, cfg.broker.link(), cfg.client_id, m.model, cfg.target, cfg.telemetry,
+        model = resolve_for_command(m.model, m.backend, cfg.role)
+        engine, tok = _open_planned(cfg, model)
+        run_target(engine, tok, cfg.broker.link(), cfg.client_id, model.name, cfg.target, cfg.telemetry,
                    cfg.ctl_key)
 
 
-def sun_backend(module_dir: str, backend: str, role: str) -> str:
-    """What `auto` means for a SUN worker: a bundle runs its artifact for the role (onnx or
-    llama.cpp; a prefill worker over adapters runs the base, the decoder's artifact); a directory
-    written by `edge-export tune` is a torch checkpoint."""
-    if backend != "auto":
-        return backend
-    from pathlib import Path
-    from edge.engines.loader import resolve_backend
-    from edge.model.bundle_manifest import is_bundle
-    return resolve_backend(module_dir, "auto", role) if is_bundle(Path(module_dir)) else "torch"
+def sun_role(cfg: AgentConfig, module) -> str:
+    """The role whose artifact a SUN worker runs: a prefill worker over adapters (--adapter, or a
+    bundle whose manifest lists them) runs the base, the decoder's artifact."""
+    from edge.sun.adapter_prefill import listed_tasks
+    if cfg.role == "prefill" and (cfg.sun.adapters or listed_tasks(module)):
+        return "decoder"
+    return cfg.role
 
 
-def _open_planned(cfg: AgentConfig):
-    """The role's model, placed (edge/cli/placing.py: the start line says where and why), then
-    opened with what its memory plan counted on that placement (and refused if it does not fit)."""
+def _open_planned(cfg: AgentConfig, model):
+    """The role's ResolvedModel, placed (edge/cli/placing.py: the start line says where and why),
+    then opened with what its memory plan counted on that placement (and refused if it does not fit)."""
     from edge.cli.placing import place_model
     m, limits = cfg.model, cfg.draft.limits if cfg.draft else None
-    placement = place_model(m.model, m.backend, cfg.role, m.device, m.gpu_layers, m.profile)
-    engine_kw = check_before_load(cfg.role, m.model, placement.backend, m.max_len, m.profile, m.memory_budget,
+    placement = place_model(model, m.device, m.gpu_layers, m.profile)
+    engine_kw = check_before_load(cfg.role, model, m.max_len, m.profile, m.memory_budget,
                                   dtype=m.dtype, max_sessions=limits.max_sessions if limits else 64,
                                   max_kv_mb=limits.max_kv_mb if limits else 1024.0, placement=placement)
-    return open_model_for_command(m.model, m.dtype, m.threads, m.max_len, placement.backend, role=cfg.role,
-                                  placement=placement, **engine_kw)
+    return open_model_for_command(model, m.dtype, m.threads, m.max_len, placement=placement, **engine_kw)

@@ -2,8 +2,9 @@
 (edge/engines/placement.py) from --accelerator / --gpu-layers, the --profile and the installed
 runtime, with its warnings and refusals shown the way a command shows errors.
 
-The start line (`placement: ...`, then `loaded ...: <where>` once the engine says where it put
-the model) is what provisioning reads to confirm a Jetson decodes on its GPU.
+The start line (`placement: ...; backend: <why that backend>`, then `loaded ...: <where>` once
+the engine says where it put the model) is what provisioning reads to confirm a Jetson decodes
+on its GPU.
 """
 from __future__ import annotations
 
@@ -24,20 +25,18 @@ def profile_facts(profile: Optional[str]):
     return DeviceFacts.from_profile(load_device(profile))
 
 
-def place_model(spec, backend: str = "auto", role: Optional[str] = None, device: str = "auto",
-                gpu_layers=None, profile: Optional[str] = None, caps=None):
-    """The Placement of `spec` on `backend` (auto: as the loader resolves it), shown on stderr;
-    a request the runtime cannot honour is a click error naming the fix. caps: injected
+def place_model(model, device: str = "auto", gpu_layers=None, profile: Optional[str] = None, caps=None):
+    """The Placement of a ResolvedModel on its backend, shown on stderr with why that backend; a
+    request the runtime cannot honour is a click error naming the fix. caps: injected
     capabilities (tests); None asks the installed runtime."""
     from edge.engines.base import EngineError
-    from edge.engines.loader import resolve_backend
     from edge.engines.placement import decide_placement, parse_gpu_layers
     try:
-        b = resolve_backend(spec, backend, role)
-        p = decide_placement(b, device or "auto", parse_gpu_layers(gpu_layers), profile_facts(profile), caps)
-    except EngineError as e:           # PlacementError, ModelNotFound, BundleError: each says what to do
+        p = decide_placement(model.backend, device or "auto", parse_gpu_layers(gpu_layers), profile_facts(profile),
+                             caps)
+    except EngineError as e:           # PlacementError: it says what to do
         raise click.ClickException(str(e)) from None
     for w in p.warnings:
         click.echo(f"warning: {w}", err=True)
-    click.echo(START_LINE + p.describe(), err=True)
+    click.echo(START_LINE + p.describe() + f"; backend: {model.reason}", err=True)
     return p

@@ -53,26 +53,19 @@ def load_device(name: str):
         raise click.BadParameter(str(e), param_hint="--profile") from None
 
 
-def _backend_for(shape, backend: str) -> str:
-    """`auto` as the loader resolves it: a GGUF runs on llama.cpp, an .onnx on onnxruntime, else torch."""
-    if backend != "auto":
-        return backend
-    return "llamacpp" if shape.path.endswith(".gguf") else "onnx" if shape.path.endswith(".onnx") else "torch"
-
-
-def make_plan(role: str, spec: str, budget: Optional[int], backend: str = "auto", max_len: Optional[int] = None,
+def make_plan(role: str, model, budget: Optional[int], max_len: Optional[int] = None,
               max_batch: int = 64, max_sessions: int = 64, dtype: str = "float32", gamma: int = 4,
               max_kv_mb: Optional[float] = None, adapters: Optional[tuple] = None):
-    """(Fit or None without a budget, Estimate) for a role as `edge-agent run` would load it;
-    adapters = (count, rank, targets, itemsize) of the LoRA specialists a prefill worker holds."""
+    """(Fit or None without a budget, Estimate) for a role as `edge-agent run` would load the
+    ResolvedModel `model` (on its backend); adapters = (count, rank, targets, itemsize) of the
+    LoRA specialists a prefill worker holds."""
     from edge.engines.base import EngineError
     from edge.memory.fit import estimate
-    from edge.memory.model_shape import read_shape
     try:
-        shape = read_shape(spec, role=role, backend=None if backend == "auto" else backend)
+        shape = model.shape
     except (EngineError, OSError, ValueError) as e:
-        raise click.ClickException(f"cannot size {spec}: {e}") from None
-    b = _backend_for(shape, backend)
+        raise click.ClickException(f"cannot size {model.ref}: {e}") from None
+    b = model.backend
     if max_len is None:
         max_len = _SUN_CTX.get(b, shape.max_position) if role in ("prefill", "decoder") else _DEFAULT_CTX
     w = Workload(role, b, int(max_len), role_sequences(role, b, max_sessions, max_batch), dtype=dtype,
@@ -102,13 +95,13 @@ def _adapters_bytes(shape, role: str, adapters: Optional[tuple]) -> int:
         raise click.BadParameter(str(e), param_hint="--adapter-rank / --adapter-targets") from None
 
 
-def bundle_adapters(bundle) -> Optional[tuple]:
-    """(count, bytes) of the GGUF LoRA files a bundle's manifest lists (what a llama.cpp worker loads
-    from it: every adapter), or None when it lists none."""
+def bundle_adapters(model) -> Optional[tuple]:
+    """(count, bytes) of the GGUF LoRA files a resolved bundle's manifest lists (what a llama.cpp
+    worker loads from it: every adapter), or None when it lists none."""
     from edge.engines.loader import BundleError
     from edge.engines.lora_bundle import adapter_entries
     try:
-        entries = adapter_entries(bundle)
+        entries = adapter_entries(model)
     except BundleError as e:
         raise click.ClickException(str(e)) from None
     return (len(entries), sum(int(a["files"][0]["bytes"]) for a in entries)) if entries else None
@@ -159,23 +152,23 @@ def refusal(f: Fit, where: str) -> str:
             + "; or ".join(advice(f)))
 
 
-def check_before_load(role, spec, backend, max_len, profile, memory_budget, max_batch=64, max_sessions=64,
+def check_before_load(role, model, max_len, profile, memory_budget, max_batch=64, max_sessions=64,
                       dtype="float32", max_kv_mb=None, placement=None) -> dict:
-    """`edge-agent run`'s check: refuse a role that does not fit, before anything loads; returns the
-    engine arguments the plan counted (llama.cpp: n_seq_max). With a `placement` on a GPU, or on
+    """`edge-agent run`'s check of a ResolvedModel: refuse a role that does not fit, before anything
+    loads; returns the engine arguments the plan counted (llama.cpp: n_seq_max). With a `placement` on a GPU, or on
     a discrete-GPU profile (whose usable memory is the card's), each side (host, GPU, or a Jetson's
     shared pool) is checked where its bytes live."""
     if placement is not None and profile and (placement.on_gpu or load_device(profile).kind == "gpu"):
-        return _check_placed(role, spec, backend, max_len, profile, memory_budget, max_batch, max_sessions,
+        return _check_placed(role, model, max_len, profile, memory_budget, max_batch, max_sessions,
                              dtype, max_kv_mb, placement)
     budget = budget_bytes(profile, memory_budget)
     try:
-        f, e = make_plan(role, spec, budget, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
+        f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
     except click.ClickException:
         if budget is not None:
             raise                         # a budget it cannot check is not enforced silently
-        b = {"auto": None}.get(backend, backend)   # unsized (the loader will say why, if it cannot load it)
-        return engine_kwargs(b, role, role_sequences(role, b, max_sessions, max_batch)) if b else {}
+        b = model.backend                 # unsized (the loader will say why, if it cannot load it)
+        return engine_kwargs(b, role, role_sequences(role, b, max_sessions, max_batch))
     if f is not None and not f.fits:
         where = f"--memory-budget {memory_budget}" if memory_budget else f"profile {profile}"
         raise click.ClickException(refusal(f, where))
@@ -185,13 +178,13 @@ def check_before_load(role, spec, backend, max_len, profile, memory_budget, max_
     return engine_kwargs(e.workload.backend, role, e.workload.sequences)
 
 
-def _check_placed(role, spec, backend, max_len, profile, memory_budget, max_batch, max_sessions, dtype, max_kv_mb,
+def _check_placed(role, model, max_len, profile, memory_budget, max_batch, max_sessions, dtype, max_kv_mb,
                   placement) -> dict:
     """check_before_load by sides: the estimate split by where it is placed (edge/memory/placed.py),
     each side against its budget (a side the profile does not size is not checked)."""
     from edge.memory.placed import MemorySides, check_sides, gpu_fraction
     sides = MemorySides.of_profile(load_device(profile), budget_bytes(None, memory_budget))
-    _, e = make_plan(role, spec, None, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
+    _, e = make_plan(role, model, None, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
     why = check_sides(e, gpu_fraction(placement, e.shape.layers), sides)
     if why:
         raise click.ClickException(f"{role} on {e.workload.backend} placed on {placement.device} does not fit "
@@ -262,9 +255,11 @@ def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_l
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--adapter-targets") from None
     ad = (n_adapters, adapter_rank, targets, ADAPTER_ITEMSIZE[adapter_dtype]) if n_adapters else None
+    from edge.cli.startup import resolve_for_command
+    model = resolve_for_command(given[0], backend, role)          # the one resolution of this command
     if bundle and role == "prefill" and not n_adapters:
-        ad = bundle_adapters(bundle)
-    f, e = make_plan(role, given[0], budget, backend, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
+        ad = bundle_adapters(model)
+    f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
                      adapters=ad)
     sp = specialists(f, e)
     placed = _placed(e, profile, memory_budget, device, gpu_layers)

@@ -15,45 +15,54 @@ from typing import Callable, Optional
 import click
 
 
-def open_model_for_command(spec: str, dtype: str, threads, max_len: int, backend: str = "torch",
-                           role=None, device: str = "auto", gpu_layers=None, profile: Optional[str] = None,
-                           placement=None, **engine_kw):
-    """edge.engines.loader.open_model, its errors shown as click errors and the load time reported;
-    engine_kw go to the engine (what the memory plan counted, e.g. llama.cpp's n_seq_max). Where
-    it runs: `placement` if decided already, else decided here from device / gpu_layers / profile
-    (edge/cli/placing.py); the loaded line ends with where the engine put the model."""
+def resolve_for_command(ref, backend: str = "auto", role=None, role_of: Optional[Callable] = None):
+    """The ResolvedModel of what a command was told (edge/model/resolved.py: the one place a name
+    or path is resolved and `auto` chosen), its errors as click errors that say what to do.
+    role_of(model) -> role: a role that depends on what the model is (a prefill worker over a
+    bundle's adapters runs the decoder's artifact)."""
+    from edge.engines.base import EngineError       # ModelNotFound and BundleError are ones
+    from edge.model.resolved import identify
+    try:
+        m = identify(ref)
+        return m.choose(backend, role_of(m) if role_of else role)
+    except EngineError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def open_model_for_command(model, dtype: str, threads, max_len: int, device: str = "auto", gpu_layers=None,
+                           profile: Optional[str] = None, placement=None, **engine_kw):
+    """edge.engines.loader.open_model of a ResolvedModel, its errors shown as click errors and the
+    load time reported; engine_kw go to the engine (what the memory plan counted, e.g. llama.cpp's
+    n_seq_max). Where it runs: `placement` if decided already, else decided here from device /
+    gpu_layers / profile (edge/cli/placing.py); the loaded line ends with where the engine put it."""
     from edge.cli.placing import place_model
     from edge.model.checkpoint_files import CheckpointError   # torch-free: llama.cpp / ORT roles skip torch
     from edge.engines.base import EngineError       # ModelNotFound is one
     from edge.engines.loader import open_model
-    from edge.model.reference import resolve_model
 
     if placement is None:
-        placement = place_model(spec, backend, role, device, gpu_layers, profile)
+        placement = place_model(model, device, gpu_layers, profile)
     engine_kw = {**engine_kw, **placement.engine_kwargs()}
-    backend = placement.backend                    # auto resolved: the backend it was placed for
     t0 = time.perf_counter()
     try:
-        engine, tok = open_model(spec, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len,
-                                 **engine_kw)
+        engine, tok = open_model(model, dtype=dtype, threads=threads, max_len=max_len, **engine_kw)
     except (CheckpointError, EngineError) as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"loaded {resolve_model(spec).name} on {engine.name} (vocab {engine.vocab_size}) "
+    click.echo(f"loaded {model.path.name} on {engine.name} (vocab {engine.vocab_size}) "
                f"in {time.perf_counter() - t0:.1f}s: {engine.where()}", err=True)
     return engine, tok
 
 
-def suffix_identity(spec: str):
-    """(tokenizer, vocabulary size) of `spec` without loading its weights: all a suffix draft
-    needs to tell the hub which targets it can serve."""
-    from edge.model.checkpoint_files import CheckpointError, load_tokenizer
+def suffix_identity(model):
+    """(tokenizer, vocabulary size) of a ResolvedModel without loading its weights: all a suffix
+    draft needs to tell the hub which targets it can serve."""
+    from edge.model.checkpoint_files import CheckpointError
     from edge.engines.base import EngineError
-    from edge.memory.model_shape import read_shape
-    from edge.model.reference import resolve_model
+    from edge.engines.loader import open_tokenizer
     try:
-        return load_tokenizer(resolve_model(spec)), read_shape(spec).vocab
+        return open_tokenizer(model), model.shape.vocab
     except (CheckpointError, EngineError, OSError) as e:
-        raise click.ClickException(f"{spec}: {e} (a suffix draft reads the model's tokenizer and "
+        raise click.ClickException(f"{model.ref}: {e} (a suffix draft reads the model's tokenizer and "
                                    "vocabulary size: pass the targets' model name or path)") from None
 
 
@@ -61,7 +70,8 @@ def suffix_identity(spec: str):
 class DraftSetup:
     """What a draft service runs: `kind` (--drafter) over the model `model`, under `limits`."""
     kind: str                       # model | suffix | hybrid (edge/star/draft_kinds.py)
-    model: str                      # its model, or (suffix) the model whose tokenizer it serves
+    model: object                   # its ResolvedModel (or, suffix, the one whose tokenizer it serves);
+                                    # the name or path as given until the command resolves it
     limits: object                  # DraftLimits
     min_score: Optional[float] = None   # hybrid: --suffix-min-score
 

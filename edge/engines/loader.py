@@ -1,9 +1,11 @@
-"""One place every role and CLI gets an Engine: `load_engine(path, backend=...)`, and
-`open_model(spec, ...)` -> (engine, tokenizer), the one place a model name becomes an engine.
+"""One place every role and CLI gets an Engine: `load_engine(model, ...)`, and
+`open_model(model, ...)` -> (engine, tokenizer), the one place a model becomes an engine.
 
-`path` may be a bundle directory (manifest.json from `edge-export bundle`), an
-.onnx graph, a .gguf file, a Hugging Face directory, a SUN module directory or
-a model name of edge.model.fetch. A bundle is validated before anything is loaded:
+`model` is a ResolvedModel (edge/model/resolved.py: what a command resolved once, its backend
+chosen, a bundle's manifest read and its artifact picked); a plain bundle directory
+(manifest.json from `edge-export bundle`), .onnx graph, .gguf file, Hugging Face or SUN module
+directory or model name of edge.model.fetch is resolved here, at the loader's own door, for
+the callers (tests, benchmarks) that have no command. A bundle is validated before anything is loaded:
 every file must be present with the size and sha256 its manifest records, and
 ONNX graphs must carry the fingerprint the manifest names; a truncated,
 corrupted or mismatched artifact is refused with a BundleError saying what to do.
@@ -24,26 +26,17 @@ the decoder it was tuned for.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from edge.engines.base import Engine, EngineError
-from edge.model.bundle_manifest import BUNDLE_FORMAT, MANIFEST, is_bundle, manifest_problem
-from edge.model.reference import resolve_model
+# the bundle's manifest is read with the model (edge/model/bundle_manifest.py); these names stay importable here
+from edge.model.bundle_manifest import (BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, BundleError,  # noqa: F401
+                                        pick_artifact, read_manifest)
+from edge.model.resolved import BACKENDS, ROLES, ResolvedModel, as_resolved  # noqa: F401
 
 if TYPE_CHECKING:
     from edge.model.tokenizer import Tokenizer
-
-BUNDLE_VERSION = 1
-BACKENDS = ("torch", "onnx", "llamacpp")
-ROLES = ("draft", "target", "prefill", "decoder")
-# which artifact kinds serve which backend
-_ARTIFACT_BACKEND = {"onnx": "onnx", "gguf": "llamacpp"}
-
-
-class BundleError(EngineError):
-    """A bundle that is missing, malformed, corrupted, or not what the caller expects."""
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -54,28 +47,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
             if not b:
                 return h.hexdigest()
             h.update(b)
-
-
-def read_manifest(directory) -> dict:
-    d = Path(directory)
-    p = d / MANIFEST
-    if not p.is_file():
-        raise BundleError(f"{d} is not a bundle (no {MANIFEST}); make one with `edge-export bundle`")
-    try:
-        man = json.loads(p.read_text())
-    except (ValueError, RecursionError) as e:     # RecursionError: nested too deep to parse
-        raise BundleError(f"{p} is not valid JSON ({str(e)[:200] or type(e).__name__}); re-copy the bundle "
-                          "or re-run `edge-export bundle`") from None
-    if not isinstance(man, dict) or man.get("format") != BUNDLE_FORMAT:
-        man = man if isinstance(man, dict) else {}
-        raise BundleError(f"{p} is not a StarSun bundle manifest (format {str(man.get('format'))[:80]!r})")
-    if man.get("version") != BUNDLE_VERSION:
-        raise BundleError(f"{p} has bundle version {man.get('version')}, this kit reads version "
-                          f"{BUNDLE_VERSION}; re-export the bundle with this kit's `edge-export bundle`")
-    bad = manifest_problem(man)
-    if bad:
-        raise BundleError(f"{p} is malformed: {bad}; re-copy the bundle or re-run `edge-export bundle`")
-    return man
 
 
 def _check_files(d: Path, files: Sequence[dict], what: str, deep: bool) -> None:
@@ -116,7 +87,7 @@ def validate_bundle(directory, deep: bool = True, expect_fingerprint: Optional[s
     these names (default: all).
     """
     d = Path(directory)
-    man = read_manifest(d)
+    man = _manifest(directory)
     arts = man.get("artifacts") or []
     if not arts:
         raise BundleError(f"bundle {d} lists no artifacts")
@@ -143,26 +114,10 @@ def validate_bundle(directory, deep: bool = True, expect_fingerprint: Optional[s
     return man
 
 
-def pick_artifact(man: dict, role: Optional[str] = None, backend: Optional[str] = None,
-                  name: Optional[str] = None, directory="bundle") -> dict:
-    """The artifact for a name, or the first that serves (role, backend)."""
-    arts = man.get("artifacts") or []
-    if name is not None:
-        for a in arts:
-            if a["name"] == name:
-                return a
-        raise BundleError(f"{directory} has no artifact {name!r} (it has: {', '.join(a['name'] for a in arts)})")
-    # a graph made for the role (prefill, decoder) before a general "model" graph
-    for a in sorted(arts, key=lambda a: a.get("graph") != role):
-        if role and role not in a.get("roles", ()):
-            continue
-        if backend and _ARTIFACT_BACKEND.get(a["backend"]) != backend:
-            continue
-        return a
-    have = "; ".join(f"{a['name']} ({_ARTIFACT_BACKEND.get(a['backend'])}, roles {','.join(a.get('roles', ()))})"
-                     for a in arts)
-    raise BundleError(f"{directory} has no artifact for role={role or 'any'} backend={backend or 'any'}; "
-                      f"it has: {have}")
+def _manifest(directory) -> dict:
+    """A resolved bundle's manifest (read when it was resolved), else read here."""
+    return directory.manifest if isinstance(directory, ResolvedModel) and directory.is_bundle \
+        else read_manifest(directory)
 
 
 def _torch_dtype(dtype):
@@ -176,116 +131,88 @@ def _torch_dtype(dtype):
         raise EngineError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or float64") from None
 
 
-def _torch_engine(path, dtype, threads, max_len, fingerprint, device=None) -> Engine:
+def _torch_engine(m: ResolvedModel, dtype, threads, max_len, fingerprint, device=None) -> Engine:
     from edge.engines.torch_engine import TorchEngine
     device = None if device in (None, "auto") else device    # auto: the CPU (edge/engines/placement.py decides)
-    p = Path(path)
-    if p.is_dir() and (p / "model.safetensors").is_file() and (p / MANIFEST).is_file():
+    if m.format == "sun":
         from edge.model.sun_modules import load_module  # a SUN decoder / prefill module directory
-        model, man = load_module(p, dtype=_torch_dtype(dtype))
+        model, man = load_module(m.path, dtype=_torch_dtype(dtype), manifest=m.manifest)
         fp = fingerprint or man.get("fingerprint") or man.get("decoder_fingerprint", "")
         return TorchEngine(model, fingerprint=fp, max_len=max_len, threads=threads, device=device)
     from edge.model.checkpoint import load_model
-    model, ckpt = load_model(path, dtype=_torch_dtype(dtype))
+    model, ckpt = load_model(m, dtype=_torch_dtype(dtype))
     return TorchEngine(model, fingerprint=fingerprint or ckpt.fingerprint, max_len=max_len, threads=threads,
                        device=device)
 
 
-def load_engine(path, backend: str = "auto", role: Optional[str] = None, dtype=None,
+def load_engine(model, backend: str = "auto", role: Optional[str] = None, dtype=None,
                 threads: Optional[int] = None, max_len: Optional[int] = None, device: str = "auto",
                 artifact: Optional[str] = None, deep_check: bool = True,
                 expect_fingerprint: Optional[str] = None, **kw) -> Engine:
-    """An Engine for a bundle, .onnx, .gguf, HF/SUN directory or model name.
+    """An Engine for a ResolvedModel (or a bundle, .onnx, .gguf, HF/SUN directory or model name,
+    resolved here with `backend` and `role`).
 
-    backend: torch | onnx | llamacpp | auto (a bundle's first artifact for the
-    role; .onnx -> onnx; .gguf -> llamacpp if installed else torch; else torch).
+    backend: torch | onnx | llamacpp | auto (edge/model/resolved.py's auto_backend: a bundle's
+    artifact for the role; .onnx -> onnx; .gguf -> llamacpp if installed else torch; else torch).
     role: draft | target | prefill | decoder, used to pick a bundle artifact.
     dtype: torch backend only (float32 default). device: onnx (auto | cpu | cuda | tensorrt) and
     torch (cpu, cuda, cuda:N; auto = cpu); llama.cpp takes n_gpu_layers in kw (edge/engines/
     placement.py's Placement.engine_kwargs() gives each backend's). kw go to the backend's engine.
     """
-    if backend not in BACKENDS + ("auto",):
-        raise EngineError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    if role is not None and role not in ROLES:
-        raise EngineError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
-    p = resolve_model(path)
-    if is_bundle(p):
-        return _from_bundle(p, backend, role, threads, max_len, device, artifact, deep_check,
-                            expect_fingerprint, kw)
-    if backend == "auto":
-        if p.suffix == ".onnx":
-            backend = "onnx"
-        elif p.suffix == ".gguf":
-            backend = "llamacpp" if _has_llamacpp() else "torch"
-        else:
-            backend = "torch"
-    if backend == "onnx":
-        if p.suffix != ".onnx":
-            raise EngineError(f"the onnx backend needs an .onnx graph or a bundle, got {path}; "
+    m = as_resolved(model, backend, role, artifact)
+    if m.is_bundle:
+        return _from_bundle(m, threads, max_len, device, deep_check, expect_fingerprint, kw)
+    if m.backend == "onnx":
+        if m.format != "onnx":
+            raise EngineError(f"the onnx backend needs an .onnx graph or a bundle, got {m.ref}; "
                               "export one with `edge-export onnx`")
         from edge.engines.onnx_engine import OnnxEngine
-        eng = OnnxEngine(p, device=device, threads=threads, max_len=max_len, **kw)
-    elif backend == "llamacpp":
-        if not (p.is_file() and p.suffix == ".gguf"):
-            raise EngineError(f"the llamacpp backend needs a .gguf file or a bundle, got {path}; "
+        eng = OnnxEngine(m.path, device=device, threads=threads, max_len=max_len, **kw)
+    elif m.backend == "llamacpp":
+        if m.format != "gguf" or not m.path.is_file():
+            raise EngineError(f"the llamacpp backend needs a .gguf file or a bundle, got {m.ref}; "
                               "write one with `edge-export gguf`")
         from edge.engines.llamacpp_engine import LlamaCppEngine
-        eng = LlamaCppEngine(p, threads=threads, max_len=max_len or 1024, **kw)
+        eng = LlamaCppEngine(m.path, threads=threads, max_len=max_len or 1024, **kw)
     else:
-        eng = _torch_engine(p, dtype, threads, max_len, kw.pop("fingerprint", None), device)
+        eng = _torch_engine(m, dtype, threads, max_len, kw.pop("fingerprint", None), device)
     if expect_fingerprint and eng.fingerprint != expect_fingerprint:
-        raise EngineError(f"{path} is model {eng.fingerprint[:12]}, expected {expect_fingerprint[:12]}")
+        raise EngineError(f"{m.ref} is model {eng.fingerprint[:12]}, expected {expect_fingerprint[:12]}")
     return eng
 
 
-def open_model(spec, backend: str = "torch", role: Optional[str] = None, dtype=None,
-               threads: Optional[int] = None, max_len: Optional[int] = None, **kw) -> Tuple[Engine, "Tokenizer"]:
-    """(engine, tokenizer) for a model name or path on a backend; role picks a bundle's artifact.
+def open_model(model, backend: Optional[str] = None, role: Optional[str] = None, dtype=None,
+               threads: Optional[int] = None, max_len: Optional[int] = None, tokenizer=None,
+               **kw) -> Tuple[Engine, "Tokenizer"]:
+    """(engine, tokenizer) of a ResolvedModel on its backend (or a model name or path, resolved here
+    on `backend`, torch when not given, for `role`); tokenizer: its tokenizer, when the caller read
+    it already (not read again).
 
     Raises ModelNotFound (no such path or name), CheckpointError (an unreadable
     checkpoint) or EngineError (the backend cannot serve it); each message says
     what to do, so a command line only has to show it."""
-    from edge.model.checkpoint_files import load_tokenizer   # torch-free (edge.model.checkpoint is not)
-    p = resolve_model(spec)
+    m = as_resolved(model, backend or ("auto" if isinstance(model, ResolvedModel) else "torch"), role)
     # the tokenizer first: building a Qwen vocabulary from GGUF metadata peaks ~0.25 GB above what
     # it keeps (measured here), and that transient must not stack on top of the loaded weights
-    tok = bundle_tokenizer(p) if is_bundle(p) else load_tokenizer(p)
-    engine = load_engine(p, backend=backend, role=role, dtype=dtype, threads=threads, max_len=max_len, **kw)
+    tok = tokenizer if tokenizer is not None else open_tokenizer(m)
+    engine = load_engine(m, dtype=dtype, threads=threads, max_len=max_len, **kw)
     return engine, tok
 
 
-def resolve_backend(spec, backend: str = "auto", role: Optional[str] = None) -> str:
-    """The backend load_engine would run `spec` on (what `auto` becomes), without loading it:
-    placement is decided for that backend before the model loads."""
-    if backend != "auto":
-        return backend
-    p = resolve_model(spec)
-    if is_bundle(p):
-        return _ARTIFACT_BACKEND[pick_artifact(read_manifest(p), role=role, directory=p)["backend"]]
-    if p.suffix == ".onnx":
-        return "onnx"
-    if p.suffix == ".gguf":
-        return "llamacpp" if _has_llamacpp() else "torch"
-    return "torch"
+def open_tokenizer(model) -> Optional["Tokenizer"]:
+    """The tokenizer of a ResolvedModel: a bundle's own (None when it carries none), else the
+    checkpoint's (edge/model/checkpoint_files.py; torch-free)."""
+    m = as_resolved(model)
+    if m.is_bundle:
+        return bundle_tokenizer(m)
+    from edge.model.checkpoint_files import load_tokenizer
+    return load_tokenizer(m)
 
 
-def _has_llamacpp() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-def _from_bundle(d: Path, backend, role, threads, max_len, device, artifact, deep, expect, kw) -> Engine:
-    man = read_manifest(d)
-    want = None if backend in ("auto", "torch") else backend
-    if backend == "torch":
-        raise BundleError(f"{d} is a bundle of exported artifacts (onnx / gguf); the torch backend loads "
-                          "checkpoints: pass the checkpoint, or choose --backend onnx or llamacpp")
-    a = pick_artifact(man, role=role, backend=want, name=artifact, directory=d)
-    validate_bundle(d, deep=deep, expect_fingerprint=expect, artifacts=[a["name"]])
-    main = d / a["files"][0]["path"]
+def _from_bundle(m: ResolvedModel, threads, max_len, device, deep, expect, kw) -> Engine:
+    a = m.artifact                      # picked for (role, backend) where the model was resolved
+    validate_bundle(m, deep=deep, expect_fingerprint=expect, artifacts=[a["name"]])
+    main = m.path / a["files"][0]["path"]
     if a["backend"] == "onnx":
         from edge.engines.onnx_engine import OnnxEngine
         eng = OnnxEngine(main, device=device, threads=threads, max_len=max_len,
@@ -301,13 +228,11 @@ def _from_bundle(d: Path, backend, role, threads, max_len, device, artifact, dee
 
 def bundle_tokenizer(directory):
     """The tokenizer a bundle carries (edge.model.tokenizer.Tokenizer), or None."""
-    d = Path(directory)
-    man = read_manifest(d)
-    if not man.get("tokenizer"):
+    if not _manifest(directory).get("tokenizer"):
         return None
     from edge.model.tokenizer import Tokenizer
-    return Tokenizer.from_hf_dir(d)
+    return Tokenizer.from_hf_dir(Path(directory))
 
 
 def list_artifacts(directory) -> List[dict]:
-    return list(read_manifest(directory).get("artifacts") or [])
+    return list(_manifest(directory).get("artifacts") or [])

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from edge.engines.loader import BundleError, _check_files, read_manifest
+from edge.engines.loader import BundleError, _check_files, _manifest
 from edge.engines.lora_gguf import AdapterError
 from edge.model.bundle_manifest import _files_problem
 
@@ -43,9 +43,10 @@ def _entry_problem(a, i: int) -> Optional[str]:
 
 
 def adapter_entries(directory) -> List[dict]:
-    """The bundle's adapter entries, their form checked (files are not read here)."""
+    """The bundle's adapter entries, their form checked (files are not read here); a ResolvedModel's
+    from the manifest it read (check_adapters reads the file again: adapters are added at run time)."""
     d = Path(directory)
-    entries = read_manifest(d).get(ADAPTERS) or []
+    entries = _manifest(directory).get(ADAPTERS) or []
     if not isinstance(entries, list):
         raise BundleError(f"{d}: the manifest's adapters must be a list; re-export the bundle")
     seen = set()

@@ -23,12 +23,8 @@ import numpy as np
 
 from edge.engines.base import Engine, EngineError
 
-# metadata keys export/onnx.py writes into every graph
-META_GRAPH = "starsun.graph"            # "model" | "prefill" | "decoder"
-META_CONFIG = "starsun.config"          # ModelConfig as JSON
-META_FINGERPRINT = "starsun.fingerprint"
-META_QUANT = "starsun.quant"            # "fp32" | "int4-q4_0-g32"
-META_EXTRA = "starsun.extra"            # JSON: int4 details, ...
+# metadata keys export/onnx.py writes into every graph (defined with their reader)
+from edge.model.onnx_metadata import META_CONFIG, META_EXTRA, META_FINGERPRINT, META_GRAPH, META_QUANT  # noqa: F401
 
 _PREFERENCE = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 

@@ -12,6 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO, Dict
 
+# metadata keys export/onnx.py writes into every graph (edge/engines/onnx_engine.py re-exports them)
+META_GRAPH = "starsun.graph"            # "model" | "prefill" | "decoder"
+META_CONFIG = "starsun.config"          # ModelConfig as JSON
+META_FINGERPRINT = "starsun.fingerprint"
+META_QUANT = "starsun.quant"            # "fp32" | "int4-q4_0-g32"
+META_EXTRA = "starsun.extra"            # JSON: int4 details, ...
+
 _METADATA_PROPS = 14
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 

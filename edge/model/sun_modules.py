@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -68,13 +68,14 @@ def read_manifest(directory) -> dict:
         raise SunError(f"{p} is not valid JSON: {e}") from None
 
 
-def load_module(directory, dtype=None) -> Tuple[Transformer, dict]:
+def load_module(directory, dtype=None, manifest: Optional[dict] = None) -> Tuple[Transformer, dict]:
     """A prefill module or decoder saved by `save_module` -> (model in eval mode, manifest).
 
-    dtype None keeps the saved dtype (a decoder's fingerprint covers its dtype).
+    dtype None keeps the saved dtype (a decoder's fingerprint covers its dtype). manifest: the
+    module's, when its caller read it already (a ResolvedModel's); else read here.
     """
     d = Path(directory)
-    man = read_manifest(d)
+    man = read_manifest(d) if manifest is None else manifest
     if not (d / WEIGHTS).is_file():
         raise SunError(f"{d} has a manifest but no {WEIGHTS}")
     cfg = ModelConfig(**man["config"])

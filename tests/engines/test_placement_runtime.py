@@ -8,6 +8,7 @@ import torch
 from edge.cli.placing import place_model
 from edge.cli.startup import open_model_for_command
 from edge.engines.placement import Capabilities, decide_placement
+from edge.model.resolved import resolve
 
 CUDA_LLAMA = Capabilities(llama_gpu_offload=True)
 
@@ -25,7 +26,7 @@ def test_llamacpp_model_params_get_the_placements_layers(exports):
 
 
 def test_the_command_path_places_llamacpp_on_the_cpu_here(exports, capsys):
-    eng, _ = open_model_for_command(str(exports.gguf("llama")), "float32", None, 64, "llamacpp",
+    eng, _ = open_model_for_command(resolve(exports.gguf("llama"), "llamacpp"), "float32", None, 64,
                                     gpu_layers="0", n_seq_max=1)
     assert eng.model_params.n_gpu_layers == 0
     err = capsys.readouterr().err
@@ -36,7 +37,7 @@ def test_the_command_path_places_llamacpp_on_the_cpu_here(exports, capsys):
 
 def test_onnx_session_gets_the_placements_providers(exports):
     from edge.engines.onnx_engine import OnnxEngine
-    p = place_model(str(exports.onnx("llama")), "auto", None, "auto")
+    p = place_model(resolve(exports.onnx("llama")), "auto")
     assert p.backend == "onnx" and p.ort_providers == ("CPUExecutionProvider",)
     eng = OnnxEngine(exports.onnx("llama"), **p.engine_kwargs())
     assert eng.session.get_providers() == ["CPUExecutionProvider"]
@@ -57,19 +58,19 @@ def test_torch_weights_and_kv_on_the_placements_device(exports):
 @pytest.mark.parametrize("backend,fix", [("llamacpp", "-DGGML_CUDA=ON"), ("onnx", "onnxruntime-gpu"),
                                          ("torch", "JetPack's torch")])
 def test_cuda_here_is_a_command_error_with_the_fix(exports, backend, fix):
-    model = {"llamacpp": exports.gguf("llama"), "onnx": exports.onnx("llama")}.get(backend, "unused")
+    model = {"llamacpp": exports.gguf("llama"), "onnx": exports.onnx("llama")}.get(backend, exports.gguf("llama"))
     with pytest.raises(click.ClickException) as e:
-        place_model(str(model), backend, "target", "cuda", None)
+        place_model(resolve(model, backend, "target"), "cuda", None)
     assert fix in e.value.message and "--accelerator cpu" in e.value.message
 
 
 def test_gpu_layers_all_here_is_refused_before_loading(exports):
     with pytest.raises(click.ClickException, match="CPU-only"):
-        open_model_for_command(str(exports.gguf("llama")), "float32", None, 64, "llamacpp", gpu_layers="all")
+        open_model_for_command(resolve(exports.gguf("llama"), "llamacpp"), "float32", None, 64, gpu_layers="all")
 
 
 def test_a_jetson_profile_with_this_cpu_llama_cpp_warns(exports, capsys):
-    p = place_model(str(exports.gguf("llama")), "auto", "target", "auto", None, profile="jetson-orin-nano-8gb")
+    p = place_model(resolve(exports.gguf("llama"), "auto", "target"), "auto", None, profile="jetson-orin-nano-8gb")
     assert p.device == "cpu"
     assert "warning: profile jetson-orin-nano-8gb is a Jetson" in capsys.readouterr().err
 

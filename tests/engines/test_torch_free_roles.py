@@ -17,12 +17,14 @@ SCRIPT = r"""
 import json, sys
 from edge.engines.loader import load_engine, open_model
 from edge.cli.plan_command import check_before_load
-spec, backend = sys.argv[1], sys.argv[2]
-kw = check_before_load("target", spec, backend, 256, None, "64G")
-if spec.endswith(".onnx"):            # a bare graph carries no tokenizer: the engine alone
-    engine = load_engine(spec, backend=backend, role="target", max_len=256, **kw)
+from edge.model.resolved import resolve
+ref, backend = sys.argv[1], sys.argv[2]
+model = resolve(ref, backend, "target")          # the command's door: resolved once
+kw = check_before_load("target", model, 256, None, "64G")
+if ref.endswith(".onnx"):             # a bare graph carries no tokenizer: the engine alone
+    engine = load_engine(model, max_len=256, **kw)
 else:
-    engine, tok = open_model(spec, backend=backend, role="target", max_len=256, **kw)
+    engine, tok = open_model(model, max_len=256, **kw)
 s = engine.new_sequence()
 engine.forward_last(s, [5, 6, 7, 8])
 engine.forward(s, [9, 10])

@@ -60,8 +60,8 @@ def _run(monkeypatch, gguf, *extra):
     import edge.cli.agent_run as agent_run
     loaded = {}
 
-    def fake_open(*a, **kw):
-        loaded.update(kw)
+    def fake_open(model, *a, **kw):
+        loaded.update(kw, role=model.role)
         raise SystemExit(0)
     monkeypatch.setattr(agent_run, "open_model_for_command", fake_open)
     r = CliRunner().invoke(main, ["run", "--role", "target", "--broker", "mqtt://127.0.0.1:1", "-b", "llamacpp",

@@ -132,13 +132,15 @@ def test_a_llamacpp_adapter_worker_process_serves_every_bundled_task_and_a_hot_a
 
 
 def test_auto_backend_of_a_sun_worker_is_what_its_module_is(made):
-    from edge.cli.agent_run import sun_backend
+    from edge.model.bundle_manifest import BundleError
+    from edge.model.resolved import resolve
     root, sun, _ = made
     # a bundle of GGUFs (a prefill worker over adapters plans its base as the decoder's artifact)
-    assert sun_backend(str(sun), "auto", "decoder") == "llamacpp"
-    assert sun_backend(str(root / "decoder"), "auto", "decoder") == "torch"  # tuned directories
-    assert sun_backend(str(root / "maths"), "auto", "prefill") == "torch"
-    assert sun_backend(str(sun), "torch", "prefill") == "torch"          # what was asked, as asked
+    assert resolve(str(sun), "auto", "decoder").backend == "llamacpp"
+    assert resolve(str(root / "decoder"), "auto", "decoder").backend == "torch"  # tuned directories
+    assert resolve(str(root / "maths"), "auto", "prefill").backend == "torch"
+    with pytest.raises(BundleError, match="torch backend loads checkpoints"):   # asked, refused at the door
+        resolve(str(sun), "torch", "prefill")
 
 
 def test_the_llamacpp_adapter_worker_never_loads_torch(made):

@@ -67,12 +67,14 @@ def test_planner_refuses_adapters_that_do_not_fit_saying_how_many_do():
 def test_run_check_refuses_adapters_over_the_budget_with_the_reason():
     import click
     from edge.cli.plan_command import make_plan, refusal
-    f, _ = make_plan("prefill", str(SMOL), 10 ** 9, adapters=(64, 64, parse_targets("q,k,v,o,gate,up,down"), 4))
+    from edge.model.resolved import resolve
+    f, _ = make_plan("prefill", resolve(str(SMOL), role="prefill"), 10 ** 9,
+                     adapters=(64, 64, parse_targets("q,k,v,o,gate,up,down"), 4))
     assert not f.fits
     why = refusal(f, "--memory-budget 1G")
     assert "adapters 5.002" in why and "hold at most 6 adapters" in why
     with pytest.raises(click.UsageError, match="only the prefill worker holds adapters"):
-        make_plan("target", str(SMOL), 10 ** 9, adapters=(1, 8, ("q_proj",), 4))
+        make_plan("target", resolve(str(SMOL), role="target"), 10 ** 9, adapters=(1, 8, ("q_proj",), 4))
 
 
 def test_bad_adapter_arguments_are_clear_errors():

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from devices.artifact_check import _backend
+from edge.model.resolved import BACKENDS, auto_backend
 from devices.install_recipe import BACKEND_EXTRAS, TORCH_CPU_INDEX, describe_size, install_commands, wheel_requirements
 from devices.profile import load_profile, tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 WHEEL = Path("starsun-0.1.0-py3-none-any.whl")     # absent: the requirements come from pyproject.toml
 ROLES = ("target", "draft", "prefill", "decoder")
-# the artifacts each role is provisioned with, and the backend `edge-agent run` picks for them
-ARTIFACTS = {"gguf": ("model", Path("m.gguf")), "onnx": ("model", Path("m.onnx")),
-             "checkpoint": ("model", Path("m.safetensors")), "sun-module": ("module", Path("out/maths"))}
+# the artifacts each role is provisioned with (kind, format), and the backend `edge-agent run` picks for them
+ARTIFACTS = {"gguf": ("model", "gguf"), "onnx": ("model", "onnx"), "checkpoint": ("model", "hf"),
+             "sun-module": ("module", "sun")}
 PROFILES = ("cpu-2core", "jetson-orin-nano-8gb", "rtx4090-workstation")
 
 
@@ -43,10 +43,10 @@ def _installed_names(cmds) -> set:
 
 def _plans():
     for role in ROLES:
-        for art, (kind, path) in ARTIFACTS.items():
+        for art, (kind, fmt) in ARTIFACTS.items():
             if (kind == "module") != (role in ("prefill", "decoder")):
                 continue                                  # SUN roles take modules, StarSD roles models
-            backend = _backend(role, kind, path, "auto")
+            backend, _ = auto_backend(fmt, BACKENDS)      # provisioning installs what auto picks
             for backend in {backend, "llamacpp", "onnx", "torch"}:     # and each backend forced (--backend)
                 for prof in PROFILES:
                     yield role, art, backend, prof
@@ -115,12 +115,14 @@ for m in ("edge.cli.agent", "edge.cli.agent_run", "edge.cli.agent_roles", "edge.
     importlib.import_module(m)                     # what `edge-agent run` may load for a target or a draft
 from edge.cli.plan_command import check_before_load
 from edge.engines.loader import load_engine, open_model
-spec, backend = sys.argv[1], sys.argv[2]
-kw = check_before_load("target", spec, backend, 256, None, "64G")
-if spec.endswith(".onnx"):
-    engine = load_engine(spec, backend=backend, role="target", max_len=256, **kw)
+from edge.model.resolved import resolve
+ref, backend = sys.argv[1], sys.argv[2]
+model = resolve(ref, backend, "target")
+kw = check_before_load("target", model, 256, None, "64G")
+if ref.endswith(".onnx"):
+    engine = load_engine(model, max_len=256, **kw)
 else:
-    engine, tok = open_model(spec, backend=backend, role="target", max_len=256, **kw)
+    engine, tok = open_model(model, max_len=256, **kw)
     tok.encode(tok.apply_chat_template([{"role": "user", "content": "hi"}]))
 s = engine.new_sequence()
 engine.forward_last(s, [5, 6, 7, 8])

@@ -75,28 +75,33 @@ def test_plan_assumes_the_profiles_gpu_and_shows_the_sides():
     assert "on the GPU" in out.output and "NO: it needs" in out.output and "GPU has 22.50 GB" in out.output
 
 
+def _q05_torch():
+    from edge.model.resolved import resolve
+    return resolve("qwen2.5-coder-0.5b", "torch", "draft")
+
+
 def test_run_refuses_a_gpu_placement_that_does_not_fit_the_gpu():
     big = decide_placement("torch", "cuda", None, None, CUDA)
     with pytest.raises(click.ClickException) as e:
-        check_before_load("draft", "qwen2.5-coder-0.5b", "torch", 4096, "rtx4090-workstation", None,
+        check_before_load("draft", _q05_torch(), 4096, "rtx4090-workstation", None,
                           max_sessions=4000, dtype="bfloat16", max_kv_mb=None, placement=big)
     assert "placed on cuda does not fit profile rtx4090-workstation" in e.value.message
     assert "GPU has 22.50 GB" in e.value.message
     # the same role with a handful of sessions fits the card
-    assert check_before_load("draft", "qwen2.5-coder-0.5b", "torch", 4096, "rtx4090-workstation", None,
+    assert check_before_load("draft", _q05_torch(), 4096, "rtx4090-workstation", None,
                              max_sessions=8, dtype="bfloat16", placement=big) == {}
 
 
 def test_a_cpu_placement_on_a_gpu_workstation_is_checked_against_host_ram():
     """The card's 22.5 GB is not the budget of a model on the workstation's CPU: its 56 GB of RAM is."""
     cpu = decide_placement("torch", "cpu", None, None, CUDA)
-    assert check_before_load("draft", "qwen2.5-coder-0.5b", "torch", 4096, "rtx4090-workstation", None,
+    assert check_before_load("draft", _q05_torch(), 4096, "rtx4090-workstation", None,
                              max_sessions=800, dtype="bfloat16", placement=cpu) == {}   # ~40 GB
     with pytest.raises(click.ClickException, match="does not fit profile rtx4090-workstation"):
-        check_before_load("draft", "qwen2.5-coder-0.5b", "torch", 4096, "rtx4090-workstation", None,
+        check_before_load("draft", _q05_torch(), 4096, "rtx4090-workstation", None,
                           max_sessions=800, dtype="bfloat16")          # unplaced: the card's 22.5 GB, as before
     with pytest.raises(click.ClickException, match="placed on cpu does not fit .* of host RAM"):
-        check_before_load("draft", "qwen2.5-coder-0.5b", "torch", 4096, "rtx4090-workstation", None,
+        check_before_load("draft", _q05_torch(), 4096, "rtx4090-workstation", None,
                           max_sessions=4000, dtype="bfloat16", placement=cpu)
 
 

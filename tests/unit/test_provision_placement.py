@@ -6,7 +6,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from devices.gpu_confirm import backend_of, confirm_on_gpu, judge_start_lines, placement_values, why_not_joined
+from devices.gpu_confirm import confirm_on_gpu, judge_start_lines, placement_values, why_not_joined
 from devices.profile import load_profile
 from devices.provision import main as provision
 from edge.model.fetch import model_path
@@ -20,8 +20,6 @@ def test_placement_values_per_profile_and_backend():
     assert placement_values(jet, "onnx") == {"accelerator": "cuda"}
     assert placement_values(rtx, "torch") == {"accelerator": "cuda"}
     assert placement_values(cpu, "llamacpp") == {"accelerator": "cpu"}
-    assert [backend_of(None, "/a/m.gguf"), backend_of("auto", "/a/m.onnx"), backend_of(None, "/a/dir"),
-            backend_of("onnx", "/a/m.gguf")] == ["llamacpp", "onnx", "torch", "onnx"]
 
 
 @pytest.mark.parametrize("profile,lines", [
@@ -55,7 +53,8 @@ def test_the_config_placement_is_what_edge_agent_run_reads(tmp_path):
 def _start_lines(exports, capsys, **kw):
     """The lines a real agent prints as it places and loads a model (edge/cli/startup.py)."""
     from edge.cli.startup import open_model_for_command
-    eng, _ = open_model_for_command(str(exports.gguf("llama")), "float32", None, 64, "llamacpp", n_seq_max=1, **kw)
+    from edge.model.resolved import resolve
+    eng, _ = open_model_for_command(resolve(exports.gguf("llama"), "llamacpp"), "float32", None, 64, n_seq_max=1, **kw)
     eng.close()
     return capsys.readouterr().err
 

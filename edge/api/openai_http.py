@@ -30,7 +30,7 @@ from edge.api.logprobs import LogprobRecorder
 from edge.api.request import Request, parse_request
 from edge.api.stop_text import StopText
 from edge.api.structured import StructuredOutput
-from edge.api.tools import CallStream, call_grammar_lark
+from edge.api.tools import CallStream, call_grammar_lark, call_stream, kept_markers
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20
@@ -116,7 +116,7 @@ class OpenAIServer:
             if req.grammar is not None:
                 raise BadRequest("a forced 'tool_choice' and a 'response_format' cannot both shape the reply",
                                  "tool_choice")
-            req.grammar = self.structured.grammar_for_lark(call_grammar_lark(req.tools), "tool_choice")
+            req.grammar = self.structured.grammar_for_lark(call_grammar_lark(req.tools, self.tok), "tool_choice")
         return req
 
     def run(self, req: Request, emit: Callable[[str, list], None],
@@ -124,6 +124,7 @@ class OpenAIServer:
         """Generate, calling emit(text, logprob entries) as text becomes final;
         -> (text, n_tokens, finish_reason)."""
         stream = self.tok.decode_stream(skip_special=True)
+        keep = kept_markers(req.tools, self.tok)     # call markers a special-token decode would drop
         cut = StopText(req.stop)
         n = [0]
 
@@ -132,7 +133,10 @@ class OpenAIServer:
 
         def on_token(t: int) -> None:
             n[0] += 1
-            out = cut.feed(stream.put(t))
+            text = stream.put(t)
+            if t in keep and not text.endswith(keep[t]):
+                text += keep[t]
+            out = cut.feed(text)
             if out:
                 emit(out, take())
             if cut.hit:
@@ -164,7 +168,7 @@ def _message(req: Request, text: str, finish: str) -> tuple:
     by the parser the stream uses (edge/api/tools.py CallStream), so the two answers agree."""
     if req.tools is None:
         return {"role": "assistant", "content": text}, finish
-    calls = CallStream()
+    calls = call_stream(req.tools)
     calls.feed(text)
     calls.finish()
     return _tool_message(calls, finish)
@@ -348,11 +352,12 @@ class _Stream:
 
     def _tool_reply(self) -> tuple:
         """Stream a reply with tools offered as OpenAI does: its text as content deltas (what may
-        start a <tool_call> held back), each call's id, type and function.name as soon as they are
-        known, then its function.arguments as string deltas as the tokens arrive
+        start a call held back: edge/api/tool_formats/stream.py), each call's id, type and
+        function.name as soon as they are known, then its function.arguments as string deltas as
+        the tokens arrive
         (choices[0].delta.tool_calls = [{index, id?, type?, function: {name?, arguments}}]);
         -> (tokens, finish_reason: tool_calls when there are calls)."""
-        calls, entries = CallStream(), []
+        calls, entries = call_stream(self.req.tools), []
 
         def send(events) -> None:
             for ev in events:

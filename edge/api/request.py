@@ -175,7 +175,7 @@ def parse_request(body, chat: bool, tok, model: str, profile: Profile, max_token
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     check_fields(body, CHAT if chat else COMPLETIONS, profile)
-    tools = read_tools(body) if chat and TOOLS in profile.features else None
+    tools = read_tools(body, tok) if chat and TOOLS in profile.features else None
     if chat:
         try:
             ids = tok.encode(render(tok, template_messages(chat_messages(body)), tools))

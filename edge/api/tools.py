@@ -1,5 +1,6 @@
 """Tool calling: `tools` and `tool_choice` rendered by the model's own chat template, and the
-reply's tool calls parsed back (Qwen2.5 / Hermes style: <tool_call>{"name", "arguments"}</tool_call>).
+reply's tool calls parsed back in the form the model's family writes them (edge/api/tool_formats/:
+Qwen2.5 / Hermes <tool_call>, llama 3.x, Mistral [TOOL_CALLS]; the family read off the template).
 
 * The tools go to the template as `tools` (a Jinja2 sandbox, edge/model/tokenizer.py), the way
   transformers and llama.cpp hand them over. A template that does not render them (no tool
@@ -7,11 +8,11 @@ reply's tool calls parsed back (Qwen2.5 / Hermes style: <tool_call>{"name", "arg
 * tool_choice "auto" (the default): the model decides; "none": the tools are not rendered and
   the answer is text; "required" or {"type": "function", "function": {"name"}}: the reply is
   constrained (edge/speculative/grammar.py, the same lossless machinery as response_format) to one tool
-  call -- or, with parallel_tool_calls not false, one or more -- of the allowed functions,
-  with arguments that follow each function's JSON schema.
-* The reply's <tool_call> blocks become message.tool_calls ({id, type: function, function:
-  {name, arguments: a JSON string}}) and finish_reason "tool_calls"; the text around them stays
-  the content (None when there is none).
+  call -- or, with parallel_tool_calls not false, one or more -- of the allowed functions in the
+  family's call frame, with arguments that follow each function's JSON schema.
+* The reply's calls become message.tool_calls ({id, type: function, function: {name, arguments:
+  a JSON string}}) and finish_reason "tool_calls"; the text around them stays the content (None
+  when there is none). One parser (edge/api/tool_formats/stream.py) reads streamed and whole replies.
 * Messages may carry what an agent loop sends back: an assistant message with tool_calls (its
   arguments handed to the template as an object, as transformers does) and role "tool" messages.
 """
@@ -19,13 +20,17 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from edge.api.request_fields import BadRequest
+from edge.api.tool_formats import ToolFormat, detect
+from edge.api.tool_formats.frame import marker_ids
+from edge.api.tool_formats.stream import CallStream
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+__all__ = ["CallStream", "ToolRequest", "call_grammar_lark", "call_stream", "kept_markers", "parse_calls",
+           "read_tools", "render", "template_messages"]
+
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
 _PROBE = "starsun_probe_tool"
@@ -37,10 +42,19 @@ class ToolRequest:
     tools: List[dict]                 # as the template gets them ({type: function, function: {...}})
     forced: Optional[List[str]]       # names one of which must be called (None: the model decides)
     parallel: bool = True             # more than one call allowed when forced
+    format: Optional[ToolFormat] = None   # the model's call format (None: read off the tokenizer)
 
 
-def read_tools(body: dict) -> Optional[ToolRequest]:
-    """The request's tools and tool_choice, checked; None when no tool is offered (or choice none)."""
+def read_tools(body: dict, tok=None) -> Optional[ToolRequest]:
+    """The request's tools and tool_choice, checked; None when no tool is offered (or choice none).
+    tok: the model's tokenizer, whose chat template says the call format."""
+    plan = _read_tools(body)
+    if plan is not None:
+        plan.format = detect(tok)
+    return plan
+
+
+def _read_tools(body: dict) -> Optional[ToolRequest]:
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if not tools:
@@ -124,250 +138,34 @@ def render(tok, messages: List[dict], plan: Optional[ToolRequest]) -> str:
     return tok.apply_chat_template(messages, tools=plan.tools)
 
 
-def call_grammar_lark(plan: ToolRequest) -> str:
-    """A Lark grammar (llguidance) for the reply a forced tool_choice allows: one <tool_call> block
-    -- or several, one per line, when parallel -- whose JSON names an allowed function and whose
-    arguments follow its parameters schema."""
-    variants = []
-    for t in plan.tools:
-        fn = t["function"]
-        if fn["name"] not in plan.forced:
-            continue
-        params = fn.get("parameters") or {"type": "object"}
-        variants.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
-                         "required": ["name", "arguments"], "additionalProperties": False})
-    schema = {"anyOf": variants} if len(variants) > 1 else variants[0]
-    schema = {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ",
-                                       "key_separator": ": "}}
-    call = f'"{OPEN}\\n" %json {json.dumps(schema)} "\\n{CLOSE}"'
-    more = ' ("\\n" call)*' if plan.parallel else ""
-    return f"start: call{more}\ncall: {call}\n"
+def call_grammar_lark(plan: ToolRequest, tok=None) -> str:
+    """A Lark grammar (llguidance) for the reply a forced tool_choice allows, in the model's own
+    call frame (edge/api/tool_formats/): one call -- or several when parallel -- of an allowed
+    function whose arguments follow its parameters schema. tok: the tokenizer, whose single-token
+    markers (Qwen2.5's <tool_call>) the grammar names as tokens."""
+    return (plan.format or detect(tok)).grammar(plan, tok)
 
 
-class CallStream:
-    """The reply's tool calls read as its text arrives, the one parser of the streamed and the
-    whole answer (so the streamed deltas add up to exactly the non-streamed message).
-
-    feed(text) and finish() return events, in order:
-      ("content", text)            text outside the calls
-      ("call", index, call)        a call begins: call = {id, type, function: {name, arguments: ""}}
-      ("args", index, text)        more of that call's arguments (a JSON string's next characters)
-    and `calls` / `content` / `incomplete` hold the answer so far.
-
-    A block <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call> is a call as soon as its
-    name and the arguments' opening brace have arrived; its arguments then stream as the model
-    writes them (the raw JSON text of the object, which is what `arguments` carries) up to their
-    closing brace, and the rest of the block up to </tool_call> is markup. A block in any other
-    shape (arguments first, arguments as a string, "parameters") waits for its </tool_call>: a
-    JSON object with a name is then a call (arguments as JSON text), anything else stays text.
-    A reply that ends inside a call's arguments leaves that call `incomplete` (cut, as OpenAI's
-    calls cut by max_tokens are). Text: whitespace before a call and at the end of a reply with
-    calls is dropped, and so is whitespace that opens the text after a call; a reply without
-    calls is its text exactly."""
-
-    def __init__(self) -> None:
-        self.calls: List[dict] = []
-        self.content = ""
-        self.incomplete = False
-        self._buf = ""            # text not decided yet
-        self._ws = ""             # content whitespace held back (it may be the end of the content)
-        self._mode = "text"       # text | head | held | args | tail
-        self._depth, self._in_str, self._esc = 0, False, False
-
-    def feed(self, text: str) -> list:
-        self._buf += text
-        out: list = []
-        while self._step(out):
-            pass
-        return out
-
-    def finish(self) -> list:
-        """The reply is whole: what was held back is decided."""
-        out: list = []
-        mode, rest = self._mode, self._buf
-        self._buf = ""
-        if mode == "text":
-            self._text(rest, out)
-        elif mode in ("head", "held"):                 # an unclosed block that never was a call: text
-            self._text(OPEN + rest, out)
-        elif mode == "args":
-            self.incomplete = True
-        self._mode = "text"
-        if not self.calls and self._ws:                # a reply without calls keeps its text exactly
-            out.append(("content", self._ws))
-            self.content += self._ws
-        self._ws = ""
-        return out
-
-    # ---- one step of the state machine; False when it needs more text ----
-    def _step(self, out: list) -> bool:
-        buf, mode = self._buf, self._mode
-        if mode == "text":
-            i = buf.find(OPEN)
-            if i >= 0:
-                self._text(buf[:i], out)
-                self._buf, self._mode = buf[i + len(OPEN):], "head"
-                return True
-            hold = _open_prefix(buf)
-            self._text(buf[:len(buf) - hold], out)
-            self._buf = buf[len(buf) - hold:]
-            return False
-        if mode == "head":
-            got = _call_head(buf)
-            if got is None:
-                return False
-            if got is False:
-                self._mode = "held"
-                return True
-            name, j = got
-            call = {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": ""}}
-            self.calls.append(call)
-            out.append(("call", len(self.calls) - 1, {**call, "function": dict(call["function"])}))
-            self._buf, self._mode = buf[j:], "args"
-            self._depth, self._in_str, self._esc = 1, False, False
-            self._args("{", out)
-            return True
-        if mode == "args":
-            end = self._scan(buf)
-            self._args(buf[:end], out)
-            self._buf = buf[end:]
-            if self._depth == 0:
-                self._mode = "tail"
-                return True
-            return False
-        i = buf.find(CLOSE)                            # tail or held: up to </tool_call>
-        if i < 0:
-            return False
-        block, self._buf, self._mode = buf[:i], buf[i + len(CLOSE):], "text"
-        if mode == "held":
-            call = _whole_call(block)
-            if call is None:
-                self._text(OPEN + block + CLOSE, out)
-            else:
-                self.calls.append(call)
-                i = len(self.calls) - 1
-                out.append(("call", i, {**call, "function": {**call["function"], "arguments": ""}}))
-                if call["function"]["arguments"]:
-                    out.append(("args", i, call["function"]["arguments"]))
-        return True
-
-    def _scan(self, buf: str) -> int:
-        """How much of buf belongs to the arguments object (its end: the brace closing it)."""
-        for k, ch in enumerate(buf):
-            if self._in_str:
-                if self._esc:
-                    self._esc = False
-                elif ch == "\\":
-                    self._esc = True
-                elif ch == '"':
-                    self._in_str = False
-            elif ch == '"':
-                self._in_str = True
-            elif ch in "{[":
-                self._depth += 1
-            elif ch in "}]":
-                self._depth -= 1
-                if self._depth == 0:
-                    return k + 1
-        return len(buf)
-
-    def _args(self, text: str, out: list) -> None:
-        if text:
-            i = len(self.calls) - 1
-            self.calls[i]["function"]["arguments"] += text
-            out.append(("args", i, text))
-
-    def _text(self, text: str, out: list) -> None:
-        if not text:
-            return
-        text = self._ws + text
-        kept = text.rstrip()
-        self._ws = text[len(kept):]
-        if self.calls and not self.content:            # the text after a call opens without its blank
-            kept = kept.lstrip()
-        if kept:
-            out.append(("content", kept))
-            self.content += kept
+def call_stream(plan: Optional[ToolRequest]) -> CallStream:
+    """The parser of a reply to a request with these tools (the offered names: bare calls must
+    name one of them)."""
+    if plan is None:
+        return CallStream()
+    return CallStream(plan.format, [t["function"]["name"] for t in plan.tools])
 
 
-def _open_prefix(text: str) -> int:
-    """The length of text's longest suffix that may be the start of <tool_call>."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if text.endswith(OPEN[:n]):
-            return n
-    return 0
+def kept_markers(plan: Optional[ToolRequest], tok) -> dict:
+    """{token id: text} of the call markers the reply's text must keep though the tokenizer may
+    skip them as special tokens when decoding (llama 3.x's <|python_tag|>, Mistral's [TOOL_CALLS])."""
+    if plan is None:
+        return {}
+    return marker_ids(tok, (plan.format or detect(tok)).keep)
 
 
-def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-_HEAD = ("ws", "{", "ws", '"name"', "ws", ":", "ws", "name", "ws", ",", "ws", ('"arguments"', '"parameters"'),
-         "ws", ":", "ws", "{")
-
-
-def _call_head(buf: str):
-    """A block's start `{"name": "<name>", "arguments": {`: (name, index after the brace); None:
-    the text so far may still become one; False: it cannot."""
-    i, name = 0, None
-    for part in _HEAD:
-        if part == "ws":
-            while i < len(buf) and buf[i] in " \t\r\n":
-                i += 1
-            continue
-        rest = buf[i:]
-        if part == "name":
-            if not rest:
-                return None
-            if rest[0] != '"':
-                return False
-            end = _string_end(rest)
-            if end is None:
-                return None if len(rest) < 256 else False
-            try:
-                name = json.loads(rest[:end])
-            except ValueError:
-                return False
-            i += end
-            continue
-        options = part if isinstance(part, tuple) else (part,)
-        hit = next((o for o in options if rest.startswith(o)), None)
-        if hit is None:
-            return None if any(o.startswith(rest) for o in options) else False
-        i += len(hit)
-    return name, i
-
-
-def _string_end(text: str) -> Optional[int]:
-    """The index after the closing quote of the JSON string text starts with (None: not closed yet)."""
-    esc = False
-    for k in range(1, len(text)):
-        if esc:
-            esc = False
-        elif text[k] == "\\":
-            esc = True
-        elif text[k] == '"':
-            return k + 1
-    return None
-
-
-def _whole_call(block: str) -> Optional[dict]:
-    """A whole block's call ({"name", "arguments" or "parameters"} in any order), or None."""
-    try:
-        obj = json.loads(block)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    return {"id": _call_id(), "type": "function",
-            "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
-
-
-def parse_calls(text: str) -> Tuple[Optional[str], list]:
+def parse_calls(text: str, plan: Optional[ToolRequest] = None) -> Tuple[Optional[str], list]:
     """(content, tool_calls) of a whole reply, read as CallStream reads it streamed: content None
     when the calls are all there is."""
-    p = CallStream()
+    p = call_stream(plan)
     p.feed(text)
     p.finish()
     if not p.calls:

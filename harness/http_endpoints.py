@@ -51,14 +51,18 @@ def tiny_engine(seed=0):
     return TorchEngine(model, fingerprint=f"tiny-{seed}")
 
 
-def openai_endpoint():
+def openai_endpoint(prompt_cache: int = 0, draft_engine=None):
     """A StarSD target (tiny model) behind the OpenAI endpoint, its draft from a hub on a memory bus:
-    yields (server, target, tokenizer) and stops both after."""
+    yields (server, target, tokenizer) and stops both after. prompt_cache: the target's slots
+    (edge/speculative/prefix_cache.py; 0: none)."""
+    from edge.speculative.prefix_cache import PrefixCache
     bus = MemoryBus()
     tok = byte_tokenizer()
     fp = tok.fingerprint()
-    hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=tiny_engine(1), tokenizer_fp=fp).start()
-    star = StarTarget(tiny_engine(0), HubClient(MemoryLink(bus, "dev"), "dev", fp, 256), gamma=3)
+    hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=draft_engine or tiny_engine(1), tokenizer_fp=fp).start()
+    engine = tiny_engine(0)
+    star = StarTarget(engine, HubClient(MemoryLink(bus, "dev"), "dev", fp, 256), gamma=3,
+                      prefix_cache=PrefixCache(engine, prompt_cache) if prompt_cache else None)
     server = OpenAIServer(star.generate, tok, "tiny", port=0, context=512).start()
     yield server, star, tok
     server.stop()

@@ -122,7 +122,7 @@ class OpenAIServer:
     def run(self, req: Request, emit: Callable[[str, list], None],
             recorder: Optional[LogprobRecorder] = None) -> tuple:
         """Generate, calling emit(text, logprob entries) as text becomes final;
-        -> (text, n_tokens, finish_reason)."""
+        -> (text, n_tokens, finish_reason, cached prompt tokens: what a prompt cache reused)."""
         stream = self.tok.decode_stream(skip_special=True)
         keep = kept_markers(req.tools, self.tok)     # call markers a special-token decode would drop
         cut = StopText(req.stop)
@@ -141,7 +141,7 @@ class OpenAIServer:
                 emit(out, take())
             if cut.hit:
                 raise _Stop()
-        finish = "length"
+        finish, res = "length", None
         kw = {} if self.models is None else {"model": req.model}
         if recorder is not None:
             kw["on_logits"] = recorder.on_logits
@@ -152,12 +152,12 @@ class OpenAIServer:
                 res = self.generate(req.ids, req.max_new, req.params, stop_ids=tuple(self.tok.eos_ids),
                                     on_token=on_token, **kw)
                 finish = "stop" if res.finish_reason == "stop" else "length"
-            except _Stop:
-                finish = "stop"
+            except _Stop as e:              # the generation carries what it did so far (generate.py)
+                finish, res = "stop", getattr(e, "gen_result", None)
         rest = cut.flush()
         if rest or (recorder is not None and recorder.pending):
             emit(rest, take())
-        return cut.text, n[0], finish
+        return cut.text, n[0], finish, int(getattr(res, "cached_tokens", 0) or 0)
 
     def recorder(self, req: Request) -> Optional[LogprobRecorder]:
         return None if req.logprobs is None else LogprobRecorder(self.tok, req.logprobs)
@@ -182,8 +182,10 @@ def _tool_message(calls: CallStream, finish: str) -> tuple:
             finish if calls.incomplete else "tool_calls")
 
 
-def _usage(req: Request, n: int) -> dict:
-    return {"prompt_tokens": len(req.ids), "completion_tokens": n, "total_tokens": len(req.ids) + n}
+def _usage(req: Request, n: int, cached: int = 0) -> dict:
+    """OpenAI's usage; prompt_tokens_details.cached_tokens: prompt tokens whose KV was reused."""
+    return {"prompt_tokens": len(req.ids), "completion_tokens": n, "total_tokens": len(req.ids) + n,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -254,7 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, head: dict, req: Request) -> None:
         rec = self.owner.recorder(req)
         try:
-            text, n, finish = self.owner.run(req, lambda s, lp: None, rec)
+            text, n, finish, cached = self.owner.run(req, lambda s, lp: None, rec)
         except Unavailable as e:
             self._unavailable(e)
             return
@@ -269,11 +271,13 @@ class _Handler(BaseHTTPRequestHandler):
             message, finish = _message(req, text, finish)
             choice = {"index": 0, "message": message, "finish_reason": finish,
                       "logprobs": rec.chat(rec.entries) if rec else None}
-            self._json(200, {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(req, n)})
+            self._json(200, {**head, "object": "chat.completion", "choices": [choice],
+                             "usage": _usage(req, n, cached)})
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish,
                       "logprobs": rec.completion(rec.entries) if rec else None}
-            self._json(200, {**head, "object": "text_completion", "choices": [choice], "usage": _usage(req, n)})
+            self._json(200, {**head, "object": "text_completion", "choices": [choice],
+                             "usage": _usage(req, n, cached)})
 
 
 class _Stream:
@@ -323,12 +327,13 @@ class _Stream:
     def run(self) -> None:
         try:
             if self.req.tools is not None:     # text streams up to a tool call; calls go whole, at the end
-                n, finish = self._tool_reply()
+                n, finish, cached = self._tool_reply()
             else:
-                _, n, finish = self.h.owner.run(self.req, lambda s, lp: self.send(self.delta(s, lp)), self.rec)
+                _, n, finish, cached = self.h.owner.run(self.req, lambda s, lp: self.send(self.delta(s, lp)),
+                                                        self.rec)
             self.send(self.delta("", [], finish))
             if self.req.include_usage:
-                self.send(None, _usage(self.req, n))
+                self.send(None, _usage(self.req, n, cached))
             self.h.wfile.write(b"data: [DONE]\n\n")
             self.h.wfile.flush()
         except (_Stop, OSError):
@@ -356,7 +361,7 @@ class _Stream:
         function.name as soon as they are known, then its function.arguments as string deltas as
         the tokens arrive
         (choices[0].delta.tool_calls = [{index, id?, type?, function: {name?, arguments}}]);
-        -> (tokens, finish_reason: tool_calls when there are calls)."""
+        -> (tokens, finish_reason: tool_calls when there are calls, cached prompt tokens)."""
         calls, entries = call_stream(self.req.tools), []
 
         def send(events) -> None:
@@ -375,11 +380,11 @@ class _Stream:
         def emit(s: str, lp: list) -> None:
             entries.extend(lp)
             send(calls.feed(s))
-        _, n, finish = self.h.owner.run(self.req, emit, self.rec)
+        _, n, finish, cached = self.h.owner.run(self.req, emit, self.rec)
         send(calls.finish())
         if entries:                                # logprobs of tokens that made no text
             self.send(self.delta("", entries))
-        return n, _tool_message(calls, finish)[1]
+        return n, _tool_message(calls, finish)[1], cached
 
     def _calls_delta(self, call: dict, entries: list) -> dict:
         lp = self.rec.chat(entries) if self.rec else None

@@ -6,6 +6,7 @@ import sys
 import click
 
 from edge.cli.options import adaptive_refusal, apply, backend_option, gamma_option, model_options, verbose_option
+from edge.cli.options import open_prompt_cache, prompt_cache_options
 from edge.cli.sections import GENERATION, MODEL, SectionedCommand, option
 from edge.cli.startup import open_model_for_command, resolve_for_command
 
@@ -26,8 +27,10 @@ def streamer(tokenizer):
 
 def run_generation(target_ref, draft_ref, prompt, gamma, max_new, temperature, top_k, top_p,
                    seed, chat, compare, dtype, threads, max_len, backend="auto",
-                   draft_backend=None, draft_top_k=64, device="auto", gpu_layers=None):
+                   draft_backend=None, draft_top_k=64, device="auto", gpu_layers=None, prompt_cache=0,
+                   prompt_cache_mb=1024.0):
     """gamma: (γ, adaptive) as --gamma reads it: the fixed γ, or the largest one a policy picks from.
+    prompt_cache / prompt_cache_mb: the target's prompt cache (--compare's run reuses the prompt's KV).
     draft_ref None: a fetched model with the target's tokenizer (default_draft).
     device / gpu_layers: where both models run (edge/engines/placement.py)."""
     from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
@@ -63,13 +66,14 @@ def run_generation(target_ref, draft_ref, prompt, gamma, max_new, temperature, t
                                    f"exceeds the context of {target.max_len}: shorten it or lower --max-new")
     stops = tuple(tok.eos_ids)
     click.echo(f"--- speculative: draft {draft_name}, γ={f'auto:{gamma}' if adaptive else gamma} ---", err=True)
+    cache = open_prompt_cache(target, prompt_cache, prompt_cache_mb)
     spec = generate_speculative(target, drafter, ids, max_new, gamma, params, stop_ids=stops,
-                                on_token=streamer(tok), adaptive=adaptive)
+                                on_token=streamer(tok), adaptive=adaptive, cache=cache)
     click.echo("")
     rows = [("speculative", spec)]
     if compare:
         click.echo("--- target alone ---", err=True)
-        plain = generate_plain(target, ids, max_new, params, stop_ids=stops, on_token=streamer(tok))
+        plain = generate_plain(target, ids, max_new, params, stop_ids=stops, on_token=streamer(tok), cache=cache)
         click.echo("")
         rows.append(("target alone", plain))
     from edge.speculative.speedup_note import speedup_note
@@ -153,6 +157,7 @@ def generation_options(f):
                        "else torch)"),
         backend_option("--draft-backend", default=None, help="engine for the draft (default: --backend)"),
         model_options,
+        prompt_cache_options(GENERATION),
     ])
 
 

@@ -16,7 +16,8 @@ from edge.sun.worker_limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
 
 @dataclass
 class TargetSettings:
-    """A target's γ and how it serves: --gamma, --http-host/--http-port, or --prompt once."""
+    """A target's γ and how it serves: --gamma, --http-host/--http-port, or --prompt once; the KV of
+    recent conversations it keeps: --prompt-cache N, --prompt-cache-mb."""
     gamma: int                      # the fixed γ, or the largest with adaptive
     adaptive: bool                  # --gamma auto[:N]
     http_host: str
@@ -25,6 +26,8 @@ class TargetSettings:
     max_new: int
     temperature: float
     hubs: tuple = ()                # --hub-ids: the star's hub ids when there are several
+    prompt_cache: int = 0           # --prompt-cache: conversations kept (edge/speculative/prefix_cache.py)
+    prompt_cache_mb: float = 1024.0  # --prompt-cache-mb: their KV bound
 
 
 def run_draft(core, tok, link, service_id, ctl_key=None, tele: Optional[TelemetrySettings] = None) -> None:
@@ -136,11 +139,13 @@ def open_node(role, link, directory, worker_id, task=None, threads=None, max_bat
 def run_target(engine, tok, link, client_id, model, target: TargetSettings,
                tele: Optional[TelemetrySettings] = None, ctl_key=None) -> None:
     """Join the star (or decode alone until a draft comes online), then --prompt once or serve."""
+    from edge.cli.options import open_prompt_cache
     from edge.star.hub_client import HubClient, JoinRefused
     from edge.star.target import StarTarget
 
     star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size, hubs=target.hubs),
-                      gamma=target.gamma, adaptive=target.adaptive)
+                      gamma=target.gamma, adaptive=target.adaptive,
+                      prefix_cache=open_prompt_cache(engine, target.prompt_cache, target.prompt_cache_mb))
     try:
         star.check_join()
         click.echo(f"target {client_id} joined the star at {link.url}", err=True)

@@ -269,6 +269,32 @@ def _no_adaptive(ctx, param, value):
 adaptive_refusal = click.option("--adaptive", is_flag=True, hidden=True, expose_value=False, callback=_no_adaptive)
 
 
+# ---- a target's prompt cache ----
+
+def prompt_cache_options(section: Section):
+    """--prompt-cache N / --prompt-cache-mb MB: the KV of recent conversations a target keeps
+    (edge/speculative/prefix_cache.py; `edge-agent run`, `edge-agent generate`, `edge-agent plan`)."""
+    from edge.speculative.prefix_cache import DEFAULT_MB, DEFAULT_SLOTS
+    return lambda f: apply(f, [
+        option(section, "--prompt-cache", default=DEFAULT_SLOTS, show_default=True, type=click.IntRange(0, 64),
+               metavar="N", help="conversations whose KV the target keeps between requests: a request sharing a "
+                                 "prefix with one (a chat's next turn) prefills only the rest (0: off; on "
+                                 "llama.cpp each is one more sequence of --max-len, allocated at start)"),
+        option(section, "--prompt-cache-mb", default=DEFAULT_MB, show_default=True, metavar="MB",
+               type=click.FloatRange(min=0.0),
+               help="the most KV those conversations hold, as the engine allocates it (the least recently "
+                    "used goes first); MB = 10^6 bytes"),
+    ])
+
+
+def open_prompt_cache(engine, slots: int, mb: float):
+    """The PrefixCache of --prompt-cache / --prompt-cache-mb on `engine` (None when off)."""
+    if not slots:
+        return None
+    from edge.speculative.prefix_cache import PrefixCache
+    return PrefixCache(engine, int(slots), int(mb * 1e6))
+
+
 # ---- the draft service ----
 
 def draft_options(f):

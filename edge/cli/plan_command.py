@@ -15,9 +15,9 @@ from typing import Optional
 
 import click
 
-from edge.cli.options import backend_option, dtype_option, renamed_option
-from edge.cli.sections import MODEL, option
-from edge.memory.fit import (Fit, Workload, engine_kwargs, fit, parse_bytes, role_sequences)
+from edge.cli.options import backend_option, dtype_option, prompt_cache_options, renamed_option
+from edge.cli.sections import MODEL, TARGET, option
+from edge.memory.fit import (Fit, Workload, cache_slots_that_fit, engine_kwargs, fit, parse_bytes, role_sequences)
 
 GB = 1e9
 _DEFAULT_CTX = 4096                     # `edge-agent run --max-len`'s default
@@ -55,10 +55,12 @@ def load_device(name: str):
 
 def make_plan(role: str, model, budget: Optional[int], max_len: Optional[int] = None,
               max_batch: int = 64, max_sessions: int = 64, dtype: str = "float32", gamma: int = 4,
-              max_kv_mb: Optional[float] = None, adapters: Optional[tuple] = None):
+              max_kv_mb: Optional[float] = None, adapters: Optional[tuple] = None,
+              prompt_cache: Optional[tuple] = None):
     """(Fit or None without a budget, Estimate) for a role as `edge-agent run` would load the
     ResolvedModel `model` (on its backend); adapters = (count, rank, targets, itemsize) of the
-    LoRA specialists a prefill worker holds."""
+    LoRA specialists a prefill worker holds; prompt_cache = (slots, MB) of a target's
+    (--prompt-cache, --prompt-cache-mb: edge/speculative/prefix_cache.py)."""
     from edge.engines.base import EngineError
     from edge.memory.fit import estimate
     try:
@@ -70,11 +72,18 @@ def make_plan(role: str, model, budget: Optional[int], max_len: Optional[int] = 
         max_len = _SUN_CTX.get(b, shape.max_position) if role in ("prefill", "decoder") else _DEFAULT_CTX
     w = Workload(role, b, int(max_len), role_sequences(role, b, max_sessions, max_batch), dtype=dtype,
                  gamma=gamma, max_kv_bytes=int(max_kv_mb * 1e6) if max_kv_mb and role == "draft" else None,
-                 adapters=adapters[0] if adapters else 0, adapter_bytes=_adapters_bytes(shape, role, adapters))
+                 adapters=adapters[0] if adapters else 0, adapter_bytes=_adapters_bytes(shape, role, adapters),
+                 cache_slots=cache_slots(role, prompt_cache),
+                 cache_bytes=int(prompt_cache[1] * 1e6) if cache_slots(role, prompt_cache) else None)
     if budget is None:
         return None, estimate(shape, w)
     f = fit(shape, w, budget)
     return f, f.estimate
+
+
+def cache_slots(role: str, prompt_cache: Optional[tuple]) -> int:
+    """The prompt cache's slots a role holds: a target's --prompt-cache, none elsewhere."""
+    return int(prompt_cache[0]) if prompt_cache and role == "target" else 0
 
 
 def _adapters_bytes(shape, role: str, adapters: Optional[tuple]) -> int:
@@ -129,6 +138,9 @@ def advice(f: Fit) -> list:
     if w.role in ("draft", "decoder") and f.max_sequences:
         flag = "--max-sessions" if w.role == "draft" else "--max-batch"
         out.append(f"lower {flag} to {f.max_sequences} or less")
+    slots = cache_slots_that_fit(e.shape, w, f.budget) if w.cache_slots else None
+    if slots is not None:                 # a target's prompt cache (each slot is a sequence on llama.cpp)
+        out.append(f"lower --prompt-cache to {slots} or less")
     if e.parts.get("adapters") and e.total - e.parts["adapters"] <= f.budget:
         n = e.workload.adapters
         one = e.parts["adapters"] // max(1, n)
@@ -153,51 +165,55 @@ def refusal(f: Fit, where: str) -> str:
 
 
 def check_before_load(role, model, max_len, profile, memory_budget, max_batch=64, max_sessions=64,
-                      dtype="float32", max_kv_mb=None, placement=None) -> dict:
+                      dtype="float32", max_kv_mb=None, placement=None, prompt_cache=None) -> dict:
     """`edge-agent run`'s check of a ResolvedModel: refuse a role that does not fit, before anything
     loads; returns the engine arguments the plan counted (llama.cpp: n_seq_max). With a `placement` on a GPU, or on
     a discrete-GPU profile (whose usable memory is the card's), each side (host, GPU, or a Jetson's
-    shared pool) is checked where its bytes live."""
+    shared pool) is checked where its bytes live. prompt_cache: a target's (slots, MB), counted too."""
     if placement is not None and profile and (placement.on_gpu or load_device(profile).kind == "gpu"):
         return _check_placed(role, model, max_len, profile, memory_budget, max_batch, max_sessions,
-                             dtype, max_kv_mb, placement)
+                             dtype, max_kv_mb, placement, prompt_cache)
     budget = budget_bytes(profile, memory_budget)
     try:
-        f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
+        f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
+                         prompt_cache=prompt_cache)
     except click.ClickException:
         if budget is not None:
             raise                         # a budget it cannot check is not enforced silently
         b = model.backend                 # unsized (the loader will say why, if it cannot load it)
-        return engine_kwargs(b, role, role_sequences(role, b, max_sessions, max_batch))
+        n = role_sequences(role, b, max_sessions, max_batch) + cache_slots(role, prompt_cache)
+        return engine_kwargs(b, role, n)
     if f is not None and not f.fits:
         where = f"--memory-budget {memory_budget}" if memory_budget else f"profile {profile}"
         raise click.ClickException(refusal(f, where))
     if f is not None:
         click.echo(f"memory plan: {e.total / GB:.2f} GB of {f.budget / GB:.2f} GB "
                    f"(KV {e.kv_bytes_per_token} B/token)", err=True)
-    return engine_kwargs(e.workload.backend, role, e.workload.sequences)
+    return engine_kwargs(e.workload.backend, role, e.workload.engine_sequences)
 
 
 def _check_placed(role, model, max_len, profile, memory_budget, max_batch, max_sessions, dtype, max_kv_mb,
-                  placement) -> dict:
+                  placement, prompt_cache=None) -> dict:
     """check_before_load by sides: the estimate split by where it is placed (edge/memory/placed.py),
     each side against its budget (a side the profile does not size is not checked)."""
     from edge.memory.placed import MemorySides, check_sides, gpu_fraction
     sides = MemorySides.of_profile(load_device(profile), budget_bytes(None, memory_budget))
-    _, e = make_plan(role, model, None, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb)
+    _, e = make_plan(role, model, None, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
+                     prompt_cache=prompt_cache)
     why = check_sides(e, gpu_fraction(placement, e.shape.layers), sides)
     if why:
         raise click.ClickException(f"{role} on {e.workload.backend} placed on {placement.device} does not fit "
                                    f"profile {profile}: it {why}; lower --max-len, use a smaller model or "
                                    "quantisation, or move layers between GPU and CPU (--gpu-layers N)")
     click.echo(f"memory plan: {e.total / GB:.2f} GB, placed on {placement.device} of profile {profile}", err=True)
-    return engine_kwargs(e.workload.backend, role, e.workload.sequences)
+    return engine_kwargs(e.workload.backend, role, e.workload.engine_sequences)
 
 
 def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
     w = e.workload
     rows = [("model", f"{e.shape.name} ({e.shape.quant})"), ("role / backend", f"{w.role} / {w.backend}"),
-            ("context x sequences", f"{w.context} x {w.sequences}")]
+            ("context x sequences", f"{w.context} x {w.sequences}"
+                                    + (f" + {w.cache_slots} in the prompt cache" if w.cache_slots else ""))]
     rows += [(k, f"{v / GB:.3f} GB") for k, v in e.parts.items()]
     rows += [("total", f"{e.total / GB:.3f} GB"), ("KV per token", f"{e.kv_bytes_per_token} B")]
     if f is not None:
@@ -241,9 +257,11 @@ def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
               help="the linears each adapts (edge-export tune --targets)")
 @click.option("--adapter-dtype", default="F32", show_default=True, type=click.Choice(["F32", "F16"]),
               help="their tensors' dtype (edge-export adapter --ftype; torch PEFT files: F32)")
+@prompt_cache_options(TARGET)
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
 def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_len, max_batch, max_sessions,
-         max_kv_mb, dtype, device, gpu_layers, n_adapters, adapter_rank, adapter_targets, adapter_dtype, as_json):
+         max_kv_mb, dtype, device, gpu_layers, n_adapters, adapter_rank, adapter_targets, adapter_dtype,
+         prompt_cache, prompt_cache_mb, as_json):
     """Estimate a role's memory on a device: fits or not, by how much, and the most that fits."""
     given = [x for x in (model, bundle, module_dir) if x]
     if len(given) != 1:
@@ -260,13 +278,13 @@ def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_l
     if bundle and role == "prefill" and not n_adapters:
         ad = bundle_adapters(model)
     f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
-                     adapters=ad)
+                     adapters=ad, prompt_cache=(prompt_cache, prompt_cache_mb))
     sp = specialists(f, e)
     placed = _placed(e, profile, memory_budget, device, gpu_layers)
     if as_json:
         d = f.to_dict() if f is not None else e.to_dict()
         d.update(profile=profile, advice=advice(f) if f is not None else [], placement=placed,
-                 engine_kwargs=engine_kwargs(e.workload.backend, role, e.workload.sequences),
+                 engine_kwargs=engine_kwargs(e.workload.backend, role, e.workload.engine_sequences),
                  adapters=e.workload.adapters, specialists=sp.to_dict() if sp else None)
         click.echo(json.dumps(d, indent=1, sort_keys=True))
     else:

@@ -16,6 +16,10 @@ KV         bytes per token (layers x 2 x kv_heads x head_dim x itemsize: llama.c
            exactly the tokens held, plus the call's inputs and outputs while it runs
 compute    activations of the role's largest call and its logits rows (vocab x 4 bytes each)
 
+A target's prompt cache (edge/speculative/prefix_cache.py: `cache_slots` conversations, at most
+`cache_bytes` of KV) adds its sequences: on llama.cpp whole sequences of the context (n_seq_max
+counts them, allocated up front), elsewhere what the held tokens allocate, up to cache_bytes.
+
 The constants below "calibrated here" were fitted to peak RSS measured here (2-core x86,
 no GPU) by benchmarks/device/memory_plan.py, whose cases and errors are kept in
 benchmarks/results/memory_plan/default.md. A device profile (devices/profiles) says how much
@@ -69,6 +73,8 @@ class Workload:
     max_kv_bytes: Optional[int] = None   # draft (torch / onnx): the service's --max-kv-mb cap
     adapters: int = 0                 # prefill: LoRA specialists it holds (edge/memory/adapters.py) ...
     adapter_bytes: int = 0            # ... and their tensor bytes, all of them
+    cache_slots: int = 0              # target: conversations its prompt cache holds (prefix_cache.py)
+    cache_bytes: Optional[int] = None   # ... and the most KV bytes they may hold (None: no bound but the slots)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -79,6 +85,13 @@ class Workload:
             raise ValueError("context and sequences must be at least 1")
         if self.adapter_bytes < 0 or (self.adapter_bytes and self.role != "prefill"):
             raise ValueError("adapters are held by a prefill worker only (and never fewer than none)")
+        if self.cache_slots < 0 or (self.cache_slots and self.role != "target"):
+            raise ValueError("a prompt cache is a target's only (and never fewer than no slots)")
+
+    @property
+    def engine_sequences(self) -> int:
+        """Sequences the engine holds at once: the role's and its prompt cache's."""
+        return self.sequences + self.cache_slots
 
 
 @dataclass
@@ -96,7 +109,8 @@ class Estimate:
     def to_dict(self) -> dict:
         w = self.workload
         return {"model": self.shape.name, "quant": self.shape.quant, "role": w.role, "backend": w.backend,
-                "context": w.context, "sequences": w.sequences, "dtype": w.dtype if w.backend == "torch" else None,
+                "context": w.context, "sequences": w.sequences, "prompt_cache": w.cache_slots,
+                "prompt_cache_bytes": w.cache_bytes, "dtype": w.dtype if w.backend == "torch" else None,
                 "parts_bytes": dict(self.parts), "total_bytes": self.total,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "kv_tokens": self.kv_tokens}
 
@@ -150,9 +164,12 @@ def _kv(shape: ModelShape, w: Workload) -> tuple:
     """(bytes, tokens) of KV the role holds at its peak."""
     per = kv_bytes_per_token(shape, w.backend, w.dtype)
     if w.backend == "llamacpp":           # n_ctx x n_seq_max, allocated and cleared up front
-        cells = math.ceil(w.context / LLAMACPP_CTX_PAD) * LLAMACPP_CTX_PAD * w.sequences
+        cells = math.ceil(w.context / LLAMACPP_CTX_PAD) * LLAMACPP_CTX_PAD * w.engine_sequences
         return cells * per, cells
     cap = _pow2_capacity(w.context, w.context) if w.backend == "torch" else w.context
+    cached = w.cache_slots * cap          # the prompt cache: whole sequences at most, up to its bytes
+    if w.cache_bytes is not None:
+        cached = min(cached, w.cache_bytes // per)
     held = cap * w.sequences
     if w.max_kv_bytes is not None and w.role == "draft":
         held = min(held, max(cap, w.max_kv_bytes // per))   # the service refuses past --max-kv-mb
@@ -164,7 +181,7 @@ def _kv(shape: ModelShape, w: Workload) -> tuple:
         tokens = held                     # onnx: one call's outputs, exported as they are
     else:
         tokens = 2 * held                 # onnx: held + the next call's outputs
-    return tokens * per, tokens
+    return (tokens + cached) * per, tokens + cached
 
 
 def _compute(shape: ModelShape, w: Workload) -> int:
@@ -272,6 +289,14 @@ def fit(shape: ModelShape, w: Workload, budget: int, context_limit: Optional[int
     def ok_seq(s):
         return estimate(shape, replace(w, sequences=s)).total <= budget
     return Fit(estimate(shape, w), budget, _largest(ok_ctx, ctx_hi), _largest(ok_seq, sequences_limit))
+
+
+def cache_slots_that_fit(shape: ModelShape, w: Workload, budget: int) -> Optional[int]:
+    """The most prompt-cache slots, up to w's, with which w fits `budget`; None when it does not fit
+    even without a prompt cache."""
+    def ok(n: int) -> bool:
+        return estimate(shape, replace(w, cache_slots=n)).total <= budget
+    return _largest(ok, w.cache_slots) if ok(0) else None
 
 
 # -- what `edge-agent run` builds ----------------------------------------------------------------

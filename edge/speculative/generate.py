@@ -26,6 +26,7 @@ from edge.speculative.common_prefix import common_prefix
 from edge.speculative.constrained import ConstrainedProposer, grammar_matcher, legal_drafts, mask_rows
 from edge.speculative.drafter import Drafter
 from edge.speculative.gamma_rounds import GammaRounds
+from edge.speculative.prefix_cache import PrefixCache, give_back, take_sequence
 from edge.engines.base import Engine
 from edge.speculative.sampling import (GREEDY, Role, SamplingParams, SparseDist, adjust_logits, pick, role_rng,
                                 to_probs)
@@ -51,6 +52,7 @@ class GenResult:
     prefill_s: float = 0.0
     timings: List[CallTiming] = field(default_factory=list)
     gammas: List[int] = field(default_factory=list)   # gamma asked for, per round
+    cached_tokens: int = 0            # prompt tokens whose KV a prompt cache held (not prefilled)
 
     @property
     def n_generated(self) -> int:
@@ -191,24 +193,25 @@ def _check_prompt(prompt_ids: Sequence[int], max_new: int) -> List[int]:
 
 
 class _Run:
-    """State shared by both loops: the target sequence, output, timings."""
+    """State shared by both loops: the target sequence (a prompt cache's, if given), output, timings."""
 
     def __init__(self, target: Engine, prompt: List[int], max_new: int, stop_ids: Iterable[int],
                  on_token: Optional[Callable[[int], None]],
-                 on_logits: Optional[Callable[[int, np.ndarray], None]] = None):
+                 on_logits: Optional[Callable[[int, np.ndarray], None]] = None,
+                 cache: Optional[PrefixCache] = None):
         self.target, self.max_new, self.on_token, self.on_logits = target, max_new, on_token, on_logits
-        self.n_prompt = len(prompt)
+        self.n_prompt, self.cache = len(prompt), cache
         self.stops = {int(s) for s in stop_ids}
-        self.res = GenResult(tokens=[])
         self.t0 = time.perf_counter()
         self.context = list(prompt)            # committed tokens; the last one not yet fed
-        self.seq = target.new_sequence()
+        self.seq, held = take_sequence(target, cache, prompt)     # holding prompt[:held] already
+        self.res = GenResult(tokens=[], cached_tokens=held)
         try:
-            target.check_room(self.seq, len(prompt))
-            if len(prompt) > 1:
-                self.forward(prompt[:-1], "prefill")
-        except BaseException:
-            target.free(self.seq)
+            target.check_room(self.seq, len(prompt) - held)
+            if len(prompt) - 1 > held:
+                self.forward(prompt[held:-1], "prefill")
+        except BaseException as e:
+            self.abort(e)
             raise
         self.res.prefill_s = time.perf_counter() - self.t0
 
@@ -252,21 +255,27 @@ class _Run:
                 return
 
     def finish(self) -> GenResult:
-        self.target.free(self.seq)
+        give_back(self.target, self.cache, self.seq)
         self.res.wall_s = time.perf_counter() - self.t0
         return self.res
+
+    def abort(self, error: BaseException) -> None:
+        """Ended by `error`: the sequence back; error.gen_result is what was generated so far."""
+        give_back(self.target, self.cache, self.seq, error)
+        self.res.wall_s, error.gen_result = time.perf_counter() - self.t0, self.res
 
 
 def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
                    params: SamplingParams = GREEDY, stop_ids: Iterable[int] = (),
                    on_token: Optional[Callable[[int], None]] = None,
                    on_logits: Optional[Callable[[int, np.ndarray], None]] = None,
-                   grammar=None) -> GenResult:
+                   grammar=None, cache: Optional[PrefixCache] = None) -> GenResult:
     """Target-only decoding, one target call per generated token. grammar: an
-    edge.speculative.grammar.Grammar the output follows (its end token stops the generation)."""
+    edge.speculative.grammar.Grammar the output follows (its end token stops the generation);
+    cache: the target's prompt cache (its sequence comes from it and goes back to it)."""
     prompt = _check_prompt(prompt_ids, max_new)
     rng = role_rng(params.seed, Role.TARGET)
-    run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits)
+    run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits, cache)
     matcher = grammar_matcher(grammar, run.stops)
     try:
         while not run.done and run.room() >= 1:
@@ -278,8 +287,8 @@ def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
             run.commit([t], rows)
             if matcher is not None:
                 matcher.sync(run.res.tokens)
-    except BaseException:
-        target.free(run.seq)
+    except BaseException as e:
+        run.abort(e)
         raise
     return run.finish()
 
@@ -289,7 +298,7 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
                          on_token: Optional[Callable[[int], None]] = None,
                          adaptive: bool = False,
                          on_logits: Optional[Callable[[int, np.ndarray], None]] = None,
-                         grammar=None) -> GenResult:
+                         grammar=None, cache: Optional[PrefixCache] = None) -> GenResult:
     """Speculative decoding: the drafter proposes, one target call verifies.
 
     The output has exactly the target's distribution (greedy: exactly the
@@ -298,6 +307,7 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     gamma tried and each round picks one in 0..gamma from measured costs
     (edge/speculative/gamma_rounds.py keeps that bookkeeping). With a grammar the target's
     distribution is the constrained one, and stays exactly that (edge/speculative/constrained.py).
+    cache: the target's prompt cache, as generate_plain's.
     """
     _check_speculative(target, drafter, gamma)
     prompt = _check_prompt(prompt_ids, max_new)
@@ -306,7 +316,7 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
     rng = role_rng(params.seed, Role.TARGET)
     draft_rng = role_rng(params.seed, Role.DRAFT)
     rounds = GammaRounds(drafter.gamma_policy(gamma) if adaptive else None, gamma)
-    run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits)
+    run = _Run(target, prompt, max_new, stop_ids, on_token, on_logits, cache)
     res = run.res
     matcher = grammar_matcher(grammar, run.stops)
     drafter.constrain(grammar, len(prompt))
@@ -345,8 +355,8 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             if matcher is not None:
                 matcher.sync(res.tokens)
             rounds.after_round(drafter, run.context, asked)
-    except BaseException:
-        target.free(run.seq)
+    except BaseException as e:
+        run.abort(e)
         raise
     return run.finish()
 

@@ -144,6 +144,16 @@ class RemoteDrafter(Drafter):
             self.session.close()
             self.session = None
 
+    def adopt(self, session: Session, keep: int) -> None:
+        """Draft on a session kept from an earlier generation: its draft holds our first `keep` tokens."""
+        self.session = session
+        self._reset_state()
+        self._held = DraftHeld(keep)
+
+    def held_for(self, context: Sequence[int]) -> int:
+        """A lower bound on the tokens of `context` (the committed ones) the draft holds."""
+        return min(self._held.keep_for(context), len(context))
+
     # ---- requests ----
     def constrain(self, grammar, start: int) -> None:
         """The drafts follow `grammar` from context position `start` on: the service applies it

@@ -11,9 +11,11 @@ import numpy as np
 
 from edge.engines.base import Engine
 from edge.speculative.generate import GenResult, generate_speculative
+from edge.speculative.prefix_cache import PrefixCache
 from edge.speculative.remote_gamma import GammaPricing
 from edge.star.remote_drafter import RemoteDrafter
 from edge.star.remote_round import Deadline
+from edge.star.session_reuse import KEEP_SESSION_S, KeptSession, keep_session, resume
 from edge.star.hub_client import HubClient, JoinRefused
 from edge.speculative.sampling import GREEDY, SamplingParams
 from edge.speculative.verify_costs import measure_verify_costs
@@ -26,13 +28,16 @@ class StarTarget:
     """A target device: its engine, its link to the hub, and generation.
 
     One generation at a time per StarTarget (the HTTP endpoint serialises
-    requests); each generation has its own hub session.
+    requests); each generation has its own hub session, or, with a prompt cache, the last
+    generation's while it is fresh (edge/star/session_reuse.py): the draft keeps its KV too.
     """
 
     def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, join_timeout: float = 3.0,
-                 adaptive: bool = False):
+                 adaptive: bool = False, prefix_cache: Optional[PrefixCache] = None,
+                 keep_session_s: float = KEEP_SESSION_S):
         """gamma: drafted tokens per round; with adaptive=True the largest γ, each round choosing
-        one in 0..gamma (edge/speculative/remote_gamma.py)."""
+        one in 0..gamma (edge/speculative/remote_gamma.py). prefix_cache: the KV of recent
+        conversations, reused by the next request sharing a prefix (edge/speculative/prefix_cache.py)."""
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1 for a StarSD target, got {gamma}")
         self.engine, self.hub, self.gamma, self.adaptive = engine, hub, gamma, adaptive
@@ -41,6 +46,8 @@ class StarTarget:
         self.stop_aware = True      # γ=auto's pricing (GammaPricing.stop_aware; False: A/B runs)
         self.lock = threading.Lock()
         self.last_drafter: Optional[RemoteDrafter] = None
+        self.prefix_cache, self.keep_session_s = prefix_cache, keep_session_s
+        self._kept: Optional[KeptSession] = None      # the last generation's session, kept open
         # telemetry (edge/telemetry/readings.py): tokens as they are committed, acceptance per generation
         self.counts = {"generations": 0, "tokens": 0, "accepted": 0, "drafted": 0, "busy_s": 0.0}
         self._t0 = time.monotonic()
@@ -87,8 +94,11 @@ class StarTarget:
             drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline, pricing=pricing)
             self.last_drafter = drafter
             drafter.constrain(grammar, len(prompt_ids))     # before the primed first request
+            kept, self._kept = self._kept, None
+            committed = list(prompt_ids)
             try:
-                drafter.connect(self.join_timeout)
+                if not resume(kept, drafter, prompt_ids, self.keep_session_s):
+                    drafter.connect(self.join_timeout)
                 first = drafter.gamma_policy(self.gamma).first_gamma if self.adaptive else self.gamma
                 drafter.prime(prompt_ids, min(first, max(0, max_new - 1)))
             except JoinRefused as e:
@@ -98,17 +108,22 @@ class StarTarget:
                 log.warning("%s; decoding without a draft until the hub answers", e)
             def counted(t: int) -> None:
                 self.counts["tokens"] += 1
+                committed.append(t)
                 if on_token is not None:
                     on_token(t)
             t0 = time.monotonic()
             try:
                 res = generate_speculative(self.engine, drafter, prompt_ids, max_new, self.gamma,
                                            params=params, stop_ids=stop_ids, on_token=counted,
-                                           adaptive=self.adaptive, on_logits=on_logits, grammar=grammar)
+                                           adaptive=self.adaptive, on_logits=on_logits, grammar=grammar,
+                                           cache=self.prefix_cache)
                 self.counts["accepted"] += res.n_accepted
                 self.counts["drafted"] += res.n_drafted
                 self.counts["generations"] += 1
                 return res
             finally:
                 self.counts["busy_s"] += time.monotonic() - t0
-                drafter.close()
+                if self.prefix_cache is not None:
+                    self._kept = keep_session(drafter, committed)
+                else:
+                    drafter.close()

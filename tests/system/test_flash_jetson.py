@@ -127,7 +127,7 @@ def test_provision_lands_files_joins_the_hub_and_a_second_run_changes_nothing(de
         for n in range(1, 11):
             assert f"[{n}/10]" in out
         assert "systemd is not running on the device" in out and START + cmd in out
-        assert 'CPU profile: the model runs on the CPU (device = "cpu")' in out     # the final placement check
+        assert 'CPU profile: the model runs on the CPU (accelerator = "cpu")' in out     # the final placement check
 
         root = device.home / "starsun"
         assert sha256_file(root / "artifacts" / smol.name) == sha256_file(smol)

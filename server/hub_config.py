@@ -90,7 +90,7 @@ class HubConfig:
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     device: str = "auto"                # where the draft and the SUN decoder run (--accelerator)
     gpu_layers: Optional[str] = None    # llama.cpp: N | all (--gpu-layers)
-    draft_backend: str = "torch"        # the hub draft's engine (--draft-backend)
+    draft_backend: str = "auto"         # the hub draft's engine (--draft-backend; auto: edge/model/resolved.py)
     hubs: tuple = ()                    # every hub's id when there are several (--hub-ids)
 
 

@@ -90,8 +90,9 @@ def sun_options(f):
 @option(HUB, "--stats-every", default=5.0, show_default=True, help="seconds between stats lines (0: off)")
 @model_options
 @option(DRAFT, "--draft-model", default=None, help="model name or path of the hub's own draft service")
-@backend_option("--draft-backend", section=DRAFT,
-                help="the hub draft's engine: torch, llamacpp (a GGUF, --gpu-layers), onnx, or auto (by the file)")
+@backend_option("--draft-backend", default="auto", section=DRAFT,
+                help="the hub draft's engine: auto (a GGUF on llama.cpp where it is installed; the start line "
+                     "says why), torch, llamacpp (--gpu-layers), onnx")
 @option(DRAFT, "--client-share", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True),
         help="the most of the draft slots that fit its model one client may hold (others keep room)")
 @draft_options

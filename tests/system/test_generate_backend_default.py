@@ -68,3 +68,16 @@ def test_run_help_says_the_default_is_auto():
     out = CliRunner().invoke(main, ["run", "--help"]).output
     backend = out[out.index("-b, --backend"):]
     assert "[default: auto]" in " ".join(backend.split()[:80]), backend
+
+
+def test_the_hubs_draft_defaults_to_auto_like_every_agent_command(exports):
+    """`edge-hub serve --draft-model X.gguf` without --draft-backend: auto, as on every edge-agent
+    command, so a GGUF draft runs on llama.cpp where it is installed (not dequantised into torch)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
+    from edge.model.resolved import resolve
+    from server.hub_config import hub_config_from
+    from server.hub_serve import serve
+    cfg = hub_config_from(serve.make_context("serve", ["--draft-model", str(exports.gguf("llama"))]).params)
+    assert cfg.draft_backend == "auto"
+    model = resolve(cfg.draft.model, cfg.draft_backend, "draft")
+    assert model.backend == "llamacpp" and model.reason, model

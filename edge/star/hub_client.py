@@ -13,6 +13,9 @@ With a hub list (`hubs`, several hubs: edge/star/hub_watch.py) each join names t
 this client among the live ones, each session remembers its hub, and that hub's will, silence
 or new epoch loses only its sessions; a returning hub gets the client back at its next join.
 
+After an outage (the link lost, the hub offline or restarted) the first draft answer logs, at
+INFO, that drafting resumed: through which broker, how long after the loss.
+
 A join nobody waits for any more (its waiter gave up: `abandon`, a blocking `join` that timed
 out, or one left unanswered for `join_ttl_s`) is forgotten; if the hub accepts it anyway, the
 session is closed at once (bye) instead of holding a slot at the draft until eviction.
@@ -141,6 +144,7 @@ class HubClient:
         self.epoch: Optional[float] = None
         self._listeners: list = []
         self._started = False
+        self._outage: Optional[tuple] = None          # (since, what): drafting has not come back yet
         self.watch = HubWatch(link, hubs, self._hub_changed) if hubs else None
 
     def start(self) -> "HubClient":
@@ -287,6 +291,8 @@ class HubClient:
         s = self.sessions.get(msg.sid)
         if s is not None and isinstance(msg, (DraftResponse, Error)):
             s._deliver(msg)
+            if self._outage is not None and isinstance(msg, DraftResponse):
+                self._resumed()
 
     def _on_status(self, topic: str, payload: bytes) -> None:
         if not payload:
@@ -301,13 +307,18 @@ class HubClient:
         self.status = st
         epoch = st.time if st.online else None
         changed = epoch != self.epoch
+        if changed and self.epoch is not None:
+            self._lost("the hub went offline" if epoch is None else "the hub restarted")
         self.epoch = epoch
         if changed:
             self._epoch_changed("", epoch)
 
     def _hub_changed(self, hub: str) -> None:
         """One of several hubs went, came or restarted (HubWatch): only its sessions are affected."""
-        self._epoch_changed(hub, self.watch.epoch(hub))
+        epoch = self.watch.epoch(hub)
+        if epoch is None:
+            self._lost(f"hub {hub} went offline")
+        self._epoch_changed(hub, epoch)
 
     def _epoch_changed(self, home: str, epoch: Optional[float]) -> None:
         with self._lock:
@@ -320,7 +331,19 @@ class HubClient:
         self._fire()
 
     def _on_connection(self, up: bool) -> None:
+        if not up:
+            self._lost(f"losing broker {self.link.broker}")
         self._fire()
+
+    def _lost(self, what: str) -> None:
+        if self._outage is None:
+            self._outage = (time.monotonic(), what)
+
+    def _resumed(self) -> None:
+        outage, self._outage = self._outage, None
+        if outage is not None:
+            log.info("%s: drafting resumed through broker %s, %.2f s after %s", self.client,
+                     self.link.broker, time.monotonic() - outage[0], outage[1])
 
     def _fire(self) -> None:
         for fn in list(self._listeners):

@@ -4,6 +4,8 @@ Both implementations share the `Link` interface and semantics: MQTT topic
 filters with `+` and `#`, retained messages, a last will, callbacks run on the
 link's own delivery thread (one per link, in arrival order — keep them short:
 hand work to a queue), and automatic re-subscription after a reconnect.
+subscribe() returns once the broker acknowledged the filter (SUBACK); `wait_subscribed()` waits
+for every filter, the re-subscriptions after a reconnect included (edge/wire/subacks.py).
 The in-memory bus is edge/wire/memory_link.py (it builds on this file, not the other way).
 
 Give each link non-overlapping filters: MQTT 3.1.1 lets a broker send one
@@ -31,6 +33,7 @@ from paho.mqtt.client import topic_matches_sub
 
 # LinkError, parse_url and parse_urls are imported from here by callers too
 from edge.wire.brokers import STABLE_S, BrokerList, FailoverClient, LinkError, parse_url, parse_urls  # noqa: F401
+from edge.wire.subacks import SubAcks
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,9 @@ class Link(ABC):
 
     def subscribe(self, pattern: str, callback: Callback) -> bool:
         """callback(topic, payload) for every message matching pattern; one callback
-        per pattern (a second call replaces it). Survives reconnects."""
+        per pattern (a second call replaces it). Survives reconnects. On a connected MqttLink it
+        returns once the broker answered: True granted, False refused (or no answer in 5 s);
+        disconnected, or inside a link callback, it returns True at once (wait_subscribed())."""
         _check_pattern(pattern)
         with self._lock:
             self._subs[pattern] = callback
@@ -96,6 +101,23 @@ class Link(ABC):
         with self._lock:
             self._subs.pop(pattern, None)
         self._unsubscribe(pattern)
+
+    def wait_subscribed(self, timeout: Optional[float] = 5.0) -> dict[str, bool]:
+        """Block until the link is connected and the broker acknowledged every filter subscribed so
+        far on this connection; {pattern: granted} (False: the broker refused it, e.g. its ACL).
+        Raises LinkError after `timeout` seconds. (Deliveries are in-process here: connected is enough.)"""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.is_connected():
+            if end is not None and time.monotonic() >= end:
+                raise LinkError(f"link {self.client_id}: not connected within {timeout:g} s")
+            time.sleep(0.01)
+        with self._lock:
+            return {p: True for p in self._subs}
+
+    @property
+    def broker(self) -> str:
+        """The broker this link is on now (its URL), for log lines."""
+        return getattr(self, "url", None) or getattr(getattr(self, "bus", None), "url", None) or "?"
 
     def on_connection(self, callback: Callable[[bool], None]) -> None:
         """callback(connected) whenever the link goes up or down."""
@@ -168,9 +190,11 @@ class MqttLink(Link):
         self.keepalive = keepalive
         self._up = threading.Event()
         self._refused: Optional[str] = None
-        self._acks: dict[int, tuple[threading.Event, list]] = {}
+        self._subacks = SubAcks(self._lock)
         self._started = False
         self._up_since = 0.0
+        self._lost_at: Optional[float] = None   # when the last connection was lost (for the log)
+        self._on_url: Optional[str] = None      # the broker of the last connection
         c = FailoverClient(self.brokers, mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id,
                             protocol=mqtt.MQTTv311, clean_session=True)
         if username:
@@ -210,20 +234,42 @@ class MqttLink(Link):
         self._refused = None
         self._up_since = time.monotonic()
         self.host, self.port = client.host, client.port
-        with self._lock:
-            patterns = list(self._subs)
-        for p in patterns:                      # clean session: subscriptions are ours to restore
-            client.subscribe(p, qos=1)
-        self._up.set()
+        self._log_move()
+        with self._lock:                        # a subscribe() racing us is sent here or after _up
+            self._subacks.reset()
+            for p in list(self._subs):          # clean session: subscriptions are ours to restore
+                rc, mid = client.subscribe(p, qos=1)
+                if rc == mqtt.MQTT_ERR_SUCCESS:
+                    self._subacks.sent(p, mid)
+            self._up.set()
+            self._subacks.changed()
         self._notify(True)
+
+    def _log_move(self) -> None:
+        """One INFO line when the link is back after a loss: on which broker, how long after."""
+        url, before, lost_at = self.brokers.current, self._on_url, self._lost_at
+        self._on_url, self._lost_at = url, None
+        n = len(self.brokers.urls)
+        if lost_at is not None and url != before:
+            log.info("link %s: moved to broker %s (%d of %d in its list) %.2f s after losing %s",
+                     self.client_id, url, self.brokers.index + 1, n, time.monotonic() - lost_at, before)
+        elif lost_at is not None:
+            log.info("link %s: back on broker %s %.2f s after losing it", self.client_id, url,
+                     time.monotonic() - lost_at)
+        elif before is None and self.brokers.index:
+            log.info("link %s: connected to broker %s (%d of %d in its list: the first did not answer)",
+                     self.client_id, url, self.brokers.index + 1, n)
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was_up = self._up.is_set()
-        self._up.clear()
+        with self._lock:
+            self._up.clear()
+            self._subacks.reset()               # the broker forgets a clean session's filters
         if was_up and reason_code.is_failure and str(reason_code) != "Keep alive timeout" \
                 and time.monotonic() - self._up_since >= STABLE_S:
             client.same_next = True             # the broker itself closed it: it is up
         if was_up:
+            self._lost_at = time.monotonic()
             log.info("link %s: disconnected from %s:%s (%s)", self.client_id, self.host, self.port, reason_code)
             self._notify(False)
 
@@ -231,11 +277,7 @@ class MqttLink(Link):
         self._dispatch(msg.topic, msg.payload)
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
-        with self._lock:
-            entry = self._acks.pop(mid, None)
-        if entry:
-            entry[1].extend(reason_codes)
-            entry[0].set()
+        self._subacks.answered(mid, reason_codes)
 
     # interface
     def connect(self, timeout: Optional[float] = 10.0) -> "MqttLink":
@@ -270,22 +312,44 @@ class MqttLink(Link):
         return ok
 
     def _subscribe(self, pattern: str, wait: float = 5.0) -> bool:
-        if not self._up.is_set():
-            return True                         # _on_connect subscribes it
-        if threading.current_thread() is getattr(self._client, "_thread", None):
-            self._client.subscribe(pattern, qos=1)   # inside a callback: the ack needs this thread
-            return True
-        ev, codes = threading.Event(), []
         with self._lock:                        # register before paho can ack
+            if not self._up.is_set():
+                return True                     # _on_connect subscribes it
             rc, mid = self._client.subscribe(pattern, qos=1)
             if rc != mqtt.MQTT_ERR_SUCCESS:
                 return False
-            self._acks[mid] = (ev, codes)
-        if not ev.wait(wait):
+            self._subacks.sent(pattern, mid)
+        if self._on_network_thread():
+            return True                         # inside a callback: the ack needs this thread
+        got = self._subacks.wait(lambda: [pattern], self._up.is_set, wait)
+        if got is None:
+            log.warning("link %s: no SUBACK for %s from %s within %g s", self.client_id, pattern,
+                        self.brokers.current, wait)
             return False
-        return bool(codes) and not codes[0].is_failure
+        return got[pattern]
+
+    def _on_network_thread(self) -> bool:
+        return threading.current_thread() is getattr(self._client, "_thread", None)
+
+    def wait_subscribed(self, timeout: Optional[float] = 5.0) -> dict[str, bool]:
+        if self._on_network_thread():
+            raise LinkError("wait_subscribed() inside a link callback would wait forever: the "
+                            "SUBACKs arrive on this very thread")
+        with self._lock:
+            got = self._subacks.wait(lambda: list(self._subs), self._up.is_set, timeout)
+            if got is not None:
+                return got
+            state = "connected" if self._up.is_set() else "not connected"
+            pending = self._subacks.pending(self._subs) if self._up.is_set() else sorted(self._subs)
+        raise LinkError(f"link {self.client_id}: broker {self.brokers.current} ({state}) did not "
+                        f"acknowledge {pending} within {timeout:g} s")
+
+    @property
+    def broker(self) -> str:
+        return self.brokers.current
 
     def _unsubscribe(self, pattern: str) -> None:
+        self._subacks.drop(pattern)
         if self._up.is_set():
             self._client.unsubscribe(pattern)
 

@@ -3,16 +3,17 @@ and the same table in the embedded broker)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from edge.wire import protocol as P
 from edge.wire.link import LinkError, MqttLink
+from harness.canary import canary_after, is_canary
 from server.acl import Acl
 from server.broker import EmbeddedBroker
 
-QUIET = 0.4     # how long "nothing arrives" is watched; deliveries here take ~1 ms
+# "Nothing arrived" is proven by a canary that did (harness/canary.py): sent after the forbidden
+# publishes, down a path the observers may read, it arrives only after anything let through would have.
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,11 @@ def star(request):
         link.close()
 
 
-def _subscribe(link, pattern, box) -> None:
-    # a refused filter (SUBACK failure) and a granted one that never delivers are both fine
+def _subscribe(link, pattern, box) -> MqttLink:
+    # a refused filter (SUBACK failure: amqtt) and a granted one that never delivers (Mosquitto)
+    # are both fine; either way subscribe() returned after the broker's answer
     link.subscribe(pattern, box)
+    return link
 
 
 def test_clients_cannot_read_other_sessions(star, inbox):
@@ -59,16 +62,16 @@ def test_clients_cannot_read_other_sessions(star, inbox):
     hub, alice, bob = connect(broker.hub_user), connect("alice"), connect("bob")
     bob_down, spy_exact, spy_wild, spy_all = inbox(), inbox(), inbox(), inbox()
     assert bob.subscribe(P.down_topic("bob", "s1", "hub"), bob_down)
-    _subscribe(alice, P.down_topic("bob", "s1", "hub"), spy_exact)
-    _subscribe(connect("alice-2"), "ss/s/#", spy_wild)
-    _subscribe(connect("alice-3"), "#", spy_all)
-    time.sleep(0.1)
+    spies = [_subscribe(alice, P.down_topic("bob", "s1", "hub"), spy_exact),
+             _subscribe(connect("alice-2"), "ss/s/#", spy_wild), _subscribe(connect("alice-3"), "#", spy_all)]
+    # amqtt refuses a filter past the ACL (a SUBACK failure); Mosquitto grants it, filters each delivery
+    assert alice.wait_subscribed() == {P.down_topic("bob", "s1", "hub"): not isinstance(broker, EmbeddedBroker)}
     hub.publish(P.down_topic("bob", "s1", "hub"), b"for bob only", "draft")
     hub.publish(P.joined_topic("bob"), b"bob's secret", "control")
     assert bob_down.wait_for(1), "the legitimate path must work, or the test proves nothing"
-    time.sleep(QUIET)
+    canary_after(hub, [hub], spies, inbox)
     # the hub's retained status is public (an earlier test's hub may have left one on a shared broker)
-    leaked = [t for t, _ in spy_all.items if t != P.STATUS_TOPIC]
+    leaked = [t for t, _ in spy_all.items if t != P.STATUS_TOPIC and not is_canary(t)]
     assert spy_exact.items == [] and spy_wild.items == [] and leaked == []
 
 
@@ -85,11 +88,12 @@ def test_clients_cannot_write_into_other_sessions(star, inbox):
     alice.publish(P.up_topic("alice", "s9", "hub"), b"mine", "draft")       # her own session: allowed
     alice.publish(P.join_topic("alice"), b"join as alice", "control")
     assert hub_up.wait_for(1) and hub_join.wait_for(1)
+    forgers = []
     for topic, kind in ((P.up_topic("bob", "s1", "hub"), "draft"), (P.down_topic("bob", "s1", "hub"), "draft"),
                         (P.join_topic("bob"), "control"), (P.STATUS_TOPIC, "status")):
-        forger = connect("alice")
-        forger.publish(topic, b"forged", kind)
-    time.sleep(QUIET)
+        forgers.append(connect("alice"))
+        forgers[-1].publish(topic, b"forged", kind)
+    canary_after(hub, forgers, [hub, bob], inbox)
     assert hub_up.items == [(P.up_topic("alice", "s9", "hub"), b"mine")]
     assert hub_join.items == [(P.join_topic("alice"), b"join as alice")]
     assert bob_down.items == [] and status.items == []
@@ -98,13 +102,17 @@ def test_clients_cannot_write_into_other_sessions(star, inbox):
 def test_status_is_readable_not_writable(star, inbox):
     broker, connect = star
     hub, alice = connect(broker.hub_user), connect("alice")
-    got = inbox()
+    got, hub_got, late = inbox(), inbox(), inbox()
     alice.subscribe(P.STATUS_TOPIC, got)
+    assert hub.subscribe(P.STATUS_TOPIC, hub_got)
     hub.publish(P.STATUS_TOPIC, b"online", "status")
     assert got.wait_for(1) and got.payloads() == [b"online"]
     alice.publish(P.STATUS_TOPIC, b"forged", "status")
-    time.sleep(QUIET)
+    canary_after(hub, [alice], [alice, hub], inbox)
     assert b"forged" not in got.payloads()             # a reconnect may replay the retained b"online"
+    assert b"forged" not in hub_got.payloads()
+    assert connect("bob").subscribe(P.STATUS_TOPIC, late) and late.wait_for(1)
+    assert late.payloads() == [b"online"]               # the broker kept the hub's retained value
     hub.publish(P.STATUS_TOPIC, b"", "status")
 
 
@@ -117,10 +125,9 @@ def test_draft_service_serves_its_sessions_but_not_other_services(star, inbox):
     assert svc.subscribe(P.draft_ctl_topic("jetson-1"), ctl)
     assert bob.subscribe("ss/s/bob/+/+/down", bob_down)              # as a target does (edge/star/hub_client.py)
     _subscribe(svc, P.draft_ctl_topic("jetson-2"), other_ctl)
-    _subscribe(connect("jetson-1", "draft"), P.session_up_sub("jetson-2"), other_ups)
-    _subscribe(connect("jetson-1", "draft"), "ss/s/#", other_ups)
-    hub.subscribe(P.DRAFTS_SUB, hello)
-    time.sleep(0.1)
+    others = [_subscribe(connect("jetson-1", "draft"), P.session_up_sub("jetson-2"), other_ups),
+              _subscribe(connect("jetson-1", "draft"), "ss/s/#", other_ups)]
+    assert hub.subscribe(P.DRAFTS_SUB, hello)
     bob.publish(P.up_topic("bob", "s1", "jetson-1"), b"req", "draft")
     bob.publish(P.up_topic("bob", "s2", "jetson-2"), b"for jetson-2 only", "draft")
     svc.publish(P.down_topic("bob", "s1", "jetson-1"), b"drafts", "draft")
@@ -128,9 +135,10 @@ def test_draft_service_serves_its_sessions_but_not_other_services(star, inbox):
     hub.publish(P.draft_ctl_topic("jetson-2"), b"assign elsewhere", "control")
     svc.publish(P.draft_hello_topic("jetson-1"), b"hello", "control")
     assert ups.wait_for(1) and ctl.wait_for(1) and hello.wait_for(1) and bob_down.wait_for(1)
-    connect("jetson-1").publish(P.draft_hello_topic("jetson-2"), b"impostor", "control")
-    connect("jetson-1", "draft").publish(P.down_topic("bob", "s2", "jetson-2"), b"forged", "draft")
-    time.sleep(QUIET)
+    forgers = [connect("jetson-1"), connect("jetson-1", "draft")]
+    forgers[0].publish(P.draft_hello_topic("jetson-2"), b"impostor", "control")
+    forgers[1].publish(P.down_topic("bob", "s2", "jetson-2"), b"forged", "draft")
+    canary_after(hub, [hub, bob, *forgers], [svc, hub, bob, *others], inbox)
     assert other_ctl.items == [] and hello.payloads() == [b"hello"]
     assert ups.payloads() == [b"req"]                               # jetson-2's session stays unseen,
     assert b"for jetson-2 only" not in other_ups.payloads()          # even through a wildcard
@@ -195,13 +203,11 @@ def test_clients_cannot_read_other_clients_sun_results(star, inbox):
     bob_r, spy_exact, spy_wild, spy_all = inbox(), inbox(), inbox(), inbox()
     reqs, hellos, dec_in, other_ctl = inbox(), inbox(), inbox(), inbox()
     assert bob.subscribe(P.sun_stream_sub("bob"), bob_r)
-    _subscribe(alice, P.sun_stream_sub("bob"), spy_exact)
-    _subscribe(connect("alice-2"), "ss/sun/r/+/+", spy_wild)
-    _subscribe(connect("alice-3"), "ss/sun/#", spy_all)
+    spies = [_subscribe(alice, P.sun_stream_sub("bob"), spy_exact),
+             _subscribe(connect("alice-2"), "ss/sun/r/+/+", spy_wild), _subscribe(connect("alice-3"), "ss/sun/#", spy_all)]
     assert hub.subscribe(P.SUN_REQ_SUB, reqs) and hub.subscribe(P.SUN_WORKERS_SUB, hellos)
     assert dec.subscribe("ss/sun/w/dec-1/#", dec_in)
     _subscribe(pre, P.sun_ctl_topic("dec-1"), other_ctl)           # a worker reads only its own jobs
-    time.sleep(0.1)
     # the legitimate paths of one request: request, job, KV, tokens, hellos
     alice.publish(P.sun_req_topic("alice"), b"req", "control")
     hub.publish(P.sun_ctl_topic("dec-1"), b"assign", "control")
@@ -211,13 +217,17 @@ def test_clients_cannot_read_other_clients_sun_results(star, inbox):
     pre.publish(P.sun_hello_topic("prefill-1"), b"hello", "control")
     assert reqs.wait_for(1) and bob_r.wait_for(2) and dec_in.wait_for(2) and hellos.wait_for(1)
     # forgeries, each on a fresh connection (Mosquitto drops a 3.1.1 client that publishes past its ACL)
-    connect("alice").publish(P.sun_req_topic("bob"), b"as bob", "control")
-    connect("alice").publish(P.sun_stream_topic("bob", "r1"), b"forged token", "control")
-    connect("prefill-1", "sun").publish(P.sun_hello_topic("dec-1"), b"impostor", "control")
-    connect("prefill-1", "sun").publish(P.sun_ctl_topic("dec-1"), b"forged job", "control")
-    connect("prefill-1", "sun").publish(P.sun_kv_topic("dec-1", "prefill-2"), b"as prefill-2", "control")
-    time.sleep(QUIET)
-    assert spy_exact.items == [] and spy_wild.items == [] and spy_all.items == [] and other_ctl.items == []
+    forgers = []
+    for who, topic, payload in (("alice", P.sun_req_topic("bob"), b"as bob"),
+                                ("alice", P.sun_stream_topic("bob", "r1"), b"forged token"),
+                                ("prefill-1", P.sun_hello_topic("dec-1"), b"impostor"),
+                                ("prefill-1", P.sun_ctl_topic("dec-1"), b"forged job"),
+                                ("prefill-1", P.sun_kv_topic("dec-1", "prefill-2"), b"as prefill-2")):
+        forgers.append(connect(who, "sun" if who == "prefill-1" else "client"))
+        forgers[-1].publish(topic, payload, "control")
+    canary_after(hub, [alice, hub, pre, dec, *forgers], [*spies, pre, hub, bob, dec], inbox)
+    assert spy_exact.items == [] and spy_wild.items == [] and other_ctl.items == []
+    assert [t for t, _ in spy_all.items if not is_canary(t)] == []
     assert reqs.payloads() == [b"req"] and hellos.payloads() == [b"hello"]
     assert sorted(bob_r.payloads()) == [b"token 0", b"token 1"]
     assert sorted(dec_in.payloads()) == [b"assign", b"kv"]
@@ -256,11 +266,14 @@ def test_connects_overlapping_subscribes_all_complete(inbox):
             for t in threads:
                 t.join(30)
         assert failures == []
-        # a newcomer gets no retained messages for other clients' subscriptions (amqtt replayed them)
+        # a newcomer gets no retained messages for other clients' subscriptions (amqtt replayed them
+        # on connect, before reading the newcomer's packets: its SUBACK below comes after them)
         quiet = MqttLink(broker.url).connect(5)
         links.append(quiet)
-        time.sleep(QUIET)
-        assert quiet.stats["received"] == 0
+        canary = inbox()
+        assert quiet.subscribe("race/quiet", canary)
+        pub.publish("race/quiet", b"canary", "control")
+        assert canary.wait_for(1) and quiet.stats["received"] == 1
     finally:
         for link in links:
             link.close()

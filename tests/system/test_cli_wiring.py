@@ -11,7 +11,6 @@ fixture, so their start-up overlaps the in-process references.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -40,9 +39,9 @@ def star(tmp_path_factory):
     common = ["--threads", "1", "--dtype", "float64"]
     users = [f"{n}:{r}:{PW}" for n, r in (("dev1", "client"), ("prefill-maths", "sun"),
                                            ("dec-agent", "sun"), ("app", "client"), ("monitor", "hub"))]
-    try:
+    try:                                           # (its stats lines say which SUN workers its router sees)
         ps.start("hub", BIN / "edge-hub", "serve", "--mosquitto", "--acl", "--port", port,
-                 "--draft-model", model, "--sun-decoder", dec_dir, "--stats-every", "0", *common, *signed,
+                 "--draft-model", model, "--sun-decoder", dec_dir, "--stats-every", "0.25", *common, *signed,
                  *[x for u in users for x in ("--user", u)])
         ps.wait_for("hub", "serving on")
         agent = [BIN / "edge-agent", "run", "--broker", url]
@@ -92,7 +91,8 @@ def test_sun_request_through_agent_prefill_and_both_decoders(star):
         workers = ("hub-decoder", "dec-agent", "prefill-maths")
         assert wait_until(lambda: all(hellos.get(w) and hellos[w].online for w in workers), 30), \
             f"workers seen: {hellos}\n{ps.err('hub')}"
-        time.sleep(0.2)                            # the router reads the same hellos
+        # ... and by the hub's router itself: its stats line counts the workers it would route to
+        ps.wait_for("hub", f"sun_workers={len(workers)}", 30)
         # a long request holds one decoder, so the next one goes to the other (least loaded)
         handles = [client.submit("maths", p, max_new=n) for p, n in zip(prompts, (150, 12))]
         results = [h.wait(30) for h in handles]

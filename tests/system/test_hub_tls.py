@@ -8,7 +8,6 @@ listener, so the TLS listener is the only way in.)"""
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -16,6 +15,7 @@ from click.testing import CliRunner
 from edge.wire.link import LinkError, MqttLink
 from server.broker import find_free_port
 from server.certs import make_certs
+from harness.canary import canary_after
 from harness.console_scripts import BIN, MAX_NEW, PROMPT, Procs, hf_model as _hf_model
 
 ADDR = "127.0.0.2"
@@ -34,12 +34,14 @@ def tls_star(request, tmp_path_factory):
     common = ["--threads", "1", "--dtype", "float64"]
     try:
         kind = ["--mosquitto"] if request.param == "mosquitto" else []
-        ps.start("hub", BIN / "edge-hub", "serve", *kind, "--acl", "--port", find_free_port(),
+        local = find_free_port()                  # the hub's own loopback listener (password, no TLS)
+        ps.start("hub", BIN / "edge-hub", "serve", *kind, "--acl", "--port", local,
                  "--tls-dir", certs, "--listen", f"{ADDR}:{port}", "--draft-model", model,
-                 "--stats-every", "0", "--user", "dev1", "--user", "dev2", "--credentials-out", root / "users.txt",
-                 *common)
+                 "--stats-every", "0", "--user", "dev1", "--user", "dev2", "--user", "monitor:hub",
+                 "--credentials-out", root / "users.txt", *common)
         ps.wait_for("hub", f"devices: mqtts://{ADDR}:{port}")
         ps.credentials = root / "users.txt"       # NAME:ROLE:PASSWORD lines the hub wrote, mode 600
+        ps.local = f"mqtt://127.0.0.1:{local}"
         yield ps, f"mqtts://{ADDR}:{port}", certs, model, common
     finally:
         ps.close()
@@ -74,7 +76,9 @@ def test_a_target_over_tls_decodes_its_plain_greedy_text(tls_star):
 def test_without_the_right_certificate_a_client_gets_nothing(tls_star, tmp_path, inbox):
     ps, url, certs, _, _ = tls_star
     ca = str(certs / "ca.crt")
-    dev1_pw = next(ln.split(":")[2] for ln in ps.credentials.read_text().splitlines() if ln.startswith("dev1:"))
+    pws = {ln.split(":")[0]: ln.split(":")[2] for ln in ps.credentials.read_text().splitlines()
+           if not ln.startswith("#")}
+    dev1_pw = pws["dev1"]
     assert dev1_pw not in ps.err("hub") and "password in" in ps.err("hub")      # the log says where, not what
     with pytest.raises(LinkError):                                       # no client certificate
         MqttLink(url, tls=(ca, None, None)).connect(3)
@@ -95,14 +99,15 @@ def test_without_the_right_certificate_a_client_gets_nothing(tls_star, tmp_path,
         link.subscribe("ss/s/dev1/#", spy)
         link.subscribe("ss/c/dev1/joined", spy)
         dev1 = MqttLink(url, tls=(ca, str(certs / "clients" / "dev1.crt"), str(certs / "clients" / "dev1.key"))).connect(5)
+        monitor = MqttLink(ps.local, username="monitor", password=pws["monitor"]).connect(5)   # role hub
         try:
-            own = inbox()
-            assert dev1.subscribe("ss/s/dev1/s1/hub/down", own)
             dev1.publish("ss/s/dev1/s1/hub/up", b"x", "draft")             # its own topic: allowed
             dev1.publish("ss/s/dev1/s1/hub/down", b"y", "draft")           # (the ACL lets a client write only up)
-            time.sleep(0.5)
+            # a canary dev1 sends after them reaches the spy through the hub-role monitor (harness/canary.py)
+            canary_after(monitor, [(dev1, "dev1")], [link], inbox)
         finally:
             dev1.close()
+            monitor.close()
         assert spy.items == []
     finally:
         link.close()

@@ -1,6 +1,7 @@
 """The Link interface over the in-memory bus, a real Mosquitto and the embedded broker."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -53,10 +54,11 @@ def test_pub_sub_round_trip(make_link, inbox):
     for kind in KINDS:
         assert pub.publish("t/x/1/up", payload, kind)
     pub.publish("t/y/2/down", b"other", "draft")
-    assert got_exact.wait_for(3) and got_plus.wait_for(3) and got_hash.wait_for(4)
-    time.sleep(0.1)
-    assert got_exact.payloads() == [payload] * 3 and got_plus.payloads() == [payload] * 3
-    assert sorted(got_hash.payloads()) == sorted([payload] * 3 + [b"other"])
+    pub.publish("t/x/1/up", b"canary", "control")       # after them all: a duplicate would come first
+    assert got_exact.wait_for(4) and got_plus.wait_for(4) and got_hash.wait_for(5)
+    assert got_exact.payloads()[-1] == got_plus.payloads()[-1] == b"canary"
+    assert got_exact.payloads() == [payload] * 3 + [b"canary"] and got_plus.payloads() == [payload] * 3 + [b"canary"]
+    assert sorted(got_hash.payloads()) == sorted([payload] * 3 + [b"other", b"canary"])
     pub.publish("t/x/1/up", b"", "status")              # clear the retained message
 
 
@@ -67,18 +69,33 @@ def test_unsubscribe_and_retained(make_link, inbox):
     b.publish("r/topic", b"v1", "status")               # retained
     assert first.wait_for(1)
     a.unsubscribe("r/topic")
+    canary = inbox()
+    assert a.subscribe("rc/a", canary)                  # its SUBACK: the UNSUBSCRIBE before it is done
     watch, seen = make_link(), inbox()
     watch.subscribe("r/topic", seen)
     b.publish("r/topic", b"v2", "status")
     assert seen.wait_for(2)
-    time.sleep(0.05)                                    # amqtt stores the retained copy after delivering it
+    # amqtt stores the retained copy after delivering it: a probe subscribes until it reads v2
+    assert _retained(make_link(), "r/topic", inbox) == b"v2"
     late = inbox()
     c = make_link()
     c.subscribe("r/+", late)                            # a late subscriber gets the retained value
     assert late.wait_for(1) and late.payloads() == [b"v2"]
-    time.sleep(0.2)
+    b.publish("rc/a", b"after v2", "control")           # b's v2 went out before: `a` would have had it
+    assert canary.wait_for(1)
     assert first.payloads() == [b"v1"]
     b.publish("r/topic", b"", "status")
+
+
+def _retained(probe, topic, inbox, want=b"v2", timeout=10.0) -> bytes:
+    """The retained value a fresh SUBSCRIBE gets, once it is `want` (subscribing again until then)."""
+    end = time.monotonic() + timeout
+    while True:
+        box = inbox()
+        assert probe.subscribe(topic, box) and box.wait_for(1), f"nothing retained on {topic}"
+        probe.unsubscribe(topic)
+        if box.payloads()[0] == want or time.monotonic() > end:
+            return box.payloads()[0]
 
 
 def test_will_on_crash(make_link, inbox):
@@ -90,8 +107,9 @@ def test_will_on_crash(make_link, inbox):
     assert got.wait_for(1) and got.payloads() == [b"offline"]
     clean = make_link(will=("w/status", b"offline-2", False))
     clean.close()                                       # a clean close sends no will
-    time.sleep(0.3)
-    assert got.payloads() == [b"offline"]
+    # canary: a will that is due, of a link that connected after `clean` had left
+    make_link(will=("w/status", b"offline-3", False)).crash()
+    assert got.wait_for(2) and got.payloads() == [b"offline", b"offline-3"]
 
 
 def test_callback_errors_do_not_kill_delivery(make_link, inbox):
@@ -110,11 +128,15 @@ def test_callback_errors_do_not_kill_delivery(make_link, inbox):
 
 def test_subscribe_inside_a_callback(make_link, inbox):
     a, b = make_link(), make_link()
-    got = inbox()
-    a.subscribe("c/first", lambda t, p: a.subscribe("c/second", got))
+    got, called = inbox(), threading.Event()
+
+    def first(topic, payload):
+        a.subscribe("c/second", got)                    # cannot wait for its SUBACK on this thread
+        called.set()
+    a.subscribe("c/first", first)
     b.publish("c/first", b"x")
-    assert _wait(lambda: "c/second" in a._subs, 5)
-    time.sleep(0.2)                                     # the SUBSCRIBE reaches the broker
+    assert called.wait(5)
+    assert a.wait_subscribed(5) == {"c/first": True, "c/second": True}
     b.publish("c/second", b"y")
     assert got.wait_for(1)
 
@@ -149,8 +171,8 @@ def test_reconnect_after_broker_restart(kind, inbox):
         broker.stop()
         assert _wait(lambda: not a.is_connected() and not b.is_connected(), 10)
         broker.start()
-        assert _wait(lambda: a.is_connected() and b.is_connected(), 15), "links did not reconnect"
-        time.sleep(0.2)                                 # re-subscription reaches the broker
+        assert _wait(lambda: b.is_connected(), 15), "links did not reconnect"
+        assert a.wait_subscribed(15) == {"rs/x": True}, "the re-subscription was not acknowledged"
         b.publish("rs/x", b"after")
         assert got.wait_for(2), "subscription was not restored after the restart"
         assert got.payloads() == [b"before", b"after"]
@@ -173,3 +195,17 @@ def test_connect_errors_are_clear():
         MqttLink("mqtt://127.0.0.1:1").publish("a/+/b", b"")
     assert parse_url("mqtt://dev-1:p%40ss@10.0.0.2:1884") == ("10.0.0.2", 1884, "dev-1", "p@ss")
     assert parse_url("mqtt://localhost")[:2] == ("localhost", 1883)
+
+
+def test_wait_subscribed_reports_and_times_out_clearly(mosquitto, inbox):
+    a = MqttLink(mosquitto.url).connect(5)
+    try:
+        assert a.wait_subscribed(5) == {}
+        assert a.subscribe("ws/x", inbox()) and a.subscribe("ws/+/y", inbox())
+        assert a.wait_subscribed(5) == {"ws/x": True, "ws/+/y": True}
+    finally:
+        a.close()
+    with pytest.raises(LinkError, match=r"not connected\) did not acknowledge \['ws/z'\] within 0.2 s"):
+        never = MqttLink(f"mqtt://127.0.0.1:{find_free_port()}")
+        never.subscribe("ws/z", inbox())
+        never.wait_subscribed(0.2)

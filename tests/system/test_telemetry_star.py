@@ -23,6 +23,7 @@ from edge.wire.link import MqttLink
 from edge.model.transformer import Transformer, tiny_config
 from edge.wire.protocol import Telemetry, encode, telemetry_topic
 
+from harness.canary import canary_after
 from harness.tiny_models import small_bpe
 from harness.waiting import wait_until
 
@@ -166,28 +167,40 @@ def test_draft_node_and_hub_report_through_mqtt_metrics_and_top(star):
     assert float(rows["drafter"][2]) > 20 and rows["drafter"][3].endswith("/1024")   # RSS MB, KV used/budget
 
 
-def test_malformed_and_forged_reports_are_dropped_and_counted(star):
+def _dropped(hub_url: str, reason: str, n: int):
+    """The hub's drop counters once it counted n drops for `reason` (None if it never did)."""
+    return _until(lambda: (lambda s: s if s.get(("starsun_telemetry_dropped_total", reason), 0) >= n else None)(
+        _scrape(hub_url)))
+
+
+def test_malformed_and_forged_reports_are_dropped_and_counted(star, inbox):
     ps, url, _, pw, hub_url, _ = star
     spy = MqttLink(url, username="intruder", password=PW).connect(10)
+    mon = MqttLink(url, username="monitor", password=PW).connect(10)      # role hub: reads every report
     try:
         spy.publish(telemetry_topic("intruder"), b"\x93not msgpack at all", kind="status")   # its own topic: allowed
-        time.sleep(0.3)
+        assert _dropped(hub_url, "format", 1), "the hub never counted the malformed report"
         claim = Telemetry(client="drafter", role="draft", time=time.time(), rss_mb=1.0)   # someone else's name
         spy.publish(telemetry_topic("intruder"), encode(claim), kind="status")
-        drops = _until(lambda: (lambda s: s if s.get(("starsun_telemetry_dropped_total", "wrong_client")) else None)(
-            _scrape(hub_url)))
+        drops = _dropped(hub_url, "wrong_client", 1)
         assert drops and drops[("starsun_telemetry_dropped_total", "format")] == 1, drops
         assert drops[("starsun_telemetry_dropped_total", "wrong_client")] == 1
         assert ps.procs["hub"].poll() is None
         table = _top(url, pw)                                      # top reads the retained forgery: dropped too
         assert set(_rows(table)) == {"hub", "drafter"} and "dropped reports: wrong_client 1" in table, table
         # another client's topic: the broker's ACL refuses it (Mosquitto drops the intruder's connection)
-        spy.publish(telemetry_topic("drafter"), encode(Telemetry(client="drafter", role="target", time=time.time())),
-                    kind="status")
-        time.sleep(1.0)
+        drafter_reports = inbox()
+        assert mon.subscribe(telemetry_topic("drafter"), drafter_reports)
+        forged = encode(Telemetry(client="drafter", role="target", time=time.time()))
+        spy.publish(telemetry_topic("drafter"), forged, kind="status")
+        # a canary the intruder sends after it reaches the monitor (harness/canary.py): the forgery
+        # would have been delivered before it, and stored as the retained report before it
+        canary_after(mon, [spy], [mon], inbox)
+        assert forged not in drafter_reports.payloads()
         assert _rows(_top(url, pw))["drafter"][1] == "draft"
     finally:
         spy.close()
+        mon.close()
 
 
 def test_a_device_that_stops_cleanly_leaves_the_table(star):

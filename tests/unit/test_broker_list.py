@@ -57,3 +57,28 @@ def test_toml_list_becomes_the_comma_form(tmp_path):
     f = tmp_path / "agent.toml"
     f.write_text('broker = ["mqtts://a:8883", "mqtts://b:8883"]\ntag = ["x", "y"]\n')
     assert read_config(f, cmd) == {"hub_url": "mqtts://a:8883,mqtts://b:8883", "tag": ["x", "y"]}
+
+
+def test_a_move_to_another_broker_is_logged_with_the_broker_and_the_time(monkeypatch, caplog):
+    import logging
+    import re
+
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+    link = MqttLink("mqtt://127.0.0.1:1,mqtt://127.0.0.1:2")
+    monkeypatch.setattr("paho.mqtt.client.Client.reconnect", lambda self: None)
+    c = link._client
+    c._host, c._port = link.host, link.port                  # what connect_async sets
+    up, lost = ReasonCode(PacketTypes.CONNACK, "Success"), ReasonCode(PacketTypes.DISCONNECT, "Unspecified error")
+    with caplog.at_level(logging.INFO, logger="edge.wire.link"):
+        c.reconnect()                                         # paho's first attempt: the first broker
+        link._on_connect(c, None, None, up, None)
+        link._on_disconnect(c, None, None, lost, None)        # lost: paho's loop reconnects ...
+        c.reconnect()                                         # ... to the next broker of the list
+        link._on_connect(c, None, None, up, None)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    moved = [ln for ln in lines if "moved to broker" in ln]
+    assert len(moved) == 1, lines
+    assert re.search(r"moved to broker mqtt://127\.0\.0\.1:2 \(2 of 2 in its list\) \d+\.\d\d s after losing "
+                     r"mqtt://127\.0\.0\.1:1$", moved[0]), moved[0]
+    assert any("disconnected from 127.0.0.1:1" in ln for ln in lines)

@@ -287,17 +287,47 @@ def test_adaptive_does_not_explore_where_even_a_good_alpha_loses():
     assert ag.next_gamma() == 3
 
 
-class SlowDraft(TableEngine):
-    """A draft that costs far more than the (table) target: adaptive must never use it."""
+class FakeClock:
+    """perf_counter() for the speculative loop's cost timings: it moves only when a CostedEngine
+    computes, so the costs adaptive γ sees are the ones a test gives, not this machine's."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+class CostedEngine(TableEngine):
+    """A table engine each of whose calls costs `step_s` on a FakeClock, whatever its tokens."""
+
+    def __init__(self, clock: FakeClock, step_s: float, **kw):
+        super().__init__(**kw)
+        self.clock, self.step_s = clock, step_s
 
     def forward(self, seq, tokens):
-        time.sleep(0.003)
+        self.clock.now += self.step_s
         return super().forward(seq, tokens)
 
 
-def test_adaptive_with_a_costly_draft_is_plain_decoding():
-    target = TableEngine(seed=4, window=2)
-    drafter = ModelDrafter(SlowDraft(seed=4, window=2))         # the same model: it would be right
+@pytest.fixture
+def fake_clock(monkeypatch):
+    import edge.speculative.gamma_rounds as gamma_rounds
+    import edge.speculative.generate as generate
+    clock = FakeClock()
+    for module in (generate, gamma_rounds):     # where the loop and the draft probe read perf_counter
+        monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
+def test_adaptive_with_a_costly_draft_is_plain_decoding(fake_clock):
+    # a draft step costs 3 target steps (a target call costs one step, whatever its tokens):
+    # c = 3 -- no acceptance could pay for it, so adaptive γ prices it once and never drafts
+    target = CostedEngine(fake_clock, 0.001, seed=4, window=2)
+    drafter = ModelDrafter(CostedEngine(fake_clock, 0.003, seed=4, window=2))   # the same model: it would be right
     got = generate_speculative(target, drafter, PROMPT, 40, 4, GREEDY, adaptive=True)
     assert got.tokens == generate_plain(target, PROMPT, 40, GREEDY).tokens
     assert got.n_drafted == 0 and set(got.gammas) == {0}

@@ -1,0 +1,49 @@
+"""benchmarks/serving/agent_workload.py without a model: its options (--quick and what overrides it),
+the cells a server runs, the checkpoint a rerun resumes from, and the report of a partial run."""
+import json
+
+import pytest
+
+from benchmarks.serving import agent_workload as aw
+
+
+def test_defaults_are_the_full_run():
+    a = aw.args_of([])
+    assert a.models == list(aw.MODELS) and a.servers == list(aw.SERVERS)
+    assert (a.cases, a.turns, a.sessions, a.clients, a.requests) == (100, 5, 3, 4, 4)
+    assert a.out.name == "default" and a.out.parent.name == "agent_workload"
+    assert aw.part_keys(a) == ["multiturn", "concurrent", "bfcl_simple", "bfcl_multiple", "bfcl_parallel"]
+
+
+def test_quick_is_small_and_what_is_given_wins():
+    q = aw.args_of(["--quick"])
+    assert (q.cases, q.models, q.turns, q.sessions, q.requests) == (10, [aw.MODELS[0]], 2, 1, 1)
+    assert q.out.name == "smoke"
+    q = aw.args_of(["--quick", "--cases", "20", "--models=qwen2.5-coder-1.5b", "--out", "/tmp/x/y"])
+    assert q.cases == 20 and q.models == ["qwen2.5-coder-1.5b"] and str(q.out) == "/tmp/x/y"
+    assert aw.part_keys(aw.args_of(["--parts", "bfcl", "--categories", "parallel"])) == ["bfcl_parallel"]
+
+
+@pytest.mark.parametrize("bad", [["--servers", "vllm"], ["--parts", "speed"], ["--categories", "live"],
+                                 ["--turns", "9"], ["--cases", "0"]])
+def test_bad_options_are_refused(bad):
+    with pytest.raises(SystemExit):
+        aw.args_of(bad)
+
+
+def test_the_checkpoint_resumes_and_a_partial_run_reports(tmp_path):
+    out = tmp_path / "agent_workload" / "partial"
+    store = aw.Store(out.with_suffix(".json"))
+    store.data["config"] = {k: str(v) if k == "out" else v for k, v in vars(aw.args_of(["--quick"])).items()}
+    cell = store.cell("llama-server", aw.MODELS[0], "bfcl_simple")
+    cell["cases"] = {"simple_python_0": {"ok": True, "why": None, "s": 1.0}}
+    store.cell("ours", aw.MODELS[0], "concurrent").update(done=True, summary={
+        "clients": 4, "requests": 4, "failed": 0, "tok_s": 10.0, "p50_s": 1.0, "p99_s": 2.0,
+        "ttft_p50_s": 0.5, "server_parallel": 1})
+    store.save()
+    again = aw.Store(out.with_suffix(".json"))
+    assert again.done("ours", aw.MODELS[0], "concurrent") and not again.done("llama-server", aw.MODELS[0], "bfcl_simple")
+    assert json.loads(out.with_suffix(".json").read_text())["cells"][f"llama-server|{aw.MODELS[0]}|bfcl_simple"]
+    aw.write_report(again.data, out)
+    md = out.with_suffix(".md").read_text()
+    assert "(1/1 so far)" in md and "| 1 | 10.00 | 1.00 | 2.00 | 0.50 | 0/4 | - |" in md and out.with_suffix(".png").exists()

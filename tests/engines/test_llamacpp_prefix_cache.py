@@ -25,7 +25,7 @@ def qwen():
     if not model_path("qwen2.5-coder-0.5b").exists():
         pytest.skip("Qwen2.5-Coder-0.5B is not fetched: `make test-models`")
     from edge.engines.loader import open_model
-    engine, tok = open_model("qwen2.5-coder-0.5b", backend="llamacpp", max_len=1024, threads=2, n_seq_max=3)
+    engine, tok = open_model("qwen2.5-coder-0.5b", backend="llamacpp", max_len=1024, threads=1, n_seq_max=3)
     yield engine, tok
     engine.close()
 
@@ -39,19 +39,19 @@ def test_the_next_turn_reuses_the_conversation(qwen):
     cache = PrefixCache(engine, slots=2)
     stops = tuple(tok.eos_ids)
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "How do I reverse a list?"}]
-    one = generate_plain(engine, ids_of(tok, msgs), 24, stop_ids=stops, cache=cache)
-    cold_one = generate_plain(engine, ids_of(tok, msgs), 24, stop_ids=stops)    # no cache: a fresh sequence
+    one = generate_plain(engine, ids_of(tok, msgs), 8, stop_ids=stops, cache=cache)
+    cold_one = generate_plain(engine, ids_of(tok, msgs), 8, stop_ids=stops)    # no cache: a fresh sequence
     assert one.cached_tokens == 0 and one.tokens == cold_one.tokens           # both prefilled cold
     reply = tok.decode(one.tokens, skip_special=True)
     msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And a string?"}]
     prompt = ids_of(tok, msgs)
-    two = generate_plain(engine, prompt, 24, stop_ids=stops, cache=cache)
+    two = generate_plain(engine, prompt, 8, stop_ids=stops, cache=cache)
     assert two.cached_tokens >= len(ids_of(tok, msgs[:2])) and two.cached_tokens < len(prompt)
     text = tok.decode(two.tokens, skip_special=True)
     assert text.strip() and "\ufffd" not in text                              # a well formed answer
     prefill = [t.n_tokens for t in two.timings if t.kind == "prefill"]
     assert prefill == [len(prompt) - 1 - two.cached_tokens]                  # only the new turn was fed
-    again = generate_plain(engine, prompt, 24, stop_ids=stops, cache=cache)
+    again = generate_plain(engine, prompt, 8, stop_ids=stops, cache=cache)
     assert again.cached_tokens == len(prompt) - 1 and tok.decode(again.tokens, skip_special=True).strip()
     assert engine.active_sequences == len(cache) <= 2
     cache.clear()

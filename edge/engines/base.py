@@ -7,7 +7,7 @@ math (edge/speculative/verify.py) never depends on a backend.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -53,6 +53,23 @@ class Engine(ABC):
         """Like forward, but only the last token's logits ([1, vocab]). Prefills use it: engines
         that can skip the other rows' lm_head (vocab x hidden each) override it."""
         return self.forward(seq, tokens)[-1:]
+
+    def forward_batch(self, calls: Sequence[tuple]) -> List[np.ndarray]:
+        """Several sequences' forwards as one call: calls = [(seq, tokens) or (seq, tokens, last_only)],
+        each seq once; -> each call's logits (forward's rows, or forward_last's one row with
+        last_only). All or nothing: on an error no sequence has changed. Default: one call after
+        another (rolled back on an error); engines that batch sequences in one pass override it."""
+        calls = batch_calls(calls)
+        before = [self.length(seq) for seq, _, _ in calls]
+        out: List[np.ndarray] = []
+        try:
+            for seq, toks, last in calls:
+                out.append((self.forward_last if last else self.forward)(seq, toks))
+        except BaseException:
+            for (seq, _, _), n in zip(calls[:len(out)], before):
+                self.truncate(seq, n)
+            raise
+        return out
 
     @abstractmethod
     def tokens(self, seq: int) -> list:
@@ -150,3 +167,16 @@ class Engine(ABC):
             raise EngineError(
                 f"context full: sequence holds {have} tokens, {n} more would exceed "
                 f"the model's context of {self.max_len}; use a shorter prompt or fewer new tokens")
+
+
+def batch_calls(calls: Sequence[tuple]) -> List[Tuple[int, List[int], bool]]:
+    """forward_batch's calls as (seq, tokens, last_only), checked: each sequence at most once."""
+    out = []
+    for c in calls:
+        if len(c) not in (2, 3):
+            raise EngineError(f"a forward_batch call is (seq, tokens) or (seq, tokens, last_only), got {c!r}")
+        out.append((c[0], [int(t) for t in c[1]], bool(c[2]) if len(c) == 3 else False))
+    seqs = [c[0] for c in out]
+    if len(set(seqs)) != len(seqs):
+        raise EngineError("forward_batch got the same sequence twice")
+    return out

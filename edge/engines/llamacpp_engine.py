@@ -237,6 +237,11 @@ class LlamaCppEngine(Engine):
         """Like forward, but only the last token's logits ([1, vocab]): a prefill computes one row."""
         return self._feed(seq, tokens, last_only=True)
 
+    def forward_batch(self, calls) -> List[np.ndarray]:
+        """Several sequences' forwards in one llama_decode (edge/engines/llamacpp_batch.py)."""
+        from edge.engines.llamacpp_batch import feed_batch
+        return feed_batch(self, calls)
+
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         if not self._check_step(seqs, tokens):
             return np.zeros((0, self.vocab_size), dtype=np.float32)

@@ -1,0 +1,151 @@
+"""Engine.forward_batch and BatchedCalls (edge/engines/batched_calls.py): concurrent generations on one
+engine, their forwards batched into one engine call per round; each output equals the one served alone
+(tiny float64 torch model: exact)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from edge.engines.base import EngineError
+from edge.engines.batched_calls import BatchedCalls
+from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
+from edge.speculative.prefix_cache import PrefixCache
+from edge.speculative.sampling import SamplingParams
+from harness.draft_services import make_engine
+
+torch.set_num_threads(1)
+PROMPTS = [[1, 2, 3, 4], [9, 8, 7, 6, 5, 4, 3, 2, 1], [42], [5, 5, 5, 17, 33, 2]]
+LENGTHS = [30, 12, 25, 40]
+
+
+def test_forward_batch_equals_the_single_calls_and_is_all_or_nothing():
+    eng, ref = make_engine(0), make_engine(0)
+    a, b, c = eng.new_sequence(), eng.new_sequence(), eng.new_sequence()
+    ra, rb = ref.new_sequence(), ref.new_sequence()
+    out = eng.forward_batch([(a, [1, 2, 3]), (b, [4, 5], True), (c, [])])
+    assert np.array_equal(out[0], ref.forward(ra, [1, 2, 3]))
+    assert np.array_equal(out[1], ref.forward_last(rb, [4, 5])) and out[2].shape[0] == 0
+    with pytest.raises(EngineError, match="context full"):
+        eng.forward_batch([(a, [1]), (b, [1] * eng.max_len)])
+    assert eng.tokens(a) == [1, 2, 3] and eng.length(b) == 2           # nothing changed
+    with pytest.raises(EngineError, match="same sequence twice"):
+        eng.forward_batch([(a, [1]), (a, [2])])
+
+
+class _Gate(BatchedCalls):
+    """Holds a round with a forward until n + 1 forwards are in it or queued behind it (the next round
+    must then batch those behind); a round that other operations (new_sequence) queue behind is not held."""
+
+    def __init__(self, inner, n):
+        super().__init__(inner)
+        self.n, self.sizes, self.held = n, [], False
+
+    def _forwards(self, ops) -> int:
+        return sum(o.call is not None for o in ops)
+
+    def _run(self, batch):
+        if not self.held and self._forwards(batch) == len(batch):
+            give_up = time.monotonic() + 2       # a thread may wait on this one (the prompt cache's lock)
+            with self._cv:
+                while self._forwards(batch + self._pending) <= self.n and len(self._pending) == \
+                        self._forwards(self._pending) and time.monotonic() < give_up:
+                    self._cv.wait(0.005)
+                self.held = self._forwards(batch + self._pending) > self.n
+        self.sizes.append(self._forwards(batch))
+        super()._run(batch)
+
+
+def _concurrently(fns):
+    out, errors = [None] * len(fns), []
+    start = threading.Barrier(len(fns))
+
+    def run(i):
+        try:
+            start.wait()
+            out[i] = fns[i]()
+        except BaseException as e:       # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return out
+
+
+def test_four_plain_generations_at_once_equal_each_alone_and_share_rounds():
+    alone = [generate_plain(make_engine(0), p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
+    eng = _Gate(make_engine(0), 3)
+    got = _concurrently([lambda p=p, n=n: generate_plain(eng, p, n) for p, n in zip(PROMPTS, LENGTHS)])
+    assert [g.tokens for g in got] == alone
+    assert max(eng.sizes) >= 3 and eng.stats["rounds"] < eng.stats["forwards"]
+    assert eng.inner.active_sequences == 0
+
+
+def test_four_speculative_generations_with_a_prompt_cache_equal_each_alone():
+    alone = [generate_plain(make_engine(0), p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
+    eng, draft = _Gate(make_engine(0), 2), BatchedCalls(make_engine(1))
+    cache = PrefixCache(eng, 4)
+
+    def one(p, n):
+        d = ModelDrafter(draft)
+        try:
+            return generate_speculative(eng, d, p, n, 3, cache=cache)
+        finally:
+            d.close()
+    got = _concurrently([lambda p=p, n=n: one(p, n) for p, n in zip(PROMPTS, LENGTHS)])
+    assert [g.tokens for g in got] == alone
+    turns = [p + a + [7] for p, a in zip(PROMPTS, alone)]      # each conversation's next turn: cached
+    alone = [generate_plain(make_engine(0), p, 10).tokens for p in turns]
+    got = _concurrently([lambda p=p: one(p, 10) for p in turns])
+    assert [g.tokens for g in got] == alone
+    assert sum(g.cached_tokens for g in got) > 0 and len(cache) == 4
+    assert eng.stats["largest"] >= 2
+
+
+def test_a_seeded_sampled_request_replays_alone_and_concurrent():
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=11)
+    alone = generate_speculative(make_engine(0), ModelDrafter(make_engine(1), params), PROMPTS[1], 30, 3,
+                                 params=params).tokens
+    eng, draft = BatchedCalls(make_engine(0)), BatchedCalls(make_engine(1))
+    fns = [lambda: generate_speculative(eng, ModelDrafter(draft, params), PROMPTS[1], 30, 3, params=params)]
+    fns += [lambda p=p: generate_plain(eng, p, 20) for p in PROMPTS[2:]]
+    assert _concurrently(fns)[0].tokens == alone
+
+
+def test_a_truncate_during_a_round_waits_for_the_engine_but_reads_see_it():
+    eng = BatchedCalls(make_engine(0))
+    s = eng.new_sequence()
+    eng.forward(s, [1, 2, 3, 4])
+    eng._busy = True                         # as if another thread's round were running
+    eng.truncate(s, 2)
+    assert eng.inner.length(s) == 4 and eng.length(s) == 2 and eng.tokens(s) == [1, 2]
+    with pytest.raises(EngineError, match="cannot truncate to 3"):
+        eng.truncate(s, 3)
+    eng._busy = False
+    ref = make_engine(0)
+    r = ref.new_sequence()
+    ref.forward(r, [1, 2])
+    assert np.array_equal(eng.forward(s, [7]), ref.forward(r, [7])) and eng.inner.tokens(s) == [1, 2, 7]
+
+
+def test_an_error_reaches_only_the_failing_call():
+    eng = _Gate(make_engine(0), 1)
+    full = eng.new_sequence()
+    eng.inner.forward(full, [1] * (eng.max_len - 1))
+    ok = eng.new_sequence()
+    errs = []
+
+    def bad():
+        try:
+            eng.forward(full, [1, 2])
+        except EngineError as e:
+            errs.append(e)
+    got = _concurrently([bad, lambda: eng.forward(ok, [3]), lambda: generate_plain(eng, [5, 6], 5)])
+    assert len(errs) == 1 and "context full" in str(errs[0])
+    assert got[1].shape[0] == 1 and eng.length(full) == eng.max_len - 1

@@ -51,19 +51,21 @@ def tiny_engine(seed=0):
     return TorchEngine(model, fingerprint=f"tiny-{seed}")
 
 
-def openai_endpoint(prompt_cache: int = 0, draft_engine=None):
+def openai_endpoint(prompt_cache: int = 0, draft_engine=None, parallel: int = 1, queue: int = 16):
     """A StarSD target (tiny model) behind the OpenAI endpoint, its draft from a hub on a memory bus:
     yields (server, target, tokenizer) and stops both after. prompt_cache: the target's slots
-    (edge/speculative/prefix_cache.py; 0: none)."""
+    (edge/speculative/prefix_cache.py; 0: none); parallel, queue: requests at once and waiting
+    (edge/api/admission.py; the engine shared through edge/engines/batched_calls.py)."""
+    from edge.engines.batched_calls import shared_engine
     from edge.speculative.prefix_cache import PrefixCache
     bus = MemoryBus()
     tok = byte_tokenizer()
     fp = tok.fingerprint()
     hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=draft_engine or tiny_engine(1), tokenizer_fp=fp).start()
-    engine = tiny_engine(0)
+    engine = shared_engine(tiny_engine(0), parallel)
     star = StarTarget(engine, HubClient(MemoryLink(bus, "dev"), "dev", fp, 256), gamma=3,
                       prefix_cache=PrefixCache(engine, prompt_cache) if prompt_cache else None)
-    server = OpenAIServer(star.generate, tok, "tiny", port=0, context=512).start()
+    server = OpenAIServer(star.generate, tok, "tiny", port=0, context=512, parallel=parallel, queue=queue).start()
     yield server, star, tok
     server.stop()
     hub.stop()

@@ -4,7 +4,9 @@ POST /v1/completions and /v1/chat/completions (JSON, or Server-Sent Events
 with "stream": true), GET /v1/models and /health. Standard library only
 (ThreadingHTTPServer); generation itself is a callable with the signature of
 StarTarget.generate, so the same server fronts a StarSD target or a local
-engine. One generation runs at a time (the target serialises them); a client
+engine. Up to `parallel` generations run at once (--parallel: the target batches their
+engine calls, edge/engines/batched_calls.py), `queue` more wait their turn and past that a
+request is answered 503 with Retry-After (edge/api/admission.py); a client
 that disconnects mid-stream stops its generation. With `models` it fronts
 several models -- the hub's SUN tasks: "model" names the task, generations run
 concurrently (the shared decoder batches them) and generate gets model=.
@@ -25,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from contextlib import nullcontext
 from typing import Callable, List, Optional
 
+from edge.api.admission import DEFAULT_QUEUE, Admission, Unavailable
 from edge.api.request_fields import STRUCTURED, TARGET, BadRequest, Profile
 from edge.api.logprobs import LogprobRecorder
 from edge.api.request import Request, parse_request
@@ -37,14 +40,6 @@ MAX_BODY = 8 << 20
 
 
 __all__ = ["BadRequest", "OpenAIServer", "StopText", "Unavailable"]
-
-
-class Unavailable(RuntimeError):
-    """Raised by generate when the service cannot take the request now: a 503 with Retry-After."""
-
-    def __init__(self, message: str, retry_after: int = 5):
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class _Stop(Exception):
@@ -69,13 +64,16 @@ class OpenAIServer:
 
     def __init__(self, generate: Callable, tokenizer, model_name: str, host: str = "127.0.0.1",
                  port: int = 8000, max_tokens_cap: int = 4096, context: Optional[int] = None,
-                 models: Optional[Callable[[], List[str]]] = None, profile: Profile = TARGET):
-        """profile: what generate can honour (edge/api/request_fields.py); TARGET's generate takes on_logits."""
+                 models: Optional[Callable[[], List[str]]] = None, profile: Profile = TARGET,
+                 parallel: int = 1, queue: int = DEFAULT_QUEUE):
+        """profile: what generate can honour (edge/api/request_fields.py); TARGET's generate takes on_logits.
+        parallel: generations at once (generate must then be safe to call from several threads);
+        queue: requests waiting beyond them, past which a request gets 503 (edge/api/admission.py)."""
         self.generate, self.tok, self.model_name = generate, tokenizer, served_model_id(model_name)
         self.max_tokens_cap, self.context, self.profile = max_tokens_cap, context, profile
-        self.models = models                  # None: one model, one generation at a time
+        self.models = models                  # None: one model, `parallel` generations at a time
         self.structured = StructuredOutput(tokenizer)   # response_format's grammars
-        self.lock = threading.Lock()
+        self.admission = Admission(parallel, queue)
         server = self
 
         class Handler(_Handler):
@@ -147,7 +145,7 @@ class OpenAIServer:
             kw["on_logits"] = recorder.on_logits
         if req.grammar is not None:
             kw["grammar"] = req.grammar
-        with self.lock if self.models is None else nullcontext():
+        with self.admission.slot() if self.models is None else nullcontext():
             try:
                 res = self.generate(req.ids, req.max_new, req.params, stop_ids=tuple(self.tok.eos_ids),
                                     on_token=on_token, **kw)

@@ -17,7 +17,8 @@ from edge.sun.worker_limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
 @dataclass
 class TargetSettings:
     """A target's γ and how it serves: --gamma, --http-host/--http-port, or --prompt once; the KV of
-    recent conversations it keeps: --prompt-cache N, --prompt-cache-mb."""
+    recent conversations it keeps: --prompt-cache N, --prompt-cache-mb; requests at once: --parallel N,
+    --queue N more waiting (edge/api/admission.py)."""
     gamma: int                      # the fixed γ, or the largest with adaptive
     adaptive: bool                  # --gamma auto[:N]
     http_host: str
@@ -28,6 +29,8 @@ class TargetSettings:
     hubs: tuple = ()                # --hub-ids: the star's hub ids when there are several
     prompt_cache: int = 0           # --prompt-cache: conversations kept (edge/speculative/prefix_cache.py)
     prompt_cache_mb: float = 1024.0  # --prompt-cache-mb: their KV bound
+    parallel: int = 1               # --parallel: generations at once, their engine calls batched
+    queue: int = 16                 # --queue: requests waiting beyond them (then 503)
 
 
 def run_draft(core, tok, link, service_id, ctl_key=None, tele: Optional[TelemetrySettings] = None) -> None:
@@ -140,8 +143,11 @@ def run_target(engine, tok, link, client_id, model, target: TargetSettings,
                tele: Optional[TelemetrySettings] = None, ctl_key=None) -> None:
     """Join the star (or decode alone until a draft comes online), then --prompt once or serve."""
     from edge.cli.options import open_prompt_cache
+    from edge.engines.batched_calls import shared_engine
     from edge.star.hub_client import HubClient, JoinRefused
     from edge.star.target import StarTarget
+
+    engine = shared_engine(engine, target.parallel)     # concurrent generations: one batched call a round
 
     star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size, hubs=target.hubs),
                       gamma=target.gamma, adaptive=target.adaptive,
@@ -188,7 +194,7 @@ def _serve_openai(star, tok, engine, model, target: TargetSettings) -> None:
 
     stop = leave_on_sigterm()
     server = OpenAIServer(star.generate, tok, model_name=str(model), host=target.http_host, port=target.http_port,
-                          context=engine.max_len).start()
+                          context=engine.max_len, parallel=target.parallel, queue=target.queue).start()
     click.echo(f"OpenAI endpoint on http://{target.http_host}:{server.port}/v1 (model {model}); Ctrl-C to stop",
                err=True)
     try:

@@ -30,7 +30,7 @@ from edge.cli.options import (verbose_option, CLIENT_TLS_HELP, BrokerAccess, bac
                               ctl_key_option, draft_limits, draft_options, gamma_option, hub_url_option, hubs_option,
                               keepalive_option,
                               model_options, read_ctl_key, stop_ids_option, telemetry_options, tls_dir_option)
-from edge.cli.options import prompt_cache_options
+from edge.cli.options import parallel_options, prompt_cache_options
 from edge.cli.plan_command import check_before_load, memory_options
 from edge.cli.sections import ROLE, SUN, TARGET, SectionedCommand, option
 from edge.cli.startup import (DraftSetup, TelemetrySettings, build_draft, open_model_for_command,
@@ -110,6 +110,7 @@ class AgentConfig:
 @option(TARGET, "--max-new", "-n", default=128, show_default=True, help="target with --prompt: new tokens")
 @option(TARGET, "--temperature", "-t", default=0.0, show_default=True, help="target with --prompt: 0 = greedy")
 @prompt_cache_options(TARGET)
+@parallel_options(TARGET)
 @draft_options
 @option(SUN, "--task", default=None, help="prefill: the task it serves (default: the manifest's)")
 @option(SUN, "--max-batch", default=64, show_default=True, help="decoder: sequences per engine step")
@@ -160,7 +161,7 @@ def agent_config_from(o: dict) -> AgentConfig:
                       o["profile"], o["memory_budget"], o["device"], o["gpu_layers"]),
         draft,
         TargetSettings(gamma, adaptive, o["http_host"], o["http_port"], o["prompt"], o["max_new"], o["temperature"],
-                       o["hubs"], o["prompt_cache"], o["prompt_cache_mb"]),
+                       o["hubs"], o["prompt_cache"], o["prompt_cache_mb"], o["parallel"], o["queue"]),
         SunSettings(o["task"], o["max_batch"], o["max_sequences"], o["max_queue"], o["stop_ids"],
                     _adapter_pairs(role, o.get("adapters") or ())))
 
@@ -228,5 +229,6 @@ def _open_planned(cfg: AgentConfig, model):
     engine_kw = check_before_load(cfg.role, model, m.max_len, m.profile, m.memory_budget,
                                   dtype=m.dtype, max_sessions=limits.max_sessions if limits else 64,
                                   max_kv_mb=limits.max_kv_mb if limits else 1024.0, placement=placement,
-                                  prompt_cache=(cfg.target.prompt_cache, cfg.target.prompt_cache_mb))
+                                  prompt_cache=(cfg.target.prompt_cache, cfg.target.prompt_cache_mb),
+                                  parallel=cfg.target.parallel)
     return open_model_for_command(model, m.dtype, m.threads, m.max_len, placement=placement, **engine_kw)

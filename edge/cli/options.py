@@ -287,6 +287,22 @@ def prompt_cache_options(section: Section):
     ])
 
 
+def parallel_options(section: Section, queue: bool = True):
+    """--parallel N / --queue N: requests a target generates at once, and how many more wait
+    (edge/api/admission.py; `edge-agent run` and `edge-agent plan`, which counts N sequences)."""
+    from edge.api.admission import DEFAULT_PARALLEL, DEFAULT_QUEUE
+    opts = [
+        option(section, "--parallel", default=DEFAULT_PARALLEL, show_default=True, type=click.IntRange(1, 64),
+               metavar="N", help="requests the target generates at once: their verify calls go to the engine "
+                                 "as one batched call per round, each drafts on its own hub session (on "
+                                 "llama.cpp each is one more sequence of --max-len, allocated at start)"),
+        option(section, "--queue", default=DEFAULT_QUEUE, show_default=True, type=click.IntRange(0, 4096),
+               metavar="N", help="requests waiting beyond --parallel; past them a request is answered 503 "
+                                 "with Retry-After"),
+    ]
+    return lambda f: apply(f, opts if queue else opts[:1])
+
+
 def open_prompt_cache(engine, slots: int, mb: float):
     """The PrefixCache of --prompt-cache / --prompt-cache-mb on `engine` (None when off)."""
     if not slots:

@@ -15,7 +15,7 @@ from typing import Optional
 
 import click
 
-from edge.cli.options import backend_option, dtype_option, prompt_cache_options, renamed_option
+from edge.cli.options import backend_option, dtype_option, parallel_options, prompt_cache_options, renamed_option
 from edge.cli.sections import MODEL, TARGET, option
 from edge.memory.fit import (Fit, Workload, cache_slots_that_fit, engine_kwargs, fit, parse_bytes, role_sequences)
 
@@ -56,11 +56,12 @@ def load_device(name: str):
 def make_plan(role: str, model, budget: Optional[int], max_len: Optional[int] = None,
               max_batch: int = 64, max_sessions: int = 64, dtype: str = "float32", gamma: int = 4,
               max_kv_mb: Optional[float] = None, adapters: Optional[tuple] = None,
-              prompt_cache: Optional[tuple] = None):
+              prompt_cache: Optional[tuple] = None, parallel: int = 1):
     """(Fit or None without a budget, Estimate) for a role as `edge-agent run` would load the
     ResolvedModel `model` (on its backend); adapters = (count, rank, targets, itemsize) of the
     LoRA specialists a prefill worker holds; prompt_cache = (slots, MB) of a target's
-    (--prompt-cache, --prompt-cache-mb: edge/speculative/prefix_cache.py)."""
+    (--prompt-cache, --prompt-cache-mb: edge/speculative/prefix_cache.py); parallel: a target's
+    generations at once (--parallel), a sequence each."""
     from edge.engines.base import EngineError
     from edge.memory.fit import estimate
     try:
@@ -70,7 +71,7 @@ def make_plan(role: str, model, budget: Optional[int], max_len: Optional[int] = 
     b = model.backend
     if max_len is None:
         max_len = _SUN_CTX.get(b, shape.max_position) if role in ("prefill", "decoder") else _DEFAULT_CTX
-    w = Workload(role, b, int(max_len), role_sequences(role, b, max_sessions, max_batch), dtype=dtype,
+    w = Workload(role, b, int(max_len), role_sequences(role, b, max_sessions, max_batch, parallel), dtype=dtype,
                  gamma=gamma, max_kv_bytes=int(max_kv_mb * 1e6) if max_kv_mb and role == "draft" else None,
                  adapters=adapters[0] if adapters else 0, adapter_bytes=_adapters_bytes(shape, role, adapters),
                  cache_slots=cache_slots(role, prompt_cache),
@@ -138,6 +139,8 @@ def advice(f: Fit) -> list:
     if w.role in ("draft", "decoder") and f.max_sequences:
         flag = "--max-sessions" if w.role == "draft" else "--max-batch"
         out.append(f"lower {flag} to {f.max_sequences} or less")
+    if w.role == "target" and w.sequences > 1 and f.max_sequences and f.max_sequences < w.sequences:
+        out.append(f"lower --parallel to {f.max_sequences} or less")
     slots = cache_slots_that_fit(e.shape, w, f.budget) if w.cache_slots else None
     if slots is not None:                 # a target's prompt cache (each slot is a sequence on llama.cpp)
         out.append(f"lower --prompt-cache to {slots} or less")
@@ -165,23 +168,23 @@ def refusal(f: Fit, where: str) -> str:
 
 
 def check_before_load(role, model, max_len, profile, memory_budget, max_batch=64, max_sessions=64,
-                      dtype="float32", max_kv_mb=None, placement=None, prompt_cache=None) -> dict:
+                      dtype="float32", max_kv_mb=None, placement=None, prompt_cache=None, parallel=1) -> dict:
     """`edge-agent run`'s check of a ResolvedModel: refuse a role that does not fit, before anything
     loads; returns the engine arguments the plan counted (llama.cpp: n_seq_max). With a `placement` on a GPU, or on
     a discrete-GPU profile (whose usable memory is the card's), each side (host, GPU, or a Jetson's
     shared pool) is checked where its bytes live. prompt_cache: a target's (slots, MB), counted too."""
     if placement is not None and profile and (placement.on_gpu or load_device(profile).kind == "gpu"):
         return _check_placed(role, model, max_len, profile, memory_budget, max_batch, max_sessions,
-                             dtype, max_kv_mb, placement, prompt_cache)
+                             dtype, max_kv_mb, placement, prompt_cache, parallel)
     budget = budget_bytes(profile, memory_budget)
     try:
         f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
-                         prompt_cache=prompt_cache)
+                         prompt_cache=prompt_cache, parallel=parallel)
     except click.ClickException:
         if budget is not None:
             raise                         # a budget it cannot check is not enforced silently
         b = model.backend                 # unsized (the loader will say why, if it cannot load it)
-        n = role_sequences(role, b, max_sessions, max_batch) + cache_slots(role, prompt_cache)
+        n = role_sequences(role, b, max_sessions, max_batch, parallel) + cache_slots(role, prompt_cache)
         return engine_kwargs(b, role, n)
     if f is not None and not f.fits:
         where = f"--memory-budget {memory_budget}" if memory_budget else f"profile {profile}"
@@ -193,13 +196,13 @@ def check_before_load(role, model, max_len, profile, memory_budget, max_batch=64
 
 
 def _check_placed(role, model, max_len, profile, memory_budget, max_batch, max_sessions, dtype, max_kv_mb,
-                  placement, prompt_cache=None) -> dict:
+                  placement, prompt_cache=None, parallel=1) -> dict:
     """check_before_load by sides: the estimate split by where it is placed (edge/memory/placed.py),
     each side against its budget (a side the profile does not size is not checked)."""
     from edge.memory.placed import MemorySides, check_sides, gpu_fraction
     sides = MemorySides.of_profile(load_device(profile), budget_bytes(None, memory_budget))
     _, e = make_plan(role, model, None, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
-                     prompt_cache=prompt_cache)
+                     prompt_cache=prompt_cache, parallel=parallel)
     why = check_sides(e, gpu_fraction(placement, e.shape.layers), sides)
     if why:
         raise click.ClickException(f"{role} on {e.workload.backend} placed on {placement.device} does not fit "
@@ -258,10 +261,11 @@ def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
 @click.option("--adapter-dtype", default="F32", show_default=True, type=click.Choice(["F32", "F16"]),
               help="their tensors' dtype (edge-export adapter --ftype; torch PEFT files: F32)")
 @prompt_cache_options(TARGET)
+@parallel_options(TARGET, queue=False)
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
 def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_len, max_batch, max_sessions,
          max_kv_mb, dtype, device, gpu_layers, n_adapters, adapter_rank, adapter_targets, adapter_dtype,
-         prompt_cache, prompt_cache_mb, as_json):
+         prompt_cache, prompt_cache_mb, parallel, as_json):
     """Estimate a role's memory on a device: fits or not, by how much, and the most that fits."""
     given = [x for x in (model, bundle, module_dir) if x]
     if len(given) != 1:
@@ -278,7 +282,7 @@ def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_l
     if bundle and role == "prefill" and not n_adapters:
         ad = bundle_adapters(model)
     f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
-                     adapters=ad, prompt_cache=(prompt_cache, prompt_cache_mb))
+                     adapters=ad, prompt_cache=(prompt_cache, prompt_cache_mb), parallel=parallel)
     sp = specialists(f, e)
     placed = _placed(e, profile, memory_budget, device, gpu_layers)
     if as_json:

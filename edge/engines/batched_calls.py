@@ -30,7 +30,7 @@ import numpy as np
 
 from edge.engines.base import Engine, EngineError
 
-__all__ = ["BatchedCalls"]
+__all__ = ["BatchedCalls", "shared_engine"]
 
 
 class _Op:
@@ -193,3 +193,8 @@ def _settle(op: _Op, fn: Callable) -> None:
         op.result = fn()
     except Exception as e:
         op.error = e
+
+
+def shared_engine(engine: Engine, parallel: int) -> Engine:
+    """The engine `parallel` concurrent generations use: itself for one, else wrapped in BatchedCalls."""
+    return engine if parallel <= 1 or isinstance(engine, BatchedCalls) else BatchedCalls(engine)

@@ -300,10 +300,10 @@ def cache_slots_that_fit(shape: ModelShape, w: Workload, budget: int) -> Optiona
 
 
 # -- what `edge-agent run` builds ----------------------------------------------------------------
-def role_sequences(role: str, backend: str, max_sessions: int = 64, max_batch: int = 64) -> int:
+def role_sequences(role: str, backend: str, max_sessions: int = 64, max_batch: int = 64, parallel: int = 1) -> int:
     """Sequences the role's engine holds at once, as `edge-agent run` loads it."""
     if role == "target":
-        return 1                          # StarTarget serialises generations: one sequence at a time
+        return max(1, int(parallel))      # --parallel: a sequence per generation running at once
     if role == "decoder":
         return max_batch                  # edge/sun/decoder.py: n_seq_max = max_batch on llama.cpp
     if backend == "llamacpp":             # the engine's n_seq_max (the roles load it so)

@@ -27,9 +27,12 @@ log = logging.getLogger(__name__)
 class StarTarget:
     """A target device: its engine, its link to the hub, and generation.
 
-    One generation at a time per StarTarget (the HTTP endpoint serialises
-    requests); each generation has its own hub session, or, with a prompt cache, the last
-    generation's while it is fresh (edge/star/session_reuse.py): the draft keeps its KV too.
+    Several generations may run at once, each in its own thread (the HTTP endpoint admits
+    --parallel N: edge/api/admission.py), on an engine they can share (edge/engines/batched_calls.py
+    batches their verify calls). Each generation has its own hub session, or, with a prompt
+    cache, the last kept one while it is fresh (edge/star/session_reuse.py): the draft keeps its
+    KV too. One session is kept, the last to end; a generation takes it only when it is free
+    (no other generation took it), else joins anew.
     """
 
     def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, join_timeout: float = 3.0,
@@ -44,7 +47,8 @@ class StarTarget:
         self.join_timeout = join_timeout
         self.verify_costs: Optional[dict] = None    # measured at the first adaptive generation
         self.stop_aware = True      # γ=auto's pricing (GammaPricing.stop_aware; False: A/B runs)
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()                  # calibration; the counters and the kept session
+        self.active = 0                               # generations running now
         self.last_drafter: Optional[RemoteDrafter] = None
         self.prefix_cache, self.keep_session_s = prefix_cache, keep_session_s
         self._kept: Optional[KeptSession] = None      # the last generation's session, kept open
@@ -56,7 +60,7 @@ class StarTarget:
             self.calibrate()
 
     def telemetry(self) -> dict:
-        return {**self.counts, "sessions": int(self.lock.locked()), "wall_s": time.monotonic() - self._t0,
+        return {**self.counts, "sessions": self.active, "wall_s": time.monotonic() - self._t0,
                 "dropped": dict(self.hub.keys.dropped)}
 
     def calibrate(self) -> dict:
@@ -90,40 +94,58 @@ class StarTarget:
         with self.lock:
             if self.adaptive and self.verify_costs is None:
                 self._calibrate()
-            pricing = GammaPricing((self.verify_costs or {}) if self.adaptive else {}, self.stop_aware)
-            drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline, pricing=pricing)
-            self.last_drafter = drafter
-            drafter.constrain(grammar, len(prompt_ids))     # before the primed first request
-            kept, self._kept = self._kept, None
-            committed = list(prompt_ids)
-            try:
-                if not resume(kept, drafter, prompt_ids, self.keep_session_s):
-                    drafter.connect(self.join_timeout)
-                first = drafter.gamma_policy(self.gamma).first_gamma if self.adaptive else self.gamma
-                drafter.prime(prompt_ids, min(first, max(0, max_new - 1)))
-            except JoinRefused as e:
-                log.warning("%s; decoding without a draft", e)
-                drafter.refusal = e.reason
-            except TimeoutError as e:
-                log.warning("%s; decoding without a draft until the hub answers", e)
-            def counted(t: int) -> None:
+            kept, self._kept = self._kept, None        # the kept session, if no other generation took it
+            self.active += 1
+        try:
+            return self._generate(kept, prompt_ids, max_new, params, stop_ids, on_token, deadline, on_logits,
+                                  grammar)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def _generate(self, kept, prompt_ids, max_new, params, stop_ids, on_token, deadline, on_logits,
+                  grammar) -> GenResult:
+        """One generation on its own session (`kept`: the kept one it took, or None: join)."""
+        pricing = GammaPricing((self.verify_costs or {}) if self.adaptive else {}, self.stop_aware)
+        drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline, pricing=pricing)
+        self.last_drafter = drafter
+        drafter.constrain(grammar, len(prompt_ids))     # before the primed first request
+        committed = list(prompt_ids)
+        try:
+            if not resume(kept, drafter, prompt_ids, self.keep_session_s):
+                drafter.connect(self.join_timeout)
+            first = drafter.gamma_policy(self.gamma).first_gamma if self.adaptive else self.gamma
+            drafter.prime(prompt_ids, min(first, max(0, max_new - 1)))
+        except JoinRefused as e:
+            log.warning("%s; decoding without a draft", e)
+            drafter.refusal = e.reason
+        except TimeoutError as e:
+            log.warning("%s; decoding without a draft until the hub answers", e)
+        def counted(t: int) -> None:
+            with self.lock:
                 self.counts["tokens"] += 1
-                committed.append(t)
-                if on_token is not None:
-                    on_token(t)
-            t0 = time.monotonic()
-            try:
-                res = generate_speculative(self.engine, drafter, prompt_ids, max_new, self.gamma,
-                                           params=params, stop_ids=stop_ids, on_token=counted,
-                                           adaptive=self.adaptive, on_logits=on_logits, grammar=grammar,
-                                           cache=self.prefix_cache)
+            committed.append(t)
+            if on_token is not None:
+                on_token(t)
+        t0 = time.monotonic()
+        try:
+            res = generate_speculative(self.engine, drafter, prompt_ids, max_new, self.gamma,
+                                       params=params, stop_ids=stop_ids, on_token=counted,
+                                       adaptive=self.adaptive, on_logits=on_logits, grammar=grammar,
+                                       cache=self.prefix_cache)
+            with self.lock:
                 self.counts["accepted"] += res.n_accepted
                 self.counts["drafted"] += res.n_drafted
                 self.counts["generations"] += 1
-                return res
-            finally:
-                self.counts["busy_s"] += time.monotonic() - t0
-                if self.prefix_cache is not None:
-                    self._kept = keep_session(drafter, committed)
-                else:
-                    drafter.close()
+            return res
+        finally:
+            self._end(drafter, committed, time.monotonic() - t0)
+
+    def _end(self, drafter: RemoteDrafter, committed: list, busy_s: float) -> None:
+        """A generation's end: its session kept for the next one (the last to end is kept), or closed."""
+        new = keep_session(drafter, committed) if self.prefix_cache is not None else drafter.close()
+        with self.lock:
+            self.counts["busy_s"] += busy_s
+            old, self._kept = self._kept, new if new is not None else self._kept
+        if new is not None and old is not None:
+            old.session.close()

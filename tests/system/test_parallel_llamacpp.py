@@ -1,0 +1,58 @@
+"""--parallel on llama.cpp (the real Qwen2.5-Coder-0.5B): two requests at once both complete, well formed,
+and rounds of the shared engine served both in one batched llama_decode (batched and single calls are
+not bit-identical on llama.cpp, so the texts are not compared with the ones served alone)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from edge.model.fetch import model_path
+
+QWEN = model_path("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="module")
+def served():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
+    if not QWEN.exists():
+        pytest.skip(f"{QWEN} is missing; run `make test-models`")
+    from edge.api.openai_http import OpenAIServer
+    from edge.engines.batched_calls import BatchedCalls
+    from edge.engines.llamacpp_engine import LlamaCppEngine
+    from edge.model.tokenizer import Tokenizer
+    from edge.speculative.generate import generate_plain
+    inner = LlamaCppEngine(QWEN, max_len=512, n_seq_max=2, threads=2)
+    eng, decodes = BatchedCalls(inner), []
+    real = inner._decode
+    inner._decode = lambda entries, want: decodes.append(len({e[2] for e in entries})) or real(entries, want)
+
+    def generate(prompt_ids, max_new, params, stop_ids=(), on_token=None, on_logits=None, **kw):
+        return generate_plain(eng, prompt_ids, max_new, params, stop_ids, on_token, on_logits)
+    server = OpenAIServer(generate, Tokenizer.from_gguf(QWEN), "qwen", port=0, parallel=2).start()
+    yield server, eng, decodes
+    server.stop()
+    inner.close()
+
+
+def test_two_requests_at_once_complete_and_share_a_decode(served):
+    from harness.http_endpoints import post
+    server, eng, decodes = served
+    bodies = [{"messages": [{"role": "user", "content": q}], "max_tokens": 24, "temperature": 0}
+              for q in ("Write a Python function that adds two numbers.", "What is a linked list?")]
+    out, start = [None, None], threading.Barrier(2)
+
+    def one(i):
+        start.wait()
+        out[i] = post(server, "/v1/chat/completions", bodies[i])
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for o in out:
+        c = o["choices"][0]
+        assert c["finish_reason"] in ("stop", "length") and c["message"]["content"].strip()
+        assert 0 < o["usage"]["completion_tokens"] <= 24
+    assert eng.stats["largest"] == 2 and max(decodes) == 2          # one llama_decode over both sequences
+    assert eng.inner.active_sequences == 0

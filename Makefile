@@ -60,7 +60,7 @@ system-test:
 
 test: system-test install llama test-models
 	$(BIN)/lint-imports
-	STARSUN_STRICT=1 $(BIN)/python -m pytest -q --durations=25
+	bash scripts/run_tests.sh $(BIN)
 
 # every benchmark but sun_accuracy (hours; run it in the background, it resumes), each as a module
 # from the repository root (python -m benchmarks lists them); each writes

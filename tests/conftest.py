@@ -209,13 +209,26 @@ _SLOW = _REAL_MODEL | {"test_sun_tuning", "test_cli_wiring", "test_cli_backends"
 def pytest_configure(config):
     for name, what in (("broker", "needs a real MQTT broker"), ("llamacpp", "needs llama-cpp-python"),
                        ("real_model", "needs the fetched real models (make test-models)"),
-                       ("slow", "takes tens of seconds or more; make test runs it")):
+                       ("slow", "takes tens of seconds or more; make test runs it"),
+                       ("networks", "brings up a network of its own (RabbitMQ, namespaces, sshd): make test runs "
+                                    "these one at a time, beside the rest")):
         config.addinivalue_line("markers", f"{name}: {what}")
+
+
+# `make test` runs the suite on two pytest-xdist workers, a file per worker at a time (--dist loadfile),
+# but for the tests that bring up a whole network of their own -- RabbitMQ clusters, network
+# namespaces, an sshd device: marked `networks`, they run in one more process beside the workers,
+# one at a time, so they never contend with each other (scripts/run_tests.sh).
+_ONE_AT_A_TIME = {"test_cluster_netns_partition", "test_cluster_partition", "test_cluster_sun", "test_flash_jetson",
+                  "test_hub_external_tls", "test_multi_hub", "test_netns_helper", "test_rabbitmq_star",
+                  "test_star_namespaces"}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         mod = item.module.__name__.rsplit(".", 1)[-1]
+        if mod in _ONE_AT_A_TIME:
+            item.add_marker("networks")
         for name, mods in (("broker", _BROKER), ("llamacpp", _LLAMACPP), ("real_model", _REAL_MODEL),
                            ("slow", _SLOW)):
             if mod in mods:

@@ -21,14 +21,16 @@ def _plan(*args):
 
 
 def test_plan_counts_the_prompt_cache(gguf):
-    base = _plan("-m", gguf, "--prompt-cache", "0")
-    four = _plan("-m", gguf)                                      # the default: 4 slots
+    base = _plan("-m", gguf, "--prompt-cache", "0", "--parallel", "1")
+    four = _plan("-m", gguf, "--parallel", "1")                   # the default: 4 slots
     assert base["engine_kwargs"] == {"n_seq_max": 1} and four["engine_kwargs"] == {"n_seq_max": 5}
+    assert _plan("-m", gguf)["engine_kwargs"] == {"n_seq_max": 6}     # and --parallel's default 2
     assert four["prompt_cache"] == 4 and four["parts_bytes"]["kv"] == 5 * base["parts_bytes"]["kv"]
     budget = base["total_bytes"] + 2 * base["parts_bytes"]["kv"]  # room for two slots
-    short = _plan("-m", gguf, "--memory-budget", str(budget))
+    short = _plan("-m", gguf, "--memory-budget", str(budget), "--parallel", "1")
     assert not short["fits"] and "lower --prompt-cache to 2 or less" in short["advice"]
-    table = CliRunner().invoke(main, ["plan", "--role", "target", "-b", "llamacpp", "-m", gguf]).output
+    table = CliRunner().invoke(main, ["plan", "--role", "target", "-b", "llamacpp", "-m", gguf,
+                                       "--parallel", "1"]).output
     assert "x 1 + 4 in the prompt cache" in table
 
 
@@ -51,10 +53,11 @@ def _run(monkeypatch, *extra):
 
 
 def test_run_takes_the_options_and_the_config_file(monkeypatch, gguf, tmp_path):
-    loaded, target = _run(monkeypatch, "-b", "llamacpp", "-m", gguf, "--prompt-cache", "2", "--prompt-cache-mb", "64")
+    loaded, target = _run(monkeypatch, "-b", "llamacpp", "-m", gguf, "--prompt-cache", "2", "--prompt-cache-mb", "64",
+                          "--parallel", "1")
     assert loaded["n_seq_max"] == 3 and (target.prompt_cache, target.prompt_cache_mb) == (2, 64.0)
     cfg = tmp_path / "agent.toml"
-    cfg.write_text(f'model = "{gguf}"\nbackend = "llamacpp"\nprompt_cache = 0\n')
+    cfg.write_text(f'model = "{gguf}"\nbackend = "llamacpp"\nprompt_cache = 0\nparallel = 1\n')
     loaded, target = _run(monkeypatch, "--config", str(cfg))
     assert loaded["n_seq_max"] == 1 and target.prompt_cache == 0
 

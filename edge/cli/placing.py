@@ -16,11 +16,10 @@ START_LINE = "placement: "
 
 
 def profile_facts(profile: Optional[str]):
-    """DeviceFacts of a --profile (None without one); the profile is read by plan_command, the one
-    module of edge/ that may import devices.profile."""
+    """DeviceFacts of a --profile (None without one), read by edge/cli/device_profiles.py."""
     if not profile:
         return None
-    from edge.cli.plan_command import load_device
+    from edge.cli.device_profiles import load_device
     from edge.engines.placement import DeviceFacts
     return DeviceFacts.from_profile(load_device(profile))
 

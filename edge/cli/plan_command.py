@@ -15,6 +15,7 @@ from typing import Optional
 
 import click
 
+from edge.cli.device_profiles import load_device
 from edge.cli.options import backend_option, dtype_option, parallel_options, prompt_cache_options, renamed_option
 from edge.cli.sections import MODEL, TARGET, option
 from edge.memory.fit import (Fit, Workload, cache_slots_that_fit, engine_kwargs, fit, parse_bytes, role_sequences)
@@ -43,14 +44,6 @@ def budget_bytes(profile: Optional[str], memory_budget: Optional[str]) -> Option
     if profile:
         return int(load_device(profile).usable_memory_gb * GB)
     return None
-
-
-def load_device(name: str):
-    from devices.profile import load_profile
-    try:
-        return load_profile(name)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--profile") from None
 
 
 def make_plan(role: str, model, budget: Optional[int], max_len: Optional[int] = None,

@@ -14,12 +14,9 @@ import json
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from edge.model.errors import EngineError
-
-if TYPE_CHECKING:
-    from edge.model.resolved import ResolvedModel
 
 
 @dataclass(frozen=True)

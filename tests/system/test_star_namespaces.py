@@ -23,6 +23,7 @@ import time
 import pytest
 
 from edge.wire.link import MqttLink
+from harness.canary import canary_after
 from harness.namespace_runs import complete_at_once, plain_texts
 from harness.netns import available
 from harness.netns_star import NamespaceStar
@@ -112,7 +113,9 @@ def test_without_the_right_certificate_a_client_gets_nothing(star, refs, tmp_pat
             link.subscribe(pattern, spy)
         t0 = time.monotonic()
         assert star.complete("t1", PROMPTS["t1"], MAX_NEW)["text"] == refs["t1"]
-        time.sleep(0.3)
+        # a canary the spy may read, routed by the one broker after every message of dev1's
+        # session: anything of dev1's the broker let through would have reached the spy first
+        canary_after(star.monitor.link, [], [link], inbox)
     finally:
         link.close()
     assert star.monitor.answers("dev1", t0), "dev1 was not drafted for: the spy proves nothing"

@@ -243,7 +243,28 @@ def chat_stream(url: str, body: dict, timeout: float) -> dict:
 # ---- the servers ----
 
 def _pinned(core: int):
-    return lambda: os.sched_setaffinity(0, {core})
+    """A child's preexec: on `core`, and terminated when this process dies (a killed run leaves no
+    server holding a core or a port; the rerun resumes)."""
+    def pin():
+        os.sched_setaffinity(0, {core})
+        try:
+            import ctypes
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 15)      # PR_SET_PDEATHSIG, SIGTERM
+        except OSError:
+            pass
+    return pin
+
+
+def free_port(start: int) -> int:
+    """The first port from `start` that nothing listens on (an earlier run's orphan may hold one)."""
+    for port in range(start, start + 1000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError(f"no free port in {start}..{start + 999}")
 
 
 class Server:
@@ -550,7 +571,7 @@ def run(args) -> dict:
         for name in args.servers:
             if all(store.done(name, model, k) for k in keys):
                 continue
-            port += 1
+            port = free_port(port + 1)
             server = make_server(name, model, port, args, ctx)
             print(f"starting {name} for {model}", flush=True)
             t0 = time.monotonic()

@@ -123,7 +123,9 @@ class SunHandle:
         self._seqs.add(msg.seq)
         self.heard, self._quiet = time.monotonic(), 0
         if msg.worker and msg.worker not in self._workers:
-            self._workers.append(msg.worker)
+            # pipeline order, not arrival order: the prefill's token 0 may come after the decoder's
+            # first tokens (two links race); a decoder's index-0 message is its done echo
+            self._workers.insert(0 if msg.index == 0 and not msg.done else len(self._workers), msg.worker)
         for i, t in enumerate(msg.tokens, msg.index):
             if self.resent and i < self._told and self._tokens[i] != t:
                 self._error = SunRequestError("diverged", f"request {self.rid} was sent again after a lost "

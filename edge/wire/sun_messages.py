@@ -1,14 +1,61 @@
 """The SUN messages of the wire format: requests, worker hellos, prefill jobs and decode
 assignments, KV chunks, streamed tokens, adapter adds (edge/wire/protocol.py re-exports them;
-edge/sun/prefill_node.py has the flow)."""
+edge/sun/prefill_node.py has the flow).
+
+A request may carry a grammar (`grammar`: llguidance's text, what a target's endpoint compiles
+for response_format or a forced tool_choice; "" for none) that the prefill worker's token 0 and
+every decoder step follow, and ask for logprobs (`logprobs`: the number of alternatives, None for
+none); the workers then send each token's entry with it (SunTokens.logprobs).
+"""
 from __future__ import annotations
+
+import math
+from typing import Any, Optional
 
 from edge.wire.envelope import Message, message, sampling_field, tokens_field, wire
 from edge.wire.field_types import (FINGERPRINT, ID, ID_OR_EMPTY, MAX_VOCAB, MESSAGE_TEXT, SEQ, SHA256, VOCAB_SIZE,
-                              ProtocolError, boolean, id_list, integer, new_secret, one_of, raw_bytes, secret_bytes,
-                              text)
+                              ProtocolError, _short, boolean, grammar_text, id_list, integer, new_secret, one_of,
+                              optional, raw_bytes, secret_bytes, text)
 from edge.wire.limits import (FINISH_REASONS, MAX_APPEND, MAX_KV_CHUNKS, MAX_NEW_TOKENS, MAX_STOP,
                               MAX_STREAM_TOKENS, SUN_CHUNK_BYTES, SUN_ROLES)
+
+MAX_TOP_LOGPROBS = 20          # alternatives per token a request may ask for (OpenAI's limit)
+LOGPROBS = optional(integer(0, MAX_TOP_LOGPROBS))   # None: no logprobs; N: each token's and N alternatives
+
+
+def _logprob(name: str, v: Any) -> float:
+    if type(v) not in (int, float) or not math.isfinite(v) or v > 1e-6:
+        raise ProtocolError(f"{name} must be a finite log-probability (<= 0), got {_short(v)}")
+    return float(v)
+
+
+def token_logprobs(name: str, v: Any) -> list:
+    """Per token [logprob, [alternative ids], [their logprobs]] (at most MAX_TOP_LOGPROBS
+    alternatives, most likely first), or [] when the request asked for none."""
+    if not isinstance(v, list) or len(v) > MAX_STREAM_TOKENS:
+        raise ProtocolError(f"{name} must be a list of at most {MAX_STREAM_TOKENS} entries, got {_short(v)}")
+    out = []
+    for i, e in enumerate(v):
+        if not (isinstance(e, list) and len(e) == 3 and isinstance(e[1], list) and isinstance(e[2], list)
+                and len(e[1]) == len(e[2]) <= MAX_TOP_LOGPROBS):
+            raise ProtocolError(f"{name}[{i}] must be [logprob, [ids], [logprobs]] with at most "
+                                f"{MAX_TOP_LOGPROBS} alternatives, got {_short(e)}")
+        alts = [integer(0, MAX_VOCAB - 1)(f"{name}[{i}] id", t) for t in e[1]]
+        out.append([_logprob(f"{name}[{i}]", e[0]), alts, [_logprob(f"{name}[{i}]", x) for x in e[2]]])
+    return out
+
+
+def wire_logprobs(v: Any) -> Any:
+    """(logprob, [(id, logprob), ...]) entries, as edge/speculative/sampling.py's top_logprobs gives
+    them, -> the wire's lists (lists on the wire pass as they are)."""
+    if not isinstance(v, (list, tuple)):
+        return v
+    out = []
+    for e in v:
+        if isinstance(e, tuple) and len(e) == 2:
+            e = [float(e[0]), [int(t) for t, _ in e[1]], [float(x) for _, x in e[1]]]
+        out.append(e)
+    return out
 
 
 @message("sun_req")
@@ -21,6 +68,8 @@ class SunRequest(Message):
     sampling: dict = sampling_field()
     stop: list[int] = tokens_field(MAX_STOP, factory=list)
     secret: bytes = wire(secret_bytes(empty=False), factory=new_secret)   # the request's key: signs its KV and tokens
+    grammar: str = wire(grammar_text, "")       # the grammar every answer token follows ("": none)
+    logprobs: Optional[int] = wire(LOGPROBS, None)   # alternatives per token to report (None: no logprobs)
 
 
 @message("sun_hello")
@@ -36,6 +85,7 @@ class SunHello(Message):
     served: int = wire(SEQ, 0)                  # jobs / assignments received (in-flight accounting)
     max_load: int = wire(integer(0, 1 << 20), 0)   # the load past which it refuses (0: not said)
     tasks: list[str] = wire(id_list, factory=list)  # prefill with adapters: every task it serves ([]: `task` only)
+    grammars: bool = wire(boolean, False)       # it can follow a request's grammar (it holds a tokenizer)
 
     def check_rules(self) -> None:
         if (self.role == "prefill") != bool(self.task or self.tasks):
@@ -54,6 +104,8 @@ class PrefillJob(Message):
     prompt: list[int] = tokens_field(MAX_APPEND)
     sampling: dict = sampling_field()
     decoder: str = wire(ID, kw_only=True)       # where the KV goes (no default: "" is no worker)
+    grammar: str = wire(grammar_text, "")       # token 0 follows it ("": none)
+    logprobs: Optional[int] = wire(LOGPROBS, None)
 
 
 @message("sun_assign")
@@ -67,6 +119,8 @@ class DecodeAssign(Message):
     sampling: dict = sampling_field()
     stop: list[int] = tokens_field(MAX_STOP, factory=list)
     prefill: str = wire(ID, kw_only=True)       # who sends the KV (the decoder holds only its early KV)
+    grammar: str = wire(grammar_text, "")       # tokens 1.. follow it, after token 0 ("": none)
+    logprobs: Optional[int] = wire(LOGPROBS, None)
 
 
 @message("sun_kv", session=True, id_field="rid")
@@ -91,10 +145,13 @@ class SunTokens(Message):
     done: bool = wire(boolean, False)
     finish_reason: str = wire(one_of(FINISH_REASONS, 16, empty=True), "")   # when done
     worker: str = wire(ID_OR_EMPTY, "")         # who produced them
+    logprobs: list = wire(token_logprobs, factory=list, send=wire_logprobs)   # [] or one entry per token
 
     def check_rules(self) -> None:
         if self.done != bool(self.finish_reason):
             raise ProtocolError("sun_tokens: a finish_reason comes with done, and only then")
+        if self.logprobs and len(self.logprobs) != len(self.tokens):
+            raise ProtocolError("sun_tokens: logprobs has one entry per token, or none")
 
 
 @message("sun_adapter_add")

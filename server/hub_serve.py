@@ -183,6 +183,8 @@ def _sun_decoder(cfg: HubConfig):
         decoder = SharedDecoder.from_dir(model, threads=cfg.threads, max_batch=sun.max_batch,
                                          stop_ids=sun.stop_ids, name=f"{cfg.hub_id}-decoder", backend=model.backend,
                                          max_sequences=sun.max_sequences, engine_kw=placement.engine_kwargs())
+        from edge.sun.worker_tokenizer import worker_grammars     # --sun-tokenizer: it follows request grammars
+        decoder.grammars = worker_grammars(model, sun.tokenizer, decoder.engine.vocab_size)
     except (SunError, OSError, EngineError) as e:
         raise click.ClickException(f"--sun-decoder {sun.decoder_dir}: {e}") from None
     click.echo(f"SUN decoder: {decoder.engine.where()}", err=True)

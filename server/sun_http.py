@@ -8,10 +8,14 @@ tokenizer (every specialist shares it: they are tuned from one base). GET
 /v1/models lists the tasks some prefill worker serves right now. Requests run
 concurrently; the shared decoder batches them.
 
-Fields: the shared rule of edge/api/request_fields.py under the SUN_HUB profile (no
-logprobs, no penalties: the decoder streams tokens only). A request the star
-cannot take now -- no decoder online, every decoder full, its worker lost, no
-answer in time -- is a 503 with Retry-After; a bad one a 400.
+Fields: the shared rule of edge/api/request_fields.py under the SUN_HUB profile: the same
+table and parser as a target's endpoint. `tools` are rendered here by the base model's chat
+template and the reply parsed back into tool_calls by the target's parser (edge/api/tools.py);
+a response_format or forced tool_choice grammar is compiled here (a bad one is a 400) and its
+text travels with the request: the prefill worker's token 0 and each of the decoder's rows
+follow it (edge/sun/token_rules.py). logprobs come from the workers' rows. Penalties and
+logit_bias stay 400s. A request the star cannot take now -- no decoder online, every decoder
+full, its worker lost, no answer in time -- is a 503 with Retry-After; a bad one a 400.
 """
 from __future__ import annotations
 
@@ -32,9 +36,17 @@ def start_sun_http(hub, tokenizer, host: str = "127.0.0.1", port: int = 8080,
         raise ValueError("the hub runs without SUN routing (sun=False): nothing to serve")
     client = SunClient(hub.link, hub.hub_id).start()
 
-    def generate(ids, max_new, params, stop_ids=(), on_token=None, model=None):
+    def generate(ids, max_new, params, stop_ids=(), on_token=None, model=None, grammar=None, logprobs=None,
+                 on_logprob=None):
+        stops = set(stop_ids)
+
+        def entry(token, lp, alts):               # as a target's: a stop token has no entry
+            if token not in stops:
+                on_logprob(token, lp, alts)
         try:
-            return client.stream(model, ids, max_new, params, stop_ids, on_token, timeout=timeout)
+            return client.stream(model, ids, max_new, params, stop_ids, on_token, timeout=timeout,
+                                 grammar=grammar.text if grammar is not None else "", logprobs=logprobs,
+                                 on_logprob=entry if on_logprob is not None else None)
         except SunRequestError as e:
             if e.code == E_BAD_REQUEST:
                 raise BadRequest(e.message) from None

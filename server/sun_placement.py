@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
-from edge.wire.protocol import E_NO_DECODER, E_OVERLOADED, E_UNKNOWN_TASK
+from edge.wire.protocol import E_BAD_REQUEST, E_NO_DECODER, E_OVERLOADED, E_UNKNOWN_TASK
 
 
 class SunRefusal(Exception):
@@ -36,6 +36,7 @@ class WorkerInfo:
     sent_at: float = 0.0          # when we last sent it one
     seen: float = field(default_factory=time.monotonic)
     tasks: Tuple[str, ...] = ()   # prefill: every task it serves (its adapters), else (task,)
+    grammars: bool = False        # it follows a request's grammar (it holds the base's tokenizer)
 
     @property
     def est_load(self) -> int:
@@ -56,6 +57,18 @@ def pick_prefill(online: List[WorkerInfo], task: str) -> WorkerInfo:
                                          f"task's specialist, or add its adapter to a running worker "
                                          f"(`edge-agent add-adapter`)")
     return min(mine, key=lambda w: (w.est_load, w.id))
+
+
+def following_grammars(fits: List[WorkerInfo], task: str, what: str) -> List[WorkerInfo]:
+    """The workers of `fits` that follow grammars (a request with a grammar goes only to them);
+    none: refused bad_request, saying what to start (fits is never empty here)."""
+    mine = [w for w in fits if w.grammars]
+    if not mine:
+        raise SunRefusal(E_BAD_REQUEST, f"the request has a grammar (response_format or a forced tool_choice) "
+                                        f"and no {what} for task {task!r} follows grammars "
+                                        f"({', '.join(w.id for w in fits)}): start it with --tokenizer (the base "
+                                        f"model's), or send the request without one")
+    return mine
 
 
 def decoders_for(online: List[WorkerInfo], task: str, fp: str) -> List[WorkerInfo]:

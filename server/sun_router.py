@@ -57,8 +57,8 @@ from edge.wire.protocol import (E_BAD_REQUEST, E_WORKER_LOST,
                            SunRequest, decode, encode, parse_topic, sun_ctl_topic, sun_kv_topic, sun_stream_topic)
 from edge.wire.seen_ids import SeenIds
 from server.liveness import Liveness
-from server.sun_placement import (SunRefusal, WorkerInfo, decoders_for, isolated_pool, least_loaded,
-                                  pick_prefill)
+from server.sun_placement import (SunRefusal, WorkerInfo, decoders_for, following_grammars, isolated_pool,
+                                  least_loaded, pick_prefill)
 from server.sun_routes import RecentRoutes
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,7 @@ class SunRouter:
                 self.workers[h.worker] = w
                 self._unbind(h.worker)
             w.task, w.tasks = h.task, tuple(h.tasks) or ((h.task,) if h.task else ())   # adapters come and go
+            w.grammars = h.grammars
             if h.served < w.served or h.served > w.sent:
                 w.sent = h.served                         # it restarted, or we did
             was_online = w.online
@@ -215,11 +216,12 @@ class SunRouter:
             del self.bindings[t]
 
     # ---- routing ----
-    def route(self, task: str) -> Tuple[WorkerInfo, WorkerInfo]:
-        """(prefill, decoder) for a request of `task`, counted as sent; or raise SunRefusal."""
+    def route(self, task: str, grammar: bool = False) -> Tuple[WorkerInfo, WorkerInfo]:
+        """(prefill, decoder) for a request of `task`, counted as sent; or raise SunRefusal.
+        grammar: the request has one, so both must follow grammars."""
         with self._lock:
-            prefill = self._prefill_for(task)
-            dec = self._decoder_for(task, prefill.fingerprint)
+            prefill = self._prefill_for(task, grammar)
+            dec = self._decoder_for(task, prefill.fingerprint, grammar)
             prefill.sent += 1
             dec.sent += 1
             prefill.sent_at = dec.sent_at = time.monotonic()
@@ -236,13 +238,19 @@ class SunRouter:
         return sorted((w for w in self.workers.values()
                        if w.online and w.role == role and self.liveness.alive(w.id)), key=lambda w: w.id)
 
-    def _prefill_for(self, task: str) -> WorkerInfo:
-        return pick_prefill(self._online("prefill"), task)
+    def _prefill_for(self, task: str, grammar: bool = False) -> WorkerInfo:
+        online = self._online("prefill")
+        if grammar:
+            online = following_grammars([w for w in online if task in w.tasks], task, "prefill worker") \
+                if any(task in w.tasks for w in online) else online   # none serves it: unknown_task below
+        return pick_prefill(online, task)
 
-    def _decoder_for(self, task: str, fp: str) -> WorkerInfo:
+    def _decoder_for(self, task: str, fp: str, grammar: bool = False) -> WorkerInfo:
         fits = decoders_for(self._online("decoder"), task, fp)
         if self.isolated:
             fits = isolated_pool(task, fits, self.pools, self.bindings)
+        if grammar:
+            fits = following_grammars(fits, task, "decoder")
         return least_loaded(fits, task)
 
     def _on_request(self, topic: str, payload: bytes) -> None:
@@ -271,7 +279,7 @@ class SunRouter:
             return
         try:
             self._check(req)
-            prefill, dec = self.route(req.task)
+            prefill, dec = self.route(req.task, bool(req.grammar))
         except SunRefusal as r:
             self._count(f"refused_{r.code}")
             log.info("sun: refused %s/%s: %s", req.client, req.rid, r.reason)
@@ -297,11 +305,11 @@ class SunRouter:
         """The decoder's reservation first, then the prefill worker's job (see the module docstring)."""
         if assign:
             a = DecodeAssign(dec, req.rid, req.client, req.secret, req.task, req.max_new, req.sampling,
-                             req.stop, prefill=prefill)
+                             req.stop, prefill=prefill, grammar=req.grammar, logprobs=req.logprobs)
             self.link.publish(sun_ctl_topic(dec), encode(a, self.ctl_key), kind="control")
         if job:
             j = PrefillJob(prefill, req.rid, req.client, req.secret, req.task, req.prompt, req.sampling,
-                           decoder=dec)
+                           decoder=dec, grammar=req.grammar, logprobs=req.logprobs)
             self.link.publish(sun_ctl_topic(prefill), encode(j, self.ctl_key), kind="control")
 
     def _again(self, req: SunRequest) -> None:
@@ -348,7 +356,7 @@ class SunRouter:
                     "inflight": {d: len(v) for d, v in self.inflight.items() if v},
                     "prefilling": {p: len(v) for p, v in self.prefilling.items() if v},
                     "liveness": self.liveness.snapshot(),
-                    "workers": {w.id: {"role": w.role, "task": w.task, "tasks": list(w.tasks),
+                    "workers": {w.id: {"role": w.role, "task": w.task, "tasks": list(w.tasks), "grammars": w.grammars,
                                        "fingerprint": w.fingerprint,
                                        "online": w.online, "load": w.load, "est_load": w.est_load,
                                        "capacity": w.capacity, "max_load": w.max_load}

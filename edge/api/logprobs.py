@@ -53,6 +53,10 @@ class LogprobRecorder:
         lp, alts = top_logprobs(row, token, self.top_n)
         self.entries.append((token, lp, alts))
 
+    def on_entry(self, token: int, logprob: float, alts) -> None:
+        """An entry computed where the row was (a SUN worker: top_logprobs over its masked row)."""
+        self.entries.append((int(token), float(logprob), [(int(t), float(a)) for t, a in alts][:self.top_n]))
+
     @property
     def pending(self) -> bool:
         return self._taken < len(self.entries)

@@ -141,7 +141,9 @@ class OpenAIServer:
                 raise _Stop()
         finish, res = "length", None
         kw = {} if self.models is None else {"model": req.model}
-        if recorder is not None:
+        if recorder is not None and self.profile.logprob_entries:   # computed by the generator's workers
+            kw.update(on_logprob=recorder.on_entry, logprobs=recorder.top_n)
+        elif recorder is not None:
             kw["on_logits"] = recorder.on_logits
         if req.grammar is not None:
             kw["grammar"] = req.grammar

@@ -47,15 +47,19 @@ class BadRequest(ValueError):
 
 @dataclass(frozen=True)
 class Profile:
-    """What one endpoint can honour: its features, and why it lacks the others (for the 400)."""
+    """What one endpoint can honour: its features, and why it lacks the others (for the 400).
+    logprob_entries: its generator reports each token's logprob entry (on_logprob: the SUN workers
+    compute them from their rows) instead of handing over the rows (on_logits)."""
     name: str
     features: FrozenSet[str]
     lacks_because: str = ""
+    logprob_entries: bool = False
 
 
 TARGET = Profile("target", frozenset({LOGPROBS, PENALTIES, STRUCTURED, TOOLS}))
-SUN_HUB = Profile("SUN hub", frozenset(), "the shared decoder streams tokens only (no logits) and samples "
-                                          "without penalties, grammars or tools")
+# the SUN workers mask each row by the request's grammar and report logprobs from it (edge/sun/token_rules.py)
+SUN_HUB = Profile("SUN hub", frozenset({LOGPROBS, STRUCTURED, TOOLS}),
+                  "the shared decoder samples without penalties or logit_bias", logprob_entries=True)
 
 
 @dataclass(frozen=True)

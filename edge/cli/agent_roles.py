@@ -76,7 +76,7 @@ def run_sun(role, link, directory, worker_id, sun, threads, backend, ctl_key=Non
         node = open_node(role, link, directory, worker_id, task=sun.task, threads=threads, max_batch=sun.max_batch,
                          stop_ids=sun.stop_ids, backend=backend, ctl_key=ctl_key,
                          max_sequences=sun.max_sequences, max_queue=sun.max_queue, engine_kw=engine_kw,
-                         adapters=sun.adapters)
+                         adapters=sun.adapters, tokenizer=sun.tokenizer)
     except (SunError, OSError, EngineError) as e:
         raise click.ClickException(f"--module {directory}: {e}") from None
     except LinkError as e:
@@ -103,12 +103,14 @@ def run_sun(role, link, directory, worker_id, sun, threads, backend, ctl_key=Non
 
 def open_node(role, link, directory, worker_id, task=None, threads=None, max_batch=64, stop_ids=(),
               ctl_key=None, backend="torch", max_sequences=DEFAULT_MAX_SEQUENCES, max_queue=DEFAULT_MAX_QUEUE,
-              engine_kw=None, adapters=()):
+              engine_kw=None, adapters=(), tokenizer=None):
     """The node factory of `edge-agent run --role prefill|decoder`: load the specialist (prefill) or
     the shared decoder (decoder) from its directory, set the node's will on `link`, connect, start.
     engine_kw: where its engine runs (Placement.engine_kwargs()). adapters: (task, path) pairs: a
     prefill worker over the base in `directory` with a LoRA adapter per task (so too a bundle
-    listing adapters), serving every task (edge/sun/adapter_prefill.py)."""
+    listing adapters), serving every task (edge/sun/adapter_prefill.py). tokenizer: the base model's,
+    for request grammars (edge/sun/worker_tokenizer.py; None: a bundle's own, if any)."""
+    from edge.sun.worker_tokenizer import worker_grammars
     from edge.wire.protocol import sun_hello_topic
 
     if role == "prefill":
@@ -122,6 +124,7 @@ def open_node(role, link, directory, worker_id, task=None, threads=None, max_bat
             worker = PrefillWorker.from_dir(directory, task=task, threads=threads, backend=backend,
                                             max_queue=max_queue, engine_kw=engine_kw)
         engine = worker.engine
+        worker.grammars = worker_grammars(directory, tokenizer, engine.vocab_size)
         node = PrefillNode(worker, link, worker_id, ctl_key=ctl_key)
     elif role == "decoder":
         from edge.sun.decoder import SharedDecoder
@@ -130,10 +133,13 @@ def open_node(role, link, directory, worker_id, task=None, threads=None, max_bat
                                      name=worker_id, backend=backend, max_sequences=max_sequences,
                                      engine_kw=engine_kw)
         engine = dec.engine
+        dec.grammars = worker_grammars(directory, tokenizer, engine.vocab_size)
         node = DecoderNode(dec, link, worker_id, ctl_key=ctl_key)
     else:
         raise ValueError(f"role must be 'prefill' or 'decoder', got {role!r}")
-    click.echo(f"loaded {directory} on {engine.name}: {engine.where()}", err=True)
+    click.echo(f"loaded {directory} on {engine.name}: {engine.where()}; request grammars "
+               f"{'followed' if (node.worker if role == 'prefill' else node.decoder).grammars else 'refused (no --tokenizer)'}",
+               err=True)
     link.set_will(sun_hello_topic(worker_id), node.will())
     link.connect(timeout=10)
     return node.start()

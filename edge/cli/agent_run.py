@@ -66,6 +66,7 @@ class SunSettings:
     max_queue: int
     stop_ids: tuple
     adapters: tuple = ()            # prefill: (task, path) of each --adapter
+    tokenizer: Optional[str] = None  # --tokenizer: the base model's, to follow request grammars
 
 
 @dataclass
@@ -122,6 +123,10 @@ class AgentConfig:
         help="prefill: serve TASK with this prefill-only LoRA adapter over the base --module names (torch: the "
              "shared decoder's directory and a PEFT adapter directory; llamacpp: a bundle and a GGUF LoRA); "
              "repeat for more tasks")
+@option(SUN, "--tokenizer", default=None, metavar="MODEL",
+        help="prefill/decoder: the base model's tokenizer (a model name or path), so the worker follows a "
+             "request's grammar (response_format, a forced tool_choice); a bundle that carries its tokenizer "
+             "needs none. Without one the worker serves requests without grammars only")
 @stop_ids_option("decoder")
 @telemetry_options
 @verbose_option
@@ -163,7 +168,13 @@ def agent_config_from(o: dict) -> AgentConfig:
         TargetSettings(gamma, adaptive, o["http_host"], o["http_port"], o["prompt"], o["max_new"], o["temperature"],
                        o["hubs"], o["prompt_cache"], o["prompt_cache_mb"], o["parallel"], o["queue"]),
         SunSettings(o["task"], o["max_batch"], o["max_sequences"], o["max_queue"], o["stop_ids"],
-                    _adapter_pairs(role, o.get("adapters") or ())))
+                    _adapter_pairs(role, o.get("adapters") or ()), _sun_tokenizer(role, o.get("tokenizer"))))
+
+
+def _sun_tokenizer(role: str, given: Optional[str]) -> Optional[str]:
+    if given and role not in SUN_ROLES:
+        raise click.UsageError("--tokenizer is for --role prefill or decoder (a target or draft reads its model's)")
+    return given
 
 
 def _adapter_pairs(role: str, given) -> tuple:

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from edge.model.sun_error import SunError
-from edge.speculative.sampling import GREEDY, Role, SamplingParams, pick, role_rng
+from edge.speculative.constrained import NoTokenAllowed
+from edge.speculative.sampling import GREEDY, Role, SamplingParams, role_rng
 from edge.sun.worker_limits import DEFAULT_MAX_QUEUE
 from edge.sun.prefill import PrefillFailed, PrefillOutput
 from edge.sun.prompt_queue import PromptQueue
+from edge.sun.token_rules import SunGrammars, choose
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_ROWS = 8          # prompts prefilled together in one step
@@ -40,12 +42,13 @@ class AdapterPrefillWorker(PromptQueue):
     it owns the base and the adapters, and answers `tasks`, `add`, `prefill_rows`."""
 
     def __init__(self, backend, kv_dtype: str = "float16", name: str = "prefill",
-                 max_queue: int = DEFAULT_MAX_QUEUE, max_rows: int = DEFAULT_MAX_ROWS):
+                 max_queue: int = DEFAULT_MAX_QUEUE, max_rows: int = DEFAULT_MAX_ROWS,
+                 grammars: Optional[SunGrammars] = None):
         if not backend.fingerprint:
             raise SunError("an adapter prefill worker needs the fingerprint of the shared decoder its base is")
         if max_rows < 1:
             raise ValueError("max_rows must be >= 1")
-        super().__init__(name, max_queue)       # items: (request id, prompt, params, task)
+        super().__init__(name, max_queue, grammars)   # items: (request id, prompt, params, task)
         self.backend, self.engine = backend, backend.engine
         self.kv_dtype, self.max_rows = kv_dtype, max_rows
         self.steps: List[Tuple[str, ...]] = []  # the tasks of each step's rows (the last 256 steps)
@@ -55,7 +58,7 @@ class AdapterPrefillWorker(PromptQueue):
     def open(cls, directory, adapters: Sequence[Tuple[str, str]] = (), backend: str = "torch",
              threads: Optional[int] = None, kv_dtype: str = "float16", max_queue: int = DEFAULT_MAX_QUEUE,
              max_rows: int = DEFAULT_MAX_ROWS, engine_kw: Optional[dict] = None,
-             name: str = "prefill") -> "AdapterPrefillWorker":
+             name: str = "prefill", grammars: Optional[SunGrammars] = None) -> "AdapterPrefillWorker":
         """`edge-agent run --role prefill` with adapters. directory: on torch the shared decoder's
         directory (the base), on llamacpp a bundle (its decoder artifact is the base; every adapter
         its manifest lists is served). adapters: (task, path) more (torch: PEFT directories;
@@ -73,7 +76,7 @@ class AdapterPrefillWorker(PromptQueue):
             be = LlamaCppAdapterBackend.from_bundle(directory, threads, n_seq_max=max_rows, **dict(engine_kw or {}))
         else:
             raise SunError(f"adapters are served on --backend torch or llamacpp, not {backend}")
-        worker = cls(be, kv_dtype=kv_dtype, name=name, max_queue=max_queue, max_rows=max_rows)
+        worker = cls(be, kv_dtype=kv_dtype, name=name, max_queue=max_queue, max_rows=max_rows, grammars=grammars)
         sources = [(t, directory, True) for t in (listed_tasks(directory) if backend == "llamacpp" else [])]
         for task, path, bundle in sources + [(t, p, False) for t, p in adapters]:
             try:
@@ -111,20 +114,22 @@ class AdapterPrefillWorker(PromptQueue):
 
     # ---- the core ----
     def submit(self, prompt: Sequence[int], request_id: Optional[str] = None,
-               params: SamplingParams = GREEDY, task: Optional[str] = None) -> str:
+               params: SamplingParams = GREEDY, task: Optional[str] = None, grammar: str = "",
+               logprobs: Optional[int] = None) -> str:
         """Queue a prompt of `task` for `step`; raises QueueFull past max_queue, SunError for a task
-        this worker holds no adapter for."""
+        this worker holds no adapter for, GrammarRefused for a grammar it cannot follow."""
         if task not in self.backend.tasks:
             raise SunError(f"{self.name} holds no adapter for task {task!r} (it serves: "
                            f"{', '.join(self.tasks) or 'none'})")
         return self._admit(request_id, ([int(t) for t in prompt], params, task),
-                           "a prefill worker with this task's adapter")
+                           "a prefill worker with this task's adapter", grammar, logprobs)
 
     def step(self) -> List[Union[PrefillOutput, PrefillFailed]]:
         """Prefill up to max_rows queued prompts, whatever their tasks, in one backend call."""
         jobs = [self._queue.popleft() for _ in range(min(self.max_rows, len(self._queue)))]
         out: List[Union[PrefillOutput, PrefillFailed]] = []
         good = []
+        rules = {job[0]: self.take_rules(job[0]) for job in jobs}
         for job in jobs:
             bad = self._refusal(job)
             if bad:
@@ -134,7 +139,7 @@ class AdapterPrefillWorker(PromptQueue):
             else:
                 good.append(job)
         if good:
-            out.extend(self._prefill(good))
+            out.extend(self._prefill(good, rules))
         return out
 
     def _refusal(self, job) -> Optional[str]:
@@ -148,7 +153,7 @@ class AdapterPrefillWorker(PromptQueue):
             return f"a prompt of {len(prompt)} tokens does not fit the context of {self.backend.max_len}"
         return None
 
-    def _prefill(self, jobs) -> List[Union[PrefillOutput, PrefillFailed]]:
+    def _prefill(self, jobs, rules) -> List[Union[PrefillOutput, PrefillFailed]]:
         t0 = time.perf_counter()
         tasks = [j[3] for j in jobs]
         try:
@@ -161,9 +166,13 @@ class AdapterPrefillWorker(PromptQueue):
         out: List[Union[PrefillOutput, PrefillFailed]] = []
         for (rid, prompt, params, task), (logits, export) in zip(jobs, rows):
             # the PREFILL stream, as PrefillWorker picks it: the decoder samples the rest from its own
-            first = pick(logits, params, role_rng(params.seed, Role.PREFILL))[0]
+            try:
+                first, entry = choose(logits, params, role_rng(params.seed, Role.PREFILL), rules.get(rid))
+            except NoTokenAllowed as e:                   # its grammar allows no first token
+                out.append(PrefillFailed(rid, f"its grammar: {e}", refused=True))
+                continue
             blob = export(self.kv_dtype, {"task": task, "request_id": rid, "first_token": first})
-            out.append(PrefillOutput(rid, task, blob, first, len(prompt), self.decoder_fingerprint, took))
+            out.append(PrefillOutput(rid, task, blob, first, len(prompt), self.decoder_fingerprint, took, entry))
         return out
 
 

@@ -34,7 +34,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from edge.wire.link import Link
@@ -68,6 +68,7 @@ class SunResult:
     workers: List[str]             # who produced them: the prefill worker, then the decoder
     ttft_s: float
     total_s: float
+    logprobs: List[Optional[tuple]] = field(default_factory=list)   # per token (logprob, [(id, lp)]), if asked
 
 
 class SunHandle:
@@ -85,6 +86,7 @@ class SunHandle:
         self.t0 = time.perf_counter()
         self.t_first: Optional[float] = None
         self._tokens: Dict[int, int] = {}
+        self._entries: Dict[int, tuple] = {}   # index -> (logprob, [(id, logprob), ...]), when asked
         self._told = 0
         self._total: Optional[int] = None
         self._reason = ""
@@ -133,17 +135,30 @@ class SunHandle:
                 self._done.set()
                 return True
             self._tokens.setdefault(i, t)                 # the decoder may echo token 0 when it ends at once
+            if msg.logprobs:
+                lp, ids, lps = msg.logprobs[i - msg.index]
+                self._entries.setdefault(i, (lp, list(zip(ids, lps))))
         if self.t_first is None and 0 in self._tokens:
             self.t_first = time.perf_counter()
         if msg.done:
             self._total, self._reason = msg.index + len(msg.tokens), msg.finish_reason
-        while self._told in self._tokens and (self._total is None or self._told < self._total):
+        while self._told in self._tokens and (self._total is None or self._told < self._total) \
+                and self._entry_known(self._told):
             if self.on_token:
                 self.on_token(self._told, self._tokens[self._told])
             self._told += 1
         if self._total is not None and self._told >= self._total:
             self._done.set()
         return True
+
+    def _entry_known(self, i: int) -> bool:
+        """Token i may be handed out: no logprobs asked, or its entry is here. Token 0's comes with the
+        prefill's message; a decoder that ends at once echoes token 0 without one (it may come first)."""
+        return self.req.logprobs is None or i in self._entries or i > 0
+
+    def entry(self, i: int) -> Optional[tuple]:
+        """Token i's (logprob, [(id, logprob), ...]), when the request asked for logprobs."""
+        return self._entries.get(i)
 
     def _quiet_past(self, now: float, claim_s: float, reasks: int) -> bool:
         """Heard nothing for claim_s * 2**(copies sent since): time to send the same request again."""
@@ -163,7 +178,8 @@ class SunHandle:
         n = self._total or 0
         now = time.perf_counter()
         return SunResult(self.rid, self.task, [self._tokens[i] for i in range(n)], self._reason,
-                         list(self._workers), (self.t_first or now) - self.t0, now - self.t0)
+                         list(self._workers), (self.t_first or now) - self.t0, now - self.t0,
+                         [self._entries.get(i) for i in range(n)] if self.req.logprobs is not None else [])
 
 
 class SunClient:
@@ -225,9 +241,13 @@ class SunClient:
         return len(due)
 
     def submit(self, task: str, prompt: Sequence[int], max_new: int = 64, sampling: Optional[dict] = None,
-               stop: Sequence[int] = (), on_token: Optional[Callable[[int, int], None]] = None) -> SunHandle:
+               stop: Sequence[int] = (), on_token: Optional[Callable[[int, int], None]] = None,
+               grammar: str = "", logprobs: Optional[int] = None) -> SunHandle:
+        """grammar: llguidance's text every answer token follows ("": none); logprobs: alternatives
+        per token to report (None: none; SunHandle.entry / SunResult.logprobs give them)."""
         req = SunRequest(self.client, f"{new_sid()}{next(self._ids)}", task, [int(t) for t in prompt],
-                         max_new, dict(sampling or GREEDY_WIRE), [int(s) for s in stop], new_secret())
+                         max_new, dict(sampling or GREEDY_WIRE), [int(s) for s in stop], new_secret(),
+                         grammar, logprobs)
         payload = encode(req)                              # raises ProtocolError for a bad request
         h = SunHandle(req, on_token, self.retries, self._resend)
         with self._lock:
@@ -239,7 +259,7 @@ class SunClient:
         """Send `h` again under a new id and secret (the router prefills it anew, on live workers)."""
         old = h.req
         req = SunRequest(self.client, f"{new_sid()}{next(self._ids)}", old.task, old.prompt, old.max_new,
-                         old.sampling, old.stop, new_secret())
+                         old.sampling, old.stop, new_secret(), old.grammar, old.logprobs)
         with self._lock:
             self._handles.pop(old.rid, None)
             self._handles[req.rid] = h
@@ -256,13 +276,16 @@ class SunClient:
 
     def stream(self, task: str, prompt: Sequence[int], max_new: int, params: SamplingParams = SamplingParams(),
                stop_ids: Sequence[int] = (), on_token: Optional[Callable[[int], None]] = None,
-               timeout: float = 120.0) -> SunResult:
+               timeout: float = 120.0, grammar: str = "", logprobs: Optional[int] = None,
+               on_logprob: Optional[Callable[[int, float, list], None]] = None) -> SunResult:
         """Generate with `on_token` called in THIS thread (it may raise to stop early: the request
         then runs out on the decoder and its tokens are dropped). The signature of
-        StarTarget.generate with the task first, so edge/api/openai_http.py can front the SUN star."""
+        StarTarget.generate with the task first, so edge/api/openai_http.py can front the SUN star.
+        With logprobs, on_logprob(token, logprob, [(id, logprob), ...]) comes just before on_token."""
         tokens: queue.Queue = queue.Queue()
         sp = sampling(params.temperature, params.top_k, params.top_p, params.seed)
-        h = self.submit(task, prompt, max_new, sampling=sp, stop=stop_ids, on_token=lambda i, t: tokens.put(t))
+        h = self.submit(task, prompt, max_new, sampling=sp, stop=stop_ids, grammar=grammar, logprobs=logprobs,
+                        on_token=lambda i, t: tokens.put((i, t)))
         end = time.monotonic() + timeout
         try:
             while True:
@@ -274,6 +297,10 @@ class SunClient:
                     if time.monotonic() > end:
                         return h.wait(0)                   # raises the timeout with what arrived
                     continue
+                i, t = t
+                entry = h.entry(i)                         # set before token i was handed out
+                if on_logprob is not None and entry is not None:
+                    on_logprob(t, entry[0], entry[1])
                 if on_token is not None:
                     on_token(t)
         finally:

@@ -22,6 +22,12 @@ finishes alone ("error"); the rest of the batch goes on either way.
 `max_sequences` bounds what it holds, running and waiting together: past it `admit` raises
 `DecoderFull` (the node answers `overloaded`), so a flood queues nowhere without bound -- not
 in the engine (torch/onnx hold any number of sequences) nor in llama.cpp's waiting line.
+
+A request may carry a grammar and ask for logprobs (edge/sun/token_rules.py): after the one
+batched engine call, each row is masked by its own request's grammar before its token is drawn,
+and its logprob entry read from that row; rows without either are drawn as before. This is
+numpy over the rows the engine returns, so it holds on every backend (torch, onnxruntime,
+llama.cpp). A decoder built without `grammars` (no tokenizer) refuses a request with a grammar.
 """
 from __future__ import annotations
 
@@ -38,7 +44,9 @@ from edge.engines.base import Engine, EngineError
 from edge.model.kv_blob import KVError, read_header
 from edge.runtime.isolated_step import step_isolated
 from edge.sun.worker_limits import DEFAULT_MAX_SEQUENCES
-from edge.speculative.sampling import GREEDY, Role, SamplingParams, pick, role_rng
+from edge.speculative.constrained import NoTokenAllowed
+from edge.speculative.sampling import GREEDY, Role, SamplingParams, role_rng
+from edge.sun.token_rules import GrammarRefused, RowRules, SunGrammars, choose, compile_grammar
 
 
 class AdmissionError(ValueError):
@@ -56,6 +64,7 @@ class TokenEvent:
     index: int                  # position in the answer (0 = the prefill's first token)
     done: bool
     finish_reason: Optional[str] = None   # "stop", "length", "context" or "error" when done
+    logprob: Optional[tuple] = None       # (logprob, [(id, logprob), ...]) when the request asked
 
 
 @dataclass
@@ -83,6 +92,7 @@ class _Running:
     on_token: Optional[Callable[[TokenEvent], None]]
     admitted_at: float
     first_step_at: Optional[float] = None
+    rules: Optional[RowRules] = None      # its grammar and logprobs (None: neither)
 
 
 class SharedDecoder:
@@ -90,7 +100,9 @@ class SharedDecoder:
 
     def __init__(self, engine: Engine, max_batch: int = 64, stop_ids: Sequence[int] = (),
                  name: str = "decoder", clock: Callable[[], float] = time.perf_counter,
-                 max_sequences: int = DEFAULT_MAX_SEQUENCES):
+                 max_sequences: int = DEFAULT_MAX_SEQUENCES, grammars: Optional[SunGrammars] = None):
+        """grammars: the base tokenizer's grammars (edge/sun/token_rules.py); None: requests with a
+        grammar are refused."""
         if max_batch < 1 or max_sequences < 1:
             raise ValueError("max_batch and max_sequences must be >= 1")
         self.engine = engine
@@ -98,6 +110,7 @@ class SharedDecoder:
         self.max_sequences = max_sequences      # running + waiting
         self.stop_ids = frozenset(int(s) for s in stop_ids)
         self.name = name
+        self.grammars = grammars
         self.clock = clock
         self._run: Dict[str, _Running] = {}
         self._order: Deque[str] = deque()      # round-robin when more than max_batch are running
@@ -148,9 +161,11 @@ class SharedDecoder:
     def admit(self, blob: bytes, request_id: Optional[str] = None, max_new: int = 64,
               params: SamplingParams = GREEDY, first_token: Optional[int] = None,
               stop_ids: Optional[Sequence[int]] = None, task: Optional[str] = None,
-              on_token: Optional[Callable[[TokenEvent], None]] = None) -> str:
+              on_token: Optional[Callable[[TokenEvent], None]] = None, grammar: str = "",
+              logprobs: Optional[int] = None) -> str:
         """Queue a prefilled sequence; returns its request id. Raises AdmissionError when refused
-        (DecoderFull when it holds max_sequences)."""
+        (DecoderFull when it holds max_sequences). grammar: the text its tokens follow from token 1
+        on, token 0 fed to it first (""); logprobs: alternatives per token to report (None: none)."""
         if self.load >= self.max_sequences:
             self.refused += 1
             raise DecoderFull(f"{self.name}: holds its limit of {self.max_sequences} sequences (running and "
@@ -179,11 +194,13 @@ class SharedDecoder:
         if rid in {w.rid for w, _ in self._waiting}:
             self.refused += 1
             raise AdmissionError(f"{self.name}: request {rid!r} is already waiting")
+        rules = self._rules(rid, grammar, logprobs, int(first))
         stops = frozenset(int(s) for s in stop_ids) if stop_ids is not None else self.stop_ids
+        stops |= rules.stop_ids if rules is not None else frozenset()
         # its own stream: the prefill worker drew the first token from the PREFILL one
         rng = None if params.greedy else role_rng(params.seed, Role.DECODER)
         r = _Running(rid, task or meta.get("task", ""), None, int(first), [int(first)], max_new, params,
-                     stops, rng, on_token, self.clock())
+                     stops, rng, on_token, self.clock(), rules=rules)
         full = not self._has_room()
         try:
             if full:   # check it all now (the caller hears of a bad blob now), import it later
@@ -201,6 +218,22 @@ class SharedDecoder:
             self._run[rid] = r
             self._order.append(rid)
         return rid
+
+    def _rules(self, rid: str, grammar: str, logprobs: Optional[int], first: int) -> Optional[RowRules]:
+        """The request's grammar state after token 0, and its logprobs; AdmissionError when its
+        grammar cannot be followed here or token 0 already breaks it."""
+        if not grammar and logprobs is None:
+            return None
+        try:
+            rules = RowRules.of(compile_grammar(self.grammars, grammar, self.name), logprobs)
+        except GrammarRefused as e:
+            self.refused += 1
+            raise AdmissionError(f"{self.name}: request {rid!r}: its grammar is refused: {e}") from None
+        if not rules.follow(first):
+            self.refused += 1
+            raise AdmissionError(f"{self.name}: request {rid!r}: its token 0 ({first}) breaks its grammar "
+                                 "(was it prefilled by a worker that follows grammars?)")
+        return rules
 
     def _has_room(self) -> bool:
         cap = getattr(self.engine, "capacity", None)
@@ -261,14 +294,18 @@ class SharedDecoder:
             if row is None:                    # the engine refused this sequence: it ends alone
                 events.append(self._finish(r, "error"))
                 continue
-            tok = pick(row, r.params, r.rng)[0]
+            try:
+                tok, entry = choose(row, r.params, r.rng, r.rules)
+            except NoTokenAllowed:             # its grammar allows nothing here: it ends alone
+                events.append(self._finish(r, "error"))
+                continue
             r.tokens.append(tok)
             r.next_input = tok
             if r.first_step_at is None:
                 r.first_step_at = now
             self.tokens_out += 1
             reason = "stop" if tok in r.stops else ("length" if len(r.tokens) >= r.max_new else None)
-            ev = TokenEvent(r.rid, tok, len(r.tokens) - 1, reason is not None, reason)
+            ev = TokenEvent(r.rid, tok, len(r.tokens) - 1, reason is not None, reason, entry)
             if reason is not None:
                 self._finish(r, reason, emit=False)
             if r.on_token:

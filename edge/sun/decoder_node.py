@@ -116,7 +116,7 @@ class DecoderNode(Node):
     def status(self, online: bool = True) -> SunHello:
         d = self.decoder
         return SunHello(self.id, "decoder", "", d.fingerprint, d.engine.vocab_size, online, self.load,
-                        d.max_batch, self.served, d.max_sequences)
+                        d.max_batch, self.served, d.max_sequences, grammars=d.grammars is not None)
 
     def status_key(self):
         return self.load, self.served
@@ -192,7 +192,15 @@ class DecoderNode(Node):
             self._expire(now)
 
     def publish(self, e: TokenEvent) -> None:
-        self._emit(e.request_id, e.index, e.token, e.finish_reason if e.done else None)
+        if e.done and e.finish_reason == "error":         # the engine refused its row, or its grammar
+            live = self._live.pop(e.request_id, None)     # allowed no token: it ends alone, said so
+            self.decoder.results.pop(e.request_id, None)
+            if live is not None:
+                self.send(sun_stream_topic(live.client, e.request_id),
+                          Error(e.request_id, 0, E_INTERNAL, f"decoder {self.id} could not continue the request "
+                                                             f"after {e.index + 1} tokens"), live.secret)
+            return
+        self._emit(e.request_id, e.index, e.token, e.finish_reason if e.done else None, e.logprob)
 
     def handle(self, kind: str, msg) -> None:
         if kind == "ctl":
@@ -284,7 +292,7 @@ class DecoderNode(Node):
         try:
             rid = self.decoder.admit(blob, request_id=a.rid, max_new=a.max_new, params=SamplingParams.from_wire(a.sampling),
                                      first_token=p.first, stop_ids=self.decoder.stop_ids | set(a.stop),
-                                     task=a.task)
+                                     task=a.task, grammar=a.grammar, logprobs=a.logprobs)
         except DecoderFull as e:                          # held by sequences admitted some other way
             self.stats["overloaded"] += 1
             self._fail(p, E_OVERLOADED, str(e))
@@ -304,12 +312,13 @@ class DecoderNode(Node):
         if res is not None:                               # done at once: stop token first, or max_new 1
             self._emit(rid, len(res.tokens) - 1, res.tokens[-1], res.finish_reason)
 
-    def _emit(self, rid: str, index: int, token: int, reason: Optional[str]) -> None:
+    def _emit(self, rid: str, index: int, token: int, reason: Optional[str], logprob=None) -> None:
         live = self._live.get(rid)
         if live is None:
             return
         live.seq += 1
-        msg = SunTokens(rid, live.seq, index, [token], reason is not None, reason or "", self.id)
+        msg = SunTokens(rid, live.seq, index, [token], reason is not None, reason or "", self.id,
+                        [logprob] if logprob is not None else [])
         self.send(sun_stream_topic(live.client, rid), msg, live.secret)
         if reason is not None:
             del self._live[rid]

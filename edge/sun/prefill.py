@@ -24,7 +24,8 @@ import numpy as np
 from edge.engines.base import Engine
 from edge.sun.worker_limits import DEFAULT_MAX_QUEUE
 from edge.sun.prompt_queue import PromptQueue
-from edge.speculative.sampling import GREEDY, Role, SamplingParams, pick, role_rng
+from edge.speculative.sampling import GREEDY, Role, SamplingParams, role_rng
+from edge.sun.token_rules import RowRules, SunGrammars, choose
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class PrefillOutput:
     prompt_len: int
     decoder_fingerprint: str
     prefill_s: float
+    logprob: Optional[tuple] = None     # token 0's (logprob, alternatives) when the request asked
 
 
 @dataclass
@@ -52,11 +54,13 @@ class PrefillWorker(PromptQueue):
     must be the target decoder's fingerprint."""
 
     def __init__(self, engine: Engine, task: str, kv_dtype: str = "float16", name: str = "",
-                 max_queue: int = DEFAULT_MAX_QUEUE):
+                 max_queue: int = DEFAULT_MAX_QUEUE, grammars: Optional[SunGrammars] = None):
+        """grammars: the base tokenizer's, so token 0 can follow a request's grammar (None: refused)."""
         if not engine.fingerprint:
             raise ValueError("a prefill engine needs the fingerprint of the decoder it was tuned for "
                              "(the specialist manifest's decoder_fingerprint)")
-        super().__init__(name or f"prefill/{task}", max_queue)   # items: (request id, prompt, params)
+        # items: (request id, prompt, params)
+        super().__init__(name or f"prefill/{task}", max_queue, grammars)
         self.engine = engine
         self.task = task
         self.kv_dtype = kv_dtype
@@ -73,7 +77,8 @@ class PrefillWorker(PromptQueue):
     @classmethod
     def from_dir(cls, directory, task: Optional[str] = None, threads: Optional[int] = None,
                  kv_dtype: str = "float16", backend: str = "torch",
-                 max_queue: int = DEFAULT_MAX_QUEUE, engine_kw: Optional[dict] = None) -> "PrefillWorker":
+                 max_queue: int = DEFAULT_MAX_QUEUE, engine_kw: Optional[dict] = None,
+                 grammars: Optional[SunGrammars] = None) -> "PrefillWorker":
         """Load a specialist written by `edge-export tune` (SUN, QSUN or full-FT), or its prefill
         artifact from a bundle (`edge-export bundle DIR OUT --onnx prefill`) on backend onnx/llamacpp.
         engine_kw: where it runs (edge/engines/placement.py's Placement.engine_kwargs())."""
@@ -85,7 +90,8 @@ class PrefillWorker(PromptQueue):
             if not fp:
                 raise SunError(f"{directory}: artifact {engine.artifact['name']!r} is not a SUN prefill module "
                                "(no decoder fingerprint); bundle the specialist's directory")
-            return cls(engine, task or engine.artifact.get("task") or "task", kv_dtype=kv_dtype, max_queue=max_queue)
+            return cls(engine, task or engine.artifact.get("task") or "task", kv_dtype=kv_dtype, max_queue=max_queue,
+                       grammars=grammars)
         from edge.engines.torch_engine import TorchEngine
         from edge.model.sun_modules import load_module
         model, man = load_module(directory)
@@ -93,10 +99,12 @@ class PrefillWorker(PromptQueue):
         if not fp:
             raise SunError(f"{directory}: the manifest names no decoder_fingerprint; re-run the tuning")
         engine = TorchEngine(model, fingerprint=fp, threads=threads, device=engine_kw.get("device"))
-        return cls(engine, task or man.get("task", "task"), kv_dtype=kv_dtype, max_queue=max_queue)
+        return cls(engine, task or man.get("task", "task"), kv_dtype=kv_dtype, max_queue=max_queue, grammars=grammars)
 
     def prefill(self, prompt: Sequence[int], request_id: Optional[str] = None,
-                params: SamplingParams = GREEDY, rng: Optional[np.random.Generator] = None) -> PrefillOutput:
+                params: SamplingParams = GREEDY, rng: Optional[np.random.Generator] = None,
+                rules: Optional[RowRules] = None) -> PrefillOutput:
+        """rules: the request's grammar (token 0 follows it) and logprobs (token 0's entry)."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("empty prompt: a prefill needs at least one token")
@@ -106,28 +114,30 @@ class PrefillWorker(PromptQueue):
         try:
             logits = self.engine.forward_last(seq, prompt)
             # the PREFILL stream: the decoder samples the next tokens from the DECODER one
-            first = pick(logits[-1], params, rng if rng is not None else role_rng(params.seed, Role.PREFILL))[0]
+            first, entry = choose(logits[-1], params, rng if rng is not None else role_rng(params.seed, Role.PREFILL),
+                                  rules)
             blob = self.engine.export_kv(seq, dtype=self.kv_dtype,
                                          meta={"task": self.task, "request_id": rid, "first_token": first})
         finally:
             self.engine.free(seq)
         return PrefillOutput(rid, self.task, blob, first, len(prompt), self.decoder_fingerprint,
-                             time.perf_counter() - t0)
+                             time.perf_counter() - t0, entry)
 
     # ---- the core ----
     def submit(self, prompt: Sequence[int], request_id: Optional[str] = None,
-               params: SamplingParams = GREEDY, task: Optional[str] = None) -> str:
+               params: SamplingParams = GREEDY, task: Optional[str] = None, grammar: str = "",
+               logprobs: Optional[int] = None) -> str:
         """Queue a prompt for `step`; returns its request id. Raises QueueFull past max_queue
-        (task: None or this worker's own)."""
+        (task: None or this worker's own), GrammarRefused for a grammar it cannot follow."""
         if task not in (None, self.task):
             raise ValueError(f"{self.name} serves task {self.task!r}, not {task!r}")
-        return self._admit(request_id, (list(prompt), params), "a prefill worker for this task")
+        return self._admit(request_id, (list(prompt), params), "a prefill worker for this task", grammar, logprobs)
 
     def step(self) -> List[Union[PrefillOutput, PrefillFailed]]:
         """Prefill the oldest queued prompt (one at a time: a prompt already batches its tokens)."""
         rid, prompt, params = self._queue.popleft()
         try:
-            return [self.prefill(prompt, request_id=rid, params=params)]
+            return [self.prefill(prompt, request_id=rid, params=params, rules=self.take_rules(rid))]
         except (ValueError, RuntimeError) as e:           # empty prompt, context full, bad ids
             return [PrefillFailed(rid, str(e), refused=True)]
         except Exception as e:                            # one bad job must not end the worker

@@ -34,6 +34,7 @@ from edge.wire.protocol import (E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, SUN_CHU
 from edge.runtime.node import Node
 from edge.sun.prefill import PrefillFailed, PrefillOutput, PrefillWorker
 from edge.sun.prompt_queue import QueueFull
+from edge.sun.token_rules import GrammarRefused
 from edge.speculative.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class PrefillNode(Node):
     def status(self, online: bool = True) -> SunHello:
         w = self.worker
         return SunHello(self.id, "prefill", w.task, w.decoder_fingerprint, w.engine.vocab_size, online,
-                        self.load, 1, self.served, w.max_queue, tasks=list(w.tasks))
+                        self.load, 1, self.served, w.max_queue, tasks=list(w.tasks), grammars=w.grammars is not None)
 
     def status_key(self):
         return self.load, self.served, tuple(self.worker.tasks)
@@ -92,10 +93,14 @@ class PrefillNode(Node):
         elif self.fresh(msg.rid):
             self.served += 1
             try:
-                self.worker.submit(msg.prompt, msg.rid, SamplingParams.from_wire(msg.sampling), task=msg.task)
+                self.worker.submit(msg.prompt, msg.rid, SamplingParams.from_wire(msg.sampling), task=msg.task,
+                                   grammar=msg.grammar, logprobs=msg.logprobs)
             except QueueFull as e:                        # tells the client and frees the decoder's slot
                 self.stats["overloaded"] += 1
                 self._fail(msg, E_OVERLOADED, str(e))
+                return
+            except GrammarRefused as e:                   # no tokenizer here, or llguidance refuses it
+                self._fail(msg, E_BAD_REQUEST, f"prefill worker {self.id} cannot follow the request's grammar: {e}")
                 return
             self._jobs[msg.rid] = msg
 
@@ -143,7 +148,8 @@ class PrefillNode(Node):
         self.stats["jobs"] += 1
         self.stats["prefill_s"] += out.prefill_s
         self.send(sun_stream_topic(job.client, job.rid),
-                  SunTokens(job.rid, 0, 0, [out.first_token], worker=self.id), job.secret)
+                  SunTokens(job.rid, 0, 0, [out.first_token], worker=self.id,
+                            logprobs=[out.logprob] if out.logprob is not None else []), job.secret)
         blob, n = out.blob, self.chunk_bytes
         total = max(1, math.ceil(len(blob) / n))
         for i in range(total):

@@ -143,7 +143,9 @@ def bfcl_call_ok(text: str, gt: Dict[str, dict]) -> bool:
     return True
 
 
-def bfcl(tok, eval_frac: float = 0.2, seed: int = 0, max_new: int = 96) -> TaskData:
+def bfcl_rows(eval_frac: float = 0.2, seed: int = 0):
+    """(train, eval) rows (prompt text, answer call text, ground truth) of the tools task: the plain
+    text a client sends (an HTTP endpoint applies the chat template), split as `bfcl` splits them."""
     d = _pkg_dir("bfcl_eval", "--no-deps bfcl-eval==2026.3.23") / "data"
     rows = []
     for split in ("simple_python", "multiple"):
@@ -162,8 +164,11 @@ def bfcl(tok, eval_frac: float = 0.2, seed: int = 0, max_new: int = 96) -> TaskD
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(rows))
     n_ev = int(len(rows) * eval_frac)
-    ev, tr = [rows[i] for i in order[:n_ev]], [rows[i] for i in order[n_ev:]]
+    return [rows[i] for i in order[n_ev:]], [rows[i] for i in order[:n_ev]]
 
+
+def bfcl(tok, eval_frac: float = 0.2, seed: int = 0, max_new: int = 96) -> TaskData:
+    tr, ev = bfcl_rows(eval_frac, seed)
     evx = _examples(tok, [r[:2] for r in ev], True)
     return TaskData("tools", _examples(tok, [r[:2] for r in tr], True), evx, max_new,
                     tuple(sorted(tok.eos_ids)), _scorer(tok, evx, [r[2] for r in ev], bfcl_call_ok))

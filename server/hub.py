@@ -38,6 +38,7 @@ from edge.star.draft_service import DraftLimits, DraftRefused, DraftService
 from edge.star.draft_node import DraftNode
 from edge.wire.seen_ids import SeenIds
 from server.discovery import Discovery
+from server.hub_verify import VerifySide, answer_drafter
 from server.registry import CLIENT_SHARE, Refusal, Registry
 from server.sun_router import SunRouter
 
@@ -55,12 +56,14 @@ class Hub:
                  status_every: float = 2.0, ctl_key: Optional[bytes] = None, sun: bool = True,
                  sun_isolated: bool = False, sun_pools: Optional[dict] = None, sun_decoder=None,
                  listeners=(), client_share: float = CLIENT_SHARE, hubs=(), hub_silent_s: float = HUB_SILENT_S,
-                 keepalive: int = 15):
+                 keepalive: int = 15, verify_engine=None, verify_fp: str = "", verify_limits=None):
         """hubs: the ids of every hub of the star, this one's included (several hubs); empty: this
         hub is the only one, as before. sun: route SUN requests; sun_isolated / sun_pools: one decoder pool per task
         ({task: [decoder ids]}); sun_decoder: a SharedDecoder the hub serves as
         f"{hub_id}-decoder"; client_share: the most of the fitting draft slots one client may hold;
-        keepalive: the MQTT keepalive of every link it opens (a silent broker node is left after ~1.5-2x)."""
+        keepalive: the MQTT keepalive of every link it opens (a silent broker node is left after ~1.5-2x).
+        verify_engine: a target the hub verifies drafting devices' drafts with (the reverse star,
+        server/hub_verify.py), its tokenizer's fingerprint verify_fp (default: tokenizer_fp)."""
         if (draft_engine is not None or draft_core is not None) and not tokenizer_fp:
             raise ValueError("the hub's draft service needs the tokenizer fingerprint of its model")
         if sun_pools and not sun_isolated:
@@ -93,6 +96,8 @@ class Hub:
         self._thread: Optional[threading.Thread] = None
         self._live = False
         self.discovery: Optional[Discovery] = None   # asks every service for a hello (no retained needed)
+        self.verify = None if verify_engine is None else VerifySide(
+            verify_engine, verify_fp or tokenizer_fp, verify_limits, ctl_key, client_share)
 
     @property
     def url(self) -> str:
@@ -151,6 +156,9 @@ class Hub:
                 self._draft_link.connect()
             self.registry.update_service(self.node.status(), local=self.node)
             self.node.start()
+        if self.verify is not None:
+            vlink = self._second_link(f"{self.hub_id}-verify")
+            self.verify.start(self.hub_id, vlink, shared=vlink is self.link)
         self._live = True
         self.publish_status()
         self._stop.clear()
@@ -169,6 +177,10 @@ class Hub:
             self.node.stop()
             if self._draft_link is not self.link:
                 self._draft_link.close()
+        if self.verify is not None and self.verify.node is not None:
+            self.verify.stop()
+            if self.verify.link is not self.link:
+                self.verify.link.close()
         if self.sun_node is not None:
             self.sun_node.stop()              # announces itself offline (retained)
             if self._sun_link is not self.link:
@@ -191,6 +203,10 @@ class Hub:
             self.node.stop(announce=False)
             if self._draft_link is not self.link:
                 (getattr(self._draft_link, "crash", None) or self._draft_link.close)()
+        if self.verify is not None and self.verify.node is not None:
+            self.verify.stop(announce=False)
+            if self.verify.link is not self.link:
+                (getattr(self.verify.link, "crash", None) or self.verify.link.close)()
         if self.sun_node is not None:
             self.sun_node.stop(announce=False)
             if self._sun_link is not self.link:
@@ -291,6 +307,8 @@ class Hub:
                 self._revive_broker()
                 if self.node is not None:
                     self.registry.update_service(self.node.status(), local=self.node)
+                if self.verify is not None:
+                    self.verify.refresh()
                 self.registry.sweep()             # silent or unanswering services: offline
                 for gone in (self.peers.sweep() if self.peers is not None else []):
                     log.info("hub %s: hub %s is silent; live hubs: %s", self.hub_id, gone, self.live_hubs())
@@ -307,6 +325,8 @@ class Hub:
         if self.node is not None:
             out["draft"] = self.node.service.stats.snapshot()
             out["dropped"] = self.node.dropped
+        if self.verify is not None:
+            out["verify"] = self.verify.snapshot()
         if self.peers is not None:
             out["hubs"] = {**self.peers.snapshot(), "live": self.live_hubs()}
         if self.router is not None:
@@ -347,6 +367,9 @@ class Hub:
                     "hub: dropped a replayed join of %s (nonce %s)", join.client, join.nonce)
             return
         client = join.client
+        if join.role == "drafter":                 # the reverse star (server/hub_verify.py)
+            self._reply(client, answer_drafter(self.verify, join, self.counters))
+            return
         try:
             svc, sid, secret = self.registry.admit(join)
             if svc.local is not None:

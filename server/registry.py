@@ -83,10 +83,14 @@ def client_limit(share: float, capacity: int, cap: int) -> int:
 
 class Registry:
     def __init__(self, max_sessions_per_client: int = 64, liveness: Optional[Liveness] = None,
-                 client_share: float = CLIENT_SHARE):
+                 client_share: float = CLIENT_SHARE, role: str = "target"):
+        """role: the joins it admits: "target" (StarSD: draft services) or "drafter" (the reverse
+        star: verify services, server/hub.py)."""
         if not 0.0 < client_share <= 1.0:
             raise ValueError(f"client_share must be in (0, 1], got {client_share}")
         self.max_per_client = max_sessions_per_client
+        self.role = role
+        self.noun = "draft service" if role == "target" else "verify service"
         self.client_share = client_share
         self.liveness = liveness or Liveness()
         self.services: Dict[str, ServiceInfo] = {}
@@ -160,12 +164,14 @@ class Registry:
                 raise
 
     def _admit(self, join: Join) -> tuple:
-        if join.role != "target":
-            raise Refusal(f"role {join.role!r} is not served by this hub yet: it serves StarSD targets")
+        if join.role != self.role:
+            raise Refusal(f"role {join.role!r} is not served by this hub yet: it serves StarSD targets "
+                          "and, with a verify service, drafters")
         online = self._alive()
         if not online:
-            raise Refusal("no draft service is online at this hub; start one with "
-                          "`edge-hub serve --draft-model PATH` or `edge-agent run --role draft`")
+            raise Refusal(f"no {self.noun} is online at this hub; start one with "
+                          + ("`edge-hub serve --draft-model PATH` or `edge-agent run --role draft`"
+                             if self.role == "target" else "`edge-hub serve --verify-model PATH`"))
         same_tok = [s for s in online if s.model_fp == join.model_fp]
         if not same_tok:
             have = ", ".join(sorted({_short(s.model_fp) for s in online}))

@@ -32,6 +32,7 @@ DEFER_MAX_BYTES = 8 << 20   # up messages of sessions not known yet, waiting for
 
 class DraftNode(Node):
     role = "draft"
+    requests = DraftRequest      # what its core takes from a session's up topic (a verify node: VerifyRequest)
 
     def __init__(self, service: DraftService, link: Link, service_id: str, tokenizer_fp: str,
                  hello_every: float = 2.0, ctl_key: Optional[bytes] = None,
@@ -128,8 +129,8 @@ class DraftNode(Node):
         self.on_closed(sid, reason)
         # tell the hub (its registry counts sessions per client); not retained, so
         # the retained DraftHello on the same topic stays
-        self.link.publish(draft_hello_topic(self.id), encode(SessionRelease(self.id, sid, reason),
-                                                             self.ctl_key), kind="control")
+        self.link.publish(self.hello_topic(), encode(SessionRelease(self.id, sid, reason), self.ctl_key),
+                          kind="control")
 
     # ---- traffic ----
     def _on_up(self, topic: str, payload: bytes) -> None:
@@ -159,7 +160,7 @@ class DraftNode(Node):
             kind, msg = "up", (msg, t)
         if kind == "up":
             msg, received = msg
-            if isinstance(msg, DraftRequest):
+            if isinstance(msg, self.requests):
                 self.service.submit(msg, received)
             elif isinstance(msg, Bye):
                 self.release(msg.sid, "bye")

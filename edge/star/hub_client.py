@@ -34,7 +34,7 @@ from edge.star.hub_watch import HubWatch
 from edge.wire.link import Link
 from edge.star.session_keys import SessionKeys  # noqa: F401  (draft services import it from here)
 from edge.wire.protocol import (STATUS_TOPIC, Bye, DraftRequest, DraftResponse, Error, HubStatus, Join,
-                                Joined, ProtocolError, decode, encode, join_topic, joined_topic)
+                                Joined, ProtocolError, VerifyResponse, decode, encode, join_topic, joined_topic)
 
 log = logging.getLogger(__name__)
 JOIN_TTL_S = 60.0       # an unanswered join is forgotten after this (the draft evicts after 60 s too)
@@ -129,9 +129,10 @@ class HubClient:
     """A device's handshake with the hub and the home of its sessions."""
 
     def __init__(self, link: Link, client_id: str, model_fp: str, vocab_size: int,
-                 join_ttl_s: float = JOIN_TTL_S, hubs=()):
-        """hubs: the ids of the star's hubs when there are several (empty: the one hub)."""
-        self.link, self.client = link, client_id
+                 join_ttl_s: float = JOIN_TTL_S, hubs=(), role: str = "target"):
+        """hubs: the ids of the star's hubs when there are several (empty: the one hub). role: how
+        it joins: "target" (StarSD) or "drafter" (the reverse star: the hub verifies its drafts)."""
+        self.link, self.client, self.role = link, client_id, role
         self.model_fp, self.vocab_size = model_fp, vocab_size
         self.join_ttl_s = join_ttl_s
         self.keys = SessionKeys()
@@ -182,7 +183,7 @@ class HubClient:
         with self._lock:
             self._prune(now)
             self._joins[nonce] = pj
-        msg = Join(self.client, self.model_fp, self.vocab_size, gamma, sampling, "target", nonce, pj.hub)
+        msg = Join(self.client, self.model_fp, self.vocab_size, gamma, sampling, self.role, nonce, pj.hub)
         sent = (self.watch is None or bool(pj.hub)) and self.link.is_connected() and \
             self.link.publish(join_topic(self.client), encode(msg), "control")
         if not sent:
@@ -289,9 +290,9 @@ class HubClient:
         if msg is None:
             return
         s = self.sessions.get(msg.sid)
-        if s is not None and isinstance(msg, (DraftResponse, Error)):
+        if s is not None and isinstance(msg, (DraftResponse, VerifyResponse, Error)):
             s._deliver(msg)
-            if self._outage is not None and isinstance(msg, DraftResponse):
+            if self._outage is not None and isinstance(msg, (DraftResponse, VerifyResponse)):
                 self._resumed()
 
     def _on_status(self, topic: str, payload: bytes) -> None:

@@ -42,14 +42,15 @@ from edge.wire.topics import (  # noqa: F401,E402
     DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, SUN_PREFIX, SUN_REQ_SUB, SUN_WORKERS_SUB, TOPICS, down_topic,
     draft_ctl_topic, draft_hello_topic, join_topic, joined_topic, parse_topic, session_up_sub, subscription,
     sun_ctl_topic, sun_hello_topic, sun_kv_sub, sun_kv_topic, sun_req_topic, sun_stream_sub, sun_stream_topic,
-    topic, up_topic, TELEMETRY_SUB, telemetry_topic, HUBS_SUB, hub_hello_topic, DISCOVER_TOPIC)
+    topic, up_topic, TELEMETRY_SUB, telemetry_topic, HUBS_SUB, hub_hello_topic, DISCOVER_TOPIC,
+    verify_hello_topic, VERIFIERS_SUB)
 
 
 # the limits and error codes (edge/wire/limits.py) are part of the wire format: used from here too
 from edge.wire.limits import (  # noqa: F401,E402
     MAX_APPEND, MAX_KEEP, SUN_CHUNK_BYTES, MAX_KV_CHUNKS,
     MAX_NEW_TOKENS, MAX_HELD, MAX_STOP, MAX_STREAM_TOKENS, JOIN_ROLES, SUN_ROLES, TELEMETRY_ROLES,
-    FINISH_REASONS, E_BAD_KEEP, E_UNKNOWN_SESSION, E_OVERLOADED, E_BAD_REQUEST, E_INTERNAL, E_UNKNOWN_TASK,
+    FINISH_REASONS, E_CONTEXT_FULL, E_BAD_KEEP, E_UNKNOWN_SESSION, E_OVERLOADED, E_BAD_REQUEST, E_INTERNAL, E_UNKNOWN_TASK,
     E_NO_DECODER, E_REFUSED, E_TIMEOUT, E_WORKER_LOST, E_BAD_GRAMMAR)
 
 
@@ -248,6 +249,8 @@ class Telemetry(Message):
 from edge.wire.sun_messages import (  # noqa: F401,E402
     SunRequest, SunHello, PrefillJob, DecodeAssign,
     KVChunk, SunTokens, AdapterAdd, AdapterResult)
+# the reverse star's (edge/wire/reverse_messages.py): a drafting device's drafts, the hub's verdict
+from edge.wire.reverse_messages import VerifyRequest, VerifyResponse, check_reverse_vocab  # noqa: F401,E402
 
 
 def check_vocab(msg: Message, vocab_size: int) -> None:
@@ -257,3 +260,4 @@ def check_vocab(msg: Message, vocab_size: int) -> None:
         ids += [int(i.max()) for i, _ in msg.q]
     if ids and max(ids) >= vocab_size:
         raise ProtocolError(f"token id {max(ids)} is outside the vocabulary of {vocab_size}")
+    check_reverse_vocab(msg, vocab_size)

@@ -18,6 +18,7 @@ TOPICS = {
     "hub_hello":   "ss/hubs/{hub}",                # each hub of several, retained + periodic: HubStatus (will: offline)
     "draft_hello": "ss/hub/drafts/{service}",      # draft service -> hub, retained: DraftHello
     "draft_ctl":   "ss/d/{service}/ctl",           # hub -> draft service: SessionAssign, SessionRelease
+    "verify_hello": "ss/hub/verifiers/{service}",  # verify service (reverse star) -> hub, retained: DraftHello
     "sun_req":     "ss/sun/req/{client}",          # client -> router: SunRequest
     "sun_hello":   "ss/sun/workers/{worker}",      # SUN worker -> router, retained: SunHello
     "sun_ctl":     "ss/sun/w/{worker}/ctl",        # router -> worker: PrefillJob, DecodeAssign
@@ -83,6 +84,7 @@ def _builder(kind: str) -> Callable[..., str]:
 join_topic, joined_topic = _builder("join"), _builder("joined")
 up_topic, down_topic = _builder("up"), _builder("down")
 draft_hello_topic, draft_ctl_topic = _builder("draft_hello"), _builder("draft_ctl")
+verify_hello_topic = _builder("verify_hello")
 sun_req_topic, sun_stream_topic = _builder("sun_req"), _builder("sun_stream")
 sun_hello_topic, sun_ctl_topic, sun_kv_topic = _builder("sun_hello"), _builder("sun_ctl"), _builder("sun_kv")
 telemetry_topic = _builder("telemetry")
@@ -92,6 +94,7 @@ TELEMETRY_SUB = subscription("telemetry")       # edge-hub top and the hub's /me
 STATUS_TOPIC = TOPICS["status"]
 JOIN_SUB = subscription("join")                 # the hub subscribes here
 DRAFTS_SUB = subscription("draft_hello")        # the hub watches draft services here
+VERIFIERS_SUB = subscription("verify_hello")    # ... and verify services (the reverse star) here
 SUN_REQ_SUB = subscription("sun_req")           # the router subscribes here
 SUN_WORKERS_SUB = subscription("sun_hello")     # the router watches SUN workers here
 DISCOVER_TOPIC = TOPICS["discover"]             # every draft service and SUN worker listens here

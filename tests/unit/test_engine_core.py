@@ -13,9 +13,10 @@ from edge.star.hybrid_service import HybridDraftService
 from edge.star.suffix_service import SuffixDraftService
 from edge.sun.decoder import SharedDecoder
 from edge.sun.prefill import PrefillWorker
+from edge.star.verify_service import VerifyService
 
 HELD = {DraftService, HybridDraftService}                     # they may hold a batch: wake_in()
-CORES = [DraftService, SuffixDraftService, HybridDraftService, SharedDecoder, PrefillWorker]
+CORES = [DraftService, SuffixDraftService, HybridDraftService, SharedDecoder, PrefillWorker, VerifyService]
 
 
 def _protocol_methods(proto) -> list:

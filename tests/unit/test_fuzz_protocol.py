@@ -56,6 +56,9 @@ _ALL = [
     P.SunTokens(rid="r1", seq=1, index=0, tokens=[3], done=True, finish_reason="stop", worker="d"),
     P.AdapterAdd(worker="w", rid="a1", client="ops", task="tools", path="/srv/bundle", sha256="0" * 64, bundle=True),
     P.AdapterResult(worker="w", rid="a1", task="tools", ok=False, message="sha256 mismatch", tasks=["maths"]),
+    P.VerifyRequest(sid="s1", seq=5, keep=10, append=[1], drafts=[5, 6], q=_q([5, 6]),
+                    sampling=P.sampling(0.8, 40, 0.95, 7), start=True),
+    P.VerifyResponse(sid="s1", seq=5, n_accepted=1, token=9, held=13, compute_us=120, batch=4),
 ]
 SAMPLES = {m.TAG: m for m in _ALL}
 TAGS = sorted(SAMPLES)

@@ -20,6 +20,7 @@ REQUIRED = {
     "rid": "r1", "task": "maths", "prompt": [1, 2], "worker": "w1", "fingerprint": "fp:1",
     "decoder": "dec-1", "prefill": "prefill-maths", "index": 0, "total": 1, "first_token": 0,
     "data": b"kv", "ok": True, "path": "/srv/adapters/tools", "sha256": "ab" * 32,
+    "n_accepted": 0, "token": 3, "held": 3,
 }
 ROLE = {"telemetry": "target", "sun_hello": "decoder"}      # a decoder names no task
 TASK = {"sun_hello": ""}

@@ -2,11 +2,12 @@
 "ours" without a star).
 
     python -m benchmarks.lib.agent_alone_worker --model GGUF --port P [--threads 1] [--max-len 4096]
-        [--prompt-cache 4] [--prompt-cache-mb 1024]
+        [--prompt-cache 4] [--prompt-cache-mb 1024] [--parallel 2] [--queue 16]
 
 What `edge-agent run --role target` serves, less the star: the same OpenAIServer in front of
 target-only decoding (generate_plain, llama.cpp) with the same prompt cache (`--prompt-cache` /
-`--prompt-cache-mb`, its defaults; n_seq_max = 1 + slots as the CLI loads it). A target started
+`--prompt-cache-mb`, its defaults) and the same `--parallel N` generations at once (their forwards
+one batched call a round, edge/engines/batched_calls.py; n_seq_max = N + slots as the CLI loads it). A target started
 with no hub answering waits its 3 s join timeout on every request before decoding alone
 (edge/star/target.py), so the star-less endpoint is built here instead. The parent pins this
 process to a core (taskset) and waits for the "serving on" line on stderr.
@@ -19,6 +20,8 @@ import signal
 import sys
 import threading
 
+from edge.api.admission import DEFAULT_PARALLEL, DEFAULT_QUEUE
+
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -28,17 +31,21 @@ def main(argv=None) -> None:
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--prompt-cache", type=int, default=4)
     ap.add_argument("--prompt-cache-mb", type=float, default=1024.0)
+    ap.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL, help="generations at once")
+    ap.add_argument("--queue", type=int, default=DEFAULT_QUEUE, help="requests waiting beyond them")
     args = ap.parse_args(argv)
     from edge.api.openai_http import OpenAIServer
     from edge.cli.options import open_prompt_cache
+    from edge.engines.batched_calls import shared_engine
     from edge.engines.loader import open_model
     from edge.speculative.generate import generate_plain
 
     engine, tok = open_model(args.model, backend="llamacpp", threads=args.threads, max_len=args.max_len,
-                             n_seq_max=1 + args.prompt_cache)
+                             n_seq_max=args.parallel + args.prompt_cache)
+    engine = shared_engine(engine, args.parallel)
     cache = open_prompt_cache(engine, args.prompt_cache, args.prompt_cache_mb)
     server = OpenAIServer(functools.partial(generate_plain, engine, cache=cache), tok, model_name=args.model,
-                          port=args.port, context=engine.max_len).start()
+                          port=args.port, context=engine.max_len, parallel=args.parallel, queue=args.queue).start()
     print(f"serving on http://127.0.0.1:{server.port}/v1", file=sys.stderr, flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

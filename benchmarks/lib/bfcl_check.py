@@ -1,4 +1,4 @@
-"""BFCL's function-calling cases as OpenAI `tools`, and an AST check of the calls a server returns.
+"""BFCL's function-calling cases as OpenAI `tools`, and BFCL's own AST check of the calls a server returns.
 
 The data is the bfcl-eval package's (installed without its dependencies): the questions in
 bfcl_eval/data/BFCL_v4_<file>.json and the allowed answers in bfcl_eval/data/possible_answer/,
@@ -6,30 +6,29 @@ one JSON object a line. Three categories: simple (BFCL_v4_simple_python: one fun
 multiple (several functions offered, one call to the right one) and parallel (one function,
 several calls, in any order).
 
-A call matches a ground-truth entry (BFCL's ast_checker, for Python cases) when:
-
-* the function name is the entry's (BFCL's dotted names are sent as OpenAI-valid names, "." -> "_",
-  and mapped back, as BFCL does for OpenAI-style models);
-* every required parameter is present and no parameter is unknown to the function;
-* every argument has the parameter's type (an integer where a float is asked is fine; a float
-  where an integer is asked is not) and its value is among the allowed values: strings compared
-  after BFCL's standardisation (lowercase, without spaces and `,./-_*^`), lists element by element,
-  nested dicts key by key with their own allowed values;
-* a parameter the call leaves out has "" among its allowed values (optional).
-
-A case passes when the call count is the ground truth's and every ground-truth entry is matched
-by a distinct call (parallel: in any order). A reply with no parseable tool calls fails (score 0).
+The check is bfcl-eval's own `ast_checker` (bfcl_eval/eval_checker/ast_eval/ast_checker.py), as
+BFCL scores a Python-category model: names, required / unexpected / optional parameters, types
+(an int where a float is asked is fine, nested list items typed), values among the allowed ones
+(strings standardised: lowercase, without spaces and `,./-_*^`), dicts key by key, parallel calls
+in any order. BFCL's dotted names are sent as OpenAI-valid names ("." -> "_") and mapped back
+before the check. A reply with no tool calls the server parsed fails (score 0).
 """
 from __future__ import annotations
 
+import importlib
 import json
 import re
+import sys
+import types
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from types import SimpleNamespace
+from typing import List, Optional, Tuple
 
 CATEGORIES = {"simple": "BFCL_v4_simple_python.json", "multiple": "BFCL_v4_multiple.json",
               "parallel": "BFCL_v4_parallel.json"}
 TYPES = {"dict": "object", "float": "number", "tuple": "array"}     # BFCL's Python types -> JSON Schema
+MODEL = "starsun-openai-endpoint"    # the name BFCL's checker gets for the model (no "_": it reads "/" there)
+NO_CALLS = "no tool calls in the reply"
 
 
 def data_dir() -> Path:
@@ -94,109 +93,69 @@ def calls_of(message: dict, functions: List[dict]) -> Tuple[List[Tuple[str, obje
             args = raw
         calls.append((back.get(fn.get("name"), fn.get("name")), args))
     if not calls:
-        return [], "no tool calls in the reply"
+        return [], NO_CALLS
     return calls, None
+
+
+def checker_name() -> str:
+    """What checks the calls, for the record."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return f"bfcl-eval {version('bfcl-eval')} ast_checker"
+    except PackageNotFoundError:
+        return "bfcl-eval ast_checker"
 
 
 def standardize(s: str) -> str:
     """BFCL's string normalisation before comparing."""
-    return re.sub(r"[ ,./\-_*^]", "", s).lower().replace("'", '"')
+    return _ast_checker().standardize_string(s)
 
 
-def _type_ok(value, bfcl_type: Optional[str]) -> bool:
-    if bfcl_type in (None, "any"):
-        return True
-    if bfcl_type == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if bfcl_type in ("float", "number"):
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if bfcl_type == "string":
-        return isinstance(value, str)
-    if bfcl_type == "boolean":
-        return isinstance(value, bool)
-    if bfcl_type in ("array", "tuple"):
-        return isinstance(value, list)
-    if bfcl_type == "dict":
-        return isinstance(value, dict)
-    return True
+def _ast_checker():
+    """bfcl-eval's ast_checker module. It imports bfcl_eval.constants.model_config, BFCL's registry
+    of the models it runs, which imports every vendor's SDK (anthropic, ...: not installed with
+    --no-deps); of it the checker only reads whether a model's function names had their dots
+    turned into underscores. Where that registry cannot be imported, a stand-in with our one
+    entry takes its place (dots kept: calls_of has mapped the sent names back)."""
+    name = "bfcl_eval.constants.model_config"
+    registry = sys.modules.get(name)
+    if registry is None:
+        try:
+            registry = importlib.import_module(name)
+        except ImportError:
+            registry = types.ModuleType(name)
+            registry.MODEL_CONFIG_MAPPING = {}
+            sys.modules[name] = registry
+    registry.MODEL_CONFIG_MAPPING.setdefault(MODEL, SimpleNamespace(underscore_to_dot=False))
+    from bfcl_eval.eval_checker.ast_eval import ast_checker
+    return ast_checker
 
 
-def _equal(value, allowed, schema: dict) -> bool:
-    """One value against one allowed value (schema: the parameter's BFCL schema, for nested parts)."""
-    if isinstance(allowed, bool) or isinstance(value, bool):
-        return isinstance(allowed, bool) and isinstance(value, bool) and value == allowed
-    if isinstance(allowed, str):
-        return isinstance(value, str) and standardize(value) == standardize(allowed)
-    if isinstance(allowed, (int, float)):
-        return isinstance(value, (int, float)) and value == allowed
-    if isinstance(allowed, list):
-        items = schema.get("items") or {}
-        return isinstance(value, list) and len(value) == len(allowed) and \
-            all(_equal(v, a, items) for v, a in zip(value, allowed))
-    if isinstance(allowed, dict):
-        if not isinstance(value, dict):
-            return False
-        props = schema.get("properties") or {}
-        for k, v in value.items():
-            if k not in allowed:
-                return False
-            options = allowed[k] if isinstance(allowed[k], list) else [allowed[k]]
-            if not _among(v, options, props.get(k, {})):
-                return False
-        return all("" in (a if isinstance(a, list) else [a]) for k, a in allowed.items() if k not in value)
-    return value == allowed
+def _why(result: dict) -> str:
+    """BFCL's verdict as one line: its error type, its first message and, for a parallel case, why
+    the first call it tried did not match."""
+    texts = [e for e in result.get("error") or [] if isinstance(e, str)]
+    subs = [sub.get("sub_error") for e in result.get("error") or [] if isinstance(e, dict)
+            for sub in e.values() if isinstance(sub, dict)]
+    why = f"{result.get('error_type', 'invalid')}: {texts[0] if texts else '?'}"
+    return why + (f" ({subs[0][0]})" if subs and subs[0] else "")
 
 
-def _among(value, options: list, schema: dict) -> bool:
-    return any(_equal(value, a, schema) for a in options if a != "")
-
-
-def check_call(name: str, args, function: dict, expected: Dict[str, list]) -> Optional[str]:
-    """None when the call (name, args) matches the ground-truth entry `expected` ({param: allowed
-    values}) for `function` (its BFCL description); else why not."""
-    if name != function["name"]:
-        return f"called {name!r}, expected {function['name']!r}"
-    if not isinstance(args, dict):
-        return f"arguments are not a JSON object: {str(args)[:80]!r}"
-    params = function.get("parameters", {})
-    props = params.get("properties", {})
-    for r in params.get("required", []):
-        if r not in args:
-            return f"required parameter {r!r} missing"
-    for k, v in args.items():
-        if k not in props:
-            return f"unknown parameter {k!r}"
-        if k not in expected:
-            return f"parameter {k!r} is not in the answer"
-        t = props[k].get("type")
-        if not _type_ok(v, t):
-            return f"parameter {k!r}: {type(v).__name__} where {t} is asked"
-        if not _among(v, expected[k], props[k]):
-            return f"parameter {k!r}: {json.dumps(v)[:60]} not among {json.dumps(expected[k])[:80]}"
-    for k, allowed in expected.items():
-        if k not in args and "" not in allowed:
-            return f"parameter {k!r} missing (not optional here)"
-    return None
-
-
-def check_case(calls: List[Tuple[str, object]], functions: List[dict], ground_truth: List[dict]) -> Optional[str]:
-    """None when the calls answer the case: as many calls as ground-truth entries, each entry matched
-    by a distinct call (any order); else why not (the first reason met)."""
-    if len(calls) != len(ground_truth):
-        return f"{len(calls)} calls, expected {len(ground_truth)}"
-    by_name = {f["name"]: f for f in functions}
-    free = list(range(len(calls)))
-    for entry in ground_truth:
-        (fname, expected), = entry.items()
-        function = by_name.get(fname)
-        if function is None:
-            return f"the answer names {fname!r}, not offered"
-        why = None
-        for i in free:
-            why = check_call(calls[i][0], calls[i][1], function, expected)
-            if why is None:
-                free.remove(i)
-                break
-        else:
-            return why or "no call left"
-    return None
+def check_case(calls: List[Tuple[str, object]], functions: List[dict], ground_truth: List[dict],
+               category: str) -> Optional[str]:
+    """None when the calls answer the case as BFCL's ast_checker judges a `category` case (simple,
+    multiple or parallel); else why not (BFCL's error type and first error)."""
+    for name, args in calls:
+        if not isinstance(args, dict):
+            return f"arguments of {name!r} are not a JSON object: {str(args)[:80]!r}"
+    checker = _ast_checker()
+    from bfcl_eval.constants.enums import Language
+    output = [{name: args} for name, args in calls]
+    try:
+        result = checker.ast_checker(functions, output, ground_truth, Language.PYTHON, category, MODEL)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:    # a shape the checker does not expect
+        return f"checker_error: {type(e).__name__}: {e}"[:300]
+    if result.get("valid"):
+        return None
+    count = f" ({len(calls)} calls, expected {len(ground_truth)})" if len(calls) != len(ground_truth) else ""
+    return _why(result) + count

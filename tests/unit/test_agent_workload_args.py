@@ -1,5 +1,6 @@
-"""benchmarks/serving/agent_workload.py without a model: its options (--quick and what overrides it),
-the cells a server runs, the checkpoint a rerun resumes from, and the report of a partial run."""
+"""benchmarks/serving/agent_workload/ without a model: its options (--quick and what overrides it),
+the cells a server runs, the checkpoint a rerun resumes from (and --redo's cells dropped from it),
+and the report of a partial run."""
 import json
 
 import pytest
@@ -10,7 +11,8 @@ from benchmarks.serving import agent_workload as aw
 def test_defaults_are_the_full_run():
     a = aw.args_of([])
     assert a.models == list(aw.MODELS) and a.servers == list(aw.SERVERS)
-    assert (a.cases, a.turns, a.sessions, a.clients, a.requests) == (100, 5, 3, 4, 4)
+    assert (a.cases, a.turns, a.sessions, a.clients, a.requests, a.parallel) == (100, 5, 3, 4, 4, 4)
+    assert aw.args_of(["--clients", "2"]).parallel == 2 and aw.args_of(["--parallel", "1"]).parallel == 1
     assert a.out.name == "default" and a.out.parent.name == "agent_workload"
     assert aw.part_keys(a) == ["multiturn", "concurrent", "bfcl_simple", "bfcl_multiple", "bfcl_parallel"]
 
@@ -25,7 +27,7 @@ def test_quick_is_small_and_what_is_given_wins():
 
 
 @pytest.mark.parametrize("bad", [["--servers", "vllm"], ["--parts", "speed"], ["--categories", "live"],
-                                 ["--turns", "9"], ["--cases", "0"]])
+                                 ["--turns", "9"], ["--cases", "0"], ["--parallel", "0"]])
 def test_bad_options_are_refused(bad):
     with pytest.raises(SystemExit):
         aw.args_of(bad)
@@ -47,3 +49,14 @@ def test_the_checkpoint_resumes_and_a_partial_run_reports(tmp_path):
     aw.write_report(again.data, out)
     md = out.with_suffix(".md").read_text()
     assert "(1/1 so far)" in md and "| 1 | 10.00 | 1.00 | 2.00 | 0.50 | 0/4 | - |" in md and out.with_suffix(".png").exists()
+
+
+def test_redo_drops_the_matching_cells_only(tmp_path):
+    store = aw.Store(tmp_path / "x.json")
+    for key in ("ours|m|concurrent", "ours|m|multiturn", "ours-star|m|concurrent", "llama-server|m|bfcl_simple",
+                "ours|n|bfcl_simple"):
+        server, model, part = key.split("|")
+        store.cell(server, model, part)["done"] = True
+    assert store.drop(["ours|*|concurrent"]) == ["ours|m|concurrent"]
+    assert sorted(store.drop(["ours*|*|bfcl_*", "nothing"])) == ["ours|n|bfcl_simple"]
+    assert sorted(store.data["cells"]) == ["llama-server|m|bfcl_simple", "ours-star|m|concurrent", "ours|m|multiturn"]

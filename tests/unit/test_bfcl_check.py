@@ -1,5 +1,6 @@
-"""benchmarks/lib/bfcl_check.py on real BFCL cases (bfcl-eval's data): the tools sent, and the AST
-check of returned calls (names, required and unknown parameters, types, allowed values, order)."""
+"""benchmarks/lib/bfcl_check.py on real BFCL cases (bfcl-eval's data): the tools sent, and BFCL's own
+AST check of the returned calls (names, required and unknown parameters, types, allowed values, order,
+an optional string sent empty)."""
 import json
 
 import pytest
@@ -23,7 +24,7 @@ def reply(*calls):
 
 def verdict(c, message):
     calls, why = calls_of(message, c["functions"])
-    return why if why else check_case(calls, c["functions"], c["ground_truth"])
+    return why if why else check_case(calls, c["functions"], c["ground_truth"], c["id"].split("_")[0])
 
 
 def test_categories_load_evenly_spaced_with_their_answers():
@@ -50,13 +51,13 @@ def test_a_simple_call_matches_on_values_types_and_optional_parameters():
     name = "calculate_triangle_area"
     assert verdict(c, reply((name, {"base": 10, "height": 5}))) is None
     assert verdict(c, reply((name, {"base": 10, "height": 5, "unit": "Units"}))) is None
-    assert "height" in verdict(c, reply((name, {"base": 10, "height": 6})))
-    assert "float where integer" in verdict(c, reply((name, {"base": 10.0, "height": 5})))
-    assert "required parameter 'height'" in verdict(c, reply((name, {"base": 10})))
-    assert "unknown parameter 'colour'" in verdict(c, reply((name, {"base": 10, "height": 5, "colour": "red"})))
+    assert "'height': 6" in verdict(c, reply((name, {"base": 10, "height": 6})))
+    assert "Expected type integer, got float" in verdict(c, reply((name, {"base": 10.0, "height": 5})))
+    assert "Missing required parameter: 'height'" in verdict(c, reply((name, {"base": 10})))
+    assert "Unexpected parameter: 'colour'" in verdict(c, reply((name, {"base": 10, "height": 5, "colour": "red"})))
     assert "not a JSON object" in verdict(c, reply((name, "{base: 10")))
     assert verdict(c, {"role": "assistant", "content": "The area is 25."}) == "no tool calls in the reply"
-    assert "2 calls" in verdict(c, reply((name, {"base": 10, "height": 5}), (name, {"base": 10, "height": 5})))
+    assert "2 calls, expected 1" in verdict(c, reply((name, {"base": 10, "height": 5}), (name, {"base": 10, "height": 5})))
 
 
 def test_dotted_names_tuples_and_nested_dicts():
@@ -72,19 +73,27 @@ def test_dotted_names_tuples_and_nested_dicts():
             "conditions": {"department": "science", "school": "Bluebird HS"}}
     assert verdict(db, reply(("db_fetch_records", call))) is None
     bad = {**call, "conditions": {"department": "Science", "school": "Redwood"}}
-    assert "conditions" in verdict(db, reply(("db_fetch_records", bad)))
+    assert "dict_value" in verdict(db, reply(("db_fetch_records", bad)))
+
+
+def test_an_optional_string_sent_empty_is_left_out_as_bfcl_judges_it():
+    m = case("multiple", "multiple_38")         # library.search_book: genre optional ("" allowed)
+    ask = {"book_name": "The Alchemist", "city": "New York", "availability": False}
+    assert verdict(m, reply(("library_search_book", {**ask, "genre": ""}))) is None
+    assert verdict(m, reply(("library_search_book", ask))) is None
+    assert "genre" in verdict(m, reply(("library_search_book", {**ask, "genre": "Fiction"})))
 
 
 def test_multiple_needs_the_right_function_and_parallel_any_order():
     m = case("multiple", "multiple_0")          # triangle_properties.get(5, 4, 3) among circle_properties.get
     sides = {"side1": 5, "side2": 4, "side3": 3}
     assert verdict(m, reply(("triangle_properties_get", {**sides, "get_area": True}))) is None
-    assert "expected 'triangle_properties.get'" in verdict(m, reply(("circle_properties_get", {"radius": 5.0})))
+    assert "'triangle_properties.get' not found" in verdict(m, reply(("circle_properties_get", {"radius": 5.0})))
     p = case("parallel", "parallel_0")          # spotify.play: Taylor Swift 20, Maroon 5 15
     swift, maroon = {"artist": "Taylor Swift", "duration": 20}, {"artist": "Maroon 5", "duration": 15}
     assert verdict(p, reply(("spotify_play", maroon), ("spotify_play", swift))) is None
     assert "1 calls, expected 2" in verdict(p, reply(("spotify_play", swift)))
-    assert verdict(p, reply(("spotify_play", swift), ("spotify_play", swift))) is not None
+    assert "cannot_find_match" in verdict(p, reply(("spotify_play", swift), ("spotify_play", swift)))
 
 
 def test_standardize_is_bfcls():

@@ -1,0 +1,56 @@
+"""Concurrent clients: each sends MT-bench first turns back to back (streamed); total completion
+tok/s over the window, p50 / p99 latency, TTFT p50."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional
+
+from benchmarks.serving.agent_workload.client import ServerGone, chat_stream
+from benchmarks.serving.agent_workload.store import median_of
+
+if TYPE_CHECKING:
+    from benchmarks.serving.agent_workload.servers import Server
+    from benchmarks.serving.agent_workload.store import Store
+
+
+def run_concurrent(server: Server, store: Store, prompts: List[str], args, parallel: Optional[int]) -> None:
+    import numpy as np
+    cell = store.cell(server.name, server.model, "concurrent")
+    results: List[dict] = []
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        for j in range(args.requests):
+            text = prompts[(i * args.requests + j) % len(prompts)]
+            t0 = time.perf_counter()
+            try:
+                r = chat_stream(server.url, {"model": Path(str(server.model)).name, "temperature": 0,
+                                             "messages": [{"role": "user", "content": text}],
+                                             "max_tokens": args.concurrent_tokens}, args.timeout)
+            except ServerGone as e:
+                r = {"status": 0, "error": str(e), "total_s": time.perf_counter() - t0}
+            with lock:
+                results.append({"client": i, "start": t0, "end": time.perf_counter(), **{
+                    k: r.get(k) for k in ("status", "ttft_s", "total_s", "completion_tokens", "error")}})
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    ok = [r for r in results if r["status"] == 200]
+    window = max(r["end"] for r in results) - min(r["start"] for r in results)
+    lat = [r["total_s"] for r in ok]
+    cell.update(requests=[{k: v for k, v in r.items() if k not in ("start", "end")} for r in results])
+    cell["summary"] = {"clients": args.clients, "requests": len(results), "failed": len(results) - len(ok),
+                       "window_s": window, "tokens": sum(r["completion_tokens"] or 0 for r in ok),
+                       "tok_s": sum(r["completion_tokens"] or 0 for r in ok) / window,
+                       "p50_s": float(np.percentile(lat, 50)) if lat else None,
+                       "p99_s": float(np.percentile(lat, 99)) if lat else None,
+                       "ttft_p50_s": median_of([r["ttft_s"] for r in ok]),
+                       "server_parallel": parallel}
+    cell["done"] = True
+    store.save()
+    print(f"{server.name} {server.model} concurrent: {cell['summary']}", flush=True)

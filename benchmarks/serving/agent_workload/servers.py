@@ -1,0 +1,181 @@
+"""The servers, one at a time on TARGET_CORE: llama-server, ours alone (benchmarks/lib/agent_alone_worker.py)
+and ours through the star (`edge-agent run --role target`, the hub and draft service on STAR_CORE)."""
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from benchmarks.lib.results import ROOT
+from benchmarks.serving.agent_workload.client import ServerGone, connect
+
+BIN = Path(sys.executable).parent
+TARGET_CORE, STAR_CORE = 0, 1
+
+def _pinned(core: int):
+    """A child's preexec: on `core`, and terminated when this process dies (a killed run leaves no
+    server holding a core or a port; the rerun resumes)."""
+    def pin():
+        os.sched_setaffinity(0, {core})
+        try:
+            import ctypes
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 15)      # PR_SET_PDEATHSIG, SIGTERM
+        except OSError:
+            pass
+    return pin
+
+
+def free_port(start: int) -> int:
+    """The first port from `start` that nothing listens on (an earlier run's orphan may hold one)."""
+    for port in range(start, start + 1000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError(f"no free port in {start}..{start + 999}")
+
+
+class Server:
+    """One server process on TARGET_CORE (and what it needs), started and stopped as a context."""
+
+    name = "?"
+
+    def __init__(self, model: str, gguf: Path, port: int, logdir: Path):
+        self.model, self.gguf, self.port, self.logdir = model, gguf, port, logdir
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: Optional[subprocess.Popen] = None
+        self.log = logdir / f"{self.name}.err"
+        self.argv: List[str] = []
+
+    def _spawn(self, argv: List[str]) -> None:
+        self.argv = [str(a) for a in argv]
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"),
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT,
+                                     preexec_fn=_pinned(TARGET_CORE))
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if not self.alive():
+                raise ServerGone(f"{self.name} exited ({self.proc.returncode}); see {self.log}:\n"
+                                 + self.log.read_text(errors="replace")[-1500:])
+            try:
+                conn = connect(self.url, 5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.5)
+        raise ServerGone(f"{self.name} never answered /health in {timeout:.0f}s; see {self.log}")
+
+    def start(self) -> "Server":
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def describe(self) -> dict:
+        return {"command": " ".join(self.argv), "core": TARGET_CORE}
+
+
+class LlamaServer(Server):
+    name = "llama-server"
+
+    def __init__(self, *a, bin_dir: Path, np_: int):
+        super().__init__(*a)
+        self.bin_dir, self.np = bin_dir, np_
+
+    def start(self) -> "LlamaServer":
+        self._spawn([self.bin_dir / "llama-server", "-m", self.gguf, "--jinja", "-t", 1, "-tb", 1, "-np", self.np,
+                     "--host", "127.0.0.1", "--port", self.port])
+        self.wait_ready()
+        return self
+
+    def describe(self) -> dict:
+        v = subprocess.run([str(self.bin_dir / "llama-server"), "--version"], capture_output=True, text=True)
+        return {**super().describe(), "version": (v.stdout + v.stderr).strip().splitlines()[-2:]}
+
+
+class OursAlone(Server):
+    name = "ours"
+
+    def __init__(self, *a, parallel: int):
+        super().__init__(*a)
+        self.parallel = parallel
+
+    def start(self) -> "OursAlone":
+        self._spawn([sys.executable, "-m", "benchmarks.lib.agent_alone_worker", "--model", self.gguf,
+                     "--port", self.port, "--threads", 1, "--parallel", self.parallel])
+        self.wait_ready()
+        return self
+
+
+class OursStar(Server):
+    """The two-device star: Mosquitto, then the hub and a draft service on STAR_CORE
+    (server/demos/two_device.py's RemoteStar), then `edge-agent run --role target` on TARGET_CORE."""
+    name = "ours-star"
+
+    def __init__(self, *a, draft: Path, gamma: str, parallel: int):
+        super().__init__(*a)
+        self.draft, self.gamma, self.parallel = draft, gamma, parallel
+        self.stack = contextlib.ExitStack()
+
+    def start(self) -> "OursStar":
+        from server.demos.two_device import RemoteStar
+        from server.mosquitto import MosquittoBroker
+        try:
+            broker = MosquittoBroker().start()
+            self.stack.callback(broker.close)
+            self.broker_url = broker.url
+            self.stack.enter_context(RemoteStar(str(self.draft), self.logdir / "star", core=STAR_CORE,
+                                                broker_url=broker.url))
+            self._spawn([BIN / "edge-agent", "run", "--role", "target", "-m", self.gguf, "--broker", broker.url,
+                         "--http-port", self.port, "--client-id", "dev0", "-g", self.gamma, "--threads", 1,
+                         "--parallel", self.parallel])
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def joined(self) -> bool:
+        return "joined the star" in self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        super().stop()
+        self.stack.close()
+
+    def describe(self) -> dict:
+        return {**super().describe(), "star": f"hub + draft service ({self.draft.name}, one thread) on core "
+                                              f"{STAR_CORE}, Mosquitto", "joined": self.joined()}
+
+
+def make_server(name: str, model: str, port: int, args, ctx: dict) -> Server:
+    from export.target_format import target_gguf
+    gguf = target_gguf(model)
+    logdir = ctx["logdir"] / f"{name}-{Path(str(model)).name}"
+    if name == "llama-server":
+        return LlamaServer(model, gguf, port, logdir, bin_dir=ctx["bin_dir"](), np_=args.np)
+    if name == "ours":
+        return OursAlone(model, gguf, port, logdir, parallel=args.parallel)
+    return OursStar(model, gguf, port, logdir, draft=target_gguf(args.draft, args.draft_format), gamma=args.gamma,
+                    parallel=args.parallel)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Dict
 
+from benchmarks.lib.results import ROOT
 from benchmarks.serving.agent_workload.bfcl import rescore, run_bfcl
 from benchmarks.serving.agent_workload.client import ServerGone, chat
 from benchmarks.serving.agent_workload.concurrent import run_concurrent
@@ -22,6 +24,12 @@ from benchmarks.serving.agent_workload.store import Store
 def machine() -> dict:
     from edge.telemetry.cpu_info import cpu_name
     return {"cpu": cpu_name(), "cpus": os.cpu_count(), "host": socket.gethostname()}
+
+
+def code_version() -> str:
+    """The commit the server started from (`-dirty`: with uncommitted edits in the tree, anyone's)."""
+    p = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
+    return p.stdout.strip() or "?"
 
 
 def open_store(args) -> Store:
@@ -82,7 +90,8 @@ def run_server(server, store: Store, args, ctx: dict) -> None:
     t0 = time.monotonic()
     try:
         server.start()
-        d["servers"][f"{name}|{model}"] = {**server.describe(), "start_s": round(time.monotonic() - t0, 1)}
+        d["servers"][f"{name}|{model}"] = {**server.describe(), "start_s": round(time.monotonic() - t0, 1),
+                                           "code": code_version()}
         chat(server.url, {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
                           "temperature": 0}, args.timeout)             # warm-up, not counted
         for key in part_keys(args):

@@ -42,6 +42,19 @@ class SunGrammars:
         self._compiled: "OrderedDict[str, Grammar]" = OrderedDict()
         self._lock = threading.Lock()
 
+    def prepare(self) -> "SunGrammars":
+        """Build llguidance's tokenizer now, in a background thread (a worker's start), so that the
+        first request with a grammar does not wait for it in the worker's loop."""
+        def build() -> None:
+            with self._lock:
+                if self._llg is None:
+                    try:
+                        self._llg, self._make = self._make(), None
+                    except GrammarError:
+                        pass                              # compile() raises it again, for the request
+        threading.Thread(target=build, name="sun-grammar-tokenizer", daemon=True).start()
+        return self
+
     def compile(self, text: str) -> Grammar:
         """The grammar of `text`, compiled once; GrammarRefused (with llguidance's reason) if it cannot be."""
         gid = grammar_id(text)

@@ -40,4 +40,4 @@ def worker_grammars(module, tokenizer: Optional[str], vocab_size: int) -> Option
     if tok.vocab_size > vocab_size:
         raise SunError(f"the tokenizer has {tok.vocab_size} tokens, more than the model's {vocab_size}: "
                        "it is not this base's")
-    return SunGrammars(tok, vocab_size)
+    return SunGrammars(tok, vocab_size).prepare()

@@ -9,7 +9,7 @@ The file has one table per --help section of `edge-hub serve`, each key the long
                  hub's own client certificate)
     [hub]        hub_id, hubs, stats_every
     [model]      dtype, threads, max_len, device, gpu_layers
-    [draft]      draft_model, draft_backend, client_share, max_sessions, max_kv_mb, max_gamma, evict_after, ahead,
+    [draft]      draft_model, draft_backend, verify_model, verify_backend, client_share, max_sessions, max_kv_mb, max_gamma, evict_after, ahead,
                  coalesce, join, q_top_k, draft_p_min, drafter, suffix_min_score
     [sun]        sun_isolated, sun_pool, sun_decoder, sun_max_batch, sun_max_sequences, sun_backend,
                  stop_id, sun_http_port, sun_http_host, sun_tokenizer
@@ -92,6 +92,9 @@ class HubConfig:
     gpu_layers: Optional[str] = None    # llama.cpp: N | all (--gpu-layers)
     draft_backend: str = "auto"         # the hub draft's engine (--draft-backend; auto: edge/model/resolved.py)
     hubs: tuple = ()                    # every hub's id when there are several (--hub-ids)
+    verify_model: Optional[str] = None  # the reverse star's target (--verify-model), or None
+    verify_backend: str = "auto"        # its engine (--verify-backend)
+    verify_limits: object = None        # its sessions, KV, γ and eviction: the draft options' (DraftLimits)
 
 
 def hub_config_from(o: dict) -> HubConfig:
@@ -105,7 +108,14 @@ def hub_config_from(o: dict) -> HubConfig:
     sun = _sun_settings(o)
     return HubConfig(o["hub_id"], o["stats_every"], ctl_key, broker, o["dtype"], o["threads"], o["max_len"],
                      _draft_plan(o), o["client_share"], sun, TelemetrySettings.from_options(o),
-                     o["device"], o["gpu_layers"], o["draft_backend"], o["hubs"])
+                     o["device"], o["gpu_layers"], o["draft_backend"], o["hubs"],
+                     o.get("verify_model"), o.get("verify_backend", "auto"), _verify_limits(o))
+
+
+def _verify_limits(o: dict):
+    """The verify service's limits: the draft options' (sessions, KV, γ, eviction), nothing drafted ahead."""
+    from dataclasses import replace
+    return replace(draft_limits(o), ahead=False) if o.get("verify_model") else None
 
 
 def broker_settings(o: dict) -> BrokerSettings:

@@ -93,6 +93,11 @@ def sun_options(f):
 @backend_option("--draft-backend", default="auto", section=DRAFT,
                 help="the hub draft's engine: auto (a GGUF on llama.cpp where it is installed; the start line "
                      "says why), torch, llamacpp (--gpu-layers), onnx")
+@option(DRAFT, "--verify-model", default=None,
+        help="the reverse star: a target the hub holds to verify the drafts of devices too small for it "
+             "(`edge-agent run --role drafter`), beside its draft service; same tokenizer as theirs")
+@backend_option("--verify-backend", default="auto", section=DRAFT,
+                help="the hub target's engine for --verify-model (auto, torch, llamacpp, onnx)")
 @option(DRAFT, "--client-share", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True),
         help="the most of the draft slots that fit its model one client may hold (others keep room)")
 @draft_options
@@ -147,11 +152,21 @@ def _make_hub(cfg: HubConfig):
               tokenizer_fp=tok.fingerprint() if tok is not None else "", hub_id=cfg.hub_id, username=b.username,
               password=b.password, sun_isolated=sun.isolated, sun_pools=sun.pools, sun_decoder=decoder,
               ctl_key=cfg.ctl_key, listeners=b.listeners, client_share=cfg.client_share, hubs=cfg.hubs,
-              keepalive=b.keepalive)
+              keepalive=b.keepalive, **verify_target(cfg))
     if b.tls is not None:                 # an external mqtts:// broker: every link with the hub's certificate
         from server.hub_external import ExternalTlsHub
         return ExternalTlsHub(tls=b.tls, **kw)
     return Hub(**kw)
+
+
+def verify_target(cfg: HubConfig) -> dict:
+    """The Hub's arguments for its verify service (the reverse star): none without --verify-model."""
+    if not cfg.verify_model:
+        return {}
+    model = resolve_for_command(cfg.verify_model, cfg.verify_backend, "target")
+    engine, tok = open_model_for_command(model, cfg.dtype, cfg.threads, cfg.max_len, device=cfg.device,
+                                         gpu_layers=cfg.gpu_layers)
+    return dict(verify_engine=engine, verify_fp=tok.fingerprint(), verify_limits=cfg.verify_limits)
 
 
 def _sun_tokenizer(cfg: HubConfig):

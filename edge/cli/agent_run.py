@@ -9,6 +9,9 @@ prefill: SUN: one task specialist's prefill module (--module DIR, --task);
          With adapters: the base once and a LoRA adapter per task (--adapter TASK=PATH,
          or a bundle listing adapters on llamacpp); it serves every adapter's task.
 decoder: SUN: a shared decoder (--module DIR) batching requests of every task.
+drafter: the reverse star: a device too small for the target drafts with --model (a small
+         model) and the hub's verify service (`edge-hub serve --verify-model`) verifies; its
+         OpenAI endpoint serves the target's output (edge/cli/drafter_role.py).
 
 `run` reads its options into an AgentConfig (agent_config_from) and hands it to start_role,
 the factory that loads what the role needs and runs it until a signal
@@ -85,7 +88,7 @@ class AgentConfig:
 
 @click.command(cls=SectionedCommand)
 @config_option
-@option(ROLE, "--role", required=True, type=click.Choice(["target", "draft", "prefill", "decoder"]))
+@option(ROLE, "--role", required=True, type=click.Choice(["target", "draft", "prefill", "decoder", "drafter"]))
 @option(ROLE, "--model", "-m", default=None, help="target/draft: model name (see edge.model.fetch) or path")
 @option(ROLE, "--module", "module_dir", default=None, metavar="DIR",
         help="prefill/decoder: the specialist or shared-decoder directory (edge-export tune)")
@@ -215,6 +218,12 @@ def start_role(cfg: AgentConfig) -> None:
         model = resolve_for_command(m.model, m.backend, None if cfg.draft.kind == "suffix" else "draft")
         core, tok = build_draft(replace(cfg.draft, model=model), cfg.client_id, lambda: _open_planned(cfg, model))
         run_draft(core, tok, cfg.broker.link(), cfg.client_id, cfg.ctl_key, cfg.telemetry)
+    elif cfg.role == "drafter":           # its model drafts: a bundle's draft artifact, planned as a target's
+        from edge.cli.drafter_role import run_drafter
+        model = resolve_for_command(m.model, m.backend, "draft")
+        engine, tok = _open_planned(replace(cfg, role="target"), model)
+        run_drafter(engine, tok, cfg.broker.link(), cfg.client_id, model.name, cfg.target, cfg.telemetry,
+                    cfg.ctl_key)
     else:
         model = resolve_for_command(m.model, m.backend, cfg.role)
         engine, tok = _open_planned(cfg, model)

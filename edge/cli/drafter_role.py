@@ -1,0 +1,101 @@
+"""`edge-agent run --role drafter`: a device too small for the target drafts with its small model and
+the hub's verify service verifies (the reverse star, edge/star/drafting_device.py). Its OpenAI
+endpoint serves the TARGET's output; when the hub cannot verify it answers 503 with the reason,
+never draft-only text."""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import click
+
+from edge.api.admission import Unavailable
+from edge.api.request_fields import BadRequest, Profile
+from edge.cli.startup import TelemetrySettings, leave_on_sigterm, start_telemetry_for_command, wait_for_signal
+
+# what the endpoint honours: text only (the device never sees the target's logits; the hub applies
+# no penalties and follows no grammar yet)
+DRAFTER = Profile("drafting device", frozenset(),
+                  "the hub's target verifies this device's drafts: the device sees no target logits (logprobs) "
+                  "and the hub applies no penalties, logit_bias or grammars yet")
+
+
+def endpoint_generate(device):
+    """The OpenAI endpoint's generate: the device's, a hub that cannot verify a 503 (Unavailable)."""
+    from edge.star.drafting_device import HubUnavailable
+
+    def generate(prompt_ids, max_new, params, stop_ids=(), on_token=None, grammar=None, **kw):
+        if grammar is not None:
+            raise BadRequest("a forced tool_choice or a response_format needs a grammar, which a drafting "
+                             "device's hub does not follow yet", "tool_choice")
+        try:
+            return device.generate(prompt_ids, max_new, params, stop_ids, on_token)
+        except HubUnavailable as e:
+            raise Unavailable(f"the hub cannot serve the target's output now: {e}") from None
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+    return generate
+
+
+def run_drafter(engine, tok, link, client_id, model, target, tele: Optional[TelemetrySettings] = None,
+                ctl_key=None) -> None:
+    """Join the hub's verify service, then --prompt once or serve (target: the TargetSettings)."""
+    from edge.engines.batched_calls import shared_engine
+    from edge.star.drafting_device import DraftingDevice, HubUnavailable
+    from edge.star.hub_client import HubClient
+
+    engine = shared_engine(engine, target.parallel)     # concurrent generations: their drafts batched
+    hub = HubClient(link, client_id, tok.fingerprint(), engine.vocab_size, hubs=target.hubs, role="drafter")
+    device = DraftingDevice(engine, hub, gamma=target.gamma, adaptive=target.adaptive)
+    try:
+        device.check_join()
+        click.echo(f"drafter {client_id} joined the hub's verify service at {link.url}", err=True)
+    except HubUnavailable as e:
+        click.echo(f"warning: {e}; answering 503 until the hub can verify", err=True)
+    telemetry = None
+    try:
+        if tele:
+            telemetry = start_telemetry_for_command(link, client_id, "drafter", device.telemetry, tele, ctl_key)
+        if target.prompt is not None:
+            _generate_once(device, tok, target)
+        elif not target.http_port:
+            raise click.UsageError("a drafter needs --http-port (to serve clients) or --prompt")
+        else:
+            _serve(device, tok, engine, model, target)
+    finally:
+        if telemetry is not None:
+            telemetry.stop()
+        device.close()
+        hub.close()
+        link.close()
+
+
+def _generate_once(device, tok, target) -> None:
+    from edge.speculative.sampling import SamplingParams
+    from edge.star.drafting_device import HubUnavailable
+    prompt = target.prompt
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}])
+                     if tok.chat_template else prompt, add_special=not tok.chat_template)
+    stream = tok.decode_stream(skip_special=True)
+    try:
+        res = device.generate(ids, target.max_new, SamplingParams(temperature=target.temperature), tuple(tok.eos_ids),
+                              on_token=lambda t: (sys.stdout.write(stream.put(t)), sys.stdout.flush()))
+    except HubUnavailable as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"\n{len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, accepted {res.n_accepted}/"
+               f"{res.n_drafted} in {res.n_verify_calls} round trips to the hub", err=True)
+
+
+def _serve(device, tok, engine, model, target) -> None:
+    from edge.api.openai_http import OpenAIServer
+
+    stop = leave_on_sigterm()
+    server = OpenAIServer(endpoint_generate(device), tok, model_name=str(model), host=target.http_host,
+                          port=target.http_port, context=engine.max_len, profile=DRAFTER,
+                          parallel=target.parallel, queue=target.queue).start()
+    click.echo(f"OpenAI endpoint on http://{target.http_host}:{server.port}/v1 (the hub's target, drafted "
+               f"here by {model}); Ctrl-C to stop", err=True)
+    try:
+        wait_for_signal(stop)
+    finally:
+        server.stop()

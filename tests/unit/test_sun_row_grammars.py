@@ -11,6 +11,7 @@ a token 0 that breaks the grammar, are refused with the reason.
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 pytest.importorskip("llguidance")
@@ -138,3 +139,31 @@ def test_grammars_are_refused_where_they_cannot_be_followed(setup):
     with pytest.raises(GrammarRefused, match="refused"):
         grammars.compile('{"grammars": [{"lark_grammar": "start: ("}]}')
     assert bare.load == 0 and worker.load == 0
+
+
+def test_an_adapter_workers_mixed_step_masks_each_rows_token_0(setup, tmp_path):
+    """AdapterPrefillWorker: one step over rows of two tasks, with and without a grammar; each
+    grammar row's token 0 is the masked argmax of the row its task gives, its entry from that row."""
+    from edge.speculative.constrained import mask_logits
+    from edge.sun.adapter_prefill import AdapterPrefillWorker
+    from edge.sun.adapter_torch import TorchAdapterBackend
+    from harness.sun_adapters import trained_adapter
+    tok, base, fp, spec, grammars, texts = setup
+    choice = grammar_from_json_schema({"enum": ["a", "b", 3, True]})      # several first tokens allowed
+    w = AdapterPrefillWorker(TorchAdapterBackend(base, fp), kv_dtype="float64", grammars=grammars)
+    for i, t in enumerate(("code", "maths")):
+        d, sha = trained_adapter(base, tmp_path, t, seed=i + 1)
+        w.add(t, d, sha256=sha)
+    jobs = [("code", choice), ("maths", ""), ("maths", choice), ("code", texts["point"])]
+    prompts = [tok.encode(f"adapter row {i}") for i in range(len(jobs))]
+    for i, ((task, g), p) in enumerate(zip(jobs, prompts)):
+        w.submit(p, f"a{i}", task=task, grammar=g, logprobs=2)
+    outs = {o.request_id: o for o in w.step()}
+    assert len(w.steps) == 1 and len(outs) == len(jobs)
+    rows = w.backend.prefill_rows(prompts, [t for t, _ in jobs])
+    for i, ((task, g), (logits, _)) in enumerate(zip(jobs, rows)):
+        row = mask_logits(logits, grammars.compile(g).matcher().allowed()) if g else logits
+        o = outs[f"a{i}"]
+        assert o.first_token == int(row.argmax()) and o.logprob[1][0][0] == o.first_token
+        assert o.logprob[0] == pytest.approx(float(row[o.first_token] - np.logaddexp.reduce(row)), abs=1e-9)
+    assert outs["a0"].first_token != outs["a0"].logprob[1][-1][0]           # a real choice was masked

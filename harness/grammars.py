@@ -1,6 +1,7 @@
 """What the constrained-output tests share: a five-token vocabulary llguidance can match (a, b,
-c, ab and an end token), a small Lark grammar over it, the exact constrained distribution of a
-table model's outputs by enumeration, a pair of float64 tiny transformers and a JSON schema."""
+c, ab and an end token), small Lark grammars over it (one forces a token mid-text), the exact
+constrained distribution of a table model's outputs by enumeration, a pair of float64 tiny
+transformers and a JSON schema."""
 import numpy as np
 
 from edge.speculative.constrained import mask_logits
@@ -23,6 +24,10 @@ class _TinyVocab:
     def __call__(self, s):
         s = s.decode() if isinstance(s, bytes) else s
         return ["abc".index(ch) for ch in s]
+
+
+# forced tokens mid-text: after the first "c" only "b" may come (one token, probability 1: jump-forward)
+FORCED_LARK = r'start: /(a|b)+/ "cb" /(a|b)*/ "c"'
 
 
 def tiny_grammar(lark=r"start: /(a|b)+c/"):

@@ -13,11 +13,14 @@ row before it is argmaxed, sampled or verified (adjust_logits), each row with
 the tokens before its position: plain and speculative decoding see the same
 distribution. on_logits(token, row) hands the caller that adjusted row for
 each committed token (logprobs: the same row whether the token was drafted).
+
+Grammar-forced tokens (the grammar's mask allows one token only) are committed without a target
+call and fed with the next one (edge/speculative/jump_forward.py): the committed tokens not yet
+in the target's KV are `_Run.pending()`, and each call feeds them ahead of its drafts.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -26,55 +29,13 @@ from edge.speculative.common_prefix import common_prefix
 from edge.speculative.constrained import ConstrainedProposer, grammar_matcher, legal_drafts, mask_rows
 from edge.speculative.drafter import Drafter
 from edge.speculative.gamma_rounds import GammaRounds
+from edge.speculative.gen_result import CallTiming, GenResult
+from edge.speculative.jump_forward import jump_forward, verified_rows
 from edge.speculative.prefix_cache import PrefixCache, give_back, take_sequence
 from edge.engines.base import Engine
 from edge.speculative.sampling import (GREEDY, Role, SamplingParams, SparseDist, adjust_logits, pick, role_rng,
                                 to_probs)
 from edge.speculative.verify import verify_greedy, verify_stochastic
-
-
-@dataclass
-class CallTiming:
-    kind: str          # "prefill", "verify" (a target call, plain steps included) or "draft"
-    n_tokens: int      # tokens fed (prefill/verify) or drafted (draft)
-    seconds: float
-
-
-@dataclass
-class GenResult:
-    tokens: List[int]                 # generated ids, stop token excluded
-    stop_token: Optional[int] = None  # the stop id that ended generation, if any
-    finish_reason: str = "length"     # "length" (max_new), "stop", or "context" (context full)
-    n_verify_calls: int = 0           # target calls after prefill
-    n_drafted: int = 0
-    n_accepted: int = 0
-    wall_s: float = 0.0
-    prefill_s: float = 0.0
-    timings: List[CallTiming] = field(default_factory=list)
-    gammas: List[int] = field(default_factory=list)   # gamma asked for, per round
-    cached_tokens: int = 0            # prompt tokens whose KV a prompt cache held (not prefilled)
-
-    @property
-    def n_generated(self) -> int:
-        return len(self.tokens) + (self.stop_token is not None)
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted / drafted (0.0 when nothing was drafted)."""
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
-
-    @property
-    def tokens_per_verify(self) -> float:
-        return self.n_generated / self.n_verify_calls if self.n_verify_calls else 0.0
-
-    @property
-    def decode_s(self) -> float:
-        return self.wall_s - self.prefill_s
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Decode throughput (prefill excluded)."""
-        return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
 
 
 class ModelDrafter(Drafter):
@@ -203,7 +164,7 @@ class _Run:
         self.n_prompt, self.cache = len(prompt), cache
         self.stops = {int(s) for s in stop_ids}
         self.t0 = time.perf_counter()
-        self.context = list(prompt)            # committed tokens; the last one not yet fed
+        self.context = list(prompt)            # committed tokens; the last one (at least) not yet fed
         self.seq, held = take_sequence(target, cache, prompt)     # holding prompt[:held] already
         self.res = GenResult(tokens=[], cached_tokens=held)
         try:
@@ -215,10 +176,11 @@ class _Run:
             raise
         self.res.prefill_s = time.perf_counter() - self.t0
 
-    def forward(self, tokens: List[int], kind: str = "verify") -> np.ndarray:
+    def forward(self, tokens: List[int], kind: str = "verify", last_only: bool = False) -> np.ndarray:
         t = time.perf_counter()
         # a prefill's logits are thrown away (the last prompt token is fed by the first step)
-        out = (self.target.forward_last if kind == "prefill" else self.target.forward)(self.seq, tokens)
+        last_only = last_only or kind == "prefill"
+        out = (self.target.forward_last if last_only else self.target.forward)(self.seq, tokens)
         self.res.timings.append(CallTiming(kind, len(tokens), time.perf_counter() - t))
         if kind == "verify":
             self.res.n_verify_calls += 1
@@ -228,8 +190,13 @@ class _Run:
     def done(self) -> bool:
         return self.res.finish_reason != "length" or self.res.n_generated >= self.max_new
 
+    def pending(self) -> List[int]:
+        """The committed tokens the target's KV does not hold yet: the last one, and any the grammar
+        forced after it (jump_forward); the next target call feeds them first."""
+        return self.context[self.target.length(self.seq):]
+
     def room(self) -> int:
-        """Tokens the target can still take (the pending one included)."""
+        """Tokens the target can still take (the pending ones included)."""
         room = self.target.max_len - self.target.length(self.seq)
         if room < 1:
             self.res.finish_reason = "context"
@@ -279,7 +246,10 @@ def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
     matcher = grammar_matcher(grammar, run.stops)
     try:
         while not run.done and run.room() >= 1:
-            rows = run.adjusted(run.forward([run.context[-1]])[-1:], params)
+            if jump_forward(run, matcher) and run.done:
+                break
+            pending = run.pending()          # forced tokens' rows are not needed: the last one only
+            rows = run.adjusted(run.forward(pending, last_only=len(pending) > 1)[-1:], params)
             if matcher is not None:
                 rows = mask_rows(rows, [matcher.allowed()])
             t = pick(rows[0], params, rng)[0]
@@ -324,12 +294,13 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
         _prepare_draft(drafter, rounds, prompt, run)
         while not run.done:
             room = run.room()
-            if room < 1:
+            if room < 1 or (jump_forward(run, matcher) and run.done):
                 break
+            pending = run.pending()
             asked = rounds.next_gamma()
             res.gammas.append(asked)
             # A round yields at most g+1 tokens: never draft past max_new or the context.
-            g = min(asked, max_new - res.n_generated - 1, room - 1)
+            g = min(asked, max_new - res.n_generated - 1, room - len(pending))
             drafts, qs = [], []
             if g > 0:                                           # propose
                 drafts, qs, dt = _propose(drafter, run.context, g, draft_rng, target.vocab_size)
@@ -338,10 +309,10 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             if matcher is not None:                             # what the grammar lets it verify
                 drafts, qs, masks = legal_drafts(matcher, drafts, qs)
             fed = len(run.context)                              # verify: one target call
-            logits = run.adjusted(run.forward([run.context[-1]] + drafts), params, drafts)
+            logits = run.adjusted(verified_rows(run.forward(pending + drafts), len(pending)), params, drafts)
             if matcher is not None:
                 logits = mask_rows(logits, masks)
-            rounds.verified(len(drafts) + 1, res.timings[-1].seconds, res.n_verify_calls)
+            rounds.verified(len(pending) + len(drafts), res.timings[-1].seconds, res.n_verify_calls)
             if params.greedy:
                 n, nxt = verify_greedy(drafts, logits)
             else:

@@ -129,6 +129,8 @@ class GrammarMatcher:
         self.grammar = grammar
         self._m = grammar._fresh()
         self.tokens: List[int] = []
+        self._bits: Optional[np.ndarray] = None     # llguidance's packed mask here, until the state moves
+        self._allowed: Optional[np.ndarray] = None  # the same unpacked (a loop asks for it more than once)
 
     @property
     def stop_ids(self) -> frozenset:
@@ -139,14 +141,53 @@ class GrammarMatcher:
         it is complete). All False in an error state (a token it refused was consumed)."""
         if self._m.is_error():
             return np.zeros(self.grammar.vocab_size, dtype=bool)
-        bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
-        return np.unpackbits(bits, bitorder="little")[:self.grammar.vocab_size].astype(bool)
+        if self._allowed is None:
+            self._allowed = np.unpackbits(self._packed(), bitorder="little")[:self.grammar.vocab_size].astype(bool)
+            self._allowed.flags.writeable = False       # shared by every caller until the state moves
+        return self._allowed
+
+    def _packed(self) -> np.ndarray:
+        if self._bits is None:
+            self._bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
+        return self._bits
+
+    def _moved(self) -> None:
+        self._bits = self._allowed = None
+
+    def only_token(self) -> Optional[int]:
+        """The token the grammar allows next when it allows exactly one (None otherwise): under
+        the masked distribution it has probability 1, whatever the model's logits."""
+        if self._m.is_error():
+            return None
+        bits = self._packed()
+        nz = np.flatnonzero(bits)
+        if nz.size != 1 or bits[nz[0]] & (bits[nz[0]] - 1):     # one byte, one bit in it
+            return None
+        token = int(nz[0]) * 8 + int(bits[nz[0]]).bit_length() - 1
+        return token if token < self.grammar.vocab_size else None
+
+    def take_forced(self, limit: int) -> List[int]:
+        """Consume the tokens the grammar forces from here, at most `limit`: while its mask allows
+        exactly one token, that token (a JSON key, punctuation, a call's fixed frame; the end
+        token when only it may come). llguidance's mask over a forced stretch allows only its
+        canonical tokens (its fast-forward tokens), so a stretch is taken a token at a time;
+        the tokens stop after an end token."""
+        taken: List[int] = []
+        while len(taken) < limit and not self._m.is_error():
+            token = self.only_token()
+            if token is None or not self.consume(token):
+                break
+            taken.append(token)
+            if token in self.stop_ids:
+                break
+        return taken
 
     def consume(self, token: int) -> bool:
         """Advance by one token; False (and nothing consumed) when the grammar refuses it."""
         token = int(token)
         if self._m.is_error() or self._m.validate_tokens([token]) != 1:
             return False
+        self._moved()
         if not self._m.consume_token(token):
             return False
         self.tokens.append(token)
@@ -165,6 +206,7 @@ class GrammarMatcher:
         """Undo the last n consumed tokens."""
         if n <= 0:
             return
+        self._moved()
         if n > len(self.tokens) or not self._m.rollback(n):
             raise GrammarError(f"cannot roll the grammar back {n} tokens ({len(self.tokens)} consumed)")
         del self.tokens[len(self.tokens) - n:]

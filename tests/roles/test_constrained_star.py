@@ -5,7 +5,9 @@ Greedy: the text through the star equals plain constrained decoding (float64 tin
 a JSON schema, the in-memory bus), with the draft proposing under the grammar (accepted drafts)
 and with a service that cannot apply grammars (it drafts unconstrained, still the same text).
 Sampling: chi-square of seeded outputs through the star against the enumerated constrained
-distribution. The service refuses grammars it cannot use with a clear bad_grammar error.
+distribution. Both with tokens the grammar forces taken without a target call (jump-forward,
+edge/speculative/jump_forward.py): the draft service learns them from the next request's context
+and drafts after them. The service refuses grammars it cannot use with a clear bad_grammar error.
 """
 import pytest
 
@@ -22,7 +24,8 @@ from edge.wire.protocol import E_BAD_GRAMMAR, DraftRequest, DraftResponse, Error
 from server.hub import Hub  # noqa: E402
 
 from harness.goodness_of_fit import TableEngine, chi_square, critical_value  # noqa: E402
-from harness.grammars import SCHEMA, bpe_tokenizer, constrained_distribution, tiny_grammar, tiny_pair  # noqa: E402
+from harness.grammars import (FORCED_LARK, SCHEMA, bpe_tokenizer, constrained_distribution, tiny_grammar,  # noqa: E402
+                              tiny_pair)
 
 TOK = "tok-constrained"
 PATIENT = Deadline(5.0, 5.0, 5.0)     # every round gets its drafts, however loaded the machine
@@ -55,6 +58,8 @@ def test_greedy_constrained_through_the_star_equals_plain(bpe, applied):
             got = st.generate(prompt, 80, GREEDY, deadline=PATIENT, grammar=grammar)
             assert (got.tokens, got.stop_token) == (want.tokens, want.stop_token)
             assert got.n_drafted > 0
+            # forced tokens (keys, punctuation) taken without a call: fewer calls than tokens not forced
+            assert got.n_forced > 0 and got.n_verify_calls <= got.n_generated - got.n_forced
         counters = svc.stats.snapshot()["counters"]
         if applied:
             assert counters.get("grammars_compiled") == 1, counters
@@ -71,24 +76,24 @@ def test_greedy_constrained_through_the_star_equals_plain(bpe, applied):
 @pytest.mark.parametrize("ahead", [False, True], ids=["on-request", "with-draft-ahead"])
 def test_sampled_constrained_through_the_star_is_lossless(ahead):
     target, draft = TableEngine(vocab=5, seed=1), TableEngine(vocab=5, seed=7)
-    grammar = tiny_grammar()
+    grammar = tiny_grammar(FORCED_LARK)              # a token forced mid-text: jump-forward
     prompt, length, n = [1, 3, 0], 4, 3000
     hub, st = star(target, DraftService(draft, DraftLimits(q_top_k=5, ahead=ahead), name="hub-draft",
                                         grammar_tokenizer=grammar.tokenizer))
-    counts, drafted, accepted = {}, 0, 0
+    counts, drafted, accepted, forced = {}, 0, 0, 0
     try:
         for i in range(n):
             r = st.generate(prompt, length, SamplingParams(temperature=1.0, seed=30_000 + i),
                             deadline=PATIENT, grammar=grammar)
             key = (tuple(r.tokens), r.stop_token)
             counts[key] = counts.get(key, 0) + 1
-            drafted, accepted = drafted + r.n_drafted, accepted + r.n_accepted
+            drafted, accepted, forced = drafted + r.n_drafted, accepted + r.n_accepted, forced + r.n_forced
     finally:
         st.hub.link.close()
         hub.stop()
     want = constrained_distribution(target, prompt, length, SamplingParams(temperature=1.0), grammar)
     stat, df = chi_square(counts, want, n)
-    assert drafted >= n and accepted > 0, (drafted, accepted)
+    assert drafted >= n and accepted > 0 and forced > 100, (drafted, accepted, forced)
     assert stat < critical_value(df), f"chi2={stat:.1f} (df={df}): constrained star sampling is not lossless"
 
 

@@ -115,7 +115,7 @@ def run_hub(cfg: HubConfig) -> None:
     hub = _make_hub(cfg)
     stop = leave_on_sigterm()             # from before devices can see the hub
     _start(hub)
-    http = telemetry = None
+    http, telemetry = None, []
     try:
         _register_users(hub, cfg)
         _announce(hub, cfg)
@@ -124,8 +124,8 @@ def run_hub(cfg: HubConfig) -> None:
         wait_for_signal(stop, cfg.stats_every or 3600,
                         (lambda: click.echo(stats_line(hub), err=True)) if cfg.stats_every else None)
     finally:
-        if telemetry is not None:
-            telemetry.stop()
+        for t in telemetry:
+            t.stop()
         if http is not None:
             http.stop()
         hub.stop()
@@ -275,14 +275,19 @@ def _start_sun_http(hub, cfg: HubConfig, sun_tok):
     return http
 
 
-def _hub_telemetry(hub, cfg: HubConfig):
-    """The hub's own telemetry; its /metrics also carries every device's (server/telemetry_board.py)."""
+def _hub_telemetry(hub, cfg: HubConfig) -> list:
+    """The hub's own telemetry (and its verify service's row: `edge-hub top` shows both directions);
+    its /metrics also carries every device's (server/telemetry_board.py)."""
     board = None
     if cfg.telemetry.metrics_port:
         from server.telemetry_board import TelemetryBoard
         board = TelemetryBoard(hub.link, cfg.ctl_key).start()
-    return start_telemetry_for_command(hub.link, hub.hub_id, "hub", hub.telemetry, cfg.telemetry,
-                                       ctl_key=cfg.ctl_key, board=board)
+    out = [start_telemetry_for_command(hub.link, hub.hub_id, "hub", hub.telemetry, cfg.telemetry,
+                                       ctl_key=cfg.ctl_key, board=board)]
+    if hub.verify is not None:
+        out.append(start_telemetry_for_command(hub.verify.link, hub.verify.node.id, "verify", hub.verify.node.telemetry,
+                                               replace(cfg.telemetry, metrics_port=0), ctl_key=cfg.ctl_key))
+    return [t for t in out if t is not None]
 
 
 def stats_line(hub) -> str:
@@ -294,6 +299,10 @@ def stats_line(hub) -> str:
     if d:
         line += (f" requests={d['requests']} busy={d['busy_ratio']:.2f} batch={d['batch_size_mean']:.1f}"
                  f" t_idle={1e3 * d['t_idle_mean_s']:.1f}ms dropped={sum(s['dropped'].values())}")
+    v = s.get("verify")
+    if v:
+        line += (f" verify: sessions={v['sessions']} requests={v['requests']} batch={v['batch_size_mean']:.1f}"
+                 f" accept={v['acceptance'] or 0:.2f}")
     sun = s.get("sun")
     if sun and (sun["workers"] or sun["counters"]["requests"]):
         online = sum(w["online"] for w in sun["workers"].values())

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from server.reverse_plan_command import reverse_plan, reverse_plan_options
+
 
 def _table_arg(spec: str, what: str) -> dict:
     """'1=40,2=45.5' -> {1: 40.0, 2: 45.5}."""
@@ -33,10 +35,15 @@ def _table_arg(spec: str, what: str) -> dict:
 @click.option("--ns", default="1,2,4,8,16,32,64", show_default=True, help="numbers of targets")
 @click.option("--gammas", default="1,2,3,4,5,6,8", show_default=True, help="γ values tried (best per N)")
 @click.option("--gamma", type=int, default=None, help="fix γ instead of choosing the best")
+@reverse_plan_options
 def plan(measurements, draft_step, draft_feed_ms, profile, target_step_ms, verify_cost, rtt_ms, alpha, ns,
-         gammas, gamma):
-    """Predict StarSD throughput vs N, N_full and the best γ (the system model of server/planner.py)."""
+         gammas, gamma, **reverse):
+    """Predict StarSD throughput vs N, N_full and the best γ (the system model of server/planner.py);
+    with --device, which way each device joins; with --hub-call-ms, the reverse star (server/reverse_planner.py)."""
     import json
+
+    if reverse_plan(reverse, rtt_ms, alpha, ns, gammas, gamma):
+        return                            # only directions or the reverse model were asked for
 
     from server.planner import SystemInputs, format_table, simulate, sweep
 

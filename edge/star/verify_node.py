@@ -20,10 +20,9 @@ class VerifyNode(DraftNode):
         return verify_hello_topic(self.id)
 
     def telemetry(self) -> dict:
-        """The draft node's counters; `tokens` are the tokens its verdicts committed, plus the
-        acceptance of the drafts it verified."""
+        """The draft node's counters (edge/telemetry/readings.py); `tokens` are the tokens its
+        verdicts committed, `accepted` / `drafted` the drafts it verified."""
         out = super().telemetry()
         c = self.service.stats.snapshot()["counters"]
-        drafted = c.get("drafted_in", 0)
-        out["acceptance"] = c.get("accepted", 0) / drafted if drafted else None
+        out.update(accepted=c.get("accepted", 0), drafted=c.get("drafted_in", 0))
         return out

@@ -29,7 +29,8 @@ PROTOCOL_VERSION = 11         # 2: SUN KV topics name their sender; 3: SunHello 
                               # 10: SUN requests carry a grammar and logprobs (SunRequest, PrefillJob,
                               #     DecodeAssign), SunTokens its tokens' logprobs, SunHello `grammars`
                               # 11: the reverse star: VerifyRequest / VerifyResponse, Join role "drafter",
-                              #     error code context_full, the verify service's hello topic, telemetry role drafter
+                              #     error code context_full, the verify service's hello topic, telemetry roles
+                              #     drafter and verify
 MAX_MESSAGE_BYTES = 4 << 20
 
 def wire(check: Callable[[str, Any], Any], default: Any = MISSING, factory: Any = MISSING,

@@ -12,7 +12,7 @@ MAX_STOP = 64                  # stop token ids per request
 MAX_STREAM_TOKENS = 256        # tokens in one SunTokens message
 JOIN_ROLES = ("target", "prefill", "decoder", "drafter")  # SUN roles reserved; drafter: the reverse star
 SUN_ROLES = ("prefill", "decoder")
-TELEMETRY_ROLES = ("target", "draft", "prefill", "decoder", "hub", "drafter")
+TELEMETRY_ROLES = ("target", "draft", "prefill", "decoder", "hub", "drafter", "verify")
 FINISH_REASONS = ("stop", "length", "context")
 
 # Error codes (Error.code).

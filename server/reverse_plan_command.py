@@ -1,0 +1,81 @@
+"""`edge-hub plan`'s reverse-star part: which way each device joins (--device PROFILE) and the reverse
+star's prediction (--hub-call-ms, --device-draft-ms), from server/reverse_planner.py."""
+from __future__ import annotations
+
+import click
+
+# the reference pair (docs/models.md): Qwen2.5-Coder-1.5B Q4_K_M target, 0.5B Q4_0 draft
+TARGET_GB, DRAFT_GB, KV_GB = 1.117, 0.429, 0.5
+
+
+def reverse_plan_options(f):
+    opts = [
+        click.option("--device", "devices", multiple=True, metavar="PROFILE",
+                     help="a device of the star (devices/profiles/*.toml, repeatable): say which way it joins "
+                          "-- it holds the target: StarSD; only the draft: the reverse star (edge-agent run "
+                          "--role drafter)"),
+        click.option("--target-gb", type=float, default=TARGET_GB, show_default=True,
+                     help="the target's weights, GB (with --device)"),
+        click.option("--draft-gb", type=float, default=DRAFT_GB, show_default=True,
+                     help="the draft's weights, GB (with --device)"),
+        click.option("--kv-gb", type=float, default=KV_GB, show_default=True,
+                     help="KV and runtime room a device needs beside the weights, GB (with --device)"),
+        click.option("--hub-call-ms", default=None, metavar="T=MS,...",
+                     help="the reverse star: one call of the hub's target over T tokens in all (b sequences "
+                          "x γ+1), ms, measured, e.g. 1=120,4=125,16=160,32=230"),
+        click.option("--device-draft-ms", type=float, default=None,
+                     help="the reverse star: one draft step on a drafting device, ms"),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _pairs(spec: str, what: str) -> dict:
+    out = {}
+    for kv in (x for x in spec.split(",") if x.strip()):
+        k, sep, v = kv.partition("=")
+        try:
+            out[int(k)] = float(v)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise click.BadParameter(f"{kv!r}: write T=MS pairs separated by commas", param_hint=what)
+    return out
+
+
+def reverse_plan(o: dict, rtt_ms, alpha, ns: str, gammas: str, gamma) -> bool:
+    """Print what the reverse options ask for; True when that is all `plan` was asked."""
+    from server.reverse_planner import ReverseInputs, format_reverse, simulate_reverse, sweep_reverse
+
+    if o["devices"]:
+        click.echo(directions_table(o["devices"], o["target_gb"], o["draft_gb"], o["kv_gb"]))
+    if o["hub_call_ms"] is None:
+        return bool(o["devices"]) and alpha is None
+    if o["device_draft_ms"] is None or alpha is None:
+        raise click.UsageError("the reverse star's model needs --hub-call-ms, --device-draft-ms and --alpha "
+                               "(and --rtt-ms, default 2)")
+    inp = ReverseInputs(_pairs(o["hub_call_ms"], "--hub-call-ms"), o["device_draft_ms"],
+                        2.0 if rtt_ms is None else rtt_ms, alpha)
+    n_list = [int(x) for x in ns.split(",") if x.strip()]
+    preds = ([simulate_reverse(inp, n, gamma) for n in n_list] if gamma else
+             sweep_reverse(inp, n_list, [int(x) for x in gammas.split(",") if x.strip()]))
+    click.echo(f"reverse star: hub call ms by tokens {inp.hub_call_ms}, device draft step "
+               f"{inp.draft_step_ms:.1f} ms, rtt {inp.rtt_ms:.1f} ms, alpha {alpha:.2f}")
+    click.echo(format_reverse(preds))
+    return True
+
+
+def directions_table(profiles, target_gb: float, draft_gb: float, kv_gb: float) -> str:
+    from devices.profile import load_profile
+    from server.reverse_planner import choose_direction
+    rows = ["| device | joins as | why |", "|---|---|---|"]
+    for name in profiles:
+        try:
+            p = load_profile(name)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--device") from None
+        way, why = choose_direction(p.usable_memory_gb * 1e9, target_gb * 1e9, draft_gb * 1e9, kv_gb * 1e9)
+        role = {"target": "target (StarSD)", "drafter": "drafter (reverse)", "none": "-"}[way]
+        rows.append(f"| {p.name} | {role} | {why} |")
+    return "\n".join(rows)

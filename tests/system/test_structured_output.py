@@ -132,16 +132,19 @@ def test_json_object_is_a_json_object(endpoint):
             assert choice["message"]["content"].startswith("{")
 
 
-def test_the_sun_hub_refuses_grammars_and_tools_naming_them():
+def test_the_sun_hub_says_why_its_base_cannot_follow_a_grammar_or_tools():
+    """The SUN hub honours them (tests/system/test_sun_agent_api.py); this base's byte tokenizer has no
+    end token (a grammar could never end) and its template renders no tools: 400s naming why."""
     from harness.http_endpoints import sun_http_endpoint
     gen = sun_http_endpoint(["maths"])
     server = next(gen)[0]
     try:
         tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-        for extra, param in (({"response_format": {"type": "json_object"}}, "response_format"),
-                             ({"tools": tools}, "tools"), ({"tool_choice": "required"}, "tool_choice")):
+        for extra, param, why in (({"response_format": {"type": "json_object"}}, "response_format", "end-of-generation"),
+                                  ({"tools": tools}, "tools", "no tool support"),
+                                  ({"tool_choice": "required"}, "tool_choice", "needs 'tools'")):
             code, err = _status(server, {"model": "maths", "messages": HI, "max_tokens": 2, **extra})
-            assert code == 400 and err["param"] == param and "SUN hub" in err["message"], err
+            assert code == 400 and err["param"] == param and why in err["message"], err
     finally:
         gen.close()
 

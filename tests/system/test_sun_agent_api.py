@@ -4,7 +4,8 @@ A real SUN star over Mosquitto (harness/sun_grammars.py: the hub's router and en
 workers and decoders each on its own MQTT link; tiny float64 models over a byte-level BPE whose
 template renders tools the Qwen2.5 way), called with the official `openai` client. JSON-schema
 answers validate, greedy and sampled, and the greedy ones are exactly the reference masked split
-generation; a forced tool call through a SUN task is a valid call, streamed as a target streams
+generation, and so does every answer to the fuzzed bounded schemas a target's endpoint is
+tested with; a forced tool call through a SUN task is a valid call, streamed as a target streams
 it; logprobs are the reference's masked rows'; requests with different grammars and none at once
 each keep their own answer; a grammar goes only to workers that follow grammars, and a task with
 none is a 400 saying what to start while its plain requests are served.
@@ -85,6 +86,19 @@ def test_json_schema_answers_validate_greedy_and_sampled(client, star):
             out = client.chat.completions.create(model="json", messages=ASK, max_tokens=96, temperature=1.0,
                                                  seed=seed, response_format=fmt(schema))
             jsonschema.validate(json.loads(out.choices[0].message.content), schema)
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_every_answer_to_the_fuzzed_schemas_validates(client, i):
+    """The bounded schemas a target's endpoint is fuzzed with (tests/system/test_structured_output.py),
+    greedy and sampled, through SUN."""
+    from test_structured_output import fuzzed_schemas      # the one generator (tests/system is on the path)
+    schema = fuzzed_schemas()[i]
+    for kw in ({"temperature": 0}, {"temperature": 1.0, "seed": i}):
+        out = client.chat.completions.create(model="json", messages=ASK, max_tokens=300, response_format=fmt(schema),
+                                             **kw)
+        assert out.choices[0].finish_reason == "stop", (schema, out.choices[0])
+        jsonschema.validate(json.loads(out.choices[0].message.content), schema)
 
 
 def test_a_forced_tool_call_through_a_sun_task(client):

@@ -38,6 +38,7 @@ from edge.model.transformer import Transformer
 from edge.model.sun_modules import (exact_match, pad_right, prefill_batch, save_module, split_generate,
                       weights_fingerprint)
 from export.quant import fake_quant_state_dict
+from export import tune_memory
 from export.tasks import Example
 from export.tune_lora import make_trainee, save_lora_specialist
 
@@ -72,6 +73,12 @@ class TuneConfig:
     rank: int = 16
     alpha: float = 32.0
     targets: Tuple[str, ...] = ALL_TARGETS
+    # memory and time on a real base (export/tune_memory.py): none changes the loss being minimised
+    micro_batch: int = 0          # 0: a step's batch in one pass; n: accumulated over passes of n examples
+    grad_checkpoint: bool = False  # recompute block activations in backward
+    freeze_embeddings: bool = False  # embedding + output head frozen and shared with the base (not a copy)
+    bf16: bool = False            # autocast matmuls to bfloat16 (fp32 weights, gradients, AdamW state)
+    ckpt_every_s: float = 0.0     # also checkpoint once this many seconds passed since the last one
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -122,6 +129,12 @@ def save_decoder(directory, decoder: Transformer, precision: str, fingerprint: s
 
 def split_loss(prefill: Transformer, decoder: Transformer, batch: Sequence[Example]) -> torch.Tensor:
     """Mean CE over all answer tokens: the first from the prefill, the rest from the decoder."""
+    total, count = split_loss_sum(prefill, decoder, batch)
+    return total / count
+
+
+def split_loss_sum(prefill: Transformer, decoder: Transformer, batch: Sequence[Example]):
+    """(CE summed over the batch's answer tokens, their count): split_loss before the mean."""
     dev = next(prefill.parameters()).device
     toks, plens = pad_right([e.prompt for e in batch], device=dev)
     ans, alens = pad_right([e.answer for e in batch], device=dev)
@@ -133,7 +146,7 @@ def split_loss(prefill: Transformer, decoder: Transformer, batch: Sequence[Examp
         tgt[torch.arange(tgt.shape[1], device=dev)[None, :] >= (alens - 1)[:, None]] = -100
         total = total + F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                                         ignore_index=-100, reduction="sum")
-    return total / alens.sum()
+    return total, alens.sum()
 
 
 def evaluate(prefill: Transformer, decoder: Transformer, examples: Sequence[Example], max_new: int,
@@ -155,10 +168,19 @@ def _lr_at(cfg: TuneConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def _frozen_names(model, cfg: TuneConfig) -> set:
+    """State-dict names a checkpoint leaves out: embeddings frozen and shared with the base."""
+    if not cfg.freeze_embeddings or cfg.adapter:
+        return set()
+    ids = {id(p) for p in tune_memory.embedding_params(model)}
+    return {n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in ids}
+
+
 def _save_ckpt(d: Path, step: int, model: Transformer, opt: torch.optim.Optimizer, cfg: TuneConfig,
-               history: list, dec_fp: str) -> None:
+               history: list, dec_fp: str, elapsed_s: float = 0.0) -> None:
     d.mkdir(parents=True, exist_ok=True)
-    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    frozen = _frozen_names(model, cfg)
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items() if k not in frozen}
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
     for n, p in zip(names, params):
@@ -168,7 +190,7 @@ def _save_ckpt(d: Path, step: int, model: Transformer, opt: torch.optim.Optimize
     save_file(tensors, str(tmp))
     tmp.replace(d / "state.safetensors")  # atomic: a crash never leaves half a checkpoint
     (d / "state.json").write_text(json.dumps({"step": step, "config": asdict(cfg), "history": history,
-                                              "decoder_fingerprint": dec_fp}))
+                                              "decoder_fingerprint": dec_fp, "elapsed_s": round(elapsed_s, 1)}))
 
 
 def _load_ckpt(d: Path, model: Transformer, opt: torch.optim.Optimizer, cfg: TuneConfig, dec_fp: str):
@@ -182,7 +204,12 @@ def _load_ckpt(d: Path, model: Transformer, opt: torch.optim.Optimizer, cfg: Tun
         raise TuneError(f"cannot resume {d}: it was tuned against another decoder "
                         f"({meta['decoder_fingerprint'][:12]} vs {dec_fp[:12]})")
     tensors = load_file(str(d / "state.safetensors"))
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    frozen = _frozen_names(model, cfg)
+    missing, unexpected = model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")},
+                                                strict=not frozen)
+    if set(missing) - frozen or unexpected:
+        raise TuneError(f"cannot resume {d}: its tensors do not match the model (missing {sorted(missing)[:3]}, "
+                        f"unexpected {sorted(unexpected)[:3]})")
     for n, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -191,7 +218,7 @@ def _load_ckpt(d: Path, model: Transformer, opt: torch.optim.Optimizer, cfg: Tun
         if st:
             st["step"] = st["step"].reshape(())
             opt.state[p] = st
-    return meta["step"], meta["history"]
+    return meta["step"], meta["history"], float(meta.get("elapsed_s", 0.0))
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -199,12 +226,14 @@ def _load_ckpt(d: Path, model: Transformer, opt: torch.optim.Optimizer, cfg: Tun
 def tune(base: Transformer, train: Sequence[Example], cfg: TuneConfig,
          eval_set: Sequence[Example] = (), out_dir=None, init: Union[Transformer, LoraAdapter, None] = None,
          decoder: Optional[Tuple[Transformer, str]] = None, progress: bool = True,
-         log: Optional[Callable[[dict], None]] = None, manifest_extra: Optional[dict] = None) -> TuneResult:
+         log: Optional[Callable[[dict], None]] = None, manifest_extra: Optional[dict] = None,
+         clock: Callable[[], float] = time.monotonic, on_step: Optional[Callable[[int], None]] = None) -> TuneResult:
     """Train one specialist; optionally checkpoint/resume in out_dir and save it there.
 
     init: the starting prefill weights (default: the base), or with cfg.adapter the starting
     adapter (default: PEFT's seeded init); decoder: a prebuilt (frozen decoder, fingerprint)
-    to share between runs (default: built from base).
+    to share between runs (default: built from base); clock: what cfg.ckpt_every_s is measured on;
+    on_step(step): called after every step (and its checkpoint).
     """
     if not train:
         raise TuneError("no training examples")
@@ -220,45 +249,25 @@ def tune(base: Transformer, train: Sequence[Example], cfg: TuneConfig,
         model = _lora_trainee(base, dec, init, cfg) if cfg.adapter else _trainable_copy(init, base, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=(0.9, 0.98))
-    step, history = 0, []
+    step, history, before_s = 0, [], 0.0
     ck = Path(out_dir) / CKPT_DIR if out_dir else None
     if ck is not None and (ck / "state.json").is_file():
-        step, history = _load_ckpt(ck, model, opt, cfg, dec_fp)
+        step, history, before_s = _load_ckpt(ck, model, opt, cfg, dec_fp)
 
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=cfg.steps, initial=step, desc=f"{cfg.mode}{'-lora' if cfg.adapter else ''}/{cfg.decoder}", leave=False)
     t0 = time.perf_counter()
-    while step < cfg.steps:
-        rng = np.random.default_rng([cfg.seed, step])
-        batch = [train[i] for i in rng.integers(0, len(train), size=cfg.batch_size)]
-        for g in opt.param_groups:
-            g["lr"] = _lr_at(cfg, step)
-        loss = split_loss(model, dec, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        step += 1
-        rec = {"step": step, "loss": float(loss.detach())}
-        if eval_set and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-            rec["eval_acc"] = evaluate(model, dec, eval_set, cfg.max_new, cfg.stop_ids)
-        history.append(rec)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix({k: round(v, 3) for k, v in rec.items() if k != "step"})
-        if log and "eval_acc" in rec:
-            log(rec)
-        if ck is not None and cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.steps:
-            _save_ckpt(ck, step, model, opt, cfg, history, dec_fp)
+    with tune_memory.checkpointed_blocks(model, dec, enabled=cfg.grad_checkpoint):
+        step = _steps(model, dec, opt, train, cfg, step, history, ck, dec_fp, eval_set, bar, log,
+                      lambda: before_s + time.perf_counter() - t0, clock, on_step)
     if bar is not None:
         bar.close()
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    final = {"step": step, "train_s": round(time.perf_counter() - t0, 2)}
+    final = {"step": step, "train_s": round(before_s + time.perf_counter() - t0, 2)}
     if eval_set:
         final["eval_acc"] = evaluate(model, dec, eval_set, cfg.max_new, cfg.stop_ids)
     history.append(final)
@@ -271,12 +280,49 @@ def tune(base: Transformer, train: Sequence[Example], cfg: TuneConfig,
     return TuneResult(model, dec, dec_fp, history)
 
 
+def _steps(model, dec, opt, train, cfg: TuneConfig, step: int, history: list, ck, dec_fp: str, eval_set, bar,
+           log, elapsed, clock, on_step) -> int:
+    """The optimisation steps from `step` to cfg.steps, checkpointed every cfg.ckpt_every steps and
+    every cfg.ckpt_every_s seconds of `clock`; elapsed(): training seconds so far (resumed runs summed)."""
+    last_ckpt = clock()
+    while step < cfg.steps:
+        rng = np.random.default_rng([cfg.seed, step])
+        batch = [train[i] for i in rng.integers(0, len(train), size=cfg.batch_size)]
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(cfg, step)
+        opt.zero_grad(set_to_none=True)
+        loss = tune_memory.accumulate(split_loss_sum, model, dec, batch, cfg.micro_batch, cfg.device, cfg.bf16)
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        rec = {"step": step, "loss": loss}
+        if eval_set and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+            rec["eval_acc"] = evaluate(model, dec, eval_set, cfg.max_new, cfg.stop_ids)
+        history.append(rec)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix({k: round(v, 3) for k, v in rec.items() if k != "step"})
+        if log and "eval_acc" in rec:
+            log(rec)
+        by_steps = cfg.ckpt_every and step % cfg.ckpt_every == 0
+        by_time = cfg.ckpt_every_s and clock() - last_ckpt >= cfg.ckpt_every_s
+        if ck is not None and (by_steps or by_time) and step < cfg.steps:
+            _save_ckpt(ck, step, model, opt, cfg, history, dec_fp, elapsed())
+            last_ckpt = clock()
+        if on_step is not None:
+            on_step(step)
+    return step
+
+
 def _trainable_copy(init, base: Transformer, cfg: TuneConfig) -> Transformer:
     if isinstance(init, LoraAdapter):
         raise TuneError("an adapter (--init ADAPTER_DIR) starts LoRA tuning only: add --adapter lora")
-    model = copy.deepcopy(init if init is not None else base).float().to(cfg.device).train()
+    src = init if init is not None else base
+    shared = tune_memory.embedding_params(src) if cfg.freeze_embeddings else []
+    model = copy.deepcopy(src, memo={id(p): p for p in shared}).float().to(cfg.device).train()
     for p in model.parameters():
-        p.requires_grad_(True)
+        p.requires_grad_(not any(p is q for q in shared))
     return model
 
 

@@ -30,6 +30,7 @@ from typing import Callable, List, Optional
 from edge.api.admission import DEFAULT_QUEUE, Admission, Unavailable
 from edge.api.request_fields import STRUCTURED, TARGET, BadRequest, Profile
 from edge.api.logprobs import LogprobRecorder
+from edge.api.timings import timings
 from edge.api.request import Request, parse_request
 from edge.api.stop_text import StopText
 from edge.api.structured import StructuredOutput
@@ -120,7 +121,8 @@ class OpenAIServer:
     def run(self, req: Request, emit: Callable[[str, list], None],
             recorder: Optional[LogprobRecorder] = None) -> tuple:
         """Generate, calling emit(text, logprob entries) as text becomes final;
-        -> (text, n_tokens, finish_reason, cached prompt tokens: what a prompt cache reused)."""
+        -> (text, n_tokens, finish_reason, cached prompt tokens: what a prompt cache reused,
+        the answer's timings or None: edge/api/timings.py)."""
         stream = self.tok.decode_stream(skip_special=True)
         keep = kept_markers(req.tools, self.tok)     # call markers a special-token decode would drop
         cut = StopText(req.stop)
@@ -157,7 +159,8 @@ class OpenAIServer:
         rest = cut.flush()
         if rest or (recorder is not None and recorder.pending):
             emit(rest, take())
-        return cut.text, n[0], finish, int(getattr(res, "cached_tokens", 0) or 0)
+        return (cut.text, n[0], finish, int(getattr(res, "cached_tokens", 0) or 0),
+                timings(res, len(req.ids), n[0]))
 
     def recorder(self, req: Request) -> Optional[LogprobRecorder]:
         return None if req.logprobs is None else LogprobRecorder(self.tok, req.logprobs)
@@ -180,6 +183,10 @@ def _tool_message(calls: CallStream, finish: str) -> tuple:
     # a reply cut inside a call's arguments keeps its own finish (length), as OpenAI's cut calls
     return ({"role": "assistant", "content": calls.content or None, "tool_calls": calls.calls},
             finish if calls.incomplete else "tool_calls")
+
+
+def _timed(times: Optional[dict]) -> dict:
+    return {} if times is None else {"timings": times}
 
 
 def _usage(req: Request, n: int, cached: int = 0) -> dict:
@@ -256,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, head: dict, req: Request) -> None:
         rec = self.owner.recorder(req)
         try:
-            text, n, finish, cached = self.owner.run(req, lambda s, lp: None, rec)
+            text, n, finish, cached, times = self.owner.run(req, lambda s, lp: None, rec)
         except Unavailable as e:
             self._unavailable(e)
             return
@@ -272,12 +279,12 @@ class _Handler(BaseHTTPRequestHandler):
             choice = {"index": 0, "message": message, "finish_reason": finish,
                       "logprobs": rec.chat(rec.entries) if rec else None}
             self._json(200, {**head, "object": "chat.completion", "choices": [choice],
-                             "usage": _usage(req, n, cached)})
+                             "usage": _usage(req, n, cached), **_timed(times)})
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish,
                       "logprobs": rec.completion(rec.entries) if rec else None}
             self._json(200, {**head, "object": "text_completion", "choices": [choice],
-                             "usage": _usage(req, n, cached)})
+                             "usage": _usage(req, n, cached), **_timed(times)})
 
 
 class _Stream:
@@ -304,10 +311,10 @@ class _Stream:
             self.send({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                        "finish_reason": None})
 
-    def send(self, choice: Optional[dict], usage: Optional[dict] = None) -> None:
+    def send(self, choice: Optional[dict], usage: Optional[dict] = None, extra: Optional[dict] = None) -> None:
         if not self.started:
             self._start()
-        chunk = {**self.head, "object": self.obj, "choices": [choice] if choice else []}
+        chunk = {**self.head, "object": self.obj, "choices": [choice] if choice else [], **(extra or {})}
         if self.req.include_usage:
             chunk["usage"] = usage            # null on every chunk but the last (as OpenAI)
         try:
@@ -327,11 +334,11 @@ class _Stream:
     def run(self) -> None:
         try:
             if self.req.tools is not None:     # text streams up to a tool call; calls go whole, at the end
-                n, finish, cached = self._tool_reply()
+                n, finish, cached, times = self._tool_reply()
             else:
-                _, n, finish, cached = self.h.owner.run(self.req, lambda s, lp: self.send(self.delta(s, lp)),
-                                                        self.rec)
-            self.send(self.delta("", [], finish))
+                _, n, finish, cached, times = self.h.owner.run(
+                    self.req, lambda s, lp: self.send(self.delta(s, lp)), self.rec)
+            self.send(self.delta("", [], finish), extra=_timed(times))     # as llama-server's last chunk
             if self.req.include_usage:
                 self.send(None, _usage(self.req, n, cached))
             self.h.wfile.write(b"data: [DONE]\n\n")
@@ -361,7 +368,7 @@ class _Stream:
         function.name as soon as they are known, then its function.arguments as string deltas as
         the tokens arrive
         (choices[0].delta.tool_calls = [{index, id?, type?, function: {name?, arguments}}]);
-        -> (tokens, finish_reason: tool_calls when there are calls, cached prompt tokens)."""
+        -> (tokens, finish_reason: tool_calls when there are calls, cached prompt tokens, timings)."""
         calls, entries = call_stream(self.req.tools), []
 
         def send(events) -> None:
@@ -380,11 +387,11 @@ class _Stream:
         def emit(s: str, lp: list) -> None:
             entries.extend(lp)
             send(calls.feed(s))
-        _, n, finish, cached = self.h.owner.run(self.req, emit, self.rec)
+        _, n, finish, cached, times = self.h.owner.run(self.req, emit, self.rec)
         send(calls.finish())
         if entries:                                # logprobs of tokens that made no text
             self.send(self.delta("", entries))
-        return n, _tool_message(calls, finish)[1], cached
+        return n, _tool_message(calls, finish)[1], cached, times
 
     def _calls_delta(self, call: dict, entries: list) -> dict:
         lp = self.rec.chat(entries) if self.rec else None

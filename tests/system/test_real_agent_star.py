@@ -14,7 +14,9 @@ tokens. What an agent needs from it:
     of the function's schema, finish_reason tool_calls;
 (d) an agent loop: the assistant's tool_calls message and a tool message with the result back in,
     a plain text answer that mentions the result (18 degrees);
-(e) response_format json_schema: content that validates against the schema (jsonschema);
+(e) response_format json_schema: content that validates against the schema (jsonschema), its keys
+    and punctuation taken without a target forward (jump-forward: the answer's timings.forced_n),
+    as is a named tool_choice's fixed frame;
 (f) a conversation's second turn reuses the first's prompt: usage.prompt_tokens_details.cached_tokens;
 (g) two requests at once (one free, one held to a json_schema) both complete, each with its own
     correct answer (no overlap asserted);
@@ -152,6 +154,8 @@ def test_a_forced_tool_call_is_a_valid_call(client, choice):
         r = client.chat.completions.create(**{**TOOL_ASK, "tools": [WEATHER, TIME]},
                                            tool_choice={"type": "function", "function": {"name": "get_time"}})
         weather_call(r, "get_time")
+        # <tool_call>, {"name": "get_time", "arguments": {"city": -- forced, no forward of their own
+        assert r.model_extra["timings"]["forced_n"] >= 8, raw(r)
     assert r.usage.completion_tokens < TOOL_ASK["max_tokens"], raw(r)     # ended by its grammar, no loop
 
 
@@ -197,7 +201,10 @@ def test_an_agent_loop_answers_with_the_tool_result(client, auto_call):
 
 
 def test_response_format_json_schema(client):
-    city_json(client.chat.completions.create(**JSON_ASK))
+    r = client.chat.completions.create(**JSON_ASK)
+    city_json(r)
+    t = r.model_extra["timings"]        # the keys, their quotes and colons: forced, no forward of their own
+    assert t["forced_n"] >= 6 and t["verify_n"] <= t["predicted_n"] - t["forced_n"] + 1, raw(r)
 
 
 def test_the_second_turn_reuses_the_first_turns_prompt(client):

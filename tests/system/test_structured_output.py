@@ -173,3 +173,26 @@ def test_bad_formats_are_400s_and_the_endpoint_keeps_serving(endpoint, fmt, why)
     assert code == 400 and err["param"] == "response_format" and why in err["message"], err
     ok = post(server, CHAT, {"messages": HI, "max_tokens": 4, "temperature": 0})
     assert ok["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_forced_tokens_are_jumped_and_reported(endpoint):
+    """Keys and punctuation the schema forces come without a target call: the answer's `timings`
+    (llama-server's names, plus forced_n and verify_n) count them, their logprob is 0.0 with no
+    alternative, and a stream's last chunk carries the same timings."""
+    server = endpoint[0]
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 4}, "ok": {"type": "boolean"}},
+              "required": ["name", "ok"], "additionalProperties": False}
+    r = ask(server, schema, temperature=0, logprobs=True, top_logprobs=2)
+    t = r["timings"]
+    assert t["forced_n"] >= 4 and t["predicted_n"] == r["usage"]["completion_tokens"], t    # {"name": ... "ok":
+    assert t["verify_n"] >= 1 and t["prompt_n"] + t["cache_n"] == r["usage"]["prompt_tokens"], t
+    forced = [e for e in r["choices"][0]["logprobs"]["content"] if e["logprob"] == 0.0]
+    assert len(forced) >= 4 and all(len(e["top_logprobs"]) == 1 for e in forced), forced
+    raw = post(server, CHAT, {"messages": HI, "max_tokens": 300, "temperature": 0, "stream": True,
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}},
+               raw=True)
+    chunks = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    last = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(last) == 1 and last[0]["timings"]["forced_n"] == t["forced_n"], last
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == \
+        r["choices"][0]["message"]["content"]

@@ -40,11 +40,15 @@ def start_sun_http(hub, tokenizer, host: str = "127.0.0.1", port: int = 8080,
                  on_logprob=None):
         stops = set(stop_ids)
 
-        def entry(token, lp, alts):               # as a target's: a stop token has no entry
+        def entry(token, lp, alts):               # as a target's: a stop token has no entry ...
             if token not in stops:
                 on_logprob(token, lp, alts)
+
+        def token(t):                             # ... nor text, nor a place in usage.completion_tokens
+            if t not in stops and on_token is not None:
+                on_token(t)
         try:
-            return client.stream(model, ids, max_new, params, stop_ids, on_token, timeout=timeout,
+            return client.stream(model, ids, max_new, params, stop_ids, token, timeout=timeout,
                                  grammar=grammar.text if grammar is not None else "", logprobs=logprobs,
                                  on_logprob=entry if on_logprob is not None else None)
         except SunRequestError as e:

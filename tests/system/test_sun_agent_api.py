@@ -143,6 +143,7 @@ def test_logprobs_come_from_the_workers_masked_rows(client, star):
         content = out.choices[0].logprobs.content
         text, entries = expected(star, body, schema, logprobs=3)
         assert out.choices[0].message.content == text and len(content) == len(entries)
+        assert out.usage.completion_tokens == len(entries)            # the end token not counted, as a target
         for got, (lp, alts) in zip(content, entries):
             assert got.logprob == pytest.approx(lp, abs=1e-9) and got.top_logprobs[0].logprob == pytest.approx(lp)
             assert [a.logprob for a in got.top_logprobs] == pytest.approx([a for _, a in alts], abs=1e-9)

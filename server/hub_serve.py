@@ -163,9 +163,12 @@ def verify_target(cfg: HubConfig) -> dict:
     """The Hub's arguments for its verify service (the reverse star): none without --verify-model."""
     if not cfg.verify_model:
         return {}
+    from edge.memory.fit import engine_kwargs
     model = resolve_for_command(cfg.verify_model, cfg.verify_backend, "target")
+    # one sequence per session (llama.cpp: n_seq_max), so --max-sessions is what it can hold
     engine, tok = open_model_for_command(model, cfg.dtype, cfg.threads, cfg.max_len, device=cfg.device,
-                                         gpu_layers=cfg.gpu_layers)
+                                         gpu_layers=cfg.gpu_layers,
+                                         **engine_kwargs(model.backend, "target", cfg.verify_limits.max_sessions))
     return dict(verify_engine=engine, verify_fp=tok.fingerprint(), verify_limits=cfg.verify_limits)
 
 

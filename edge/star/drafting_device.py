@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 import time
 from typing import Callable, Iterable, List, Optional, Sequence
 
@@ -57,7 +58,7 @@ class DraftingDevice:
     """A drafting device: its draft engine, its link to the hub, and generation through the hub."""
 
     def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, adaptive: bool = False,
-                 join_timeout: float = 3.0, answer_timeout: float = 10.0, resend_after: float = 1.0,
+                 join_timeout: float = 3.0, answer_timeout: float = 30.0, resend_after: float = 1.0,
                  q_top_k: int = 32):
         """gamma: tokens drafted a round (adaptive: the most, each round choosing 0..gamma).
         answer_timeout: how long a round may go unanswered (resent every resend_after s, rejoining
@@ -76,6 +77,7 @@ class DraftingDevice:
         self.counts = {"generations": 0, "tokens": 0, "accepted": 0, "drafted": 0, "rounds": 0,
                        "resent": 0, "rejoined": 0, "busy_s": 0.0}
         self.last_gamma: Optional[ReverseGamma] = None
+        self._rtts: deque = deque(maxlen=16)        # recent round trips: the resend interval follows them
         self._t0 = time.monotonic()
         hub.start()
 
@@ -190,23 +192,28 @@ class DraftingDevice:
         """(session, the hub's VerifyResponse or None when its context is full, round trip seconds):
         resent while unanswered, rejoined when the session is lost; HubUnavailable past answer_timeout."""
         give_up = time.monotonic() + self.answer_timeout
+        sent: dict = {}                                   # seq -> when: every copy of this request
         while True:
             if session.lost:
                 session = self._rejoin(session, ctx, params, give_up)
+                sent = {}                                 # another session: the old copies are void
             seq = session.next_seq()
-            sent = time.monotonic()
+            sent[seq] = time.monotonic()
             session.send(VerifyRequest(session.sid, seq, ctx.keep, ctx.append, drafts, q, params.to_wire(),
                                        start=not ctx.started))
-            got = session.wait(seq, min(give_up, sent + self.resend_after))
+            got = session.wait_any(sent, min(give_up, sent[seq] + self._resend_s()))
             msg = got[0] if got is not None else None
             if isinstance(msg, VerifyResponse) and self._valid(msg, ctx, drafts):
                 ctx.started = True
-                return session, msg, got[1] - sent
+                rtt = got[1] - sent[msg.seq]
+                self._rtts.append(rtt)
+                return session, msg, rtt
             if isinstance(msg, Error):
                 if msg.code == E_CONTEXT_FULL:
-                    return session, None, got[1] - sent
+                    return session, None, got[1] - sent.get(msg.seq, got[1])
                 if msg.code == E_BAD_KEEP:
                     ctx.resync()
+                    sent = {}                             # the copies named the old keep
                 else:                                     # unknown_session, internal, overloaded: anew
                     log.info("%s: the hub answered %s (%s); rejoining", self.hub.client, msg.code, msg.message)
                     session.mark_lost()
@@ -217,6 +224,11 @@ class DraftingDevice:
             if msg is None:
                 with self.lock:
                     self.counts["resent"] += 1
+
+    def _resend_s(self) -> float:
+        """How long a request goes unanswered before it is sent again: resend_after, or four times
+        the slowest of the recent round trips (a hub busy with a prompt is not a lost message)."""
+        return max(self.resend_after, 4.0 * max(self._rtts, default=0.0))
 
     def _rejoin(self, old: Session, ctx: _Context, params: SamplingParams, give_up: float) -> Session:
         old.close()

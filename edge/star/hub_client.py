@@ -97,6 +97,20 @@ class Session:
                     return None
                 self._cv.wait(left)
 
+    def wait_any(self, seqs, until: float) -> Optional[tuple]:
+        """(message, receive time) answering any of `seqs` (a request resent under new seqs: the
+        first answer to any of them), waiting until monotonic `until`."""
+        seqs = set(seqs)
+        with self._cv:
+            while True:
+                hit = next((q for q in sorted(self._replies, reverse=True) if q in seqs), None)
+                if hit is not None or self.lost:
+                    return self._replies.pop(hit) if hit is not None else None
+                left = until - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cv.wait(left)
+
     def mark_lost(self) -> None:
         with self._cv:
             self.lost = True

@@ -281,3 +281,30 @@ def test_wire_refuses_inconsistent_requests():
         encode(VerifyRequest("a", 1, 0, [1], [2] * 33), key)
     msg = decode(encode(VerifyResponse("a", 4, 2, 7, 10, 5, 3), key), key)
     assert (msg.n_accepted, msg.token, msg.held, msg.batch) == (2, 7, 10, 3)
+
+
+def test_an_answer_to_an_earlier_copy_of_a_request_is_taken(models):
+    """A hub slower than the resend interval answers the copies in turn: the answer to any copy of
+    the round's request ends the wait (else each answer would come for a copy already superseded)."""
+    from edge.star.hub_client import Session
+    from edge.wire.protocol import Joined, down_topic, up_topic
+
+    class _Hub:
+        link = None
+    j = Joined("c", True, "", "s", b"k" * 32, "v", up_topic("c", "s", "v"), down_topic("c", "s", "v"))
+    s = Session(_Hub(), j, None)
+    s._deliver(VerifyResponse("s", 1, 0, 5, 3))
+    msg, _ = s.wait_any({1, 2, 3}, until=0.0)             # answered already: no wait at all
+    assert msg.seq == 1 and s.wait_any({1, 2}, until=0.0) is None
+    # through a hub, resending every millisecond: still the target's own text
+    target, draft = models
+    bus = MemoryBus()
+    hub = Hub(link=MemoryLink(bus, "hub"), verify_engine=TorchEngine(target, fingerprint="target"),
+              tokenizer_fp=TOK, status_every=60.0).start()
+    dev = device(bus, "eager", TorchEngine(draft, fingerprint="draft"), gamma=3, resend_after=0.001)
+    try:
+        r = dev.generate(prompt(4), 20)
+        assert r.tokens == generate_plain(TorchEngine(target, fingerprint="t"), prompt(4), 20).tokens
+    finally:
+        dev.close()
+        hub.stop()

@@ -26,8 +26,9 @@ import time
 from typing import Callable, Iterable, List, Optional, Sequence
 
 from edge.engines.base import Engine
+from edge.speculative.drafter import Drafter
 from edge.speculative.generate import CallTiming, GenResult, ModelDrafter
-from edge.speculative.sampling import GREEDY, Role, SamplingParams, role_rng
+from edge.speculative.sampling import GREEDY, Role, SamplingParams, SparseDist, role_rng
 from edge.star.hub_client import HubClient, JoinRefused, Session
 from edge.star.reverse_gamma import ReverseGamma
 from edge.wire.protocol import (E_BAD_KEEP, E_CONTEXT_FULL, MAX_GAMMA, MAX_TOP_K, Error, VerifyRequest,
@@ -59,10 +60,12 @@ class DraftingDevice:
 
     def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, adaptive: bool = False,
                  join_timeout: float = 3.0, answer_timeout: float = 30.0, resend_after: float = 1.0,
-                 q_top_k: int = 32):
+                 q_top_k: int = 32, drafter_of: Optional[Callable[[SamplingParams, int], Drafter]] = None):
         """gamma: tokens drafted a round (adaptive: the most, each round choosing 0..gamma).
         answer_timeout: how long a round may go unanswered (resent every resend_after s, rejoining
-        when the session is lost) before the generation fails with HubUnavailable."""
+        when the session is lost) before the generation fails with HubUnavailable.
+        drafter_of(params, q_top_k): a generation's drafter (default: a ModelDrafter of `engine`;
+        any edge.speculative.drafter.Drafter proposes as well, e.g. an n-gram or suffix one)."""
         if not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA} for a drafting device, got {gamma}")
         if not 1 <= q_top_k <= MAX_TOP_K:
@@ -72,6 +75,7 @@ class DraftingDevice:
         self.engine, self.hub, self.gamma, self.adaptive = engine, hub, gamma, adaptive
         self.join_timeout, self.answer_timeout, self.resend_after = join_timeout, answer_timeout, resend_after
         self.q_top_k = q_top_k
+        self.drafter_of = drafter_of or (lambda params, k: ModelDrafter(engine, params, k))
         self.lock = threading.Lock()
         self._idle: List[Session] = []              # sessions of finished generations, kept for the next
         self.counts = {"generations": 0, "tokens": 0, "accepted": 0, "drafted": 0, "rounds": 0,
@@ -126,7 +130,7 @@ class DraftingDevice:
         if not prompt:
             raise ValueError("the prompt is empty; give at least one token (e.g. the BOS token)")
         session = self._session(params)
-        drafter = ModelDrafter(self.engine, params, 0 if params.greedy else min(self.q_top_k, params.top_k or MAX_TOP_K))
+        drafter = self.drafter_of(params, 0 if params.greedy else min(self.q_top_k, params.top_k or MAX_TOP_K))
         gamma = ReverseGamma(self.gamma) if self.adaptive else None
         self.last_gamma = gamma
         ctx, res, stops = _Context(prompt), GenResult(tokens=[]), {int(t) for t in stop_ids}
@@ -140,9 +144,10 @@ class DraftingDevice:
                 if g > 0:
                     t = time.perf_counter()
                     drafts, qs = drafter.draft(ctx.tokens, g, draft_rng)
+                    drafts = [int(x) for x in drafts][:g]
                     dt = time.perf_counter() - t
                     res.timings.append(CallTiming("draft", len(drafts), dt))
-                q = None if params.greedy else [(d.indices, d.probs) for d in qs]
+                q = None if params.greedy else _wire_q(drafts, qs)
                 session, resp, rtt = self._round(session, ctx, drafts, q, params)
                 if resp is None:                          # the hub's target is full
                     res.finish_reason = "context"
@@ -249,3 +254,13 @@ class DraftingDevice:
     def _valid(msg: VerifyResponse, ctx: _Context, drafts: List[int]) -> bool:
         """An answer that fits what was asked (else it is dropped and the round resent)."""
         return msg.n_accepted <= len(drafts) and msg.held == len(ctx.tokens) + msg.n_accepted + 1
+
+
+def _wire_q(drafts: List[int], qs) -> list:
+    """Each draft's q as sent: the exact sparse q it was drawn from; one-hot where the drafter gives
+    none (a deterministic proposal, exact as in StarSD)."""
+    qs = list(qs or [])[:len(drafts)]
+    qs += [SparseDist.one_hot(x) for x in drafts[len(qs):]]
+    if not all(isinstance(d, SparseDist) for d in qs):
+        raise ValueError("a drafting device sends sparse q only: draft with a top-k (q_top_k) distribution")
+    return [(d.indices, d.probs) for d in qs]

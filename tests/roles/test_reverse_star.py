@@ -308,3 +308,26 @@ def test_an_answer_to_an_earlier_copy_of_a_request_is_taken(models):
     finally:
         dev.close()
         hub.stop()
+
+
+def test_a_model_free_drafter_is_verified_exactly_too():
+    """Any Drafter may propose (drafter_of): an n-gram one sends no q, verified against one-hot q --
+    greedy the target's text, sampled still the target's distribution (a deterministic proposal)."""
+    from edge.speculative.ngram import NgramDrafter
+    target = TableEngine(vocab=4, seed=1)
+    bus = MemoryBus()
+    hub = Hub(link=MemoryLink(bus, "hub"), verify_engine=target, tokenizer_fp="tok-table", status_every=60.0).start()
+    dev = device(bus, "ngram", TableEngine(vocab=4, seed=7), fp="tok-table", vocab=4, gamma=3,
+                 drafter_of=lambda params, k: NgramDrafter())
+    try:
+        r = dev.generate(PROMPT * 3, 12)
+        assert r.tokens == generate_plain(TableEngine(vocab=4, seed=1), PROMPT * 3, 12).tokens and r.n_drafted > 0
+        counts = {}
+        for i in range(3000):
+            s = dev.generate(PROMPT, 3, SamplingParams(temperature=1.0, seed=i)).tokens
+            counts[tuple(s)] = counts.get(tuple(s), 0) + 1
+    finally:
+        dev.close()
+        hub.stop()
+    stat, df = chi_square(counts, exact_distribution(target, PROMPT, 3, HOT), 3000)
+    assert stat < critical_value(df), (stat, df)

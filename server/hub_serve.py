@@ -78,7 +78,8 @@ def sun_options(f):
                help="serve the SUN tasks on an OpenAI-compatible endpoint here (model = task; 0: off)"),
         option(SUN, "--sun-http-host", default="127.0.0.1", show_default=True),
         option(SUN, "--sun-tokenizer", default=None, metavar="MODEL",
-               help="with --sun-http-port: the SUN base model (name or path) whose tokenizer the tasks share"),
+               help="with --sun-http-port: the SUN base model (name or path) whose tokenizer the tasks share; "
+                    "--sun-decoder follows request grammars with it too"),
     ])
 
 

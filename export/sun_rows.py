@@ -27,13 +27,14 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from edge.model.sun_modules import MANIFEST, exact_match, read_manifest, split_generate, weights_fingerprint
+from edge.model.sun_modules import (MANIFEST, exact_match, greedy_from_prefill, pad_right, prefill_batch,
+                                    read_manifest, weights_fingerprint)
 from edge.model.transformer import Transformer
 from export.quant import fake_quant_state_dict
 from export.sun_eval import ROWS, _specialist, _Store
 from export.sun_eval_lora import LORA_ROWS, _adapter_specialist
 from export.tasks import TaskData
-from export.tune import TuneConfig, split_loss
+from export.tune import TuneConfig, answer_ce_sum
 from export.tune_memory import share_embeddings
 
 ALL_ROWS = ROWS + LORA_ROWS
@@ -162,15 +163,28 @@ class RowRunner:
         return float(next((h["train_s"] for h in reversed(tail) if "train_s" in h), 0.0))
 
 
-def score_resumable(task: TaskData, prefill, decoder, batch: int, path: Path, label: str = "",
+@torch.inference_mode()
+def score_batch(prefill, decoder, examples, max_new: int, stop_ids) -> tuple:
+    """(greedy answers, answer CE x examples) of a batch from ONE prefill: export/sun_eval._score's
+    numbers (split_generate's tokens, split_loss's CE at the same padding) at half its prefill cost."""
+    dev = next(prefill.parameters()).device
+    toks, plens = pad_right([e.prompt for e in examples], device=dev)
+    first, kv, plens = prefill_batch(prefill, toks, plens)
+    total, count = answer_ce_sum(decoder, first, kv, plens, [e.answer for e in examples])
+    preds = greedy_from_prefill(decoder, first, kv, plens, max_new, set(stop_ids))
+    return preds, float(total / count) * len(examples)
+
+
+def score_resumable(task: TaskData, prefill, decoder, batch: int, path: Optional[Path], label: str = "",
                     progress: bool = False) -> dict:
     """export/sun_eval._score, each batch's greedy answers and CE kept in `path` as it finishes:
-    a killed scoring resumes at the batch it was in. Kept batches of another eval set are refused."""
+    a killed scoring resumes at the batch it was in (path None: nothing kept). Kept batches of another
+    eval set are refused."""
     from tqdm.auto import tqdm
     prompts = [e.prompt for e in task.eval]
     key = {"n": len(prompts), "batch": batch, "first": prompts[0] if prompts else [], "max_new": task.max_new}
     state = {"key": key, "preds": {}, "ce": {}, "s": 0.0}
-    if path.is_file():
+    if path is not None and path.is_file():
         state = json.loads(path.read_text())
         if state["key"] != key:
             raise ValueError(f"{path} holds the scoring of another eval set or batch ({state['key']['n']} prompts, "
@@ -179,16 +193,14 @@ def score_resumable(task: TaskData, prefill, decoder, batch: int, path: Path, la
     for i in tqdm([i for i in starts if str(i) not in state["preds"]], desc=f"eval {task.name}/{label}",
                   unit="batch", disable=not progress, leave=False):
         t0 = time.perf_counter()
-        chunk = task.eval[i: i + batch]
-        preds = split_generate(prefill, decoder, prompts[i: i + batch], task.max_new, task.stop_ids, batch_size=batch)
-        with torch.no_grad():
-            ce = float(split_loss(prefill, decoder, chunk)) * len(chunk)
-        state["preds"][str(i)], state["ce"][str(i)] = preds, ce
+        state["preds"][str(i)], state["ce"][str(i)] = score_batch(prefill, decoder, task.eval[i: i + batch],
+                                                                  task.max_new, task.stop_ids)
         state["s"] += time.perf_counter() - t0
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(path)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state))
+            tmp.replace(path)
     preds: List[List[int]] = [p for i in starts for p in state["preds"][str(i)]]
     acc = (task.score or (lambda p, ex: exact_match(p, [e.answer for e in ex])))(preds, task.eval)
     ce = sum(state["ce"].values()) / max(1, len(prompts))

@@ -137,8 +137,15 @@ def split_loss_sum(prefill: Transformer, decoder: Transformer, batch: Sequence[E
     """(CE summed over the batch's answer tokens, their count): split_loss before the mean."""
     dev = next(prefill.parameters()).device
     toks, plens = pad_right([e.prompt for e in batch], device=dev)
-    ans, alens = pad_right([e.answer for e in batch], device=dev)
     first_logits, kv, plens = prefill_batch(prefill, toks, plens)
+    return answer_ce_sum(decoder, first_logits, kv, plens, [e.answer for e in batch])
+
+
+def answer_ce_sum(decoder: Transformer, first_logits, kv, plens, answers: Sequence[Sequence[int]]):
+    """(CE summed over the answers' tokens, their count) after a prefill (prefill_batch's output):
+    the first token from its logits, the rest from the decoder, teacher-forced."""
+    dev = first_logits.device
+    ans, alens = pad_right(answers, device=dev)
     total = F.cross_entropy(first_logits.float(), ans[:, 0], reduction="sum")
     if ans.shape[1] > 1:
         logits, _ = decoder(ans[:, :-1], past=kv, past_lengths=plens)

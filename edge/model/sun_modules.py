@@ -140,7 +140,13 @@ def _split_batch(prefill, decoder, prompts, max_new, stops) -> List[List[int]]:
     dev = next(prefill.parameters()).device
     toks, lengths = pad_right(prompts, device=dev)
     first_logits, kv, lengths = prefill_batch(prefill, toks, lengths)
-    B, P = toks.shape
+    return greedy_from_prefill(decoder, first_logits, kv, lengths, max_new, stops)
+
+
+def greedy_from_prefill(decoder, first_logits, kv, lengths, max_new, stops) -> List[List[int]]:
+    """The greedy continuation of a prefilled batch (prefill_batch's output) on `decoder`."""
+    dev = first_logits.device
+    B, P = first_logits.shape[0], kv[0][0].shape[2]
     # preallocated KV laid out as the model's ragged convention wants: row b valid for lengths[b]
     bufs = []
     for k, v in kv:

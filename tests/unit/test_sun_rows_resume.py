@@ -115,14 +115,27 @@ def test_a_killed_scoring_resumes_at_its_batch(tmp_path, monkeypatch):
     base, task = tiny()
     whole = run_rows(quiet(base, tmp_path / "whole"), [task], ("base",))["cells"]["reverse"]["base"]
     with monkeypatch.context() as m:
-        kill_after(m, rows_mod, "split_generate", 1)  # eval_batch 4 of 6 prompts: dies in the second batch
+        kill_after(m, rows_mod, "greedy_from_prefill", 1)  # eval_batch 4 of 6 prompts: dies in the second batch
         with pytest.raises(Killed):
             run_rows(quiet(base, tmp_path / "cut"), [task], ("base",))
-    calls = kill_after(monkeypatch, rows_mod, "split_generate", 10 ** 6)
+    calls = kill_after(monkeypatch, rows_mod, "greedy_from_prefill", 10 ** 6)
     got = run_rows(quiet(base, tmp_path / "cut"), [task], ("base",))["cells"]["reverse"]["base"]
     assert calls[0] == 1 and got["acc"] == whole["acc"] and got["ce"] == pytest.approx(whole["ce"])
     with pytest.raises(ValueError, match="another eval set"):    # kept batches of another batch size
         rows_mod.score_resumable(task, base, base, 2, tmp_path / "cut" / "scoring" / "reverse" / "base.json")
+
+
+def test_one_prefill_scores_as_split_generate_and_split_loss_do():
+    from edge.model.sun_modules import split_generate
+    from export.sun_eval import _score
+    base, task = tiny()
+    sun = Transformer(base.cfg)
+    sun.load_state_dict({k: v + 0.01 * torch.randn_like(v) for k, v in base.state_dict().items()})
+    ref = _score(task, sun, base, 4)
+    got = rows_mod.score_resumable(task, sun, base, 4, None)
+    assert (got["acc"], got["ce"], got["n"]) == (ref["acc"], ref["ce"], ref["n"])
+    preds, _ = rows_mod.score_batch(sun, base, task.eval[:4], task.max_new, task.stop_ids)
+    assert preds == split_generate(sun, base, [e.prompt for e in task.eval[:4]], task.max_new, task.stop_ids)
 
 
 def test_another_base_is_refused_in_the_same_work_directory(tmp_path):

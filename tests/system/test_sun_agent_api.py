@@ -27,6 +27,7 @@ from edge.speculative.grammar import grammar_from_json_schema  # noqa: E402
 from harness.grammars import bpe_tokenizer  # noqa: E402
 from harness.sun_grammars import PERSON, POINT, TOOL_TEMPLATE, AgentSunStar, reference  # noqa: E402
 from harness.sun_star import KEY  # noqa: E402
+from harness.waiting import wait_until  # noqa: E402
 
 ASK = [{"role": "user", "content": "answer in JSON"}]
 SCHEMAS = [PERSON, POINT, {"type": "array", "items": {"enum": ["a", "b", 3]}, "minItems": 1, "maxItems": 3},
@@ -184,3 +185,47 @@ def test_grammars_go_only_to_workers_that_follow_them(client, star):
     assert "--tokenizer" in e.value.body["message"] and "plain" in e.value.body["message"]
     out = client.chat.completions.create(model="plain", messages=ASK, max_tokens=8, temperature=0)
     assert out.usage.completion_tokens == 8                            # and it keeps serving
+
+
+def test_console_scripts_serve_grammars_with_their_tokenizer(mosquitto, tmp_path):
+    """As a user starts it: `edge-hub serve --sun-http-port --sun-tokenizer TOK`, `edge-agent run --role
+    decoder|prefill --module DIR --tokenizer TOK` (real processes, torch): a json_schema answer
+    validates and carries logprobs, a forced tool call is valid; the workers say they follow grammars."""
+    from edge.model.tokenizer import Tokenizer
+    from harness.console_scripts import BIN, Procs, sun_dirs
+    from harness.tiny_hf import tokenizer_dir
+    from server.broker import find_free_port
+    dec_dir, maths_dir = sun_dirs(tmp_path)
+    tokenizer_dir(tmp_path / "tok0")
+    tok = Tokenizer.from_hf_dir(tmp_path / "tok0")
+    tok.chat_template = TOOL_TEMPLATE
+    tok.save(tmp_path / "tok")
+    key = tmp_path / "ctl.key"
+    key.write_bytes(KEY)
+    port, ps = find_free_port(), Procs(tmp_path)
+    common = ["--broker", mosquitto.url, "--ctl-key-file", key, "--threads", "1"]
+    try:
+        ps.start("hub", BIN / "edge-hub", "serve", "--hub-id", f"hp-{port}", "--sun-http-port", port, "--sun-tokenizer",
+                 tmp_path / "tok", *common)
+        for role, module in (("decoder", dec_dir), ("prefill", maths_dir)):
+            ps.start(role, BIN / "edge-agent", "run", "--role", role, "--module", module, "--tokenizer", tmp_path / "tok",
+                     "--client-id", f"{role}-{port}", *common)
+        for name in ("hub", "decoder", "prefill"):
+            ps.wait_for(name, "serving on" if name == "hub" else "up at", 120)
+        assert "request grammars followed" in ps.err("decoder") and "request grammars followed" in ps.err("prefill")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+        assert wait_until(lambda: [m.id for m in client.models.list().data] == ["maths"], 60)
+        out = client.chat.completions.create(model="maths", messages=ASK, max_tokens=96, temperature=0,
+                                             response_format=fmt(PERSON), logprobs=True, top_logprobs=2)
+        jsonschema.validate(json.loads(out.choices[0].message.content), PERSON)
+        assert len(out.choices[0].logprobs.content) == out.usage.completion_tokens
+        call = client.chat.completions.create(model="maths", messages=ASK, tools=[CITY], tool_choice="required",
+                                              parallel_tool_calls=False, max_tokens=200, temperature=0).choices[0]
+        assert call.finish_reason == "tool_calls"
+        jsonschema.validate(json.loads(call.message.tool_calls[0].function.arguments),
+                            ARGS[call.message.tool_calls[0].function.name])
+    finally:
+        for name in ("prefill", "decoder", "hub"):
+            if name in ps.procs:
+                ps.stop(name)
+        ps.close()

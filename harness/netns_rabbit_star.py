@@ -142,9 +142,7 @@ class RabbitNamespaceStar:
         self.cluster = c = NetnsRabbitCluster(lab=self.lab, tls=True)
         devs = list(self.devices.values())
         c.start(clients=[*HUBS, DRAFT, *devs, "monitor"])
-        for name, role in [*((h, "hub") for h in HUBS), (DRAFT, "draft"), *((d, "client") for d in devs),
-                           ("monitor", "hub")]:
-            c.add_user(name, role)
+        c.add_users({**{h: "hub" for h in HUBS}, DRAFT: "draft", **{d: "client" for d in devs}, "monitor": "hub"})
         self.hosts = {n: self.lab.add(n) for n in ATTACH}
         self.model = hf_model(self.root / "tiny-hf")
         common = ["--threads", "1", "--dtype", "float64"]
@@ -167,12 +165,12 @@ class RabbitNamespaceStar:
         return self.cluster.urls(*ATTACH[host])
 
     def start_hub(self, h: str) -> None:
-        self.ps.start(h, *self.hosts[h].cmd(BIN / "edge-hub", "serve", "--broker", self.urls(h), "--tls-dir",
+        self.ps.start(h, *self.hosts[h].cmd(BIN / "edge-hub", "-v", "serve", "--broker", self.urls(h), "--tls-dir",
                                             self.cluster.certs, "--hub-id", h, "--hub-ids", ",".join(HUBS),
                                             "--stats-every", "0", *self.link_opts))
 
     def _agent(self, host: str, *args) -> list:
-        return self.hosts[host].cmd(BIN / "edge-agent", "run", "--broker", self.urls(host), "--tls-dir",
+        return self.hosts[host].cmd(BIN / "edge-agent", "run", "-v", "--broker", self.urls(host), "--tls-dir",
                                     self.cluster.certs, *self.link_opts, *args)
 
     def _until(self, cond, timeout: float, name: str) -> None:

@@ -38,10 +38,7 @@ def cluster():
     c = RabbitCluster(size=3, tls=True)
     try:
         c.start(clients=["hub", "draft1", "t1", "t2"])
-        c.add_user("hub", "hub")
-        c.add_user("draft1", "draft")
-        for t in ("t1", "t2"):
-            c.add_user(t, "client")
+        c.add_users({"hub": "hub", "draft1": "draft", "t1": "client", "t2": "client"})
         yield c
     finally:
         c.close()

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from harness.console_scripts import BIN, ROOT, Procs, hf_model as _hf_model, sun_dirs as _sun_dirs
+from harness.hub_stats import sun_workers
 from harness.netns import NetLab
+from harness.waiting import wait_until
 
 HTTP_PORT = 8000
 DEVICES = {"t1": "dev1", "t2": "dev2"}
@@ -118,7 +120,7 @@ class NamespaceStar:
         users = ["dev1", "dev2", "draft1:draft", "monitor:hub", "app", "pre1:sun", "dec1:sun", "pre2:sun", "dec2:sun"]
         self.ps.start("hub", *hub.cmd(BIN / "edge-hub", "serve", "--mosquitto", "--acl", "--port", find_free_port(),
                                       "--tls-dir", self.certs, "--listen", f"{hub.ip}:{self.tls_port}",
-                                      "--stats-every", "0", *signed, *self.common,
+                                      "--stats-every", "0.5", *signed, *self.common,
                                       *[x for u in users for x in ("--user", u)],
                                       "--credentials-out", self.root / "hub-users.txt"))
         err = open(self.root / "proxy.err", "wb")
@@ -150,6 +152,8 @@ class NamespaceStar:
             self.ps.wait_for(name, "OpenAI endpoint on", timeout=120)
         for name in (["pre", "dec"] if self.sun else []):
             self.ps.wait_for(name, "up at", timeout=120)
+        if self.sun:
+            self.wait_routed(2)
         for name in DEVICES:          # up: each target drafted for (it may have started before the draft)
             if self.recovery(name, "the", 8, since=0.0, timeout=60) is None:
                 raise RuntimeError(f"{name} was never drafted for:\n{self.ps.err(name)}\n{self.ps.err('draft')}")
@@ -168,6 +172,13 @@ class NamespaceStar:
         self._start_sun("pre2", "dec2", "2")
         for name in ("pre2", "dec2"):
             self.ps.wait_for(name, "up at", timeout=timeout)
+
+    def wait_routed(self, workers: int, timeout: float = 120.0) -> None:
+        """Return once a stats line of the hub, written after this call, says its SUN router routes
+        to `workers` workers (harness/hub_stats.py); the timeout is a hang guard."""
+        start = len(self.ps.err("hub"))
+        if not wait_until(lambda: sun_workers(self.ps.err("hub")[start:]) == workers, timeout):
+            raise RuntimeError(f"the hub's router never routed to {workers} SUN workers:\n{self.ps.err('hub')[-3000:]}")
 
     def stop_spares(self) -> None:
         """Stop pre2 and dec2 cleanly (their offline hellos take them off the router)."""

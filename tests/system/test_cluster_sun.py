@@ -13,7 +13,10 @@ No test waits for a hub to claim the client: a request sent while no hub claims 
 its clients two status periods after it starts) is sent again by the SunClient as the same
 request until one does (edge/sun/client.py), and a KV cache lost while the decoder's link moves
 to another node is prefilled again (edge/sun/decoder_node.py): tests/roles/test_sun_resend.py
-plays both deterministically.
+plays both deterministically. But a round starts only once every live hub's router routes to
+both workers (its stats line, harness/hub_stats.py): a router trusts a worker only after the
+worker answered its probe, and a request it routes before that is refused (`no_decoder`), not
+sent again -- the workers' own hellos say nothing about it.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from edge.sun.client import SunClient
 from edge.wire.link import MqttLink
 from edge.wire.protocol import HubStatus, SunHello, decode, hub_hello_topic, sun_hello_topic
 from harness.console_scripts import sun_reference
+from harness.hub_stats import sun_workers
 from harness.rabbitmq import RabbitCluster
 from harness.star_processes import BIN, Procs, sun_dirs, wait_until
 
@@ -52,11 +56,7 @@ def cluster():
     c = RabbitCluster(size=3, tls=True)
     try:
         c.start(clients=[*HUBS, PRE, DEC, APP, "spy"])
-        for h in (*HUBS, "spy"):
-            c.add_user(h, "hub")
-        for w in (PRE, DEC):
-            c.add_user(w, "sun")
-        c.add_user(APP, "client")
+        c.add_users({**{h: "hub" for h in (*HUBS, "spy")}, PRE: "sun", DEC: "sun", APP: "client"})
         yield c
     finally:
         c.close()
@@ -105,7 +105,7 @@ def star(cluster, files):
     order = {HUBS[0]: (0, 1, 2), HUBS[1]: (1, 2, 0), PRE: (2, 0, 1), DEC: (1, 0, 2)}
     tls = ["--tls-dir", str(c.certs)]
     cmds = {h: [BIN / "edge-hub", "-v", "serve", "--broker", c.urls(*order[h]), *tls, "--hub-id", h,
-                "--hub-ids", ",".join(HUBS), "--stats-every", "0"] for h in HUBS}
+                "--hub-ids", ",".join(HUBS), "--stats-every", "0.25"] for h in HUBS}
     agent = [BIN / "edge-agent", "run", "-v", "--threads", "1", "--dtype", "float64", *tls]
     cmds[PRE] = [*agent, "--role", "prefill", "--broker", c.urls(*order[PRE]), "--module", maths_dir,
                  "--task", "maths", "--client-id", PRE]
@@ -119,12 +119,25 @@ def star(cluster, files):
     try:
         assert wait_until(lambda: all(spy.hub_live(h) for h in HUBS) and spy.idle(), 90), \
             {n: procs.err(n)[-1500:] for n in cmds}
+        routes(procs, HUBS)
         yield procs, cmds, client, spy, refs
     finally:
         client.close()
         link.close()
         spy.link.close()
         procs.close()
+
+
+def routes(procs, hubs, timeout: float = 90.0) -> None:
+    """Return once each hub's router routes to both workers (proven alive by its probe), as a
+    stats line written after this call says; the timeout is a hang guard."""
+    start = {h: len(procs.err(h)) for h in hubs}
+
+    def both(h):
+        assert procs.procs[h].poll() is None, f"hub {h} exited:\n{procs.err(h)[-1500:]}"
+        return sun_workers(procs.err(h)[start[h]:]) == 2
+    assert wait_until(lambda: all(both(h) for h in hubs), timeout), \
+        {h: procs.err(h)[-1500:] for h in hubs}
 
 
 class Told:
@@ -187,6 +200,7 @@ def test_kill_9_of_a_broker_node_loses_no_token(star, cluster):
           f"{len(PROMPTS)} requests done {t_done - t['kill']:.2f} s after the kill (resent {resent})")
     cluster.restart(1)
     assert wait_until(lambda: all(spy.hub_live(h) for h in HUBS) and spy.idle(), 30)
+    routes(procs, HUBS)
     run_requests(client, refs)                # the healed cluster serves as before
 
 
@@ -211,8 +225,9 @@ def test_kill_9_of_the_hub_owning_the_client_loses_no_token(star):
     assert wait_until(spy.idle, 20), "a worker still holds work after every request ended"
     procs.start(a, *cmds[a])                  # it comes back and takes its client again
     assert wait_until(lambda: spy.hub_live(a), 60), procs.err(a)[-1500:]
+    routes(procs, HUBS)                       # A's router proved both workers alive
     t_back = time.monotonic()                 # hub B lets the client go at once, hub A claims it 2 periods later
     out = run_requests(client, refs)          # meanwhile nobody routes it: the client sends it again
-    print(f"hub A back: a round sent at once done after {time.monotonic() - t_back:.2f} s "
+    print(f"hub A back: a round sent once its router saw the workers done after {time.monotonic() - t_back:.2f} s "
           f"(sent again as the same request {sum(h.reasked for h in out)} times)")
     assert wait_until(spy.idle, 20)

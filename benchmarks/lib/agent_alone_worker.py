@@ -1,7 +1,7 @@
 """Our OpenAI endpoint decoding alone, in its own process (benchmarks/serving/agent_workload.py's
 "ours" without a star).
 
-    python -m benchmarks.lib.agent_alone_worker --model GGUF --port P [--threads 1] [--max-len 4096]
+    python -m benchmarks.lib.agent_alone_worker --model GGUF --port P [--threads N] [--max-len 4096]
         [--prompt-cache 4] [--prompt-cache-mb 1024] [--parallel 2] [--queue 16]
 
 What `edge-agent run --role target` serves, less the star: the same OpenAIServer in front of
@@ -27,7 +27,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a .gguf path or model name")
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None, help="default: the engine's (one per physical core)")
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--prompt-cache", type=int, default=4)
     ap.add_argument("--prompt-cache-mb", type=float, default=1024.0)

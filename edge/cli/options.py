@@ -173,8 +173,9 @@ dtype_option = option(MODEL, "--dtype", default="float32", type=DTYPES, show_def
 
 def threads_option(f):
     return option(MODEL, "--threads", default=None, type=int,
-                  help="torch threads for large calls (default: 1 on <= 4 cores; calls over <= 5 rows always "
-                       "use 1)")(f)
+                  help="threads a model computes with. torch: for large calls (default: 1 on <= 4 cores; calls "
+                       "over <= 5 rows always use 1); llama.cpp: default one per physical core the process may "
+                       "run on, as llama-server")(f)
 
 
 def placement_options(f):

@@ -6,6 +6,7 @@ import logging
 from typing import Optional, Tuple
 
 from edge.engines.base import EngineError
+from edge.engines.cpu_threads import default_threads
 
 log = logging.getLogger(__name__)
 _BACKEND_READY = False
@@ -73,7 +74,9 @@ def layers_on_gpu(lc, n_gpu_layers: int, n_layer: int) -> int:
 
 def new_context(lc, model, path: str, max_len: int, n_seq_max: int, n_batch: int, kv_type: str,
                 flash_attn: Optional[bool], threads: Optional[int]):
-    """A llama context of `model` holding n_seq_max sequences of max_len tokens each."""
+    """A llama context of `model` holding n_seq_max sequences of max_len tokens each; threads: None = one
+    per physical core this process may run on (edge/engines/cpu_threads.py), as llama-server does, not
+    the library's 4 (two a core on a 2-core machine)."""
     cp = lc.llama_context_default_params()
     cp.n_seq_max = int(n_seq_max)
     cp.n_ctx = int(max_len) * int(n_seq_max)
@@ -85,8 +88,7 @@ def new_context(lc, model, path: str, max_len: int, n_seq_max: int, n_batch: int
     cp.type_k = cp.type_v = KV_TYPES[kv_type]
     if flash_attn is not None:
         cp.flash_attn_type = int(bool(flash_attn))   # LLAMA_FLASH_ATTN_TYPE_DISABLED / _ENABLED
-    if threads:
-        cp.n_threads = cp.n_threads_batch = int(threads)
+    cp.n_threads = cp.n_threads_batch = int(threads or default_threads())
     ctx = lc.llama_init_from_model(model, cp)
     if not ctx:
         raise EngineError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {path}")

@@ -54,17 +54,30 @@ class Engine(ABC):
         that can skip the other rows' lm_head (vocab x hidden each) override it."""
         return self.forward(seq, tokens)[-1:]
 
+    def forward_tail(self, seq: int, tokens: Sequence[int], n_rows: int) -> np.ndarray:
+        """Like forward, but only the last n_rows tokens' logits ([n_rows, vocab]): a speculative
+        round feeds tokens a grammar forced ahead of its drafts, whose rows nobody reads. Engines
+        that can skip those rows' lm_head override it. n_rows >= 1."""
+        return self.forward(seq, tokens)[-tail_rows(n_rows):]
+
+    def forward_rows(self, seq: int, tokens: Sequence[int], n_rows: int) -> np.ndarray:
+        """forward (n_rows 0: every row), forward_last (1) or forward_tail (more)."""
+        if n_rows == 0:
+            return self.forward(seq, tokens)
+        return self.forward_last(seq, tokens) if n_rows == 1 else self.forward_tail(seq, tokens, n_rows)
+
     def forward_batch(self, calls: Sequence[tuple]) -> List[np.ndarray]:
-        """Several sequences' forwards as one call: calls = [(seq, tokens) or (seq, tokens, last_only)],
-        each seq once; -> each call's logits (forward's rows, or forward_last's one row with
-        last_only). All or nothing: on an error no sequence has changed. Default: one call after
-        another (rolled back on an error); engines that batch sequences in one pass override it."""
+        """Several sequences' forwards as one call: calls = [(seq, tokens) or (seq, tokens, n_rows)],
+        each seq once; -> each call's logits (forward's rows; with n_rows, the last n_rows only:
+        True is forward_last's one row). All or nothing: on an error no sequence has changed.
+        Default: one call after another (rolled back on an error); engines that batch sequences
+        in one pass override it."""
         calls = batch_calls(calls)
         before = [self.length(seq) for seq, _, _ in calls]
         out: List[np.ndarray] = []
         try:
-            for seq, toks, last in calls:
-                out.append((self.forward_last if last else self.forward)(seq, toks))
+            for seq, toks, rows in calls:
+                out.append(self.forward_rows(seq, toks, rows))
         except BaseException:
             for (seq, _, _), n in zip(calls[:len(out)], before):
                 self.truncate(seq, n)
@@ -169,13 +182,21 @@ class Engine(ABC):
                 f"the model's context of {self.max_len}; use a shorter prompt or fewer new tokens")
 
 
-def batch_calls(calls: Sequence[tuple]) -> List[Tuple[int, List[int], bool]]:
-    """forward_batch's calls as (seq, tokens, last_only), checked: each sequence at most once."""
+def tail_rows(n_rows: int) -> int:
+    """forward_tail's n_rows, checked."""
+    if isinstance(n_rows, bool) or int(n_rows) != n_rows or n_rows < 1:
+        raise EngineError(f"forward_tail wants at least one row, got n_rows={n_rows!r}")
+    return int(n_rows)
+
+
+def batch_calls(calls: Sequence[tuple]) -> List[Tuple[int, List[int], int]]:
+    """forward_batch's calls as (seq, tokens, n_rows), checked: each sequence at most once.
+    n_rows: the last rows wanted, 0 for all (a bool: True is forward_last's one, False all)."""
     out = []
     for c in calls:
-        if len(c) not in (2, 3):
-            raise EngineError(f"a forward_batch call is (seq, tokens) or (seq, tokens, last_only), got {c!r}")
-        out.append((c[0], [int(t) for t in c[1]], bool(c[2]) if len(c) == 3 else False))
+        if len(c) not in (2, 3) or (len(c) == 3 and int(c[2]) < 0):
+            raise EngineError(f"a forward_batch call is (seq, tokens) or (seq, tokens, n_rows), got {c!r}")
+        out.append((c[0], [int(t) for t in c[1]], min(int(c[2]), len(c[1])) if len(c) == 3 else 0))
     seqs = [c[0] for c in out]
     if len(set(seqs)) != len(seqs):
         raise EngineError("forward_batch got the same sequence twice")

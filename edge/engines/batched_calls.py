@@ -28,13 +28,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edge.engines.base import Engine, EngineError
+from edge.engines.base import Engine, EngineError, tail_rows
 
 __all__ = ["BatchedCalls", "shared_engine"]
 
 
 class _Op:
-    """One queued operation: a forward (call = (seq, tokens, last_only)) or any other (fn)."""
+    """One queued operation: a forward (call = (seq, tokens, n_rows)) or any other (fn)."""
     __slots__ = ("call", "fn", "result", "error", "done")
 
     def __init__(self, call: Optional[tuple] = None, fn: Optional[Callable] = None):
@@ -101,6 +101,9 @@ class BatchedCalls(Engine):
 
     def forward_last(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
         return self._submit(_Op(call=(seq, [int(t) for t in tokens], True)))
+
+    def forward_tail(self, seq: int, tokens: Sequence[int], n_rows: int) -> np.ndarray:
+        return self._submit(_Op(call=(seq, [int(t) for t in tokens], tail_rows(n_rows))))
 
     def forward_batch(self, calls: Sequence[tuple]) -> List[np.ndarray]:
         return self._exclusive(lambda: self.inner.forward_batch(calls))

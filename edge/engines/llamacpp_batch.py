@@ -1,11 +1,12 @@
 """LlamaCppEngine.forward_batch: several sequences' forwards in one llama_batch, one llama_decode.
 
 Each call's tokens go in at its sequence's own positions and slot; logits are asked only for
-the rows wanted (every fed token of a forward, the last of a forward_last). The sequences'
-slots are gathered onto one run first, as `step` does (edge/engines/stream_placement.py), so
-that llama.cpp's ubatches span them. Calls that together exceed the batch size (n_batch) go in
-several decodes, a call longer than it alone (LlamaCppEngine._feed chunks it). All or nothing:
-on an error every sequence is cut back to where it was.
+the rows wanted (every fed token of a forward, the last of a forward_last, the last n of a
+forward_tail). The sequences' slots are gathered onto one run first, as `step` does
+(edge/engines/stream_placement.py), so that llama.cpp's ubatches span them. Calls that together
+exceed the batch size (n_batch) go in several decodes, a call longer than it alone
+(LlamaCppEngine._feed chunks it). All or nothing: on an error every sequence is cut back to where
+it was.
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def feed_batch(eng, calls: Sequence[tuple]) -> List[np.ndarray]:
         for group in _groups(calls, eng._n_batch):
             if len(group) == 1:
                 i = group[0]
-                seq, toks, last = calls[i]
-                out[i] = eng._feed(seq, toks, last_only=last)
+                seq, toks, rows = calls[i]
+                out[i] = eng._feed(seq, toks, rows)
             else:
                 _decode_group(eng, [calls[i] for i in group], out, group)
             done.extend(group)
@@ -69,10 +70,10 @@ def _decode_group(eng, calls, out: list, index: List[int]) -> None:
     entries, want, spans = [], [], []
     order = sorted(range(len(calls)), key=lambda k: slot_of.get(calls[k][0], -1))
     for k in order:
-        seq, toks, last = calls[k]
+        seq, toks, rows = calls[k]
         start, first_row = len(eng._tokens[seq]), len(want)
         for j, t in enumerate(toks):
-            if not last or j == len(toks) - 1:
+            if not rows or j >= len(toks) - rows:
                 want.append(len(entries))
             entries.append((t, start + j, slot_of[seq]))
         spans.append((k, first_row, len(want)))

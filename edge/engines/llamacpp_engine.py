@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edge.engines.base import Engine, EngineError
+from edge.engines.base import Engine, EngineError, tail_rows
 from edge.engines.llamacpp_load import (KV_ITEMSIZE, amx_compiled, init_backend, layers_on_gpu, llama_lib, load_model,
                                         new_context)
 from edge.engines.stream_placement import plan_moves
@@ -207,7 +207,8 @@ class LlamaCppEngine(Engine):
             out[r] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))
         return out
 
-    def _feed(self, seq: int, tokens: Sequence[int], last_only: bool) -> np.ndarray:
+    def _feed(self, seq: int, tokens: Sequence[int], n_rows: int) -> np.ndarray:
+        """Feed tokens; the logits of the last n_rows of them (0: of every one)."""
         slot = self._get(seq)
         tokens = [int(t) for t in tokens]
         if not tokens:
@@ -215,14 +216,13 @@ class LlamaCppEngine(Engine):
         self._check_ids(tokens)
         self.check_room(seq, len(tokens))
         start = len(self._tokens[seq])
+        first = len(tokens) - min(n_rows, len(tokens)) if n_rows else 0     # the first row wanted
         parts = []
         for c0 in range(0, len(tokens), self._n_batch):
             chunk = tokens[c0: c0 + self._n_batch]
             entries = [(t, start + c0 + i, slot) for i, t in enumerate(chunk)]
-            final = c0 + len(chunk) == len(tokens)
-            want = [len(chunk) - 1] if last_only else list(range(len(chunk)))
             try:
-                logits = self._decode(entries, want if (final or not last_only) else [])
+                logits = self._decode(entries, list(range(max(0, first - c0), len(chunk))))
             except EngineError:
                 self._lc.llama_memory_seq_rm(self._mem, slot, start, -1)  # leave the sequence as it was
                 raise
@@ -231,11 +231,15 @@ class LlamaCppEngine(Engine):
         return np.concatenate(parts)
 
     def forward(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
-        return self._feed(seq, tokens, last_only=False)
+        return self._feed(seq, tokens, 0)
 
     def forward_last(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
         """Like forward, but only the last token's logits ([1, vocab]): a prefill computes one row."""
-        return self._feed(seq, tokens, last_only=True)
+        return self._feed(seq, tokens, 1)
+
+    def forward_tail(self, seq: int, tokens: Sequence[int], n_rows: int) -> np.ndarray:
+        """Like forward, but only the last n_rows tokens' logits: the others' lm_head is skipped."""
+        return self._feed(seq, tokens, tail_rows(n_rows))
 
     def forward_batch(self, calls) -> List[np.ndarray]:
         """Several sequences' forwards in one llama_decode (edge/engines/llamacpp_batch.py)."""

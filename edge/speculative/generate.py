@@ -176,11 +176,11 @@ class _Run:
             raise
         self.res.prefill_s = time.perf_counter() - self.t0
 
-    def forward(self, tokens: List[int], kind: str = "verify", last_only: bool = False) -> np.ndarray:
+    def forward(self, tokens: List[int], kind: str = "verify", rows: int = 0) -> np.ndarray:
+        """Feed tokens; the logits of the last `rows` (0: all; Engine.forward_rows)."""
         t = time.perf_counter()
         # a prefill's logits are thrown away (the last prompt token is fed by the first step)
-        last_only = last_only or kind == "prefill"
-        out = (self.target.forward_last if last_only else self.target.forward)(self.seq, tokens)
+        out = self.target.forward_rows(self.seq, tokens, 1 if kind == "prefill" else rows)
         self.res.timings.append(CallTiming(kind, len(tokens), time.perf_counter() - t))
         if kind == "verify":
             self.res.n_verify_calls += 1
@@ -249,7 +249,7 @@ def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
             if jump_forward(run, matcher) and run.done:
                 break
             pending = run.pending()          # forced tokens' rows are not needed: the last one only
-            rows = run.adjusted(run.forward(pending, last_only=len(pending) > 1)[-1:], params)
+            rows = run.adjusted(run.forward(pending, rows=1 if len(pending) > 1 else 0), params)
             if matcher is not None:
                 rows = mask_rows(rows, [matcher.allowed()])
             t = pick(rows[0], params, rng)[0]
@@ -309,7 +309,7 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             if matcher is not None:                             # what the grammar lets it verify
                 drafts, qs, masks = legal_drafts(matcher, drafts, qs)
             fed = len(run.context)                              # verify: one target call
-            logits = run.adjusted(verified_rows(run.forward(pending + drafts), len(pending)), params, drafts)
+            logits = run.adjusted(verified_rows(run, pending, drafts), params, drafts)
             if matcher is not None:
                 logits = mask_rows(logits, masks)
             rounds.verified(len(pending) + len(drafts), res.timings[-1].seconds, res.n_verify_calls)

@@ -47,7 +47,8 @@ def jump_forward(run, matcher) -> int:
     return len(forced)
 
 
-def verified_rows(rows: np.ndarray, n_pending: int) -> np.ndarray:
-    """A round's rows that decide: from the last pending token's on (it predicts the first
-    draft); the rows of forced tokens before it predict tokens already committed."""
-    return rows[n_pending - 1:]
+def verified_rows(run, pending: List[int], drafts: List[int]) -> np.ndarray:
+    """A round's target call over the pending tokens and the drafts, and the rows that decide:
+    from the last pending token's on (it predicts the first draft). The forced tokens' rows
+    before it would predict tokens already committed: not computed (Engine.forward_tail)."""
+    return run.forward(pending + drafts, rows=len(drafts) + 1 if len(pending) > 1 else 0)

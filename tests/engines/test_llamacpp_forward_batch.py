@@ -50,3 +50,26 @@ def test_one_decode_serves_every_call_and_agrees_with_single_calls(engine, monke
     assert [engine.length(s) for s in seqs] == [len(p) + 2 for p in PROMPTS]
     for s in seqs:
         engine.free(s)
+
+
+def test_forward_tail_computes_the_last_rows_only(engine, monkeypatch):
+    """forward_tail: a speculative round feeds forced tokens ahead of its drafts and reads only
+    the rows from the last forced one on; llama.cpp is asked for those rows alone."""
+    ref, seq = engine.new_sequence(), engine.new_sequence()
+    p = PROMPTS[1]
+    engine.forward_last(ref, p[:2])
+    engine.forward_last(seq, p[:2])
+    full = engine.forward(ref, p[2:])
+    asked = []
+    real = engine._decode
+    monkeypatch.setattr(engine, "_decode", lambda e, w: asked.append(list(w)) or real(e, w))
+    tail = engine.forward_tail(seq, p[2:], 3)
+    assert asked == [[len(p) - 5, len(p) - 4, len(p) - 3]] and tail.shape == (3, engine.vocab_size)
+    assert (tail.argmax(-1) == full[-3:].argmax(-1)).all() and np.allclose(tail, full[-3:], atol=0.5)
+    assert engine.tokens(seq) == engine.tokens(ref) == p
+    batched = engine.forward_batch([(seq, [5, 6, 7], 2), (ref, [5, 6, 7])])
+    assert batched[0].shape == (2, engine.vocab_size) and np.allclose(batched[0], batched[1][-2:], atol=0.5)
+    with pytest.raises(EngineError, match="at least one row"):
+        engine.forward_tail(seq, [1], 0)
+    for s in (ref, seq):
+        engine.free(s)

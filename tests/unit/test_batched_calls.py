@@ -34,6 +34,11 @@ def test_forward_batch_equals_the_single_calls_and_is_all_or_nothing():
     assert eng.tokens(a) == [1, 2, 3] and eng.length(b) == 2           # nothing changed
     with pytest.raises(EngineError, match="same sequence twice"):
         eng.forward_batch([(a, [1]), (a, [2])])
+    # (seq, tokens, n): the last n rows (forward_tail), through BatchedCalls too
+    shared, rc = BatchedCalls(make_engine(0)), ref.new_sequence()
+    d = shared.new_sequence()
+    assert np.array_equal(eng.forward_batch([(c, [7, 8, 9], 2)])[0], ref.forward(rc, [7, 8, 9])[-2:])
+    assert np.array_equal(shared.forward_tail(d, [7, 8, 9], 2), eng.forward(eng.new_sequence(), [7, 8, 9])[-2:])
 
 
 class _Gate(BatchedCalls):

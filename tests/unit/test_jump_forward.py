@@ -132,6 +132,7 @@ def test_sampled_speculation_with_forced_tokens_is_lossless():
 
 def test_negative_control_verifying_against_the_forced_tokens_rows_fails(monkeypatch):
     # the bug: the round's first rows (those of the forced tokens' positions) verify the drafts
-    monkeypatch.setattr(gen, "verified_rows", lambda rows, n_pending: rows[:len(rows) - n_pending + 1])
+    monkeypatch.setattr(gen, "verified_rows", lambda run, pending, drafts: run.forward(pending + drafts)[
+        :len(drafts) + 1])
     stat, df, crit, _ = fit(speculative, 3000)
     assert stat > crit, f"chi2={stat:.1f} < {crit:.1f}: the test cannot tell rows of the wrong positions"

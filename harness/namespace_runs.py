@@ -1,9 +1,16 @@
-"""What the star-in-namespaces tests share: each prompt's one-process greedy text, and one request
-on several targets at once (harness/netns_star.py and netns_rabbit_star.py both have `complete`)."""
+"""What the star-in-namespaces tests share: each prompt's one-process greedy text, one request on
+several targets at once (harness/netns_star.py and netns_rabbit_star.py both have `complete`), and
+rounds of those until the star drafted for them.
+
+A target joins the star anew for each request and decodes alone when the hub's answer takes over
+3 s (edge/star/target.py's join_timeout), as it may on a loaded machine: that one request's text
+is the same, only undrafted. So a test that must see drafting waits for it as an event -- rounds
+until the observer saw the draft answers -- instead of promising that one round drafts."""
 from __future__ import annotations
 
 import threading
-from typing import Dict, Iterable
+import time
+from typing import Callable, Dict, Iterable, Optional
 
 
 def plain_texts(model, prompts: Dict[str, str], max_new: int) -> Dict[str, str]:
@@ -38,3 +45,21 @@ def complete_at_once(star, prompts: Dict[str, str], max_new: int, timeout: float
         t.join()
     assert not errs, errs
     return got
+
+
+def rounds_until(star, prompts: Dict[str, str], refs: Dict[str, str], max_new: int, done: Callable[[], bool],
+                 give_up_s: float, timeout: float = 60.0, hosts: Iterable[str] = (), pause_s: float = 0.0
+                 ) -> Optional[int]:
+    """Rounds of complete_at_once until done() -> the rounds made (0: done already); every answer
+    must equal its one-process text (refs). None once give_up_s passed: a guard against a hang, not
+    a measure. pause_s: between rounds (a fault test's rounds need not spin)."""
+    give_up, n = time.monotonic() + give_up_s, 0
+    while not done():
+        if time.monotonic() > give_up:
+            return None
+        got = complete_at_once(star, prompts, max_new, timeout, hosts)
+        for h, r in got.items():
+            assert r["text"] == refs[h], (h, r["text"], refs[h])
+        n += 1
+        time.sleep(pause_s)
+    return n

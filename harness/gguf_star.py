@@ -21,6 +21,7 @@ FP = "smollm2-135m-gguf"          # one tokenizer: draft and target load the sam
 VOCAB = 49152
 PROMPT = [1, 504, 3458, 282, 4649, 314, 216]
 MAX_NEW = 96
+JOIN_WAIT_S = 60.0                # a hang guard for the hub's answer to a join, not a measure
 
 
 def engine():
@@ -36,11 +37,14 @@ class Star:
         draft_link.connect(20)
         self.node.start()                                           # announced before the hub exists
         self.hub = Hub(link=hub_link, sun=False, status_every=1.0).start()
-        self.target = StarTarget(engine(), HubClient(target_link.connect(20), client, FP, VOCAB), gamma=4)
+        # a generation's join waits for the hub's answer (3 s by default, then it decodes alone): the
+        # tests assert that the star drafted, and a loaded machine may answer later than that
+        self.target = StarTarget(engine(), HubClient(target_link.connect(20), client, FP, VOCAB), gamma=4,
+                                 join_timeout=JOIN_WAIT_S)
 
     def run(self, on_token=None) -> list:
         """The target's greedy tokens for PROMPT, once the hub has found the draft service."""
-        assert wait_until(lambda: "draft1" in self.hub.registry.online_services(), 20), \
+        assert wait_until(lambda: "draft1" in self.hub.registry.online_services(), 60), \
             f"the hub never found the draft service: {self.hub.registry.snapshot()}"
         return self.target.generate(PROMPT, MAX_NEW, on_token=on_token).tokens
 

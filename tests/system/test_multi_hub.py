@@ -119,11 +119,8 @@ def test_the_same_on_a_rabbitmq_cluster(model, procs):
     cluster = RabbitCluster(size=3, tls=False)
     try:
         cluster.start()
-        creds = {h: cluster.add_user(h, "hub") for h in HUBS}
-        creds["spy"] = cluster.add_user("spy", "hub")
-        creds[DRAFT_ID] = cluster.add_user(DRAFT_ID, "draft")
         client = client_owned_by(HUBS[0])
-        creds[client] = cluster.add_user(client, "client")
+        creds = cluster.add_users({**{h: "hub" for h in HUBS}, "spy": "hub", DRAFT_ID: "draft", client: "client"})
         urls = {"hubs": [cluster.urls(0), cluster.urls(1)], "draft": cluster.urls(2), "target": cluster.urls(2),
                 "spy": cluster.urls(1)}
         kill_and_return(procs, model, urls, creds)
@@ -150,7 +147,9 @@ def kill_and_return(procs, model, urls, creds=None):
     client = client_owned_by(HUBS[0])            # the first hub owns it while both live
     login = {} if creds is None else {"username": client, "password": creds[client]}
     link = MqttLink(urls["target"], reconnect_delay=(0.05, 0.2), **login).connect(20)
-    star = StarTarget(engine, HubClient(link, client, tok.fingerprint(), engine.vocab_size, hubs=HUBS), gamma=3)
+    # joins wait for the hub's answer (the default 3 s, then decode alone): drafting is asserted below
+    star = StarTarget(engine, HubClient(link, client, tok.fingerprint(), engine.vocab_size, hubs=HUBS), gamma=3,
+                      join_timeout=60.0)
     reference = generate_plain(engine, PROMPT, MAX_NEW).tokens
     try:
         assert wait_until(lambda: all(spy.live(h) for h in HUBS), 60), (procs.err(HUBS[0]), procs.err(HUBS[1]))
@@ -193,7 +192,9 @@ def kill_and_return(procs, model, urls, creds=None):
         during = moved["back"]
         assert during is not None and during.home == HUBS[1]       # kept to its end, not moved at once
         assert star.last_drafter.stats.rejoins == 0                 # no session was dropped meanwhile
-        # the next generation goes back to its owner
+        # the next generation goes back to its owner, once that hub's probe proved the draft service
+        # alive again (it announces itself before: a join in between is refused, and decodes alone)
+        assert wait_until(lambda: draft_id in spy.hub(HUBS[0]).services, 60), (spy.last, procs.err(HUBS[0])[-2000:])
         homes = set()
         again = star.generate(PROMPT, 24, on_token=lambda _: homes.add(getattr(star.last_drafter.session, "home", None)))
         assert again.tokens == reference[:24] and star.last_drafter.stats.answered > 0

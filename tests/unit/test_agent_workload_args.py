@@ -14,7 +14,7 @@ def test_defaults_are_the_full_run():
     assert (a.cases, a.turns, a.sessions, a.clients, a.requests, a.parallel) == (100, 5, 3, 4, 4, 4)
     assert aw.args_of(["--clients", "2"]).parallel == 2 and aw.args_of(["--parallel", "1"]).parallel == 1
     assert a.out.name == "default" and a.out.parent.name == "agent_workload"
-    assert aw.part_keys(a) == ["multiturn", "concurrent", "bfcl_simple", "bfcl_multiple", "bfcl_parallel"]
+    assert aw.part_keys(a) == ["multiturn", "concurrent", "serial", "bfcl_simple", "bfcl_multiple", "bfcl_parallel"]
 
 
 def test_quick_is_small_and_what_is_given_wins():
@@ -42,13 +42,14 @@ def test_the_checkpoint_resumes_and_a_partial_run_reports(tmp_path):
     store.cell("ours", aw.MODELS[0], "concurrent").update(done=True, summary={
         "clients": 4, "requests": 4, "failed": 0, "tok_s": 10.0, "p50_s": 1.0, "p99_s": 2.0,
         "ttft_p50_s": 0.5, "server_parallel": 1})
+    store.cell("ours", aw.MODELS[0], "serial").update(done=True, summary={"tok_s": 8.0})
     store.save()
     again = aw.Store(out.with_suffix(".json"))
     assert again.done("ours", aw.MODELS[0], "concurrent") and not again.done("llama-server", aw.MODELS[0], "bfcl_simple")
     assert json.loads(out.with_suffix(".json").read_text())["cells"][f"llama-server|{aw.MODELS[0]}|bfcl_simple"]
     aw.write_report(again.data, out)
     md = out.with_suffix(".md").read_text()
-    assert "(1/1 so far)" in md and "| 1 | 10.00 | 1.00 | 2.00 | 0.50 | 0/4 | - |" in md and out.with_suffix(".png").exists()
+    assert "(1/1 so far)" in md and "| 1 | 10.00 | 1.00 | 2.00 | 0.50 | 0/4 | - | 8.00 | - | 1.25x |" in md and out.with_suffix(".png").exists()
 
 
 def test_redo_drops_the_matching_cells_only(tmp_path):

@@ -1,5 +1,7 @@
 """Concurrent clients: each sends MT-bench first turns back to back (streamed); total completion
-tok/s over the window, p50 / p99 latency, TTFT p50."""
+tok/s over the window, p50 / p99 latency, TTFT p50. The part "serial" is the same requests sent by
+one client one after another, on the same server: the one-at-a-time figure the concurrent one is
+measured against."""
 from __future__ import annotations
 
 import threading
@@ -15,15 +17,19 @@ if TYPE_CHECKING:
     from benchmarks.serving.agent_workload.store import Store
 
 
-def run_concurrent(server: Server, store: Store, prompts: List[str], args, parallel: Optional[int]) -> None:
+def run_concurrent(server: Server, store: Store, prompts: List[str], args, parallel: Optional[int],
+                   part: str = "concurrent") -> None:
+    """`--clients` clients of `--requests` requests each ("serial": one client sending them all)."""
     import numpy as np
-    cell = store.cell(server.name, server.model, "concurrent")
+    cell = store.cell(server.name, server.model, part)
+    n_total = args.clients * args.requests
+    clients, per_client = (1, n_total) if part == "serial" else (args.clients, args.requests)
     results: List[dict] = []
     lock = threading.Lock()
 
     def client(i: int) -> None:
-        for j in range(args.requests):
-            text = prompts[(i * args.requests + j) % len(prompts)]
+        for j in range(per_client):
+            text = prompts[(i * per_client + j) % len(prompts)]
             t0 = time.perf_counter()
             try:
                 r = chat_stream(server.url, {"model": Path(str(server.model)).name, "temperature": 0,
@@ -35,7 +41,7 @@ def run_concurrent(server: Server, store: Store, prompts: List[str], args, paral
                 results.append({"client": i, "start": t0, "end": time.perf_counter(), **{
                     k: r.get(k) for k in ("status", "ttft_s", "total_s", "completion_tokens", "error")}})
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for th in threads:
         th.start()
     for th in threads:
@@ -44,7 +50,7 @@ def run_concurrent(server: Server, store: Store, prompts: List[str], args, paral
     window = max(r["end"] for r in results) - min(r["start"] for r in results)
     lat = [r["total_s"] for r in ok]
     cell.update(requests=[{k: v for k, v in r.items() if k not in ("start", "end")} for r in results])
-    cell["summary"] = {"clients": args.clients, "requests": len(results), "failed": len(results) - len(ok),
+    cell["summary"] = {"clients": clients, "requests": len(results), "failed": len(results) - len(ok),
                        "window_s": window, "tokens": sum(r["completion_tokens"] or 0 for r in ok),
                        "tok_s": sum(r["completion_tokens"] or 0 for r in ok) / window,
                        "p50_s": float(np.percentile(lat, 50)) if lat else None,
@@ -53,4 +59,4 @@ def run_concurrent(server: Server, store: Store, prompts: List[str], args, paral
                        "server_parallel": parallel}
     cell["done"] = True
     store.save()
-    print(f"{server.name} {server.model} concurrent: {cell['summary']}", flush=True)
+    print(f"{server.name} {server.model} {part}: {cell['summary']}", flush=True)

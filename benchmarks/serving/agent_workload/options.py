@@ -11,7 +11,7 @@ from benchmarks.lib.results import result_stem
 SERVERS = ("llama-server", "ours", "ours-star")
 MODELS = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 CATEGORIES = ("simple", "multiple", "parallel")
-PARTS = ("multiturn", "concurrent", "bfcl")       # the order they run in per server: timings first
+PARTS = ("multiturn", "concurrent", "serial", "bfcl")   # the order they run in per server: timings first
 TURNS = 5                                         # the session's user turns (multiturn.py has five)
 DESCRIPTION = "Agent workloads on a device's OpenAI endpoint: ours (alone, through the star) vs llama-server."
 

@@ -102,17 +102,20 @@ def multiturn_table(v: Cells) -> List[str]:
 def concurrent_table(v: Cells) -> List[str]:
     cfg = v.cfg
     lines = ["", f"## {cfg.get('clients')} concurrent clients ({cfg.get('requests')} MT-bench requests each, "
-                 f"up to {cfg.get('concurrent_tokens')} tokens, streamed)", "",
-             "| model | server | generations at once | total tok/s | p50 latency s | p99 latency s | "
-             "TTFT p50 s | failed | load avg |",
-             "|---|---|---|---|---|---|---|---|---|"]
+                 f"up to {cfg.get('concurrent_tokens')} tokens, streamed), and the same requests from one client "
+                 "one at a time on the same server", "",
+             "| model | server | generations at once | total tok/s | p50 latency s | p99 latency s | TTFT p50 s | "
+             "failed | load avg | one at a time: tok/s | load avg | concurrent / one at a time |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in v.models:
         for s in v.servers:
-            x = v.summ(s, m, "concurrent")
-            lines.append(f"| {_short(m)} | {s} | " + (
-                f"{x['server_parallel']} | {_f(x['tok_s'])} | {_f(x['p50_s'])} | {_f(x['p99_s'])} | "
-                f"{_f(x['ttft_p50_s'])} | {x['failed']}/{x['requests']} | {v.load(s, m, 'concurrent')} |"
-                if x else "- | - | - | - | - | - | - |"))
+            x, one = v.summ(s, m, "concurrent"), v.summ(s, m, "serial")
+            row = (f"{x['server_parallel']} | {_f(x['tok_s'])} | {_f(x['p50_s'])} | {_f(x['p99_s'])} | "
+                   f"{_f(x['ttft_p50_s'])} | {x['failed']}/{x['requests']} | {v.load(s, m, 'concurrent')}"
+                   if x else "- | - | - | - | - | - | -")
+            row += f" | {_f(one['tok_s'])} | {v.load(s, m, 'serial')}" if one else " | - | -"
+            ratio = x["tok_s"] / one["tok_s"] if x and one and one["tok_s"] else None
+            lines.append(f"| {_short(m)} | {s} | {row} | {_f(ratio, '{:.2f}x')} |")
     return lines
 
 

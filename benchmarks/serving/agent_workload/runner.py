@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -119,8 +120,9 @@ def run_part(server, store: Store, key: str, args, ctx: dict) -> None:
             from edge.model.tokenizer import Tokenizer
             ctx["system"] = system_prompt(args.prefix_tokens, Tokenizer.from_gguf(server.gguf))
         run_multiturn(server, store, ctx["system"], args)
-    elif key == "concurrent":
-        run_concurrent(server, store, ctx["prompts"], args, args.np if server.name == "llama-server" else args.parallel)
+    elif key in ("concurrent", "serial"):
+        run_concurrent(server, store, ctx["prompts"], args, args.np if server.name == "llama-server" else args.parallel,
+                       part=key)
     else:
         category = key[len("bfcl_"):]
         run_bfcl(server, store, category, ctx["cases"][category], args)
@@ -128,5 +130,9 @@ def run_part(server, store: Store, key: str, args, ctx: dict) -> None:
 
 def main(argv=None) -> None:
     args = args_of(argv)
+    # stopped by SIGTERM or SIGINT (a nohup'd run ignores SIGINT unless told): leave through the
+    # finally blocks, which stop the servers, the hub, the draft service and the broker
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     run(args)
     print(args.out.with_suffix(".md").read_text())

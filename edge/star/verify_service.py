@@ -121,6 +121,9 @@ class VerifyService(DraftSessions):
                 work.append(self._prepare(s, req, t_in))
             except DraftRefused as e:
                 self._reply(s.sid, Error(s.sid, req.seq, e.code, e.reason))
+            except ValueError as e:                       # a q the verify math refuses (not a distribution)
+                self.stats.count("bad_q")
+                self._reply(s.sid, Error(s.sid, req.seq, E_BAD_REQUEST, f"drafts refused: {e}"[:1024]))
             except EngineError as e:
                 self._reset(s)
                 self._reply(s.sid, Error(s.sid, req.seq, E_INTERNAL, f"target engine: {e}"))
@@ -199,7 +202,13 @@ class VerifyService(DraftSessions):
                 self._reset(w.sess)
                 self._reply(w.sess.sid, Error(w.sess.sid, w.req.seq, E_INTERNAL, f"target engine: {r}"))
                 continue
-            self._verdict(w, r, now, len(work))
+            try:
+                self._verdict(w, r, now, len(work))
+            except ValueError as e:                       # the session's KV is as before the call's drafts
+                self.stats.count("bad_q")
+                self.engine.truncate(w.sess.seq, len(w.context))
+                w.sess.fed = list(w.context)
+                self._reply(w.sess.sid, Error(w.sess.sid, w.req.seq, E_BAD_REQUEST, f"drafts refused: {e}"[:1024]))
         self.stats.add_batch(len(work), 1, self.clock() - t0)
 
     def _verdict(self, w: VerifyItem, rows, now: float, batch: int) -> None:

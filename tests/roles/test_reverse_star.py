@@ -331,3 +331,18 @@ def test_a_model_free_drafter_is_verified_exactly_too():
         hub.stop()
     stat, df = chi_square(counts, exact_distribution(target, PROMPT, 3, HOT), 3000)
     assert stat < critical_value(df), (stat, df)
+
+
+def test_a_q_that_is_not_a_distribution_is_refused_and_the_service_goes_on(models):
+    """The wire lets a q summing to 1 within 1e-3 through; the verify math needs 1e-6: such a request
+    is answered bad_request, and the next one of the same session is served."""
+    svc = VerifyService(TorchEngine(models[0], fingerprint="target"))
+    svc.open("a")
+    q = [(np.array([5, 6]), np.array([0.6, 0.3995]))]
+    svc.submit(VerifyRequest("a", 1, 0, [1, 2, 3], [5], q, sampling(temperature=1.0, seed=1), True))
+    (_, err), = svc.step()
+    assert isinstance(err, Error) and err.code == "bad_request" and "sum to 1" in err.message
+    svc.submit(VerifyRequest("a", 2, 0, [1, 2, 3], [5], [(np.array([5, 6]), np.array([0.6, 0.4]))],
+                             sampling(temperature=1.0, seed=1), True))
+    (_, ok), = svc.step()
+    assert isinstance(ok, VerifyResponse) and ok.held == 3 + ok.n_accepted + 1

@@ -65,6 +65,7 @@ class EngineLoop:
         self.idle_wait, self.error_backoff = idle_wait, error_backoff
         self.clock = clock
         self.stats = LoopStats()
+        self.stepping_since: Optional[float] = None   # when the step now running began (None: not in one)
         self._inbox: deque = deque()
         self._cv = threading.Condition()
         self._stop = threading.Event()
@@ -116,15 +117,17 @@ class EngineLoop:
             self._guard("tick", self._tick, self.clock())
         if not self._guard("has_work", self.core.has_work):
             return did
-        t0 = self.clock()
+        t0 = self.stepping_since = self.clock()
         try:
             outputs = self.core.step()
         except Exception:
             log.exception("%s: step failed", self.name)
             self.stats.error("step")
             self.stats.busy_s += self.clock() - t0
+            self.stepping_since = None
             self._stop.wait(self.error_backoff)      # a persistent fault must not spin the CPU
             return True
+        self.stepping_since = None
         self.stats.busy_s += self.clock() - t0
         self.stats.steps += 1
         for out in outputs or ():

@@ -21,7 +21,9 @@ lives here:
   before is a replay, dropped and counted.
 * the loop: network callbacks `put` (kind, message) inputs; `handle` runs
   them in the loop's thread, which alone touches the core, and `publish`
-  sends each output of a step. `tick` runs every turn.
+  sends each output of a step. `tick` runs every turn. While one step runs
+  longer than `hello_every`, a heartbeat thread sends the hello instead
+  (edge/runtime/heartbeat.py), up to a bound past which the step is a hang.
 * `telemetry()`: one JSON-ready dict of the node's counters, for dashboards.
 * `stop(announce)`: stop the loop, then (announce) publish the offline hello.
 """
@@ -35,6 +37,7 @@ from typing import Callable, Dict, Hashable, Optional
 
 from edge.wire.link import Link
 from edge.wire.protocol import DISCOVER_TOPIC, Discover, Probe, ProtocolError, decode, encode
+from edge.runtime.heartbeat import StepHeartbeat
 from edge.runtime.loop import EngineLoop
 from edge.wire.seen_ids import SeenIds
 
@@ -77,6 +80,8 @@ class Node:
         self.loop = EngineLoop(core, f"{self.role}-{node_id}", handle=self._handle_input,
                                publish=self.publish, tick=self._tick, idle_wait=idle_wait,
                                on_idle=self.on_idle, clock=clock)
+        # hellos while one step runs long (edge/runtime/heartbeat.py): the hub must not think us dead
+        self.heartbeat = StepHeartbeat(self.loop, self._say_hello, hello_every, name=f"{self.role}-{node_id}-hb")
 
     # ---- what a role defines ----
     def hello_topic(self) -> str:
@@ -151,6 +156,9 @@ class Node:
             self._period_at = now
             self.on_hello_period()
         self._said = key
+        self._say_hello()
+
+    def _say_hello(self) -> None:
         self.link.publish(self.hello_topic(), encode(self.status(), self.ctl_key), kind="status")
 
     # ---- lifecycle ----
@@ -161,9 +169,11 @@ class Node:
         self.link.on_connection(lambda up: up and self.hello())
         self.loop.start()
         self.hello()
+        self.heartbeat.start()
         return self
 
     def stop(self, announce: bool = True) -> None:
+        self.heartbeat.stop()
         self.loop.stop()
         _stop_listening(self)
         self.on_stop()

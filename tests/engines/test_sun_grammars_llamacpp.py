@@ -30,6 +30,8 @@ from edge.sun.worker_tokenizer import worker_grammars  # noqa: E402
 from harness.console_scripts import hf_model, sun_dirs  # noqa: E402
 from harness.sun_grammars import PERSON, POINT  # noqa: E402
 
+pytestmark = pytest.mark.llamacpp
+
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):

@@ -26,16 +26,17 @@ from edge.wire.link import Link
 def colocated_nodes(backend, prefill_link: Link, decoder_link: Link, prefill_id: str, decoder_id: str,
                     adapters: Sequence[Tuple[str, str]] = (), ctl_key: Optional[bytes] = None,
                     kv_dtype: str = "float16", max_batch: int = 64, decoder_kw: Optional[dict] = None,
-                    node_kw: Optional[dict] = None) -> Tuple[PrefillNode, DecoderNode]:
+                    node_kw: Optional[dict] = None, grammars=None) -> Tuple[PrefillNode, DecoderNode]:
     """(prefill node, decoder node), not started, over backend's base (a TorchAdapterBackend or a
     LlamaCppAdapterBackend).
-    adapters: (task, path) to load first; links: not yet connected (each node's will is set)."""
+    adapters: (task, path) to load first; links: not yet connected (each node's will is set);
+    grammars: the base tokenizer's (edge/sun/token_rules.py SunGrammars), which both then follow."""
     from edge.wire.protocol import sun_hello_topic
-    worker = AdapterPrefillWorker(backend, kv_dtype=kv_dtype, name=prefill_id)
+    worker = AdapterPrefillWorker(backend, kv_dtype=kv_dtype, name=prefill_id, grammars=grammars)
     for task, path in adapters:
         worker.add(task, path)
     engine = backend.decode_engine(max_batch)     # the decode context on the same weights
-    decoder = SharedDecoder(engine, max_batch=max_batch, name=decoder_id, **dict(decoder_kw or {}))
+    decoder = SharedDecoder(engine, max_batch=max_batch, name=decoder_id, grammars=grammars, **dict(decoder_kw or {}))
     dec_node = DecoderNode(decoder, decoder_link, decoder_id, ctl_key)
     pre_node = PrefillNode(worker, prefill_link, prefill_id, ctl_key, local_decoders={decoder_id: dec_node},
                            **dict(node_kw or {}))

@@ -4,7 +4,8 @@
   pass's backward frees its activations; the gradient is the whole batch's (each pass's answer-token
   CE sum is divided by the batch's answer-token count, exactly the split loss of the whole batch);
 * gradient checkpointing (`grad_checkpoint`): each block's activations are recomputed in backward
-  instead of kept (the frozen decoder's too: gradients cross it on their way to the prefill's KV);
+  instead of kept (the frozen decoder's too: gradients cross it on their way to the prefill's KV;
+  not a LoRA trainee's prefill, whose adapter applies only within its own forward);
 * frozen embeddings (`freeze_embeddings`): the token embedding and the output head are not trained
   and are SHARED with the base (no copy); with AdamW they would cost four fp32 copies of their
   weights (2 x 136M parameters on Qwen2.5-0.5B as loaded: ~4.4 GB);
@@ -35,8 +36,11 @@ def checkpointed_blocks(*models, enabled: bool = True) -> Iterator[None]:
     patched = []
     if enabled:
         for m in models:
-            view = getattr(m, "view", m)            # a LoRA trainee runs its base view's blocks
-            for blk in view.model.layers:
+            if hasattr(m, "view"):
+                # a LoRA trainee: its view applies the adapter only inside the trainee's forward, so a
+                # recomputation in backward would run without it; its activations are kept instead
+                continue
+            for blk in m.model.layers:
                 if "forward" not in blk.__dict__:
                     inner = blk.forward
                     blk.forward = (lambda *a, _f=inner: checkpoint(_f, *a, use_reentrant=False))

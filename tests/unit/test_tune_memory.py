@@ -93,3 +93,32 @@ def test_a_checkpoint_every_few_minutes_and_a_kill_resumes_there(tmp_path):
     assert [h["step"] for h in resumed.history[:-1]] == [1, 2, 3, 4, 5, 6]
     for k, v in resumed.prefill.state_dict().items():
         torch.testing.assert_close(v, whole[k], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("adapter", ["", "lora"])
+def test_bf16_autocast_trains_with_every_memory_option(adapter, tmp_path):
+    """bf16 matmuls, fp32 weights and optimiser state: the step's gradient is the fp32 one to bf16
+    precision, and a run with every option on (as the Qwen table runs) trains, saves and resumes."""
+    base, tr = setup()
+    batch = tr[:4]
+    m = copy.deepcopy(base).train()
+    for p in m.parameters():
+        p.requires_grad_(True)
+    ref_loss = float(split_loss(m, base, batch).detach())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = accumulate(split_loss_sum, m, base, batch, 1, "cpu", True)
+    assert loss == pytest.approx(ref_loss, rel=2e-2) and all(p.dtype == torch.float32 for p in m.parameters())
+    lora = dict(adapter="lora", rank=4, alpha=8.0) if adapter else {}
+    cfg = TuneConfig(mode="sun", bf16=True, micro_batch=1, grad_checkpoint=True, freeze_embeddings=True,
+                     ckpt_every=2, **lora, **{**BASE, "steps": 4})
+    whole = tune(base, tr, cfg, progress=False)
+    assert whole.history[-2]["loss"] < whole.history[0]["loss"] * 1.5 and whole.history[-1]["step"] == 4
+
+    def die(step):
+        if step == 3:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        tune(base, tr, cfg, out_dir=tmp_path, progress=False, on_step=die)
+    resumed = tune(base, tr, cfg, out_dir=tmp_path, progress=False)
+    assert [h["loss"] for h in resumed.history[:-1]] == pytest.approx([h["loss"] for h in whole.history[:-1]],
+                                                                       rel=1e-5)

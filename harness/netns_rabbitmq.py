@@ -62,10 +62,11 @@ class NetnsRabbitCluster(RabbitCluster):
     def heal(self, i: int) -> None:
         self.lab.heal(self.hosts[i])
 
-    def app_running(self, i: int) -> bool:
-        """Whether node i's RabbitMQ app runs (pause_minority stops it on the minority side)."""
+    def app_running(self, i: int) -> Optional[bool]:
+        """Whether node i's RabbitMQ app runs (pause_minority stops it on the minority side); None
+        when the CLI got no answer (on a starved machine a call may time out): neither, ask again."""
         try:
-            out = self.ctl(self.nodes[i], "eval", "rabbit:is_running().", timeout=20)
-        except Exception:            # noqa: BLE001 -- a node that cannot answer does not run
-            return False
+            out = self.ctl(self.nodes[i], "eval", "rabbit:is_running().", timeout=60)
+        except Exception:            # noqa: BLE001 -- no answer says nothing either way
+            return None
         return out.strip() == "true"

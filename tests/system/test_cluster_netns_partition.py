@@ -79,7 +79,7 @@ def test_a_cut_node_under_a_hub_and_a_target(star, refs):
     rejoin = ob.joined(dev1, t_cut)[0]
     back = ob.answers(dev1, rejoin)[0]
     during = ob.answers(dev2, t_cut + 1.0, back)
-    paused = wait_until(lambda: not star.cluster.app_running(CUT), 60)
+    paused = wait_until(lambda: star.cluster.app_running(CUT) is False, 120)
     t_paused = time.monotonic()
     assert during, "t2, on the majority, got no draft while the node was cut"
     assert paused, "pause_minority did not stop the cut node's app"
@@ -88,7 +88,7 @@ def test_a_cut_node_under_a_hub_and_a_target(star, refs):
     star.cluster.heal(CUT)
     names = sorted(n.node for n in star.cluster.nodes)
     whole = wait_until(lambda: star.cluster.app_running(CUT) and star.cluster.running_nodes(0) == names
-                       and star.cluster.running_nodes(CUT) == names, 90)
+                       and star.cluster.running_nodes(CUT) == names, 180)
     t_whole = time.monotonic()
     assert whole, (star.cluster.running_nodes(0), star.cluster.log_tail(star.cluster.nodes[CUT]))
     t1 = time.monotonic()                                     # healed: still the same texts, drafted again

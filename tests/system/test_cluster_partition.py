@@ -76,7 +76,7 @@ def test_target_on_a_silenced_node_keeps_the_greedy_text_and_the_star_heals(clus
         c.resume(2)
         star.close()
     names = sorted(n.node for n in c.nodes)
-    assert wait_until(lambda: c.running_nodes(0) == names and c.running_nodes(2) == names, 60), \
+    assert wait_until(lambda: c.running_nodes(0) == names and c.running_nodes(2) == names, 180), \
         (c.running_nodes(0), c.running_nodes(2))
     healed, _ = _star(c, "t2")                # attached to the healed node first
     try:

@@ -19,6 +19,7 @@ full, its worker lost, no answer in time -- is a 503 with Retry-After; a bad one
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 from edge.api.request_fields import SUN_HUB, BadRequest
@@ -27,6 +28,15 @@ from edge.sun.client import SunClient, SunRequestError
 from edge.wire.protocol import E_BAD_REQUEST
 
 RETRY_AFTER_S = 5         # what a 503 asks the client to wait: a decoder (re)joins within seconds
+
+
+def _warm(server: OpenAIServer) -> None:
+    """Compile json_object's grammar now: it builds llguidance's tokenizer (seconds for a 150k
+    vocabulary) before an agent's first response_format or tool_choice waits for it."""
+    try:
+        server.structured.grammar_for({"response_format": {"type": "json_object"}})
+    except BadRequest:
+        pass                              # a tokenizer that cannot end a grammar: each such request's 400 says so
 
 
 def start_sun_http(hub, tokenizer, host: str = "127.0.0.1", port: int = 8080,
@@ -61,6 +71,7 @@ def start_sun_http(hub, tokenizer, host: str = "127.0.0.1", port: int = 8080,
 
     server = OpenAIServer(generate, tokenizer, model_name="sun", host=host, port=port, context=context,
                           models=hub.router.tasks, profile=SUN_HUB)
+    threading.Thread(target=_warm, args=(server,), name="sun-grammar-warm", daemon=True).start()
     stop = server.stop
 
     def stop_both() -> None:

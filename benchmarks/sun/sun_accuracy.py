@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.lib.results import ROOT, result_stem
-from benchmarks.sun.sun_accuracy_report import write
+from benchmarks.sun.sun_accuracy_report import with_ext, write
 from export.sun_eval import ROWS
 from export.sun_eval_lora import LORA_ROWS, lora_titles, seed_from
 from export.sun_rows import ALL_ROWS, RowPlan, RowRunner, run_rows
@@ -76,10 +76,10 @@ def probe(base, tasks, args, t0: float) -> list:
     out.parent.mkdir(parents=True, exist_ok=True)
     for t in tasks:     # rewritten after each task
         probes.append(lr_probe(base, t, args.probe_lrs, args.probe_steps, args.rank, args.alpha, args.batch_size))
-        out.with_suffix(".json").write_text(json.dumps(
+        with_ext(out, ".json").write_text(json.dumps(
             {"probes": probes, "machine": platform.platform(), "wall_s": round(time.perf_counter() - t0, 1),
              "args": recorded_args(args)}, indent=1))
-        out.with_suffix(".md").write_text(probe_markdown(args.model, probes, platform.platform(), args.threads))
+        with_ext(out, ".md").write_text(probe_markdown(args.model, probes, platform.platform(), args.threads))
     return probes
 
 

@@ -52,6 +52,11 @@ def wall_table(results: dict, tasks: Sequence[str], rows: Sequence[str], titles:
     return head + "\n".join(lines) + "\n"
 
 
+def with_ext(stem: Path, ext: str) -> Path:
+    """stem + ext, where the stem may hold a dot of its own (qwen0.5b: not Path.with_suffix's qwen0.json)."""
+    return stem.parent / (stem.name + ext)
+
+
 def write(results: dict, out: Path, tasks: Sequence[str], rows: Sequence[str], titles: dict, model: str,
           notes: str, args: dict) -> str:
     """out.{json,md,png}; returns the markdown."""
@@ -62,9 +67,9 @@ def write(results: dict, out: Path, tasks: Sequence[str], rows: Sequence[str], t
     sizes = {t: next((c["n"] for c in results["cells"][t].values() if "n" in c), None) for t in tasks}
     loads = [c["load1"] for t in tasks for c in results["cells"][t].values() if "load1" in c]
     doc = dict(results, machine=machine(), args=args, pending=todo, eval_sizes=sizes)
-    tmp = out.with_suffix(".json.tmp")
+    tmp = with_ext(out, ".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(out.with_suffix(".json"))
+    tmp.replace(with_ext(out, ".json"))
     m = doc["machine"]
     status = ("Pending rows: " + "; ".join(f"{t}: {', '.join(rs)}" for t, rs in todo.items()) + ".\n"
               if todo else "All rows done.\n")
@@ -78,8 +83,8 @@ def write(results: dict, out: Path, tasks: Sequence[str], rows: Sequence[str], t
           f"greedy decoding.\n{notes}\n"
           f"Machine: {m['cpu']}, {m['cpus']} CPUs, {m['platform']}; 1-minute load average when each row "
           f"finished: {', '.join(f'{x:g}' for x in loads) or '-'} (cores shared with other work).\n")
-    out.with_suffix(".md").write_text(md)
-    _plot(results, out.with_suffix(".png"), tasks, rows, titles)
+    with_ext(out, ".md").write_text(md)
+    _plot(results, with_ext(out, ".png"), tasks, rows, titles)
     return md
 
 

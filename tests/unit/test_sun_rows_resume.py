@@ -150,9 +150,9 @@ def test_another_base_is_refused_in_the_same_work_directory(tmp_path):
 def test_the_table_shows_missing_rows_and_names_them(tmp_path):
     base, task = tiny()
     res = run_rows(quiet(base, tmp_path / "w"), [task], ("base",))
-    md = write(res, tmp_path / "t", ["reverse", "code"], ["base", "full_ft"], {}, "tiny", "notes\n", {})
+    md = write(res, tmp_path / "t0.5b", ["reverse", "code"], ["base", "full_ft"], {}, "tiny", "notes\n", {})
     assert "Pending rows: reverse: full_ft; code: base, full_ft." in md and "**Partial.**" in md
     assert "| full fine-tuning (one model per task) | - | - | - |" in md
-    doc = json.loads((tmp_path / "t.json").read_text())
+    doc = json.loads((tmp_path / "t0.5b.json").read_text())     # a dot in the name is kept
     assert doc["pending"] == {"reverse": ["full_ft"], "code": ["base", "full_ft"]} and doc["machine"]["cpus"]
-    assert (tmp_path / "t.png").is_file()
+    assert (tmp_path / "t0.5b.png").is_file() and (tmp_path / "t0.5b.md").read_text() == md

@@ -68,6 +68,7 @@ class SunGrammars:
                 if self._llg is None:
                     self._llg, self._make = self._make(), None
                 g = Grammar(text, self._llg)
+                g.matcher()                               # its start state now: refused here, not mid-reply
             except GrammarError as e:
                 raise GrammarRefused(str(e)) from None
             self._compiled[gid] = g

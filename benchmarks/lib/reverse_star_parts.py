@@ -1,0 +1,182 @@
+"""What benchmarks/star/reverse_star.py is made of: the hub process, recorded and replayed drafts,
+and N drafting devices run at once over the real broker.
+
+The hub is the real `edge-hub serve --verify-model` (Mosquitto, the verify service, its target on
+llama.cpp, one thread) in its own process pinned to the hub's core. A device is the real device
+code (edge/star/drafting_device.py) over its own MQTT link; only its drafter is emulated for N > 1:
+it replays the proposals the real draft made from the same context in the calibration pass (so the
+acceptance is the real draft's) and sleeps the real draft's measured step time per token it
+proposes (a device with a core of its own). With greedy decoding and a fixed γ the contexts of every
+round are the same whatever N is, so every proposal is found; a context not recorded (a near-tie the
+batched call decided otherwise) proposes nothing that round, and is counted.
+"""
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from edge.speculative.drafter import Drafter
+from edge.speculative.generate import ModelDrafter
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / ".venv" / "bin"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class RecordingDrafter(Drafter):
+    """The real draft, each proposal recorded by its context (the calibration pass)."""
+
+    def __init__(self, engine, trace: Dict[tuple, List[int]], step_s: List[float]):
+        self.inner, self.trace, self.step_s = ModelDrafter(engine), trace, step_s
+
+    def draft(self, context, gamma, rng):
+        t0 = time.perf_counter()
+        toks, qs = self.inner.draft(context, gamma, rng)
+        if toks:
+            self.step_s.append((time.perf_counter() - t0) / len(toks))
+        self.trace[tuple(context)] = list(toks)
+        return toks, qs
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ReplayDrafter(Drafter):
+    """The recorded proposals for the same context, taking the real draft's step time per token."""
+
+    def __init__(self, trace: Dict[tuple, List[int]], step_s: float, misses: List[int]):
+        self.trace, self.step_s, self.misses = trace, step_s, misses
+
+    def draft(self, context, gamma, rng):
+        toks = self.trace.get(tuple(context))
+        if toks is None:
+            self.misses.append(len(context))
+            return [], None
+        toks = toks[:gamma]
+        time.sleep(self.step_s * len(toks))        # the device's own drafting, on its own core
+        return toks, None
+
+
+class HubProcess:
+    """`edge-hub serve --mosquitto --verify-model TARGET`, pinned to `core`, stats every second."""
+
+    def __init__(self, target: Path, port: int, core: Optional[int], workdir: Path, max_sessions: int):
+        self.err_path = workdir / "hub.err"
+        args = [str(BIN / "edge-hub"), "serve", "--mosquitto", "--port", str(port), "--verify-model", str(target),
+                "--verify-backend", "llamacpp", "--threads", "1", "--max-len", "1024",
+                "--max-sessions", str(max_sessions), "--max-gamma", "16", "--evict-after", "600",
+                "--stats-every", "1", "--telemetry-interval", "0"]
+        if core is not None:
+            args = ["taskset", "-c", str(core)] + args
+        self.err = open(self.err_path, "wb")
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.err,
+                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
+        self.url = f"mqtt://127.0.0.1:{port}"
+
+    def wait_up(self, timeout: float = 600.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if "serving on" in self.text():
+                return
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the hub exited:\n{self.text()[-3000:]}")
+            time.sleep(0.5)
+        raise SystemExit(f"the hub did not come up in {timeout:.0f} s:\n{self.text()[-3000:]}")
+
+    def text(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def verify_stats(self) -> dict:
+        """The last stats line's verify part: requests and the mean batch."""
+        m = re.findall(r"verify: sessions=(\d+) requests=(\d+) batch=([\d.]+) accept=([\d.]+)", self.text())
+        if not m:
+            return {}
+        s, r, b, a = m[-1]
+        return {"sessions": int(s), "requests": int(r), "batch_mean": float(b), "acceptance": float(a)}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.err.close()
+
+
+def make_device(url: str, name: str, fp: str, vocab: int, gamma: int, drafter_of):
+    from edge.star.drafting_device import DraftingDevice
+    from edge.star.hub_client import HubClient
+    from edge.wire.link import MqttLink
+    link = MqttLink(url, client_id=name).connect(30)
+    return DraftingDevice(None, HubClient(link, name, fp, vocab, role="drafter"), gamma=gamma,
+                          join_timeout=30.0, answer_timeout=600.0, drafter_of=drafter_of)
+
+
+def run_devices(devices: list, jobs: List[list], new: int, stop_ids: tuple) -> dict:
+    """Every device generates its prompts (jobs[i], one after another), all devices at once. Rates are
+    of the decode, as the plain baseline's: from a generation's first answer (its prompt's prefill)
+    to its end. hub tokens/s: the devices' decode rates summed; per-device: the median generation's."""
+    gens: list = [[] for _ in devices]
+    errors: list = []
+    start = threading.Barrier(len(devices) + 1)
+
+    def one(i: int) -> None:
+        start.wait()
+        for prompt in jobs[i]:
+            stamps: list = []
+            try:
+                r = devices[i].generate(prompt, new, stop_ids=stop_ids, on_token=lambda t: stamps.append(
+                    time.perf_counter()))
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+                return
+            end = time.perf_counter()
+            first = sum(1 for x in stamps if x - stamps[0] < 0.005)      # the first round's tokens
+            gens[i].append({"result": r, "decode_tokens": len(stamps) - first, "decode_s": end - stamps[0]})
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(devices))]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise SystemExit(f"a device failed: {errors[:3]}")
+    flat = [g for gs in gens for g in gs]
+    res = [g["result"] for g in flat]
+    tokens, rounds = sum(r.n_generated for r in res), sum(r.n_verify_calls for r in res)
+    rtts = [t.seconds for r in res for t in r.timings[1:] if t.kind == "verify"]   # past the prefill's
+    return {"n": len(devices), "wall_s": wall, "tokens": tokens, "generations": len(flat),
+            "hub_tps": sum(sum(g["decode_tokens"] for g in gs) / sum(g["decode_s"] for g in gs) for gs in gens),
+            "per_device_tps": statistics.median(g["decode_tokens"] / g["decode_s"] for g in flat),
+            "drafted": sum(r.n_drafted for r in res), "accepted": sum(r.n_accepted for r in res),
+            "rounds": rounds, "rtt_ms_p50": 1e3 * statistics.median(rtts) if rtts else None,
+            "tokens_per_round": tokens / rounds if rounds else 0.0}
+
+
+def alpha_of(points: List[dict], gamma: int) -> float:
+    """Per-token acceptance under the geometric model from tokens per round: E = (1-a^(g+1))/(1-a)."""
+    from edge.speculative.verify import expected_tokens
+    e = statistics.median(p["tokens_per_round"] for p in points)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):                                   # E grows with a: bisect
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, gamma) < e else (lo, mid)
+    return (lo + hi) / 2
+
+
+def pin(core: Optional[int]) -> None:
+    if core is not None:
+        os.sched_setaffinity(0, {core})

@@ -1,0 +1,65 @@
+"""benchmarks/star/reverse_star.py's outputs: the JSON as measured, a markdown table, a plot."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def markdown(out: dict) -> str:
+    m, c = out["machine"], out["config"]
+    lines = [
+        "# The reverse star: N drafting devices, one hub verifying in batch",
+        "",
+        f"Hub: {out['target']} on llama.cpp, one thread{'' if c['no_pin'] else ', core 1'}, inside `edge-hub serve "
+        f"--verify-model` (Mosquitto). Devices{'' if c['no_pin'] else ' on core 0'}: the real device code over MQTT; "
+        f"N = 1 calibrates with the real {out['draft']} draft (step {out['draft_step_ms']:.1f} ms), every N "
+        f"replays its proposals at that step cost. γ = {c['gamma']}, {c['new']} greedy tokens per device, "
+        f"{c['code']} code + {c['mtbench']} MT-bench prompts, medians of {c['rounds']} rounds. Plain batched: the "
+        "same engine decoding N sequences, one batched call of N tokens a step, same core, after the hub stopped.",
+        "",
+        f"Machine: {m['cpu']} ({m['cpus']} cores, shared), load average {m['loadavg_start'][0]:.1f} at start, "
+        f"{m['loadavg_end'][0]:.1f} at end. Planner inputs: acceptance α = {out['alpha']:.2f} (from N = 1's tokens "
+        f"a round), round trip less the hub's call {out['rtt_ms']:.1f} ms, the hub's call by tokens {out['call_ms']} ms.",
+        "",
+        "| N | hub tok/s | per-device tok/s | plain batched hub tok/s | vs plain | predicted hub tok/s | "
+        "prediction error | tokens a round |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in out["rows"]:
+        lines.append(f"| {r['n']} | {r['hub_tps']:.2f} | {r['per_device_tps']:.2f} | {r['plain_hub_tps']:.2f} | "
+                     f"{r['vs_plain']:.2f}x | {r['pred_hub_tps']:.2f} | {100 * r['pred_error']:+.0f}% | "
+                     f"{r['tokens_per_round']:.2f} |")
+    lines += ["", "Rates are of the decode (a generation's first answer, its prompt's prefill, to its end), as the "
+              "plain baseline's; hub tok/s sums the devices' rates. Every N generates every prompt at least once.",
+              "", f"Proposals not found for a context (a round with no drafts): {out['trace_misses']}. "
+              f"Wall time {out['wall_s'] / 60:.1f} min.", ""]
+    return "\n".join(lines)
+
+
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = out["rows"]
+    ns = [r["n"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(ns, [r["hub_tps"] for r in rows], "o-", label="reverse star (measured)")
+    ax.plot(ns, [r["pred_hub_tps"] for r in rows], "s--", label="reverse star (planner)")
+    ax.plot(ns, [r["plain_hub_tps"] for r in rows], "^-", label="hub plain batched decoding")
+    ax.set_xlabel("drafting devices N")
+    ax.set_ylabel("hub tokens/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"{out['target']}, γ={out['config']['gamma']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(stem: Path, out: dict) -> None:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(out, indent=1, default=str))
+    stem.with_suffix(".md").write_text(markdown(out))
+    plot(out, stem.with_suffix(".png"))

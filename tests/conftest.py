@@ -211,14 +211,15 @@ def pytest_configure(config):
                        ("real_model", "needs the fetched real models (make test-models)"),
                        ("slow", "takes tens of seconds or more; make test runs it"),
                        ("networks", "brings up a network of its own (RabbitMQ, namespaces, sshd): make test runs "
-                                    "these one at a time, after the rest")):
+                                    "these one at a time, beside the rest")):
         config.addinivalue_line("markers", f"{name}: {what}")
 
 
 # `make test` runs the suite on two pytest-xdist workers, a file per worker at a time (--dist loadfile),
 # but for the tests that bring up a whole network of their own -- RabbitMQ clusters, network
-# namespaces, an sshd device: marked `networks`, they run after the rest, one at a time, so they
-# never contend with each other or the workers (scripts/run_tests.sh says why).
+# namespaces, an sshd device: marked `networks`, they run in one more process beside the workers,
+# one at a time, so they never contend with each other (scripts/run_tests.sh). They wait on
+# events, not on start-up time, so the workers' load slows them down but does not fail them.
 _ONE_AT_A_TIME = {"test_cluster_netns_partition", "test_cluster_partition", "test_cluster_sun", "test_flash_jetson",
                   "test_hub_external_tls", "test_multi_hub", "test_netns_helper", "test_rabbitmq_star",
                   "test_star_namespaces"}

@@ -103,7 +103,8 @@ def concurrent_table(v: Cells) -> List[str]:
     cfg = v.cfg
     lines = ["", f"## {cfg.get('clients')} concurrent clients ({cfg.get('requests')} MT-bench requests each, "
                  f"up to {cfg.get('concurrent_tokens')} tokens, streamed), and the same requests from one client "
-                 "one at a time on the same server", "",
+                 "one at a time on the same server (their ratio means something where their load averages are "
+                 "alike)", "",
              "| model | server | generations at once | total tok/s | p50 latency s | p99 latency s | TTFT p50 s | "
              "failed | load avg | one at a time: tok/s | load avg | concurrent / one at a time |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

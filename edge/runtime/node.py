@@ -216,7 +216,13 @@ class Node:
         except ProtocolError as e:
             self.drop(f"ctl_{e.code}")
             return
-        self.put("ctl", msg)
+        if not self.answer_on_arrival(msg):
+            self.put("ctl", msg)
+
+    def answer_on_arrival(self, msg) -> bool:
+        """A control message answered in the link's thread, not queued behind a long step (True: done).
+        Must only read what the loop's thread changes, and only publish."""
+        return False
 
     def send(self, topic: str, msg, secret: bytes) -> None:
         """A message signed with a request's own secret."""

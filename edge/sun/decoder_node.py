@@ -24,6 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from edge.wire.field_types import MAX_SEQ
 from edge.wire.link import Link
 from edge.wire.protocol import (E_INTERNAL, E_OVERLOADED, E_REFUSED, E_TIMEOUT, E_WORKER_LOST, DecodeAssign, Error, KVChunk,
                            ProtocolError, SunHello, SunTokens, decode, parse_topic, sun_ctl_topic,
@@ -34,6 +35,12 @@ from edge.runtime.node import Node
 from edge.speculative.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+# how long an assignment waits for its KV: the router assigns a decoder when a request arrives, so the
+# KV of a request queued behind a burst at its prefill worker comes minutes later on a small CPU (at
+# 30 s, 4 of 6 burst requests failed on 2 loaded cores: benchmarks/sun/sun_vs_multilora.py). A dead
+# prefill worker's reservations are released at once by the router (worker_lost); this bounds KV
+# lost any other way, as long as the hub endpoint's own request timeout.
+KV_TIMEOUT_S = 300.0
 MAX_ASSIGNED_KEYS = 4096       # recent assignments whose KV may pass a full queue (a bounded memory)
 EARLY_QUOTA = 64 << 20         # early KV one sender may have held (at most max_pending / 4)
 
@@ -73,11 +80,12 @@ class DecoderNode(Node):
     role = "decoder"
 
     def __init__(self, decoder: SharedDecoder, link: Link, worker_id: str, ctl_key: Optional[bytes] = None,
-                 hello_every: float = 2.0, kv_timeout: float = 30.0, max_pending_mb: float = 1024.0):
+                 hello_every: float = 2.0, kv_timeout: float = KV_TIMEOUT_S, max_pending_mb: float = 1024.0):
         super().__init__(decoder, link, worker_id, ctl_key, hello_every, idle_wait=0.05)
         self.decoder, self.kv_timeout = decoder, kv_timeout
         self.max_pending = int(max_pending_mb * (1 << 20))
         self._pending: Dict[str, _Pending] = {}
+        self._held_notices = 0                            # "still held here" answers to assignment copies
         # KV that overtook its assignment, per sender; all senders together within max_pending
         self._early = EarlyKV(min(self.max_pending // 4, EARLY_QUOTA), self.max_pending)
         self._live: Dict[str, _Live] = {}
@@ -311,6 +319,21 @@ class DecoderNode(Node):
         res = self.decoder.results.get(rid)
         if res is not None:                               # done at once: stop token first, or max_new 1
             self._emit(rid, len(res.tokens) - 1, res.tokens[-1], res.finish_reason)
+
+    def answer_on_arrival(self, msg) -> bool:
+        """A copy of the assignment of a request decoding or waiting here: its client heard nothing
+        for a while (a full batch) and sent it again. Tell it the request is held (no tokens, no
+        worker name; a seq of its own counted down from MAX_SEQ // 2: never a token message's, never
+        a prefill worker's notice), in the link's thread, so it waits instead of sending it under a
+        new id (edge/sun/client.py)."""
+        live = self._live.get(msg.rid) if isinstance(msg, DecodeAssign) and msg.worker == self.id else None
+        if live is None:
+            return False
+        self.drop("replay")
+        self._held_notices += 1
+        self.send(sun_stream_topic(live.client, msg.rid), SunTokens(msg.rid, MAX_SEQ // 2 - self._held_notices, 0, []),
+                  live.secret)
+        return True
 
     def _emit(self, rid: str, index: int, token: int, reason: Optional[str], logprob=None) -> None:
         live = self._live.get(rid)

@@ -31,6 +31,7 @@ from edge.wire.link import Link
 from edge.wire.protocol import (E_BAD_REQUEST, E_INTERNAL, E_OVERLOADED, SUN_CHUNK_BYTES, AdapterAdd, AdapterResult,
                                 Error, KVChunk, PrefillJob, SunHello, SunTokens, encode, sun_ctl_topic,
                                 sun_hello_topic, sun_kv_topic, sun_stream_topic)
+from edge.wire.field_types import MAX_SEQ
 from edge.runtime.node import Node
 from edge.sun.prefill import PrefillFailed, PrefillOutput, PrefillWorker
 from edge.sun.prompt_queue import QueueFull
@@ -55,6 +56,7 @@ class PrefillNode(Node):
         self.stats = {"jobs": 0, "failed": 0, "overloaded": 0, "kv_bytes": 0, "chunks": 0, "prefill_s": 0.0,
                       "adapters_added": 0, "adapters_refused": 0}
         self._jobs: Dict[str, PrefillJob] = {}            # taken, not yet answered
+        self._held_notices = 0                            # "still held here" answers to copies of those
         self.local_decoders = dict(local_decoders or {})
         self.stats["local_kv"] = 0                        # jobs whose KV stayed in this process
 
@@ -143,7 +145,23 @@ class PrefillNode(Node):
         if ok:
             self.hello()                                  # the router routes the new task from now on
 
+    def answer_on_arrival(self, msg) -> bool:
+        """A copy of a job held here (queued, or in the step now running -- a burst of long prompts
+        holds one for minutes): its client heard nothing and sent it again. Tell it the job is held
+        (no tokens; a seq of its own, counted down from the largest: never a decoder's), so it waits
+        instead of sending it under a new id, which would prefill a request that was only slow twice
+        (edge/sun/client.py). Answered here, in the link's thread: the loop may be inside a step."""
+        job = self._jobs.get(msg.rid) if isinstance(msg, PrefillJob) and msg.worker == self.id else None
+        if job is None:
+            return False
+        self.drop("replay")
+        self._held_notices += 1
+        self.send(sun_stream_topic(job.client, job.rid), SunTokens(job.rid, MAX_SEQ - self._held_notices, 0, []),
+                  job.secret)
+        return True
+
     # ---- answers ----
+
     def _deliver(self, job: PrefillJob, out: PrefillOutput) -> None:
         self.stats["jobs"] += 1
         self.stats["prefill_s"] += out.prefill_s

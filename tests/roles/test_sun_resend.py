@@ -211,3 +211,36 @@ def test_a_request_whose_copies_bring_nothing_is_sent_under_a_new_id(models):
         assert wait_until(star.clean) and star.decoder.stats["timeouts"] == 1
     finally:
         star.close()
+
+
+def test_a_job_held_in_a_long_prefill_step_is_waited_for_not_sent_under_a_new_id(models):
+    """A burst of long prompts holds a job at its prefill worker, in the queue or the running step,
+    for minutes: its client's copies are answered "held" from the link's thread, so the client keeps
+    waiting; the job is prefilled once and nothing goes under a new id."""
+    star = Star(models)
+    gate, stepping = threading.Event(), threading.Event()
+    worker = star.prefill.loop.core
+    step = worker.step
+
+    def held_step():
+        stepping.set()
+        assert gate.wait(60), "the test never released the prefill step"
+        return step()
+    worker.step = held_step
+    try:
+        p = prompts(1, seed=53)[0]
+        told = []
+        h = star.client.submit("maths", p, max_new=MAX_NEW, on_token=lambda i, t: told.append((i, t)))
+        assert stepping.wait(20)
+        # without the answers the client would have given up on the job after SAME_COPIES copies
+        assert wait_until(lambda: h.reasked >= SAME_COPIES + 2 or h.resent, 30)
+        assert h.resent == 0 and star.prefill.dropped.get("replay", 0) >= SAME_COPIES + 1
+        gate.set()
+        r = h.wait(20)
+        want = star.expect(p)
+        assert r.tokens == want and told == list(enumerate(want)) and r.workers == ["pre", "dec"]
+        assert star.prefill.stats["jobs"] == 1 and star.router.counters["routed"] == 1
+        assert wait_until(star.clean)
+    finally:
+        gate.set()
+        star.close()

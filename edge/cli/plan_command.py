@@ -146,6 +146,9 @@ def advice(f: Fit) -> list:
         fixed = e.total - e.parts["kv"]
         out.append(f"even without KV the role needs {fixed / GB:.2f} GB: use a smaller model or quantisation "
                    "(GGUF Q4_0 / ONNX int4), or a device with more memory")
+    if w.role == "target":                # the reverse star: the hub holds the target, this device drafts
+        out.append("join as a drafter instead (`edge-agent run --role drafter -m` a small draft model: the hub's "
+                   "`edge-hub serve --verify-model` holds the target and verifies)")
     return out
 
 

@@ -35,11 +35,11 @@ def star(tmp_path_factory):
         ps.start("hub", BIN / "edge-hub", "serve", "--mosquitto", "--acl", "--port", port, "--draft-model", model,
                  "--verify-model", model, "--stats-every", "0.25", "--telemetry-interval", "0.5", *common,
                  *[x for u in users for x in ("--user", u)])
-        ps.wait_for("hub", "serving on")
+        ps.wait_for("hub", "serving on", 300)
         ps.start("drafter", BIN / "edge-agent", "run", "--broker", f"mqtt://127.0.0.1:{port}", "--role", "drafter",
                  "--model", model, "--username", "pi", "--password", PW, "--http-port", http, "-g", "3",
                  "--telemetry-interval", "0.5", *common)
-        ps.wait_for("drafter", "OpenAI endpoint on")
+        ps.wait_for("drafter", "OpenAI endpoint on", 300)
         pw = root / "monitor.pw"
         pw.write_text(PW)
         yield ps, model, port, _Server(http), pw
@@ -89,3 +89,10 @@ def test_plan_says_which_way_each_device_joins():
     assert r.exit_code == 0 and "| 4 |" in r.output and "vs plain" in r.output, r.output
     r = CliRunner().invoke(main, ["plan", "--hub-call-ms", "1=150", "--alpha", "0.7"])
     assert r.exit_code != 0 and "--device-draft-ms" in r.output
+
+
+def test_a_target_that_does_not_fit_is_told_it_may_draft(star):
+    from edge.cli.agent import main as agent
+    _, model, _, _, _ = star
+    r = CliRunner().invoke(agent, ["plan", "--memory-budget", "1M", "--role", "target", "-m", str(model)])
+    assert "join as a drafter instead" in r.output and "--role drafter" in r.output, r.output

@@ -59,7 +59,7 @@ def test_hub_killed_mid_generation_and_restarted_loses_no_token(model, procs):
     port = find_free_port()
     url = f"mqtt://127.0.0.1:{port}"
     procs.start("hub", *hub_cmd(model, port))
-    procs.wait_for("hub", "serving on")
+    procs.wait_for("hub", "serving on", 300)
     dev, _ = drafter(model, url, "pi-k")
     seen, restarted = [], threading.Event()
 
@@ -85,7 +85,7 @@ def test_a_flood_on_the_verify_topics_changes_nothing(model, procs):
     port = find_free_port()
     url = f"mqtt://127.0.0.1:{port}"
     procs.start("hub", *hub_cmd(model, port))
-    procs.wait_for("hub", "serving on")
+    procs.wait_for("hub", "serving on", 300)
     dev, _ = drafter(model, url, "pi-f")
     spy = MqttLink(url, client_id="flood").connect(30)
     stop, sent = threading.Event(), [0]

@@ -1,0 +1,93 @@
+"""One cell of benchmarks/sun/sun_vs_multilora.py: a burst of streamed chat requests on a started side.
+
+Every request is sent at once (one client thread each), streamed, greedy (temperature 0), at most
+`max_tokens` new tokens. TTFT: from the burst's start to the request's first content chunk (the
+wait in the server's queue included: a burst). tok/s: all completion tokens / the burst's wall
+time (first send to last answer). Each answer is scored with the tools task's AST check.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Sequence
+
+
+def chat_stream(url: str, body: dict, timeout: float, t0: float) -> dict:
+    """POST a streamed /v1/chat/completions; times relative to t0 (the burst's start)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    ttft, content, chunks, usage = None, [], 0, None
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return {"status": resp.status, "error": resp.read().decode("utf-8", "replace")[:500],
+                    "end_s": time.perf_counter() - t0}
+        for line in resp:
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            ev = json.loads(data)
+            usage = ev.get("usage") or usage
+            for ch in ev.get("choices") or []:
+                text = (ch.get("delta") or {}).get("content")
+                if text:
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    chunks += 1
+                    content.append(text)
+    except (ConnectionError, socket.timeout, http.client.HTTPException, OSError) as e:
+        return {"status": 0, "error": f"{type(e).__name__}: {e}", "end_s": time.perf_counter() - t0}
+    finally:
+        conn.close()
+    return {"status": 200, "ttft_s": ttft, "end_s": time.perf_counter() - t0, "content": "".join(content),
+            "completion_tokens": (usage or {}).get("completion_tokens", chunks),
+            "prompt_tokens": (usage or {}).get("prompt_tokens")}
+
+
+def messages(prompt: str) -> List[dict]:
+    return [{"role": "user", "content": prompt}]
+
+
+def run_burst(side, requests: Sequence[dict], items: Sequence[dict], max_tokens: int, n_tasks: int,
+              adapters: str, timeout: float = 1800.0) -> dict:
+    """The burst on `side` (its processes' memory sampled meanwhile) -> {"rows", "wall_s", "memory", ...}."""
+    from export.real_tasks import bfcl_call_ok
+    side.memory.start()
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    go = threading.Barrier(len(requests))
+
+    def one(req: dict) -> dict:
+        task = None if adapters == "none" else req["task"]
+        body = {**side.body(task, n_tasks), "messages": messages(items[req["item"]]["prompt"]),
+                "max_tokens": max_tokens, "temperature": 0}
+        go.wait()                                   # every client connected: send together
+        r = chat_stream(side.url, body, timeout, t0)
+        if r["status"] == 200:
+            r["correct"] = bool(bfcl_call_ok(r["content"], items[req["item"]]["gt"]))
+        return {**req, **r}
+
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        rows = list(pool.map(one, requests))
+    wall = max((r["end_s"] for r in rows), default=0.0)
+    memory = side.memory.stop()
+    return {"rows": rows, "wall_s": wall, "memory": memory, "loadavg_before": load0, "loadavg_after": os.getloadavg()}
+
+
+def warm_up(side, item: dict, n_tasks: int, adapters: str) -> dict:
+    """One request before the burst (the first call builds llama.cpp's graphs); not counted."""
+    body = {**side.body(None if adapters == "none" else 0, n_tasks), "messages": messages(item["prompt"]),
+            "max_tokens": 4, "temperature": 0}
+    r = chat_stream(side.url, body, 600, time.perf_counter())
+    if r["status"] != 200:
+        raise RuntimeError(f"{side.name}: the warm-up request failed: {r}")
+    return r

@@ -96,7 +96,7 @@ def plan(args) -> RowPlan:
                    eval_batch=args.eval_batch)
 
 
-def notes(args) -> str:
+def notes(args, tasks) -> str:
     mem = [x for x, on in (("embedding and output head frozen (shared with the base)", args.freeze_embeddings),
                            (f"micro-batches of {args.micro_batch} accumulated", args.micro_batch),
                            ("gradient checkpointing", args.grad_checkpoint),
@@ -105,7 +105,7 @@ def notes(args) -> str:
             f"{args.qsun_steps} QSUN steps from SUN; adapter rows rank {args.rank}, alpha {args.alpha:g}, all "
             f"seven linear targets, lr {args.lora_lr:g}, {args.steps} SUN-LoRA steps, {args.qsun_steps} QSUN-LoRA "
             f"steps from SUN-LoRA; training pairs up to {args.max_len} tokens, answers up to {args.max_new} "
-            f"new tokens; fp32 weights, gradients and AdamW state"
+            f"new tokens ({', '.join(f'{t.name} {t.max_new}' for t in tasks)}); fp32 weights, gradients and AdamW state"
             f"{'; ' + ', '.join(mem) if mem else ''}; {args.threads or torch.get_num_threads()} threads.\n")
 
 
@@ -180,14 +180,15 @@ def main(argv=None):
     shown = [r for r in ROWS + LORA_ROWS if r in args.rows or any(r in c for c in runner.store.data["cells"].values())]
     names = [t.name for t in tasks]
 
+    sizes = {t.name: len(t.eval) for t in tasks}
+
     def after_row(results):
-        write(results, Path(args.out), names, shown, lora_titles(args.rank), args.model, notes(args),
-              recorded_args(args))
+        return write(results, Path(args.out), names, shown, lora_titles(args.rank), args.model, notes(args, tasks),
+                     recorded_args(args), sizes)
 
     after_row(runner.store.data)                   # the table as it stands, before the first new row
     res = run_rows(runner, tasks, args.rows, after_row)
-    print(write(res, Path(args.out), names, shown, lora_titles(args.rank), args.model, notes(args),
-                recorded_args(args)), flush=True)
+    print(after_row(res), flush=True)
     return res
 
 

@@ -11,7 +11,7 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 from export.sun_eval import ROW_TITLES, markdown_table
 
@@ -58,13 +58,13 @@ def with_ext(stem: Path, ext: str) -> Path:
 
 
 def write(results: dict, out: Path, tasks: Sequence[str], rows: Sequence[str], titles: dict, model: str,
-          notes: str, args: dict) -> str:
-    """out.{json,md,png}; returns the markdown."""
+          notes: str, args: dict, eval_sizes: Optional[Dict[str, int]] = None) -> str:
+    """out.{json,md,png}; returns the markdown. eval_sizes: held-out prompts per task (default: as scored)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     for t in tasks:
         results["cells"].setdefault(t, {})
     todo = pending(results, tasks, rows)
-    sizes = {t: next((c["n"] for c in results["cells"][t].values() if "n" in c), None) for t in tasks}
+    sizes = eval_sizes or {t: next((c["n"] for c in results["cells"][t].values() if "n" in c), None) for t in tasks}
     loads = [c["load1"] for t in tasks for c in results["cells"][t].values() if "load1" in c]
     doc = dict(results, machine=machine(), args=args, pending=todo, eval_sizes=sizes)
     tmp = with_ext(out, ".json.tmp")

@@ -30,7 +30,8 @@ from typing import Callable, List, Optional
 from edge.api.admission import DEFAULT_QUEUE, Admission, Unavailable
 from edge.api.request_fields import STRUCTURED, TARGET, BadRequest, Profile
 from edge.api.logprobs import LogprobRecorder
-from edge.api.timings import timings
+from edge.api.timings import timings, timings_field, usage
+from edge.speculative.constrained import NoTokenAllowed
 from edge.api.request import Request, parse_request
 from edge.api.stop_text import StopText
 from edge.api.structured import StructuredOutput
@@ -156,6 +157,10 @@ class OpenAIServer:
                 finish = "stop" if res.finish_reason == "stop" else "length"
             except _Stop as e:              # the generation carries what it did so far (generate.py)
                 finish, res = "stop", getattr(e, "gen_result", None)
+            except NoTokenAllowed as e:     # the grammar engine gave up mid-reply (its limits): the schema's doing
+                param = "tool_choice" if req.tools is not None and req.tools.forced else "response_format"
+                raise BadRequest(f"{param!r}: the grammar engine cannot go on here ({e}); send a simpler schema",
+                                 param) from None
         rest = cut.flush()
         if rest or (recorder is not None and recorder.pending):
             emit(rest, take())
@@ -183,16 +188,6 @@ def _tool_message(calls: CallStream, finish: str) -> tuple:
     # a reply cut inside a call's arguments keeps its own finish (length), as OpenAI's cut calls
     return ({"role": "assistant", "content": calls.content or None, "tool_calls": calls.calls},
             finish if calls.incomplete else "tool_calls")
-
-
-def _timed(times: Optional[dict]) -> dict:
-    return {} if times is None else {"timings": times}
-
-
-def _usage(req: Request, n: int, cached: int = 0) -> dict:
-    """OpenAI's usage; prompt_tokens_details.cached_tokens: prompt tokens whose KV was reused."""
-    return {"prompt_tokens": len(req.ids), "completion_tokens": n, "total_tokens": len(req.ids) + n,
-            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -279,12 +274,12 @@ class _Handler(BaseHTTPRequestHandler):
             choice = {"index": 0, "message": message, "finish_reason": finish,
                       "logprobs": rec.chat(rec.entries) if rec else None}
             self._json(200, {**head, "object": "chat.completion", "choices": [choice],
-                             "usage": _usage(req, n, cached), **_timed(times)})
+                             "usage": usage(len(req.ids), n, cached), **timings_field(times)})
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish,
                       "logprobs": rec.completion(rec.entries) if rec else None}
             self._json(200, {**head, "object": "text_completion", "choices": [choice],
-                             "usage": _usage(req, n, cached), **_timed(times)})
+                             "usage": usage(len(req.ids), n, cached), **timings_field(times)})
 
 
 class _Stream:
@@ -338,9 +333,9 @@ class _Stream:
             else:
                 _, n, finish, cached, times = self.h.owner.run(
                     self.req, lambda s, lp: self.send(self.delta(s, lp)), self.rec)
-            self.send(self.delta("", [], finish), extra=_timed(times))     # as llama-server's last chunk
+            self.send(self.delta("", [], finish), extra=timings_field(times))     # as llama-server's last chunk
             if self.req.include_usage:
-                self.send(None, _usage(self.req, n, cached))
+                self.send(None, usage(len(self.req.ids), n, cached))
             self.h.wfile.write(b"data: [DONE]\n\n")
             self.h.wfile.flush()
         except (_Stop, OSError):

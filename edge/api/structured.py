@@ -72,7 +72,7 @@ class StructuredOutput:
                 self._compiled.move_to_end(key)
                 return g
             try:
-                g = Grammar(text_of(), self._tokenizer())
+                g = Grammar(text_of(), self._tokenizer()).check()
             except GrammarError as e:
                 raise BadRequest(f"{param!r}: {e}", param) from None
             self._compiled[key] = g

@@ -1,5 +1,6 @@
-"""An answer's `timings`: what its generation cost, in llama-server's names (the peer a user
-compares against: its OpenAI-compatible answers carry the same object), plus two of ours.
+"""What an answer reports about its generation: OpenAI's `usage`, and `timings`, what the
+generation cost, in llama-server's names (the peer a user compares against: its
+OpenAI-compatible answers carry the same object), plus two of ours.
 
     cache_n, prompt_n          prompt tokens reused from a prompt cache / prefilled
     prompt_ms, prompt_per_second
@@ -14,6 +15,17 @@ otherwise, and the answer then has no `timings`.
 from __future__ import annotations
 
 from typing import Optional
+
+
+def usage(prompt_tokens: int, n: int, cached: int = 0) -> dict:
+    """OpenAI's usage; prompt_tokens_details.cached_tokens: prompt tokens whose KV was reused."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def timings_field(times: Optional[dict]) -> dict:
+    """The answer's fields for `times`: {"timings": times}, or none."""
+    return {} if times is None else {"timings": times}
 
 
 def _rate(n: int, seconds: float) -> float:

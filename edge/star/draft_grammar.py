@@ -89,7 +89,7 @@ class DraftGrammars:
         if grammar_id(req.grammar) != req.grammar_id:
             raise DraftRefused("the grammar's text does not hash to its grammar_id", E_BAD_GRAMMAR)
         try:
-            g = Grammar(req.grammar, self.tokenizer)
+            g = Grammar(req.grammar, self.tokenizer).check()
         except GrammarError as e:
             stats.count("bad_grammar")
             raise DraftRefused(str(e), E_BAD_GRAMMAR) from e

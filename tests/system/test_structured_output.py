@@ -196,3 +196,30 @@ def test_forced_tokens_are_jumped_and_reported(endpoint):
     assert len(last) == 1 and last[0]["timings"]["forced_n"] == t["forced_n"], last
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == \
         r["choices"][0]["message"]["content"]
+
+
+HOSTILE = {     # the issue's list (#44): each answered or refused, and the endpoint keeps serving
+    "catastrophic regex": {"type": "string", "pattern": "^(a+)+(b+)+(a|aa)*c$"},
+    "300-deep nesting": json.loads('{"type": "array", "items": ' * 300 + '{"type": "integer"}' + "}" * 300),
+    "20,000-value enum": {"enum": [f"value-{i}" for i in range(20_000)]},
+    "minItems 100000": {"type": "array", "items": {"const": 1}, "minItems": 100_000},
+    "bad $ref": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_schemas_are_answered_or_refused(endpoint, name):
+    """A forced stretch as long as the answer (minItems: "[1, 1, ...") is jump-forwarded up to
+    max_tokens and no further; the others compile or are a 400 naming response_format."""
+    import urllib.error
+    server = endpoint[0]
+    try:
+        r = ask(server, HOSTILE[name], temperature=0, max_tokens=40)
+    except urllib.error.HTTPError as e:
+        err = json.loads(e.read())["error"]
+        assert e.code == 400 and err["param"] == "response_format", err
+    else:
+        choice = r["choices"][0]
+        assert choice["finish_reason"] in ("stop", "length"), choice
+        assert r["usage"]["completion_tokens"] <= 40, r["usage"]
+    assert ask(server, {"type": "boolean"}, temperature=0)["choices"][0]["message"]["content"] in ("true", "false")

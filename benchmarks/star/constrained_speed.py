@@ -3,14 +3,17 @@
 The star of benchmarks/star/starsd_two_device.py (the target on core 0 in this process, one
 llama.cpp thread; the hub and a remote draft service, `edge-agent run --role draft -b llamacpp`,
 one thread, pinned to core 1, over a real Mosquitto). Greedy, fixed γ. Each prompt asks for JSON
-in words, and is generated three ways, the order rotating every repeat:
+in words, and is generated four ways, the order rotating every repeat:
 
 * `unconstrained`: no grammar (what the prompt alone gets);
 * `json_object`: response_format {"type": "json_object"} (any JSON object);
-* `json_schema`: response_format json_schema with the prompt's own schema.
+* `json_schema`: response_format json_schema with the prompt's own schema;
+* `json_schema_no_jump`: the same with jump-forward off (edge/speculative/jump_forward.py: every
+  forced token then comes from a target call, drafted or not), the "before" in the same run.
 
 Per mode: decode tok/s (prefill excluded), acceptance (accepted / drafted), rounds (target calls
-after the prefill) and tokens a round, and the grammar's cost per committed token on both sides:
+after the prefill) and tokens a round, forced tokens (committed without a call), and the
+grammar's cost per committed token on both sides:
 the target's (its matcher's legal_drafts, mask_rows and sync, timed in this process) and the
 draft service's (SessionGrammar.mask -- sync, mask, masked row -- timed inside the draft process,
 which this script starts through a shim that wraps that method and writes its totals to a file).
@@ -183,13 +186,31 @@ def check_json(text: str, schema) -> bool:
         return False
 
 
+def jump_forward_off(mode: str):
+    """Jump-forward off for the json_schema_no_jump mode (this process is the target)."""
+    import contextlib
+    import edge.speculative.generate as gen
+    if mode != "json_schema_no_jump":
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def off():
+        real, gen.jump_forward = gen.jump_forward, lambda run, matcher: 0
+        try:
+            yield
+        finally:
+            gen.jump_forward = real
+    return off()
+
+
 def one_run(fn, tok, clock: Clock, stats: Path, mode: str, schema) -> dict:
     t_before, c_before, d_before = clock.total(), clock.total_cpu(), read_draft_clock(stats) if stats else None
-    res = fn()
+    with jump_forward_off(mode):
+        res = fn()
     target_s, target_cpu = clock.total() - t_before, clock.total_cpu() - c_before
     row = {"tok_s": res.tokens_per_s, "tokens": res.n_generated, "rounds": res.n_verify_calls,
            "tokens_per_round": res.tokens_per_verify, "acceptance": res.acceptance_rate,
-           "drafted": res.n_drafted, "accepted": res.n_accepted, "decode_s": res.decode_s,
+           "drafted": res.n_drafted, "accepted": res.n_accepted, "decode_s": res.decode_s, "forced": res.n_forced,
            "target_grammar_ms_per_token": 1e3 * target_s / max(1, res.n_generated),
            "target_grammar_cpu_ms_per_token": 1e3 * target_cpu / max(1, res.n_generated),
            "finish": res.finish_reason, "ids": res.tokens}
@@ -208,7 +229,7 @@ def one_run(fn, tok, clock: Clock, stats: Path, mode: str, schema) -> dict:
     row["text"] = text
     if mode != "unconstrained":       # a text cut at --new is no whole JSON: not judged
         row["valid"] = None if res.finish_reason == "length" else check_json(
-            text, schema if mode == "json_schema" else None)
+            text, None if mode == "json_object" else schema)
     return row
 
 
@@ -279,13 +300,14 @@ def main(argv=None) -> None:
         grammars = {"unconstrained": None,
                     "json_object": Grammar(grammar_from_json_schema(JSON_OBJECT), gtok),
                     "json_schema": Grammar(grammar_from_json_schema(schema), gtok)}
+        grammars["json_schema_no_jump"] = grammars["json_schema"]
         work.append((name, ids, schema, grammars))
     stop_ids = tuple(tok.eos_ids)
     logdir = args.out.parent / (args.out.name + "_logs.tmp")
     logdir.mkdir(parents=True, exist_ok=True)
     stats = logdir / "draft_grammar.json"
     broker = MosquittoBroker().start()
-    rows, t0 = [], time.monotonic()
+    rows, t0, load_before = [], time.monotonic(), os.getloadavg()
     try:
         with timed_remote_star(str(draft_path), logdir, broker.url, stats):
             link = MqttLink(broker.url, client_id="constrained-bench").connect(10)
@@ -293,7 +315,7 @@ def main(argv=None) -> None:
             warm = work[0]
             # the target's first ~50 tokens after loading run slow (its weights' pages settling): not timed
             generate_plain(engine, warm[1], 48, GREEDY, stop_ids)
-            for mode in MODES:                     # joins, the draft's grammar tokenizer, warm caches
+            for mode in MODES[:3]:                 # joins, the draft's grammar tokenizer, warm caches
                 star.generate(warm[1], 32, GREEDY, stop_ids=stop_ids, grammar=warm[3][mode])
             for name, ids, schema, grammars in work[1:]:   # the draft compiles each schema outside the timing
                 star.generate(ids, 4, GREEDY, stop_ids=stop_ids, grammar=grammars["json_schema"])
@@ -302,7 +324,7 @@ def main(argv=None) -> None:
             # machine lands on every prompt and mode alike instead of on one prompt's runs
             for r in range(args.rounds):
                 for p, (name, ids, schema, grammars) in enumerate(work):
-                    k = (r + p) % 3
+                    k = (r + p) % len(MODES)
                     for mode in MODES[k:] + MODES[:k]:
                         runs[name][mode].append(one_run(
                             lambda: star.generate(ids, args.new, GREEDY, stop_ids=stop_ids, grammar=grammars[mode]),
@@ -328,7 +350,8 @@ def main(argv=None) -> None:
     meta = {"cpu": cpu_name(), "cores": cores[:2], "pair": args.pair, "target": target_path.name,
             "draft": draft_path.name, "gamma": args.gamma, "new_tokens": args.new, "rounds": args.rounds,
             "prompts": [p[0] for p in prompts], "alone": args.alone, "greedy": True,
-            "wall_s": time.monotonic() - t0, "load_avg_after": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "wall_s": time.monotonic() - t0, "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+            "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": "python -m benchmarks.star.constrained_speed " + " ".join(argv)}
     write(rows, meta, args.out)
     for f in logdir.iterdir():

@@ -8,6 +8,7 @@ chunks here (chunk_bytes) so reassembly is exercised on every request.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -80,6 +81,10 @@ def test_foreign_kv_is_refused_with_a_reason_and_the_decoder_keeps_serving(broke
         # a worker whose KV does not match what it announced (swapped weights, wrong manifest)
         rogue = star.add_prefill("rogue", star.specs["maths"], "prefill-rogue")
         rogue.worker.engine.fingerprint = "f" * 64
+        # ... while its hellos go on announcing the decoder's: else the router may hear the new one
+        # first (a periodic hello) and refuse at routing, and the decoder's own check goes untested
+        announced = rogue.status
+        rogue.status = lambda online=True: dataclasses.replace(announced(online), fingerprint=star.fp)
         running = threading.Event()
         long = c.submit("code", ps[0], max_new=120, on_token=lambda i, t: i >= 2 and running.set())
         assert running.wait(10)

@@ -159,8 +159,12 @@ class DraftingDevice:
                 if gamma is not None:
                     gamma.drafted(len(drafts), dt)
                     gamma.answered(len(drafts), resp.n_accepted, rtt)
+                before = len(ctx.tokens)
                 self._commit(ctx, res, drafts[:resp.n_accepted] + [resp.token], stops, max_new, on_token)
-                ctx.keep, ctx.append = resp.held, []
+                # the next request names this round's tokens itself: a copy of this request that the
+                # hub served once more (its answer came for another copy) verified anew, and what the
+                # hub then holds past `before` may differ from what was committed here
+                ctx.keep, ctx.append = before, ctx.tokens[before:]
         except BaseException:
             session.close()
             raise

@@ -48,7 +48,8 @@ class VerifyRequest(Message):
 class VerifyResponse(Message):
     """verify service -> device: the first `n_accepted` drafts stand, then `token` (the target's
     correction at the first rejection, or its bonus after them all). After it the session holds
-    `held` committed tokens: the request's context + drafts[:n_accepted] + [token]."""
+    `held` committed tokens: the request's context + drafts[:n_accepted] + [token]. The device's next
+    request keeps the request's context and appends that round's tokens itself (edge/star/drafting_device.py)."""
     sid: str = wire(ID)
     seq: int = wire(SEQ)
     n_accepted: int = wire(GAMMA)

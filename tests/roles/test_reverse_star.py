@@ -346,3 +346,25 @@ def test_a_q_that_is_not_a_distribution_is_refused_and_the_service_goes_on(model
                              sampling(temperature=1.0, seed=1), True))
     (_, ok), = svc.step()
     assert isinstance(ok, VerifyResponse) and ok.held == 3 + ok.n_accepted + 1
+
+
+def test_a_copy_verified_twice_cannot_desynchronise_the_session(models):
+    """A resent copy of a request that the service serves after its first copy: sampled, the second
+    verdict may differ from the one the device took. The device's next request names its round's
+    tokens itself (keep = the context before, append = what it committed), so the service verifies
+    the next drafts after exactly the device's text, whatever it did with the copy."""
+    svc = VerifyService(TorchEngine(models[0], fingerprint="target"))
+    svc.open("a")
+    hot = sampling(temperature=5.0, seed=3)                  # flat: the copies' verdicts differ
+    q = [(np.array([5]), np.array([1.0])), (np.array([6]), np.array([1.0]))]
+    verdicts = []
+    for seq in (1, 2, 3, 4, 5, 6):                           # copies of one request, served one by one
+        svc.submit(VerifyRequest("a", seq, 0, [1, 2, 3], [5, 6], q, hot, seq == 1))
+        verdicts.append(svc.step()[0][1])
+    took = verdicts[0]                                       # what the device committed
+    assert {(v.n_accepted, v.token) for v in verdicts} != {(took.n_accepted, took.token)}
+    mine = [5, 6][:took.n_accepted] + [took.token]
+    svc.submit(VerifyRequest("a", 7, 3, mine, [], None, hot))
+    (_, r), = svc.step()
+    assert isinstance(r, VerifyResponse) and r.held == 3 + len(mine) + 1
+    assert svc._sessions["a"].committed[:3 + len(mine)] == [1, 2, 3] + mine

@@ -120,8 +120,13 @@ class Grammar:
         return self._start.deep_copy()
 
     def check(self) -> "Grammar":
-        """Compile it now (GrammarError as the constructor's): the API does, to refuse at the door."""
-        self._fresh()
+        """Compile it now and walk the tokens it forces from the start (GrammarError as the
+        constructor's): the API does, to refuse at the door what the engine gives up on as soon
+        as it starts (a 100,000-item array of short items fails on its "[")."""
+        m = self.matcher()
+        m.take_forced(64)
+        if m._m.is_error():
+            raise GrammarError(f"the grammar is refused: {m._m.get_error().splitlines()[0][:500]}")
         return self
 
     def matcher(self) -> "GrammarMatcher":

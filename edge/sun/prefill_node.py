@@ -56,6 +56,7 @@ class PrefillNode(Node):
         self.stats = {"jobs": 0, "failed": 0, "overloaded": 0, "kv_bytes": 0, "chunks": 0, "prefill_s": 0.0,
                       "adapters_added": 0, "adapters_refused": 0}
         self._jobs: Dict[str, PrefillJob] = {}            # taken, not yet answered
+        self._held: Dict[str, PrefillJob] = {}            # arrived (queued, taken or in the step), not answered
         self._held_notices = 0                            # "still held here" answers to copies of those
         self.local_decoders = dict(local_decoders or {})
         self.stats["local_kv"] = 0                        # jobs whose KV stayed in this process
@@ -91,22 +92,28 @@ class PrefillNode(Node):
         elif not isinstance(msg, PrefillJob) or msg.worker != self.id:
             self.drop("not_mine")
         elif msg.task not in self.worker.tasks:
+            self._held.pop(msg.rid, None)
             self.drop("wrong_task")
-        elif self.fresh(msg.rid):
+        elif not self.fresh(msg.rid):
+            self._held.pop(msg.rid, None)                 # answered before: not held here
+        else:
             self.served += 1
             try:
                 self.worker.submit(msg.prompt, msg.rid, SamplingParams.from_wire(msg.sampling), task=msg.task,
                                    grammar=msg.grammar, logprobs=msg.logprobs)
             except QueueFull as e:                        # tells the client and frees the decoder's slot
+                self._held.pop(msg.rid, None)
                 self.stats["overloaded"] += 1
                 self._fail(msg, E_OVERLOADED, str(e))
                 return
             except GrammarRefused as e:                   # no tokenizer here, or llguidance refuses it
+                self._held.pop(msg.rid, None)
                 self._fail(msg, E_BAD_REQUEST, f"prefill worker {self.id} cannot follow the request's grammar: {e}")
                 return
             self._jobs[msg.rid] = msg
 
     def publish(self, out) -> None:
+        self._held.pop(out.request_id, None)
         job = self._jobs.pop(out.request_id, None)
         if job is None:
             return
@@ -146,13 +153,16 @@ class PrefillNode(Node):
             self.hello()                                  # the router routes the new task from now on
 
     def answer_on_arrival(self, msg) -> bool:
-        """A copy of a job held here (queued, or in the step now running -- a burst of long prompts
-        holds one for minutes): its client heard nothing and sent it again. Tell it the job is held
-        (no tokens; a seq of its own, counted down from the largest: never a decoder's), so it waits
-        instead of sending it under a new id, which would prefill a request that was only slow twice
-        (edge/sun/client.py). Answered here, in the link's thread: the loop may be inside a step."""
-        job = self._jobs.get(msg.rid) if isinstance(msg, PrefillJob) and msg.worker == self.id else None
-        if job is None:
+        """A copy of a job held here (in the loop's inbox, queued, or in the step now running -- a
+        burst of long prompts holds one for minutes): its client heard nothing and sent it again.
+        Tell it the job is held (no tokens; a seq of its own, counted down from the largest: never a
+        decoder's), so it waits instead of sending it under a new id, which would prefill a request
+        that was only slow twice (edge/sun/client.py). Runs in the link's thread: the loop may be
+        inside a step, and the first arrival may still wait in its inbox."""
+        if not isinstance(msg, PrefillJob) or msg.worker != self.id:
+            return False
+        job = self._held.setdefault(msg.rid, msg)
+        if job is msg:                                    # the first arrival: the loop takes it
             return False
         self.drop("replay")
         self._held_notices += 1

@@ -213,10 +213,10 @@ def test_a_request_whose_copies_bring_nothing_is_sent_under_a_new_id(models):
         star.close()
 
 
-def test_a_job_held_in_a_long_prefill_step_is_waited_for_not_sent_under_a_new_id(models):
-    """A burst of long prompts holds a job at its prefill worker, in the queue or the running step,
-    for minutes: its client's copies are answered "held" from the link's thread, so the client keeps
-    waiting; the job is prefilled once and nothing goes under a new id."""
+def test_jobs_held_behind_a_long_prefill_step_are_waited_for_not_sent_under_a_new_id(models):
+    """A burst of long prompts holds jobs at their prefill worker for minutes: one in the step now
+    running, the next still in the loop's inbox. Their client's copies are answered "held" from the
+    link's thread, so the client keeps waiting; each job is prefilled once, none under a new id."""
     star = Star(models)
     gate, stepping = threading.Event(), threading.Event()
     worker = star.prefill.loop.core
@@ -228,19 +228,22 @@ def test_a_job_held_in_a_long_prefill_step_is_waited_for_not_sent_under_a_new_id
         return step()
     worker.step = held_step
     try:
-        p = prompts(1, seed=53)[0]
-        told = []
-        h = star.client.submit("maths", p, max_new=MAX_NEW, on_token=lambda i, t: told.append((i, t)))
-        assert stepping.wait(20)
-        # without the answers the client would have given up on the job after SAME_COPIES copies
-        assert wait_until(lambda: h.reasked >= SAME_COPIES + 2 or h.resent, 30)
-        assert h.resent == 0 and star.prefill.dropped.get("replay", 0) >= SAME_COPIES + 1
+        ps = prompts(2, seed=53)
+        told = [[], []]
+        first = star.client.submit("maths", ps[0], max_new=MAX_NEW, on_token=lambda i, t: told[0].append((i, t)))
+        assert stepping.wait(20)                          # the first job is in the step now held open
+        second = star.client.submit("maths", ps[1], max_new=MAX_NEW, on_token=lambda i, t: told[1].append((i, t)))
+        # without the answers the client would have given up on each job after SAME_COPIES copies
+        assert wait_until(lambda: min(h.reasked for h in (first, second)) >= SAME_COPIES + 2
+                          or first.resent or second.resent, 30)
+        assert first.resent == second.resent == 0 and star.prefill.dropped.get("replay", 0) >= 2 * SAME_COPIES
         gate.set()
-        r = h.wait(20)
-        want = star.expect(p)
-        assert r.tokens == want and told == list(enumerate(want)) and r.workers == ["pre", "dec"]
-        assert star.prefill.stats["jobs"] == 1 and star.router.counters["routed"] == 1
-        assert wait_until(star.clean)
+        for h, p, got in zip((first, second), ps, told):
+            r = h.wait(20)
+            want = star.expect(p)
+            assert r.tokens == want and got == list(enumerate(want)) and r.workers == ["pre", "dec"]
+        assert star.prefill.stats["jobs"] == 2 and star.router.counters["routed"] == 2
+        assert wait_until(star.clean) and not star.prefill._held
     finally:
         gate.set()
         star.close()

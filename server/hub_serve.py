@@ -77,6 +77,9 @@ def sun_options(f):
         option(SUN, "--sun-http-port", default=0, show_default=True,
                help="serve the SUN tasks on an OpenAI-compatible endpoint here (model = task; 0: off)"),
         option(SUN, "--sun-http-host", default="127.0.0.1", show_default=True),
+        option(SUN, "--sun-request-timeout", type=float, default=300.0, show_default=True, metavar="SECONDS",
+               help="with --sun-http-port: how long a request may take in all before it is a 503 (a burst "
+                    "queued at a prefill worker on a small CPU takes minutes)"),
         option(SUN, "--sun-tokenizer", default=None, metavar="MODEL",
                help="with --sun-http-port: the SUN base model (name or path) whose tokenizer the tasks share; "
                     "--sun-decoder follows request grammars with it too"),
@@ -272,7 +275,7 @@ def _start_sun_http(hub, cfg: HubConfig, sun_tok):
     from server.sun_http import start_sun_http
     host, port = cfg.sun.http_host, cfg.sun.http_port
     try:
-        http = start_sun_http(hub, sun_tok, host=host, port=port)
+        http = start_sun_http(hub, sun_tok, host=host, port=port, timeout=cfg.sun.request_timeout)
     except OSError as e:
         raise click.ClickException(f"--sun-http-port {port}: {e}") from None
     click.echo(f"SUN tasks on http://{host}:{http.port}/v1 (model = task)", err=True)

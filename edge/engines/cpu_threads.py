@@ -1,11 +1,13 @@
 """How many threads a CPU engine computes with when it is not told: one per physical core it may run on.
 
-llama.cpp's library default is 4 threads whatever the machine (GGML_DEFAULT_N_THREADS); on a
-2-core box that is two threads a core, and its OpenMP workers then wait on each other at every
-op. llama.cpp's own tools (llama-server, llama-bench) take one thread per physical core
-(common_cpu_get_num_math: hyperthreads do not help matrix work). We do the same, but counting
-only the cores this process may run on (taskset / cgroup cpusets), so that a role pinned to one
-core computes with one thread.
+llama.cpp's library default is 4 threads whatever the machine (GGML_DEFAULT_N_THREADS): two a
+core on a 2-core box, two of a 6-core Jetson Orin idle, twelve of a 16-core PC. llama.cpp's own tools (llama-server,
+llama-bench) take one thread per physical core (common_cpu_get_num_math: hyperthreads do not help
+matrix work), and "the same threads as llama-server" is what a user compares. We do the same, but
+counting only the cores this process may run on (taskset / cgroup cpusets), so that a role pinned
+to one core computes with one thread. (On a machine crowded with other work, more threads than
+cores can finish sooner by taking a larger share of the CPU from the other work:
+benchmarks/results/prefill_speed measured it; a device runs its roles, not a crowd.)
 """
 from __future__ import annotations
 

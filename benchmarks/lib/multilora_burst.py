@@ -87,7 +87,11 @@ def warm_up(side, item: dict, n_tasks: int, adapters: str) -> dict:
     """One request before the burst (the first call builds llama.cpp's graphs); not counted."""
     body = {**side.body(None if adapters == "none" else 0, n_tasks), "messages": messages(item["prompt"]),
             "max_tokens": 4, "temperature": 0}
-    r = chat_stream(side.url, body, 600, time.perf_counter())
-    if r["status"] != 200:
-        raise RuntimeError(f"{side.name}: the warm-up request failed: {r}")
-    return r
+    end = time.monotonic() + 300
+    while True:                # a 503 while the hub's router still proves the worker alive: ask again
+        r = chat_stream(side.url, body, 600, time.perf_counter())
+        if r["status"] == 200:
+            return r
+        if r["status"] != 503 or time.monotonic() > end:
+            raise RuntimeError(f"{side.name}: the warm-up request failed: {r}")
+        time.sleep(2)

@@ -6,7 +6,8 @@ memory of their processes.
   scale explicit (benchmarks/lib/multilora_plan.lora_field). -cram 0: no host-memory prompt cache
   (SUN has none; llama-server's default would keep up to 8 GiB of old prompts' KV).
 * SUN: `edge-hub serve --mosquitto` (Mosquitto, the router, the OpenAI endpoint and the shared
-  decoder of the bundle on llama.cpp, --sun-max-batch SLOTS) and ONE `edge-agent run --role prefill
+  decoder of the bundle on llama.cpp, --sun-max-batch SLOTS, --sun-request-timeout 1800: a burst on
+  loaded cores takes longer than the default 300 s) and ONE `edge-agent run --role prefill
   --backend llamacpp --module BUNDLE --adapter t0=t0.gguf ...` (every adapter over one base).
 
 Both sides' processes run under `taskset -c CORES`. Memory: every process of a side (its children
@@ -30,6 +31,7 @@ from typing import Dict, List, Optional, Sequence
 from benchmarks.lib.results import ROOT
 
 BIN = ROOT / ".venv" / "bin"
+REQUEST_TIMEOUT_S = 1800      # SUN's endpoint gives up on a request after this (llama-server never does)
 
 
 class SideFailed(RuntimeError):
@@ -173,7 +175,7 @@ class SunSide(Side):
         self.spawn("hub", [BIN / "edge-hub", "-v", "serve", "--mosquitto", "--port", mqtt, "--ctl-key-file", key,
                            "--sun-decoder", self.bundle, "--sun-backend", "llamacpp", "--sun-max-batch", self.slots,
                            "--threads", self.decoder_threads, "--sun-http-port", http_port,
-                           "--sun-tokenizer", self.tokenizer])
+                           "--sun-tokenizer", self.tokenizer, "--sun-request-timeout", REQUEST_TIMEOUT_S])
         self.wait_until(lambda: "serving on" in (self.logdir / "hub.err").read_text(), "serving", timeout)
         ads = [x for t, p in self.adapters.items() for x in ("--adapter", f"{t}={p}")]
         self.spawn("prefill", [BIN / "edge-agent", "run", "--role", "prefill", "--backend", "llamacpp",

@@ -125,7 +125,11 @@ class RabbitCluster:
         if any(n.host != "localhost" for n in self.nodes):
             env.update(RABBITMQ_USE_LONGNAME="true")       # node@10.x.y.z: no /etc/hosts needed
         if self.net_ticktime:
-            env.update(RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=f"-kernel net_ticktime {self.net_ticktime}")
+            # rabbitmqctl too: a CLI on Erlang's default (60 s) ticks every 15 s, and a node on 8 s drops
+            # it as "not responding" during any call that runs past 8 s -- a `wait`, a join on a
+            # loaded machine
+            ticks = f"-kernel net_ticktime {self.net_ticktime}"
+            env.update(RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=ticks, RABBITMQ_CTL_ERL_ARGS=ticks)
         if node is not None:
             env.update(RABBITMQ_NODENAME=node.node, RABBITMQ_NODE_PORT=str(node.amqp_port),
                        RABBITMQ_DIST_PORT=str(node.dist_port), RABBITMQ_MNESIA_BASE=str(node.dir / "mnesia"),

@@ -61,6 +61,16 @@ def _rounds_until(star, refs, done, give_up_s: float) -> Optional[int]:
     return rounds_until(star, PROMPTS, refs, MAX_NEW, done, give_up_s, timeout=60, pause_s=0.3)
 
 
+def _seen(star, since: float) -> dict:
+    """What the observer saw since `since`, per target: accepted joins, draft answers; sessions
+    assigned and never released; the hubs' and the draft service's sessions (a failure's context)."""
+    ob = star.observer
+    out = {t: {"joins": len(ob.joined(d, since)), "answers": len(ob.answers(d, since))}
+           for t, d in star.devices.items()}
+    return {**out, "unreleased": {sid: c for sid, (t, c) in ob.unreleased().items() if t >= since},
+            "sessions": ob.sessions()}
+
+
 def test_a_cut_node_under_a_hub_and_a_target(star, refs):
     ob, dev1, dev2 = star.observer, star.devices["t1"], star.devices["t2"]
     # drafting is an event to wait for (harness/namespace_runs.py), before the cut as after it
@@ -93,7 +103,7 @@ def test_a_cut_node_under_a_hub_and_a_target(star, refs):
     assert whole, (star.cluster.running_nodes(0), star.cluster.log_tail(star.cluster.nodes[CUT]))
     t1 = time.monotonic()                                     # healed: still the same texts, drafted again
     after = _rounds_until(star, refs, lambda: bool(ob.answers(dev1, t1)) and bool(ob.answers(dev2, t1)), 90)
-    assert after is not None, f"no speculation after the heal:\n{star.ps.err('t1')[-3000:]}"
+    assert after is not None, f"no speculation after the heal: {_seen(star, t1)}\n{star.ps.err('t1')[-3000:]}"
 
     t_idle = time.monotonic()
     zero = {h: 0 for h in (*HUBS, DRAFT)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from export.quant import fake_quant_state_dict
 from export.sun_eval import ROWS, _specialist, _Store
 from export.sun_eval_lora import LORA_ROWS, _adapter_specialist
 from export.tasks import TaskData
-from export.tune import TuneConfig, answer_ce_sum
+from export.tune import CKPT_DIR, TuneConfig, answer_ce_sum
 from export.tune_memory import share_embeddings
 
 ALL_ROWS = ROWS + LORA_ROWS
@@ -42,6 +43,7 @@ ALL_ROWS = ROWS + LORA_ROWS
 NEEDS = {"base": (), "full_ft": ("full",), "naive_reuse": ("full",), "sun": ("sun",), "int4_rtn": ("sun",),
          "qsun": ("sun", "qsun"), "sun_lora": ("sun_lora",), "qsun_lora": ("sun_lora", "qsun_lora")}
 INT4_ROWS = ("int4_rtn", "qsun", "qsun_lora")
+FULL_COPIES = ("full", "sun", "qsun")          # specialists that are a whole model (the others: adapters)
 
 
 @dataclass
@@ -119,6 +121,9 @@ class RowRunner:
                                                 init=got["sun_lora"].frozen_adapter())
             if isinstance(got[name], Transformer):
                 share_embeddings(got[name], self.base)     # frozen ones: the base's, not a second copy
+            # a saved specialist is loaded, never resumed: its training checkpoint (weights + AdamW
+            # state, ~4 GB on a 0.5B base) is dead weight on disk
+            shutil.rmtree(self.specialist_dir(task.name, name) / CKPT_DIR, ignore_errors=True)
         return got
 
     def pair(self, task: TaskData, row: str):
@@ -208,11 +213,21 @@ def score_resumable(task: TaskData, prefill, decoder, batch: int, path: Optional
 
 
 def run_rows(runner: RowRunner, tasks: Sequence[TaskData], rows: Sequence[str],
-             after_row: Callable[[dict], None] = lambda results: None) -> dict:
-    """Every (task, row) cell, task by task in the order given; after_row(results) after each new cell."""
+             after_row: Callable[[dict], None] = lambda results: None, prune: bool = False) -> dict:
+    """Every (task, row) cell, task by task in the order given; after_row(results) after each new cell.
+    prune: delete a full-copy specialist (a model's worth of disk) once none of `rows` still needs it."""
     for task in tasks:
         runner.store.data["cells"].setdefault(task.name, {})
         for row in rows:
             if runner.run_row(task, row) is not None:
                 after_row(runner.store.data)
+            if prune:
+                _prune(runner, task.name, rows)
     return runner.store.data
+
+
+def _prune(runner: RowRunner, task: str, rows: Sequence[str]) -> None:
+    pending = [r for r in rows if runner.store.get(task, r) is None]
+    for name in FULL_COPIES:
+        if not any(name in NEEDS[r] for r in pending):
+            shutil.rmtree(runner.specialist_dir(task, name), ignore_errors=True)

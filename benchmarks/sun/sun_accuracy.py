@@ -139,6 +139,9 @@ def parse(argv=None):
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast matmuls in training (fp32 master weights)")
     ap.add_argument("--ckpt-minutes", type=float, default=5.0, help="a training checkpoint at least this often")
     ap.add_argument("--eval-batch", type=int, default=8, help="prompts decoded at once when scoring")
+    ap.add_argument("--keep-specialists", action="store_true",
+                    help="keep every trained full-copy specialist in --work (default: one is deleted once no "
+                         "pending row needs it, a model's worth of disk each; adapters are always kept)")
     ap.add_argument("--probe-lrs", default=None, type=lambda s: [float(x) for x in s.split(",")],
                     help="only probe: a short SUN-LoRA run per lr on each task's training pairs (loss on "
                          "held-back training pairs, s/step); writes --out, trains no table row")
@@ -187,7 +190,7 @@ def main(argv=None):
                      recorded_args(args), sizes)
 
     after_row(runner.store.data)                   # the table as it stands, before the first new row
-    res = run_rows(runner, tasks, args.rows, after_row)
+    res = run_rows(runner, tasks, args.rows, after_row, prune=not args.keep_specialists)
     print(after_row(res), flush=True)
     return res
 

@@ -61,6 +61,21 @@ def test_every_row_is_recorded_once_and_never_recomputed(tmp_path, monkeypatch):
     assert again["cells"]["reverse"] == cells
 
 
+def test_pruning_keeps_what_a_pending_row_needs_and_no_checkpoint(tmp_path):
+    base, task = tiny()
+    spec = tmp_path / "specialists" / "reverse"
+    seen = []
+
+    def look(results):
+        seen.append(sorted(p.name for p in spec.iterdir()) if spec.is_dir() else [])
+    run_rows(quiet(base, tmp_path), [task], ("full_ft", "sun", "naive_reuse", "sun_lora", "qsun"), look, prune=True)
+    # after full_ft: full kept (naive_reuse pends); after sun: sun kept (qsun pends); full gone once
+    # naive_reuse is done; adapters are kept; sun and qsun gone at the end
+    assert seen == [["full"], ["full", "sun"], ["full", "sun"], ["sun", "sun_lora"], ["qsun", "sun", "sun_lora"]]
+    assert sorted(p.name for p in spec.iterdir()) == ["sun_lora"]
+    assert not (spec / "sun_lora" / "checkpoint").exists()
+
+
 def test_a_dropped_row_is_recomputed_from_its_kept_specialists(tmp_path, monkeypatch):
     base, task = tiny()
     first = run_rows(quiet(base, tmp_path), [task], ("sun", "qsun"))["cells"]["reverse"]

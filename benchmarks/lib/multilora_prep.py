@@ -1,9 +1,14 @@
 """What benchmarks/sun/sun_vs_multilora.py serves, made once under runs/sun_vs_multilora/ (resumable):
 
-* tuned/sun-s{seed}: prefill-only LoRA adapters (`edge-export tune --adapter lora`) on the tools task
-  (BFCL); tuned/ordinary-s0: the same tuning with the adapter on every token
-  (benchmarks/lib/ordinary_lora.py) -- llama-server's fair row. runs/sun_vs_multilora/tune_all.sh
-  (written by `write_tune_script`) runs them one after another; each resumes.
+* tuned/sun-s{seed}: prefill-only LoRA adapters (`edge-export tune --adapter lora`, `tune_command`) on
+  the tools task (BFCL); tuned/ordinary-s0: the same tuning with the adapter on every token
+  (benchmarks/lib/ordinary_lora.py) -- llama-server's fair row. What the record used, on 2 cores
+  at load ~20 (a step took 2-5 min):
+      edge-export tune --base qwen2.5-coder-0.5b --task tools --adapter lora --rank 8 --steps 12 \
+          --batch-size 2 --max-len 320 --ckpt-every 3 --n-eval 8 --eval-every 1000 --threads 2 --seed 0 \
+          --out runs/sun_vs_multilora/tuned/sun-s0 --save-decoder runs/sun_vs_multilora/decoder
+      (stopped at its step-6 checkpoint; its state.json set to 6 steps and finished with --steps 6)
+      python -m benchmarks.lib.ordinary_lora --seed 0 --steps 6 --threads 1 --out runs/sun_vs_multilora/tuned/ordinary-s0
 * decoder/: the shared decoder (`--save-decoder` of the first tune: the base, fp32);
   bundle/: it as a Q4_0 GGUF (`edge-export bundle decoder bundle --onnx "" --gguf Q4_0`): the ONE
   base file both sides load (llama-server `-m`, SUN's hub decoder and prefill worker).
@@ -24,7 +29,7 @@ from benchmarks.lib.results import ROOT
 WORK = ROOT / "runs" / "sun_vs_multilora"
 BASE = "qwen2.5-coder-0.5b"
 BIN = ROOT / ".venv" / "bin"
-TUNE = dict(rank=8, steps=12, batch_size=2, max_len=320, targets="q,k,v,o,gate,up,down")
+TUNE = dict(rank=8, steps=6, batch_size=2, max_len=320, targets="q,k,v,o,gate,up,down")
 
 
 def tune_command(seed: int, out: Path, save_decoder: Path = None) -> List[str]:
@@ -57,7 +62,8 @@ def bundle(work: Path = WORK, log=print) -> Path:
     b = work / "bundle"
     if not (b / "manifest.json").is_file():
         if not (work / "decoder").is_dir():
-            raise RuntimeError(f"no shared decoder in {work / 'decoder'}: run {work / 'tune_all.sh'} first")
+            raise RuntimeError(f"no shared decoder in {work / 'decoder'}: tune with --save-decoder first "
+                               "(this module's docstring)")
         _run([BIN / "edge-export", "bundle", work / "decoder", b, "--onnx", "", "--gguf", "Q4_0",
               "--tokenizer", BASE], log)
     return base_gguf(b)
@@ -85,7 +91,7 @@ def task_files(kind: str, n_tasks: int, base: Path, work: Path = WORK, log=print
     from benchmarks.lib.multilora_plan import task_name
     dirs = tuned(work)[kind]
     if not dirs:
-        raise RuntimeError(f"no tuned {kind} adapter under {work / 'tuned'}: run {work / 'tune_all.sh'}")
+        raise RuntimeError(f"no tuned {kind} adapter under {work / 'tuned'}: tune one first (this module's docstring)")
     sources = [adapter_gguf(d, base, work, log) for d in dirs]
     out = []
     for i in range(n_tasks):

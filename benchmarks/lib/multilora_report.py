@@ -52,6 +52,8 @@ def markdown(d: dict) -> str:
         "Goals (issue 45):",
         *goals(cells, counts),
         "",
+        *(["What this run says (written after it, kept in the JSON's \"notes\"):", *d["notes"], ""]
+          if d.get("notes") else []),
         "Adapters (rank / steps / loss of each tuned one; task i's file is a copy of tuned adapter i mod K):",
         *[f"* {kind}: " + "; ".join(f"{t['dir']} ({t['kind']}, {t['steps']} steps of {t['batch_size']}, lr {t['lr']}, "
                                      f"last {t['last']})" for t in recs)

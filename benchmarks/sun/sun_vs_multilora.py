@@ -1,6 +1,6 @@
 """SUN against llama-server's multi-LoRA on the same base GGUF and the same GGUF LoRA files (issue 45 item 3).
 
-    runs/sun_vs_multilora/tune_all.sh                          # the adapters, once (resumable; ~1 h on 2 shared cores)
+    (the adapters, once: the commands in benchmarks/lib/multilora_prep.py; ~1 h on 2 loaded cores)
     .venv/bin/python -m benchmarks.sun.sun_vs_multilora         # 8 and 64 tasks (resumes cell by cell)
     .venv/bin/python -m benchmarks.sun.sun_vs_multilora --quick # a smoke run: 2 tasks, 6 requests
 

@@ -155,7 +155,8 @@ class RabbitCluster:
             lines += [f"mqtt.listeners.tcp.default = {node.mqtt_port}"]
         return "\n".join(lines) + "\n"
 
-    def ctl(self, node: RabbitNode, *args: str, timeout: float = 60.0) -> str:
+    def ctl(self, node: RabbitNode, *args: str, timeout: float = 300.0) -> str:
+        """rabbitmqctl on `node`; timeout: a hang guard (a start_app took over 60 s at load ~22)."""
         r = subprocess.run([*node.prefix, str(SBIN / "rabbitmqctl"), "-n", node.node, *args], env=self._env(),
                            capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:

@@ -92,6 +92,6 @@ def warm_up(side, item: dict, n_tasks: int, adapters: str) -> dict:
         r = chat_stream(side.url, body, 600, time.perf_counter())
         if r["status"] == 200:
             return r
-        if r["status"] != 503 or time.monotonic() > end:
+        if r["status"] not in (400, 503) or time.monotonic() > end:   # 400: no worker lists the task (yet)
             raise RuntimeError(f"{side.name}: the warm-up request failed: {r}")
         time.sleep(2)

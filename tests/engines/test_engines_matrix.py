@@ -141,12 +141,24 @@ class Recorder:
     def __getattr__(self, name):
         return getattr(self.e, name)
 
-    def forward(self, seq, tokens):
-        start = self.e.length(seq)
-        out = self.e.forward(seq, tokens)
+    def _record(self, seq, tokens, call):
+        end = self.e.length(seq) + len(tokens)
+        out = call()                                    # the last len(out) positions' rows
         for i, row in enumerate(out):
-            self.argmax[start + i] = int(np.argmax(row))
+            self.argmax[end - len(out) + i] = int(np.argmax(row))
         return out
+
+    def forward(self, seq, tokens):
+        return self._record(seq, tokens, lambda: self.e.forward(seq, tokens))
+
+    def forward_last(self, seq, tokens):
+        return self._record(seq, tokens, lambda: self.e.forward_last(seq, tokens))
+
+    def forward_tail(self, seq, tokens, n_rows):
+        return self._record(seq, tokens, lambda: self.e.forward_tail(seq, tokens, n_rows))
+
+    def forward_rows(self, seq, tokens, n_rows):
+        return self._record(seq, tokens, lambda: self.e.forward_rows(seq, tokens, n_rows))
 
     def step(self, seqs, tokens):
         starts = [self.e.length(s) for s in seqs]

@@ -4,13 +4,13 @@ publishes its telemetry and runs until SIGINT / SIGTERM, then leaves cleanly and
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Optional
 
 import click
 
-from edge.cli.startup import TelemetrySettings, leave_on_sigterm, start_telemetry_for_command, wait_for_signal
+from edge.cli.role_endpoint import generate_once, prompt_or_serve, serve_until_signal, telemetry_running
+from edge.cli.startup import TelemetrySettings, leave_on_sigterm, wait_for_signal
 from edge.sun.worker_limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
 
 
@@ -48,14 +48,10 @@ def run_draft(core, tok, link, service_id, ctl_key=None, tele: Optional[Telemetr
     stop = leave_on_sigterm()
     node.start()
     click.echo(f"draft service {service_id} registered at {link.url}; Ctrl-C to leave", err=True)
-    telemetry = None
     try:
-        if tele:
-            telemetry = start_telemetry_for_command(link, service_id, "draft", node.telemetry, tele, ctl_key)
-        wait_for_signal(stop)
+        with telemetry_running(link, service_id, "draft", node.telemetry, tele, ctl_key):
+            wait_for_signal(stop)
     finally:
-        if telemetry is not None:
-            telemetry.stop()
         node.stop()
         link.close()
         st = node.service.stats.snapshot()
@@ -88,14 +84,10 @@ def run_sun(role, link, directory, worker_id, sun, threads, backend, ctl_key=Non
         for task, why in getattr(node.worker, "refused", {}).items():
             click.echo(f"adapter for task {task!r} refused: {why}", err=True)
     click.echo(f"{what} {worker_id} up at {link.url}; Ctrl-C to leave", err=True)
-    telemetry = None
     try:
-        if tele:
-            telemetry = start_telemetry_for_command(link, worker_id, role, node.telemetry, tele, ctl_key)
-        wait_for_signal(stop)
+        with telemetry_running(link, worker_id, role, node.telemetry, tele, ctl_key):
+            wait_for_signal(stop)
     finally:
-        if telemetry is not None:
-            telemetry.stop()
         node.stop()
         link.close()
         click.echo(f"{worker_id}: {node.stats}", err=True)
@@ -165,45 +157,17 @@ def run_target(engine, tok, link, client_id, model, target: TargetSettings,
         click.echo(f"warning: {e}; decoding alone, joining when the hub can draft", err=True)
     except TimeoutError as e:
         click.echo(f"warning: {e}; decoding alone until the hub answers", err=True)
-    telemetry = None
     try:
-        if tele:
-            telemetry = start_telemetry_for_command(link, client_id, "target", star.telemetry, tele, ctl_key)
-        if target.prompt is not None:
-            _generate_once(star, tok, target)
-        elif not target.http_port:
-            raise click.UsageError("a target needs --http-port (to serve clients) or --prompt")
-        else:
-            _serve_openai(star, tok, engine, model, target)
+        with telemetry_running(link, client_id, "target", star.telemetry, tele, ctl_key):
+            prompt_or_serve(target, "target", lambda: _generate_once(star, tok, target),
+                            lambda: serve_until_signal(star.generate, tok, engine, model, target, f"model {model}"))
     finally:
-        if telemetry is not None:
-            telemetry.stop()
         star.hub.close()
         link.close()
 
 
 def _generate_once(star, tok, target: TargetSettings) -> None:
-    from edge.speculative.sampling import SamplingParams
-    prompt = target.prompt
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}])
-                     if tok.chat_template else prompt, add_special=not tok.chat_template)
-    stream = tok.decode_stream(skip_special=True)
-    res = star.generate(ids, target.max_new, SamplingParams(temperature=target.temperature), tuple(tok.eos_ids),
-                        on_token=lambda t: (sys.stdout.write(stream.put(t)), sys.stdout.flush()))
+    res = generate_once(star.generate, tok, target)
     d = star.last_drafter.stats
     click.echo(f"\n{len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, accepted "
                f"{res.n_accepted}/{res.n_drafted}, answered {d.answered}/{d.rounds} rounds", err=True)
-
-
-def _serve_openai(star, tok, engine, model, target: TargetSettings) -> None:
-    from edge.api.openai_http import OpenAIServer
-
-    stop = leave_on_sigterm()
-    server = OpenAIServer(star.generate, tok, model_name=str(model), host=target.http_host, port=target.http_port,
-                          context=engine.max_len, parallel=target.parallel, queue=target.queue).start()
-    click.echo(f"OpenAI endpoint on http://{target.http_host}:{server.port}/v1 (model {model}); Ctrl-C to stop",
-               err=True)
-    try:
-        wait_for_signal(stop)
-    finally:
-        server.stop()

@@ -4,14 +4,14 @@ endpoint serves the TARGET's output; when the hub cannot verify it answers 503 w
 never draft-only text."""
 from __future__ import annotations
 
-import sys
 from typing import Optional
 
 import click
 
 from edge.api.admission import Unavailable
 from edge.api.request_fields import BadRequest, Profile
-from edge.cli.startup import TelemetrySettings, leave_on_sigterm, start_telemetry_for_command, wait_for_signal
+from edge.cli.role_endpoint import generate_once, prompt_or_serve, serve_until_signal, telemetry_running
+from edge.cli.startup import TelemetrySettings
 
 # what the endpoint honours: text only (the device never sees the target's logits; the hub applies
 # no penalties and follows no grammar yet)
@@ -52,50 +52,22 @@ def run_drafter(engine, tok, link, client_id, model, target, tele: Optional[Tele
         click.echo(f"drafter {client_id} joined the hub's verify service at {link.url}", err=True)
     except HubUnavailable as e:
         click.echo(f"warning: {e}; answering 503 until the hub can verify", err=True)
-    telemetry = None
     try:
-        if tele:
-            telemetry = start_telemetry_for_command(link, client_id, "drafter", device.telemetry, tele, ctl_key)
-        if target.prompt is not None:
-            _generate_once(device, tok, target)
-        elif not target.http_port:
-            raise click.UsageError("a drafter needs --http-port (to serve clients) or --prompt")
-        else:
-            _serve(device, tok, engine, model, target)
+        with telemetry_running(link, client_id, "drafter", device.telemetry, tele, ctl_key):
+            prompt_or_serve(target, "drafter", lambda: _generate_once(device, tok, target),
+                            lambda: serve_until_signal(endpoint_generate(device), tok, engine, model, target,
+                                                       f"the hub's target, drafted here by {model}", profile=DRAFTER))
     finally:
-        if telemetry is not None:
-            telemetry.stop()
         device.close()
         hub.close()
         link.close()
 
 
 def _generate_once(device, tok, target) -> None:
-    from edge.speculative.sampling import SamplingParams
     from edge.star.drafting_device import HubUnavailable
-    prompt = target.prompt
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}])
-                     if tok.chat_template else prompt, add_special=not tok.chat_template)
-    stream = tok.decode_stream(skip_special=True)
     try:
-        res = device.generate(ids, target.max_new, SamplingParams(temperature=target.temperature), tuple(tok.eos_ids),
-                              on_token=lambda t: (sys.stdout.write(stream.put(t)), sys.stdout.flush()))
+        res = generate_once(device.generate, tok, target)
     except HubUnavailable as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"\n{len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, accepted {res.n_accepted}/"
                f"{res.n_drafted} in {res.n_verify_calls} round trips to the hub", err=True)
-
-
-def _serve(device, tok, engine, model, target) -> None:
-    from edge.api.openai_http import OpenAIServer
-
-    stop = leave_on_sigterm()
-    server = OpenAIServer(endpoint_generate(device), tok, model_name=str(model), host=target.http_host,
-                          port=target.http_port, context=engine.max_len, profile=DRAFTER,
-                          parallel=target.parallel, queue=target.queue).start()
-    click.echo(f"OpenAI endpoint on http://{target.http_host}:{server.port}/v1 (the hub's target, drafted "
-               f"here by {model}); Ctrl-C to stop", err=True)
-    try:
-        wait_for_signal(stop)
-    finally:
-        server.stop()

@@ -6,9 +6,17 @@ unchanged). `BatchedCalls` wraps the engine those threads share. A forward or fo
 goes into a queue; a thread that finds the engine idle runs the round: it takes every call
 pending, runs the other queued operations in order (new_sequence, free, step, KV transfer),
 then all the forwards as one `Engine.forward_batch` (llama.cpp: one llama_decode over their
-sequences), and hands each thread its rows. No timer: a round is whatever is pending when the
-engine frees, as in the draft service's loop (edge/runtime/loop.py); while one round runs the
-next one gathers.
+sequences), and hands each thread its rows.
+
+Which forwards a round waits for: a generation loop joins the rounds (`join_rounds`, from
+edge/speculative/generate.py's _Run) and a round's forwards start once every joined generation
+has one pending, as llama-server's slots all go into one batch. Without that wait a round was
+whatever was pending when the engine freed: the threads still picking their last token missed it,
+and 4 generations ran as rounds of ~1 and ~3 (on the 0.5B at one thread a 4-row llama_decode costs
+1.6x a 1-row one, so every split round nearly doubles the cost of its tokens). A generation busy
+elsewhere (a draft on its way from the hub, a slow client's socket) is waited for at most about one
+round's time (`linger_s`), then the round goes without it. Other operations (new_sequence, free,
+KV transfer) never wait: they run whenever the engine is idle.
 
 truncate (a rejection's rollback) never waits for a round: with the engine idle it runs at
 once, else it is recorded and applied before the next round's forwards; length and tokens see
@@ -24,22 +32,27 @@ call by call (forward_batch is all or nothing), so only the failing call's threa
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from edge.engines.base import Engine, EngineError, tail_rows
 
-__all__ = ["BatchedCalls", "shared_engine"]
+__all__ = ["BatchedCalls", "join_rounds", "shared_engine"]
+
+MAX_LINGER_S = 0.25        # the longest a round waits for a joined generation that is busy elsewhere
+MIN_LINGER_S = 0.002
 
 
 class _Op:
     """One queued operation: a forward (call = (seq, tokens, n_rows)) or any other (fn)."""
-    __slots__ = ("call", "fn", "result", "error", "done")
+    __slots__ = ("call", "fn", "result", "error", "done", "thread")
 
     def __init__(self, call: Optional[tuple] = None, fn: Optional[Callable] = None):
         self.call, self.fn = call, fn
         self.result, self.error, self.done = None, None, False
+        self.thread = threading.get_ident()
 
     def get(self):
         if self.error is not None:
@@ -50,8 +63,10 @@ class _Op:
 class BatchedCalls(Engine):
     """`inner`, safe to share between generation threads, its forwards batched (module doc)."""
 
-    def __init__(self, inner: Engine):
-        self.inner = inner
+    def __init__(self, inner: Engine, linger_s: Optional[float] = None):
+        """linger_s: how long a round's forwards wait for a joined generation that has none pending;
+        None: the last round's seconds, within MIN_LINGER_S..MAX_LINGER_S (a fixed bound: tests)."""
+        self.inner, self.linger_s = inner, linger_s
         self.vocab_size, self.max_len = inner.vocab_size, inner.max_len
         self.fingerprint, self.name, self.cfg = inner.fingerprint, inner.name, inner.cfg
         self.capacity, self.kv_itemsize = inner.capacity, inner.kv_itemsize
@@ -59,8 +74,12 @@ class BatchedCalls(Engine):
         self._pending: List[_Op] = []
         self._busy = False                     # a round is running (outside the lock)
         self._cut: Dict[int, int] = {}         # truncations waiting for the engine to be idle
-        # rounds: forward_batch calls; forwards: the calls they served; largest: most in one round
-        self.stats = {"rounds": 0, "forwards": 0, "largest": 0}
+        self._members: Dict[int, int] = {}     # joined generations: thread id -> joins
+        self._idle_since = time.monotonic()    # the last round's end (or the first forward's arrival)
+        self._round_s = 0.0                    # the last forward round's seconds
+        # rounds: forward_batch calls; forwards: the calls they served; largest: most in one round;
+        # lingered: rounds that went without a joined generation (busy elsewhere past linger_s)
+        self.stats = {"rounds": 0, "forwards": 0, "largest": 0, "lingered": 0}
 
     def where(self) -> str:
         return self.inner.where()
@@ -130,6 +149,22 @@ class BatchedCalls(Engine):
         return self.inner.check_kv(blob)
 
     # ---- rounds ----
+    def join(self) -> Callable[[], None]:
+        """This thread's generation joins the rounds: they wait for its forwards; -> leave()."""
+        me, left = threading.get_ident(), []
+
+        def leave() -> None:
+            with self._cv:
+                if not left:
+                    left.append(True)
+                    self._members[me] -= 1
+                    if not self._members[me]:
+                        del self._members[me]
+                    self._cv.notify_all()     # a round may have been waiting for this one
+        with self._cv:
+            self._members[me] = self._members.get(me, 0) + 1
+        return leave
+
     def _exclusive(self, fn: Callable):
         """fn() with the engine to itself: at once when it is idle, else in the next round."""
         with self._cv:
@@ -140,13 +175,58 @@ class BatchedCalls(Engine):
 
     def _submit(self, op: _Op):
         with self._cv:
+            if op.call is not None and not any(o.call is not None for o in self._pending):
+                self._idle_since = max(self._idle_since, time.monotonic())   # linger counts from here
             self._pending.append(op)
-            while self._busy and not op.done:
-                self._cv.wait()
-            if op.done:
-                return op.get()
-            batch, self._pending, self._busy = self._pending, [], True    # this thread runs the round
-            self._apply_cuts()
+            self._cv.notify_all()             # the round joined generations wait for may be whole now
+        while True:
+            with self._cv:
+                batch = self._next_round(op)
+                if batch is None:
+                    return op.get()
+            self._run_round(batch)
+
+    def _next_round(self, op: _Op) -> Optional[List[_Op]]:
+        """Wait until `op` is done (-> None) or this thread may run a round (-> its ops; the lock held)."""
+        while not op.done:
+            if not self._busy:
+                batch = self._take()
+                if batch:
+                    self._busy = True
+                    self._apply_cuts()
+                    return batch
+            self._cv.wait(self._wait_s())
+        return None
+
+    def _take(self) -> List[_Op]:
+        """The ops a round may run now: every pending one once the forwards are ready, else the
+        non-forward ones (they never wait)."""
+        fwd = [o for o in self._pending if o.call is not None]
+        missing = set(self._members) - {o.thread for o in fwd}
+        if fwd and (not missing or self._lingered()):
+            self.stats["lingered"] += bool(missing)
+            batch, self._pending = self._pending, []
+            return batch
+        batch = [o for o in self._pending if o.call is None]
+        self._pending = fwd
+        return batch
+
+    def _linger(self) -> float:
+        if self.linger_s is not None:
+            return self.linger_s
+        return min(max(self._round_s, MIN_LINGER_S), MAX_LINGER_S)
+
+    def _lingered(self) -> bool:
+        return time.monotonic() - self._idle_since >= self._linger()
+
+    def _wait_s(self) -> Optional[float]:
+        """How long the condition wait may sleep: until linger runs out when forwards wait for a
+        round, else until notified."""
+        if self._busy or not any(o.call is not None for o in self._pending):
+            return None
+        return max(0.0, self._idle_since + self._linger() - time.monotonic())
+
+    def _run_round(self, batch: List[_Op]) -> None:
         try:
             self._run(batch)
         except BaseException as e:          # KeyboardInterrupt and the like: every caller hears it
@@ -159,8 +239,8 @@ class BatchedCalls(Engine):
                 for o in batch:
                     o.done = True
                 self._busy = False
+                self._idle_since = time.monotonic()
                 self._cv.notify_all()
-        return op.get()
 
     def _apply_cuts(self) -> None:
         """The recorded truncations, now that the engine is this thread's (the lock held)."""
@@ -178,8 +258,10 @@ class BatchedCalls(Engine):
         self.stats["rounds"] += 1
         self.stats["forwards"] += len(fwd)
         self.stats["largest"] = max(self.stats["largest"], len(fwd))
+        t = time.monotonic()
         try:
             rows = self.inner.forward_batch([o.call for o in fwd])
+            self._round_s = time.monotonic() - t
         except Exception as e:
             if len(fwd) == 1:
                 fwd[0].error = e
@@ -196,6 +278,15 @@ def _settle(op: _Op, fn: Callable) -> None:
         op.result = fn()
     except Exception as e:
         op.error = e
+
+
+def join_rounds(engine: Engine) -> Callable[[], None]:
+    """A generation on `engine` joins its rounds when it is shared (BatchedCalls); -> leave()."""
+    return engine.join() if isinstance(engine, BatchedCalls) else _stay
+
+
+def _stay() -> None:
+    pass
 
 
 def shared_engine(engine: Engine, parallel: int) -> Engine:

@@ -33,6 +33,7 @@ from edge.speculative.gen_result import CallTiming, GenResult
 from edge.speculative.jump_forward import jump_forward, verified_rows
 from edge.speculative.prefix_cache import PrefixCache, give_back, take_sequence
 from edge.engines.base import Engine
+from edge.engines.batched_calls import join_rounds
 from edge.speculative.sampling import (GREEDY, Role, SamplingParams, SparseDist, adjust_logits, pick, role_rng,
                                 to_probs)
 from edge.speculative.verify import verify_greedy, verify_stochastic
@@ -167,6 +168,7 @@ class _Run:
         self.context = list(prompt)            # committed tokens; the last one (at least) not yet fed
         self.seq, held = take_sequence(target, cache, prompt)     # holding prompt[:held] already
         self.res = GenResult(tokens=[], cached_tokens=held)
+        self.leave_rounds = join_rounds(target)    # a shared engine's rounds wait for this generation
         try:
             target.check_room(self.seq, len(prompt) - held)
             if len(prompt) - 1 > held:
@@ -222,12 +224,14 @@ class _Run:
                 return
 
     def finish(self) -> GenResult:
+        self.leave_rounds()
         give_back(self.target, self.cache, self.seq)
         self.res.wall_s = time.perf_counter() - self.t0
         return self.res
 
     def abort(self, error: BaseException) -> None:
         """Ended by `error`: the sequence back; error.gen_result is what was generated so far."""
+        self.leave_rounds()
         give_back(self.target, self.cache, self.seq, error)
         self.res.wall_s, error.gen_result = time.perf_counter() - self.t0, self.res
 

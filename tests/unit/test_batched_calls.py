@@ -4,7 +4,6 @@ engine, their forwards batched into one engine call per round; each output equal
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -41,27 +40,23 @@ def test_forward_batch_equals_the_single_calls_and_is_all_or_nothing():
     assert np.array_equal(shared.forward_tail(d, [7, 8, 9], 2), eng.forward(eng.new_sequence(), [7, 8, 9])[-2:])
 
 
-class _Gate(BatchedCalls):
-    """Holds a round with a forward until n + 1 forwards are in it or queued behind it (the next round
-    must then batch those behind); a round that other operations (new_sequence) queue behind is not held."""
+class _Rounds(BatchedCalls):
+    """BatchedCalls that records each round: (forwards in it, generations joined at the time). Its
+    rounds wait up to a minute for a joined generation: none is ever busy elsewhere here, so every
+    round must hold one forward of each."""
 
-    def __init__(self, inner, n):
-        super().__init__(inner)
-        self.n, self.sizes, self.held = n, [], False
+    def __init__(self, inner):
+        super().__init__(inner, linger_s=60.0)
+        self.sizes = []
+        batch = inner.forward_batch
 
-    def _forwards(self, ops) -> int:
-        return sum(o.call is not None for o in ops)
+        def recorded(calls):
+            self.sizes.append((len(calls), sum(self._members.values())))
+            return batch(calls)
+        inner.forward_batch = recorded
 
-    def _run(self, batch):
-        if not self.held and self._forwards(batch) == len(batch):
-            give_up = time.monotonic() + 2       # a thread may wait on this one (the prompt cache's lock)
-            with self._cv:
-                while self._forwards(batch + self._pending) <= self.n and len(self._pending) == \
-                        self._forwards(self._pending) and time.monotonic() < give_up:
-                    self._cv.wait(0.005)
-                self.held = self._forwards(batch + self._pending) > self.n
-        self.sizes.append(self._forwards(batch))
-        super()._run(batch)
+    def whole(self) -> bool:
+        return all(n == joined for n, joined in self.sizes) and self.stats["lingered"] == 0
 
 
 def _concurrently(fns):
@@ -83,18 +78,39 @@ def _concurrently(fns):
     return out
 
 
-def test_four_plain_generations_at_once_equal_each_alone_and_share_rounds():
+def test_four_plain_generations_at_once_equal_each_alone_and_share_every_round():
     alone = [generate_plain(make_engine(0), p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
-    eng = _Gate(make_engine(0), 3)
+    eng = _Rounds(make_engine(0))
     got = _concurrently([lambda p=p, n=n: generate_plain(eng, p, n) for p, n in zip(PROMPTS, LENGTHS)])
     assert [g.tokens for g in got] == alone
-    assert max(eng.sizes) >= 3 and eng.stats["rounds"] < eng.stats["forwards"]
-    assert eng.inner.active_sequences == 0
+    # every round held each running generation's forward: not whatever happened to be queued
+    assert eng.whole() and eng.stats["largest"] == 4
+    assert eng.stats["rounds"] <= max(LENGTHS) + len(PROMPTS)        # + the prefills of late joiners
+    assert eng.inner.active_sequences == 0 and not eng._members
+
+
+def test_a_round_waits_for_a_joined_generation_until_it_leaves_or_linger_runs_out():
+    eng = BatchedCalls(make_engine(0), linger_s=60.0)
+    s = eng.new_sequence()
+    leave, got = eng.join(), []                   # joined here, forwarding nothing
+    t = threading.Thread(target=lambda: got.append(eng.forward(s, [1, 2])))
+    t.start()
+    with eng._cv:                                 # the forward waits for this thread's
+        assert eng._cv.wait_for(lambda: eng._pending, 60)
+    assert not got
+    leave()
+    t.join(60)
+    assert got and got[0].shape[0] == 2 and eng.stats["lingered"] == 0
+    quick = BatchedCalls(make_engine(0), linger_s=0.0)     # a generation busy elsewhere is not waited for
+    other = threading.Thread(target=quick.join)
+    other.start()
+    other.join()
+    assert quick.forward(quick.new_sequence(), [3]).shape[0] == 1 and quick.stats["lingered"] == 1
 
 
 def test_four_speculative_generations_with_a_prompt_cache_equal_each_alone():
     alone = [generate_plain(make_engine(0), p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
-    eng, draft = _Gate(make_engine(0), 2), BatchedCalls(make_engine(1))
+    eng, draft = _Rounds(make_engine(0)), BatchedCalls(make_engine(1))
     cache = PrefixCache(eng, 4)
 
     def one(p, n):
@@ -110,7 +126,7 @@ def test_four_speculative_generations_with_a_prompt_cache_equal_each_alone():
     got = _concurrently([lambda p=p: one(p, 10) for p in turns])
     assert [g.tokens for g in got] == alone
     assert sum(g.cached_tokens for g in got) > 0 and len(cache) == 4
-    assert eng.stats["largest"] >= 2
+    assert eng.whole() and eng.stats["largest"] == 4
 
 
 def test_a_seeded_sampled_request_replays_alone_and_concurrent():
@@ -140,17 +156,25 @@ def test_a_truncate_during_a_round_waits_for_the_engine_but_reads_see_it():
 
 
 def test_an_error_reaches_only_the_failing_call():
-    eng = _Gate(make_engine(0), 1)
+    eng = _Rounds(make_engine(0))
     full = eng.new_sequence()
     eng.inner.forward(full, [1] * (eng.max_len - 1))
     ok = eng.new_sequence()
     errs = []
+
+    def joined(fn):                               # so that the first round holds all three
+        leave = eng.join()
+        try:
+            return fn()
+        finally:
+            leave()
 
     def bad():
         try:
             eng.forward(full, [1, 2])
         except EngineError as e:
             errs.append(e)
-    got = _concurrently([bad, lambda: eng.forward(ok, [3]), lambda: generate_plain(eng, [5, 6], 5)])
+    got = _concurrently([lambda: joined(bad), lambda: joined(lambda: eng.forward(ok, [3])),
+                         lambda: generate_plain(eng, [5, 6], 5)])
     assert len(errs) == 1 and "context full" in str(errs[0])
     assert got[1].shape[0] == 1 and eng.length(full) == eng.max_len - 1

@@ -116,6 +116,47 @@ async def serve(listen: tuple[str, int], to: tuple[str, int], up: Delay, down: D
         await server.serve_forever()
 
 
+class ProxyThread:
+    """The proxy in a thread of this process (tests): `with ProxyThread(("127.0.0.1", 1883)) as p:`
+    clients connect to p.port; p.set("3000 0") holds both directions' bytes 3 s (a cut shorter
+    than the keepalive: TCP keeps the connection and delivers them after), p.set("none") heals."""
+
+    def __init__(self, to: tuple[str, int], host: str = "127.0.0.1") -> None:
+        self.to, self.host = to, host
+        self.up, self.down = Delay(seed=1), Delay(seed=2)
+        self.stats: dict = {}
+        self.port = 0
+
+    def set(self, spec: str) -> None:
+        for d in (self.up, self.down):
+            d.set(spec)
+
+    def __enter__(self) -> "ProxyThread":
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def on_ready(port):
+            self.port = port
+            ready.set()
+        self._loop.create_task(serve((self.host, 0), self.to, self.up, self.down, on_ready, self.stats))
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the proxy did not start listening within 10 s")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        async def shutdown():              # every pipe and the server, before the loop stops
+            tasks = [x for x in asyncio.all_tasks() if x is not asyncio.current_task()]
+            for x in tasks:
+                x.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+
 def _addr(spec: str) -> tuple[str, int]:
     host, _, port = spec.rpartition(":")
     if not host or not port.isdigit():

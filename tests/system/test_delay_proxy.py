@@ -3,15 +3,13 @@ direction at least its minimum one-way delay later (a sleep never ends early, so
 bound holds on any machine), and the delay changes while it runs."""
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
 
 import pytest
 
-from harness.delay_proxy import PROFILES, Delay, serve
-from server.broker import find_free_port
+from harness.delay_proxy import PROFILES, Delay, ProxyThread
 
 
 @pytest.fixture
@@ -27,25 +25,9 @@ def echo_through_proxy():
                 conn.sendall(data)
                 data = conn.recv(65536)
     threading.Thread(target=run_echo, daemon=True).start()
-    up, down = Delay(20, 10, seed=1), Delay(20, 10, seed=2)
-    port = find_free_port()
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    loop.create_task(serve(("127.0.0.1", port), echo.getsockname(), up, down, lambda p: ready.set()))
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield port, up, down
-
-    async def shutdown():                      # every pipe and the server, before the loop stops
-        tasks = [x for x in asyncio.all_tasks() if x is not asyncio.current_task()]
-        for x in tasks:
-            x.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
-    loop.close()
+    with ProxyThread(echo.getsockname()) as proxy:
+        proxy.set("20 10")
+        yield proxy.port, proxy.up, proxy.down
     echo.close()
 
 

@@ -11,19 +11,14 @@ import threading
 import pytest
 import torch
 
-from edge.engines.loader import open_model
-from edge.speculative.generate import generate_plain
-from edge.star.drafting_device import DraftingDevice
-from edge.star.hub_client import HubClient
 from edge.wire.link import MqttLink
 from edge.wire.protocol import VerifyRequest, encode, up_topic
 from server.broker import find_free_port
 
-from harness.star_processes import BIN, Procs, hf_model
+from harness.reverse_star import MAX_NEW, PROMPT, close, drafter, hub_cmd, reference
+from harness.star_processes import Procs, hf_model
 
 torch.set_num_threads(1)
-PROMPT = [3, 14, 15, 9, 26, 5]
-MAX_NEW = 60
 
 
 @pytest.fixture(scope="module")
@@ -38,29 +33,12 @@ def procs(model):
     ps.close()
 
 
-def hub_cmd(model, port):
-    return [BIN / "edge-hub", "serve", "--mosquitto", "--port", port, "--verify-model", model, "--hub-id", "rv",
-            "--threads", "1", "--dtype", "float64", "--stats-every", "0"]
-
-
-def drafter(model, url, name):
-    engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=1024)
-    link = MqttLink(url, client_id=name).connect(30)
-    return DraftingDevice(engine, HubClient(link, name, tok.fingerprint(), engine.vocab_size, role="drafter"),
-                          gamma=3, join_timeout=30.0, answer_timeout=300.0, resend_after=0.5), engine
-
-
-def reference(model):
-    engine, _ = open_model(str(model), dtype="float64", threads=1, max_len=1024)
-    return generate_plain(engine, PROMPT, MAX_NEW).tokens
-
-
 def test_hub_killed_mid_generation_and_restarted_loses_no_token(model, procs):
     port = find_free_port()
     url = f"mqtt://127.0.0.1:{port}"
     procs.start("hub", *hub_cmd(model, port))
     procs.wait_for("hub", "serving on", 300)
-    dev, _ = drafter(model, url, "pi-k")
+    dev = drafter(model, url, "pi-k")
     seen, restarted = [], threading.Event()
 
     def on_token(t):
@@ -77,8 +55,7 @@ def test_hub_killed_mid_generation_and_restarted_loses_no_token(model, procs):
         again = dev.generate(PROMPT, 12)                   # healed: the next generation drafts at once
         assert again.tokens == reference(model)[:12] and again.n_accepted > 0
     finally:
-        dev.close()
-        dev.hub.link.close()
+        close(dev)
 
 
 def test_a_flood_on_the_verify_topics_changes_nothing(model, procs):
@@ -86,7 +63,7 @@ def test_a_flood_on_the_verify_topics_changes_nothing(model, procs):
     url = f"mqtt://127.0.0.1:{port}"
     procs.start("hub", *hub_cmd(model, port))
     procs.wait_for("hub", "serving on", 300)
-    dev, _ = drafter(model, url, "pi-f")
+    dev = drafter(model, url, "pi-f")
     spy = MqttLink(url, client_id="flood").connect(30)
     stop, sent = threading.Event(), [0]
 
@@ -110,5 +87,4 @@ def test_a_flood_on_the_verify_topics_changes_nothing(model, procs):
     finally:
         stop.set()
         spy.close()
-        dev.close()
-        dev.hub.link.close()
+        close(dev)

@@ -34,7 +34,8 @@ from edge.wire.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, 
                            parse_topic, sun_hello_topic, up_topic)
 from edge.star.hub_ring import HUB_SILENT_S, HubView, owner
 from edge.star.draft_kinds import make_draft_core
-from edge.star.draft_service import DraftLimits, DraftRefused, DraftService
+from edge.star.draft_limits import DraftRefused
+from edge.star.draft_service import DraftLimits, DraftService
 from edge.star.draft_node import DraftNode
 from edge.wire.seen_ids import SeenIds
 from server.discovery import Discovery

@@ -22,7 +22,8 @@ from typing import Callable, Dict, Optional
 from edge.wire.link import Link
 from edge.wire.protocol import (MAX_HELD, Bye, DraftHello, DraftRequest, ProtocolError, SessionAssign, SessionRelease,
                            down_topic, draft_ctl_topic, draft_hello_topic, encode, session_up_sub)
-from edge.star.draft_service import DraftRefused, DraftService
+from edge.star.draft_limits import DraftRefused
+from edge.star.draft_service import DraftService
 from edge.runtime.node import Node
 from edge.star.hub_client import SessionKeys
 

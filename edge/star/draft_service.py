@@ -52,26 +52,23 @@ of sampling mode. So a seed fixes nothing about the proposals through the star
 """
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import time
 from typing import Callable, List, Optional, Tuple
 
-from edge.speculative.common_prefix import common_prefix
-from edge.engines.base import Engine, EngineError
-from edge.wire.protocol import E_INTERNAL, E_OVERLOADED, DraftRequest, DraftResponse, Error
+from edge.engines.base import Engine
+from edge.wire.protocol import DraftRequest, DraftResponse
 from edge.star.batch_hold import BatchHold
 from edge.star.draft_chain import BatchItem, DraftSession, confidence, sure_prefix
 from edge.star.draft_grammar import DraftGrammars
-from edge.star.draft_limits import DraftLimits, DraftRefused
-from edge.star.draft_sessions import DraftSessions
+from edge.star.draft_limits import DraftLimits
+from edge.star.engine_sessions import EngineSessions
 from edge.runtime.isolated_step import step_isolated
 from edge.speculative.sampling import Role, SamplingParams, pick, role_rng
 
 FEED_BY_STEP = 2        # appends up to this long are fed inside the batched steps
 
 
-class DraftService(DraftSessions):
+class DraftService(EngineSessions):
     """The draft core (an edge.runtime.core.HeldBatchCore): open/close/submit from any thread (a hub
     admits sessions from its own); the engine is used only by `step`, which one loop calls."""
 
@@ -79,34 +76,17 @@ class DraftService(DraftSessions):
                  clock: Callable[[], float] = time.monotonic, name: str = "draft",
                  grammar_tokenizer=None):
         """grammar_tokenizer: for requests with a grammar (None: unconstrained drafts), draft_grammar.py."""
-        limits = limits or DraftLimits()
-        cap = getattr(engine, "capacity", None)
-        if cap is not None and cap < limits.max_sessions:
-            # an engine that holds a fixed number of sequences (llama.cpp's n_seq_max): a session
-            # past it would fail mid-request, so the service refuses it at open (and its hello says so)
-            limits = dataclasses.replace(limits, max_sessions=int(cap))
-        super().__init__(limits, clock, name, engine.vocab_size)
-        self.engine = engine
-        self.fingerprint = getattr(engine, "fingerprint", "")
+        super().__init__(engine, limits or DraftLimits(), clock, name)
         self._per_token = engine.kv_bytes_per_token()
-        self._to_free: List[int] = []
-        self._freeing = 0                       # bytes of those, held until step frees them
-        self._streams = itertools.count()       # stream numbers: no two sessions' streams coincide
         # joining serves a request at the next step anyway: nothing to hold a batch for
-        self.hold = BatchHold() if limits.coalesce and not limits.join else None
+        self.hold = BatchHold() if self.limits.coalesce and not self.limits.join else None
         self._prefilled = False                 # the batch being served fed a prompt
         self._batch: List[BatchItem] = []       # requests being served (in flight between steps with join)
         self.grammars = DraftGrammars(grammar_tokenizer)
 
-    # ---- sessions (the table and Q_in: edge/star/draft_sessions.py) ----
+    # ---- sessions (the table and Q_in: draft_sessions.py; their KV: engine_sessions.py) ----
     def _new_session(self, sid: str) -> DraftSession:
         return DraftSession(sid, self.clock())
-
-    def _check_open(self) -> None:
-        if self._kv_used() >= self._kv_limit():
-            self.stats.count("refused_sessions")
-            raise DraftRefused(f"draft service {self.name!r} has used its KV memory limit of "
-                               f"{self.limits.max_kv_mb:g} MB; raise --max-kv-mb or add a draft service")
 
     def _arrived(self, sid: str, t: float) -> None:
         if self.hold is not None:
@@ -115,22 +95,11 @@ class DraftService(DraftSessions):
     def _release(self, s: DraftSession) -> None:
         if self.hold is not None:
             self.hold.forget(s.sid)
-        if s.seq is not None:
-            self._to_free.append(s.seq)            # freed by step, between batches
-            self._freeing += s.kv
+        super()._release(s)
 
     def kv_tokens(self) -> int:
         with self._lock:
             return sum(len(s.fed) for s in self._sessions.values())
-
-    def kv_bytes(self) -> int:
-        """What --max-kv-mb counts: the KV the engine holds (allocated, not only live tokens) for
-        every session, reservations of the batch being served and closed ones not yet freed."""
-        with self._lock:
-            return sum(s.kv for s in self._sessions.values()) + self._freeing
-
-    def _kv_used(self) -> int:
-        return self.kv_bytes()
 
     def _held(self, s: DraftSession, length: Optional[int] = None) -> int:
         return self.engine.seq_kv_bytes(s.seq, length)
@@ -141,9 +110,6 @@ class DraftService(DraftSessions):
             for w in work:
                 if not w.sess.closed and w.sess.seq is not None:
                     w.sess.kv = self._held(w.sess)
-
-    def _kv_limit(self) -> float:
-        return self.limits.max_kv_mb * 1e6
 
     # ---- the core's step ----
     def has_work(self) -> bool:
@@ -174,12 +140,6 @@ class DraftService(DraftSessions):
             self._ahead_step()
         return self._replies()
 
-    def _free_closed(self) -> None:
-        with self._lock:
-            seqs, self._to_free, self._freeing = self._to_free, [], 0
-        for q in seqs:
-            self.engine.free(q)                    # a closed session's batch item is dropped unstepped
-
     def _serve(self) -> int:
         """Serve the batch: to completion (the pending requests taken at once), or with
         `limits.join` one engine step of it, requests pending joining first. Returns the
@@ -206,18 +166,7 @@ class DraftService(DraftSessions):
         if self._held_until() is not None:
             return
         self._prefilled = False
-        for s, req, t_in in self._take(busy={w.sess.sid for w in self._batch}):
-            try:
-                w = self._prepare(s, req, t_in)
-            except DraftRefused as e:
-                self._reply(s.sid, Error(s.sid, req.seq, e.code, e.reason))
-                continue
-            except EngineError as e:
-                self._reset(s)
-                self._reply(s.sid, Error(s.sid, req.seq, E_INTERNAL, f"draft engine: {e}"))
-                continue
-            if w is not None:
-                self._batch.append(w)
+        self._batch.extend(self._prepare_taken(busy={w.sess.sid for w in self._batch}))
 
     def _answer_done(self, now: float) -> None:
         """Answer the batch's items that need no more steps and drop them (and closed ones)."""
@@ -246,13 +195,9 @@ class DraftService(DraftSessions):
             return BatchItem(s, req, [], 0, params, k, t_in)
         # the most it holds while served: T + drafts[:-1], as the engine allocates it. Reserved
         # now, so the next request of this batch is checked against this one's growth too
-        need = self._held(s, max(len(s.fed), T_len + gamma - 1))
-        with self._lock:
-            if need > s.kv and self._kv_used() + need - s.kv > self._kv_limit():
-                self.stats.count("refused_kv")
-                raise DraftRefused(f"the draft's KV memory limit of {lim.max_kv_mb:g} MB is reached; "
-                                   "decode alone or raise --max-kv-mb", E_OVERLOADED)
-            s.kv = max(s.kv, need)
+        self._reserve(s, self._held(s, max(len(s.fed), T_len + gamma - 1)),
+                      f"the draft's KV memory limit of {lim.max_kv_mb:g} MB is reached; "
+                      "decode alone or raise --max-kv-mb")
         if s.seq is None:
             s.seq = self.engine.new_sequence()
         if s.rng is None or s.mode != mode:      # a new stream, never an earlier one replayed
@@ -273,10 +218,7 @@ class DraftService(DraftSessions):
             return BatchItem(s, req, [], T_len + gamma, params, k, t_in)
         # cut back to the common prefix (at least one token refed, for its logits)
         target = s.fed[:req.keep] + list(req.append)
-        cut = min(common_prefix(s.fed, target, start=req.keep), T_len - 1)
-        if cut < len(s.fed):
-            self.engine.truncate(s.seq, cut)
-            del s.fed[cut:]
+        cut = self._cut_back(s, target, start=req.keep)
         feed = target[cut:]
         if len(feed) > FEED_BY_STEP:               # a prompt: one forward call, not many steps
             self.engine.forward_last(s.seq, feed[:-1])       # KV only: one logits row, thrown away
@@ -364,11 +306,7 @@ class DraftService(DraftSessions):
         self._reply(s.sid, DraftResponse(s.sid, req.seq, tokens, q, compute_us))
 
     def _reset(self, s: DraftSession) -> None:
-        if s.seq is not None:
-            try:
-                self.engine.truncate(s.seq, 0)
-            except EngineError:
-                pass
+        self._empty_sequence(s)
         s.fed, s.chain, s.anchor, s.mode = [], [], 0, None
 
     # ---- draft-ahead ----
@@ -384,7 +322,7 @@ class DraftService(DraftSessions):
                             and s.anchor + len(s.chain) < min(s.ahead_cap, self.engine.max_len)),
                            key=lambda s: -s.last_served)[: self.limits.ahead_sessions]
         grow = sum(max(0, self._held(s, len(s.fed) + 1) - s.kv) for s in cands)   # one token each
-        if not cands or self._kv_used() + grow > self._kv_limit():
+        if not cands or self.kv_bytes() + grow > self._kv_limit():
             return []
         return [BatchItem(s, None, [], min(s.ahead_cap, self.engine.max_len), s.params, s.k) for s in cands]
 

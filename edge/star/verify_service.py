@@ -27,18 +27,16 @@ DRAFT stream (docs/architecture.md, Independent random streams).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
 from typing import Callable, List, Optional, Tuple
 
 from edge.engines.base import Engine, EngineError
-from edge.speculative.common_prefix import common_prefix
 from edge.speculative.sampling import Role, SamplingParams, SparseDist, role_rng, to_probs
 from edge.speculative.verify import verify_greedy, verify_stochastic
 from edge.star.draft_chain import sid_key
 from edge.star.draft_limits import DraftLimits, DraftRefused
-from edge.star.draft_sessions import DraftSessions
-from edge.wire.protocol import (E_BAD_KEEP, E_BAD_REQUEST, E_CONTEXT_FULL, E_INTERNAL, E_OVERLOADED, Error,
+from edge.star.engine_sessions import EngineSessions
+from edge.wire.protocol import (E_BAD_KEEP, E_BAD_REQUEST, E_CONTEXT_FULL, E_INTERNAL, Error,
                                 VerifyRequest, VerifyResponse)
 
 
@@ -67,41 +65,18 @@ class VerifyItem:
     t_in: float
 
 
-class VerifyService(DraftSessions):
+class VerifyService(EngineSessions):
     """The verify core. open/close/submit from any thread; `step` (the engine's only user) from the loop."""
     full_hint = "add a verify service or raise --max-sessions"
+    service_kind, engine_role = "verify", "target"
 
     def __init__(self, engine: Engine, limits: Optional[DraftLimits] = None,
                  clock: Callable[[], float] = time.monotonic, name: str = "verify"):
-        limits = limits or DraftLimits(ahead=False)
-        cap = getattr(engine, "capacity", None)
-        if cap is not None and cap < limits.max_sessions:       # llama.cpp's n_seq_max
-            limits = dataclasses.replace(limits, max_sessions=int(cap))
-        super().__init__(limits, clock, name, engine.vocab_size)
-        self.engine = engine
-        self.fingerprint = getattr(engine, "fingerprint", "")
-        self._to_free: List[int] = []
-        self._freeing = 0
-        self._streams = itertools.count()
+        super().__init__(engine, limits or DraftLimits(ahead=False), clock, name)
 
-    # ---- sessions (the table and Q_in: edge/star/draft_sessions.py) ----
+    # ---- sessions (the table and Q_in: draft_sessions.py; their KV: engine_sessions.py) ----
     def _new_session(self, sid: str) -> VerifySession:
         return VerifySession(sid, self.clock())
-
-    def _check_open(self) -> None:
-        if self.kv_bytes() >= self.limits.max_kv_mb * 1e6:
-            self.stats.count("refused_sessions")
-            raise DraftRefused(f"verify service {self.name!r} has used its KV memory limit of "
-                               f"{self.limits.max_kv_mb:g} MB; raise --max-kv-mb or add a verify service")
-
-    def _release(self, s: VerifySession) -> None:
-        if s.seq is not None:
-            self._to_free.append(s.seq)
-            self._freeing += s.kv
-
-    def kv_bytes(self) -> int:
-        with self._lock:
-            return sum(s.kv for s in self._sessions.values()) + self._freeing
 
     # ---- the core's step ----
     def has_work(self) -> bool:
@@ -110,23 +85,9 @@ class VerifyService(DraftSessions):
 
     def step(self) -> List[Tuple[str, object]]:
         """Free closed sessions' KV, then verify every pending request in one batched call."""
-        with self._lock:
-            seqs, self._to_free, self._freeing = self._to_free, [], 0
-        for q in seqs:
-            self.engine.free(q)
+        self._free_closed()
         t0 = self.clock()
-        work = []
-        for s, req, t_in in self._take():
-            try:
-                work.append(self._prepare(s, req, t_in))
-            except DraftRefused as e:
-                self._reply(s.sid, Error(s.sid, req.seq, e.code, e.reason))
-            except ValueError as e:                       # a q the verify math refuses (not a distribution)
-                self.stats.count("bad_q")
-                self._reply(s.sid, Error(s.sid, req.seq, E_BAD_REQUEST, f"drafts refused: {e}"[:1024]))
-            except EngineError as e:
-                self._reset(s)
-                self._reply(s.sid, Error(s.sid, req.seq, E_INTERNAL, f"target engine: {e}"))
+        work = self._prepare_taken()
         if work:
             self._verify(work, t0)
         return self._replies()
@@ -147,6 +108,13 @@ class VerifyService(DraftSessions):
             raise DraftRefused(f"a token id >= the target's vocabulary of {self.vocab_size}", E_BAD_REQUEST)
 
     def _prepare(self, s: VerifySession, req: VerifyRequest, t_in: float) -> VerifyItem:
+        try:
+            return self._prepare_checked(s, req, t_in)
+        except ValueError as e:                           # a q the verify math refuses (not a distribution)
+            self.stats.count("bad_q")
+            raise DraftRefused(f"drafts refused: {e}"[:1024], E_BAD_REQUEST) from None
+
+    def _prepare_checked(self, s: VerifySession, req: VerifyRequest, t_in: float) -> VerifyItem:
         self._check(s, req)
         context = s.committed[:req.keep] + list(req.append)
         room = self.engine.max_len - len(context)
@@ -156,13 +124,9 @@ class VerifyService(DraftSessions):
                                f"{self.engine.max_len}", E_CONTEXT_FULL)
         drafts, qs = list(req.drafts[:room]), list(req.q or [])[:room]
         params = SamplingParams.from_wire(req.sampling)
-        need = self.engine.seq_kv_bytes(s.seq, len(context) + len(drafts))
-        with self._lock:                                  # reserved now: the next request counts it
-            if need > s.kv and self.kv_bytes() + need - s.kv > self.limits.max_kv_mb * 1e6:
-                self.stats.count("refused_kv")
-                raise DraftRefused(f"the target's KV memory limit of {self.limits.max_kv_mb:g} MB is "
-                                   "reached; try later or raise --max-kv-mb", E_OVERLOADED)
-            s.kv = max(s.kv, need)
+        self._reserve(s, self.engine.seq_kv_bytes(s.seq, len(context) + len(drafts)),
+                      f"the target's KV memory limit of {self.limits.max_kv_mb:g} MB is reached; "
+                      "try later or raise --max-kv-mb")
         if s.seq is None:
             s.seq = self.engine.new_sequence()
         mode = tuple(sorted(req.sampling.items(), key=lambda kv: kv[0]))
@@ -171,10 +135,7 @@ class VerifyService(DraftSessions):
         elif s.rng is None or s.mode != mode:             # never a stream replayed mid-generation
             s.rng = role_rng(params.seed, Role.TARGET, s.key, next(self._streams))
         s.mode = mode
-        cut = min(common_prefix(s.fed, context), len(context) - 1)
-        if cut < len(s.fed):
-            self.engine.truncate(s.seq, cut)
-            del s.fed[cut:]
+        cut = self._cut_back(s, context)
         if len(context) - 1 > cut:                        # a prompt (or a rejoin): prefilled alone
             self.engine.forward_last(s.seq, context[cut:-1])
             s.fed = list(context[:-1])
@@ -233,9 +194,5 @@ class VerifyService(DraftSessions):
                                           int(max(0.0, now - w.t_in) * 1e6), batch))
 
     def _reset(self, s: VerifySession) -> None:
-        if s.seq is not None:
-            try:
-                self.engine.truncate(s.seq, 0)
-            except EngineError:
-                pass
+        self._empty_sequence(s)
         s.fed, s.committed, s.mode = [], [], None

@@ -8,7 +8,8 @@ from edge.speculative.generate import generate_plain
 from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import (E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, DraftRequest, DraftResponse,
                            Error, sampling)
-from edge.star.draft_service import DraftLimits, DraftRefused, DraftService
+from edge.star.draft_limits import DraftRefused
+from edge.star.draft_service import DraftLimits, DraftService
 from edge.star.hub_client import HubClient, JoinRefused
 from edge.star.target import StarTarget
 from edge.speculative.sampling import SamplingParams, to_probs, truncate_top_k

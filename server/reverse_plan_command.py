@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from server.pairs_arg import pairs_arg
+
 # the reference pair (docs/models.md): Qwen2.5-Coder-1.5B Q4_K_M target, 0.5B Q4_0 draft
 TARGET_GB, DRAFT_GB, KV_GB = 1.117, 0.429, 0.5
 
@@ -31,19 +33,6 @@ def reverse_plan_options(f):
     return f
 
 
-def _pairs(spec: str, what: str) -> dict:
-    out = {}
-    for kv in (x for x in spec.split(",") if x.strip()):
-        k, sep, v = kv.partition("=")
-        try:
-            out[int(k)] = float(v)
-        except ValueError:
-            sep = ""
-        if not sep:
-            raise click.BadParameter(f"{kv!r}: write T=MS pairs separated by commas", param_hint=what)
-    return out
-
-
 def reverse_plan(o: dict, rtt_ms, alpha, ns: str, gammas: str, gamma) -> bool:
     """Print what the reverse options ask for; True when that is all `plan` was asked."""
     from server.reverse_planner import ReverseInputs, format_reverse, simulate_reverse, sweep_reverse
@@ -55,7 +44,7 @@ def reverse_plan(o: dict, rtt_ms, alpha, ns: str, gammas: str, gamma) -> bool:
     if o["device_draft_ms"] is None or alpha is None:
         raise click.UsageError("the reverse star's model needs --hub-call-ms, --device-draft-ms and --alpha "
                                "(and --rtt-ms, default 2)")
-    inp = ReverseInputs(_pairs(o["hub_call_ms"], "--hub-call-ms"), o["device_draft_ms"],
+    inp = ReverseInputs(pairs_arg(o["hub_call_ms"], "--hub-call-ms", "T=MS"), o["device_draft_ms"],
                         2.0 if rtt_ms is None else rtt_ms, alpha)
     n_list = [int(x) for x in ns.split(",") if x.strip()]
     preds = ([simulate_reverse(inp, n, gamma) for n in n_list] if gamma else

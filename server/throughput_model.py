@@ -3,21 +3,8 @@ from __future__ import annotations
 
 import click
 
+from server.pairs_arg import pairs_arg
 from server.reverse_plan_command import reverse_plan, reverse_plan_options
-
-
-def _table_arg(spec: str, what: str) -> dict:
-    """'1=40,2=45.5' -> {1: 40.0, 2: 45.5}."""
-    out = {}
-    for kv in (x for x in spec.split(",") if x.strip()):
-        k, sep, v = kv.partition("=")
-        try:
-            out[int(k)] = float(v)
-        except ValueError:
-            raise click.BadParameter(f"{kv!r}: write K=VALUE pairs separated by commas", param_hint=what) from None
-        if not sep:
-            raise click.BadParameter(f"{kv!r}: write K=VALUE pairs separated by commas", param_hint=what)
-    return out
 
 
 @click.command()
@@ -67,9 +54,9 @@ def plan(measurements, draft_step, draft_feed_ms, profile, target_step_ms, verif
         wb, params = 1_117_320_768, 1.54e9        # Qwen2.5-Coder-1.5B Q4_K_M, the reference target
         kw["target_step_ms"] = p.call_ms(wb, params, 1)
         kw["verify_cost"] = {k: p.verify_cost(k, wb, params) for k in range(1, 34)}
-    given = {"draft_step_ms": draft_step and _table_arg(draft_step, "--draft-step"),
+    given = {"draft_step_ms": draft_step and pairs_arg(draft_step, "--draft-step"),
              "draft_feed_ms": draft_feed_ms, "target_step_ms": target_step_ms,
-             "verify_cost": verify_cost and _table_arg(verify_cost, "--verify-cost"), "rtt_ms": rtt_ms,
+             "verify_cost": verify_cost and pairs_arg(verify_cost, "--verify-cost"), "rtt_ms": rtt_ms,
              "alpha": alpha}
     kw.update({k: v for k, v in given.items() if v is not None})
     kw.setdefault("draft_feed_ms", 0.0)

@@ -43,18 +43,18 @@ TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
 def args_of(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ns", default="1,2,4,8")
-    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--ns", default="1,2,4,8", help="numbers of drafting devices to sweep, comma-separated")
+    ap.add_argument("--gamma", type=int, default=4, help="tokens each device drafts a round")
     ap.add_argument("--new", type=int, default=48, help="greedy tokens per device")
     ap.add_argument("--code", type=int, default=2, help="HumanEval prompts")
     ap.add_argument("--mtbench", type=int, default=2, help="MT-bench first turns")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="repeats of each N (medians)")
     ap.add_argument("--reps", type=int, default=3, help="repeats of each hub call timed for the planner's table")
-    ap.add_argument("--target-format", default="F16")
-    ap.add_argument("--draft-format", default="Q4_0")
+    ap.add_argument("--target-format", default="F16", help="the hub target's GGUF type (F16: memory-bound, a GPU hub's stand-in)")
+    ap.add_argument("--draft-format", default="Q4_0", help="the devices' draft GGUF type")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the hub to core 1 and the devices to core 0")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: N = 1, 2, 24 tokens, one prompt of each kind, one round")
+    ap.add_argument("--out", default=None, help="results path without suffix (default: benchmarks/results/reverse_star/default; --quick: quick)")
     a = ap.parse_args(argv)
     if a.quick:
         a.ns, a.new, a.rounds, a.code, a.mtbench, a.reps = "1,2", 24, 1, 1, 1, 1
@@ -158,7 +158,7 @@ def main(argv=None) -> None:
            "draft_step_ms": 1e3 * step, "alpha": alpha, "rtt_ms": rtt, "call_ms": base["call_ms"],
            "plain": base["plain"], "real": real, "points": {str(n): p for n, p in points.items()},
            "trace_misses": len(misses), "rows": rows, "wall_s": time.time() - t_begin}
-    stem = Path(a.out) if a.out else result_stem("reverse_star")
+    stem = Path(a.out) if a.out else result_stem("reverse_star", "quick" if a.quick else "default")
     from benchmarks.lib.reverse_star_report import write_outputs
     write_outputs(stem, out)
     log(f"wrote {stem}.json/.md/.png")

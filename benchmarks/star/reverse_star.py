@@ -42,7 +42,7 @@ TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
 
 def args_of(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--ns", default="1,2,4,8", help="numbers of drafting devices to sweep, comma-separated")
     ap.add_argument("--gamma", type=int, default=4, help="tokens each device drafts a round")
     ap.add_argument("--new", type=int, default=48, help="greedy tokens per device")

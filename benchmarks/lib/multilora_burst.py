@@ -7,50 +7,24 @@ time (first send to last answer). Each answer is scored with the tools task's AS
 """
 from __future__ import annotations
 
-import http.client
-import json
 import os
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Sequence
 
+from benchmarks.lib.chat_client import ServerGone, chat_stream
 
-def chat_stream(url: str, body: dict, timeout: float, t0: float) -> dict:
-    """POST a streamed /v1/chat/completions; times relative to t0 (the burst's start)."""
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    host, port = url.split("//", 1)[1].rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    ttft, content, chunks, usage = None, [], 0, None
+
+def _burst_stream(url: str, body: dict, timeout: float, t0: float) -> dict:
+    """One streamed request of the burst, times from t0 (the burst's start); a server gone is a
+    row with status 0, not an exception (the burst's other rows still count)."""
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            return {"status": resp.status, "error": resp.read().decode("utf-8", "replace")[:500],
-                    "end_s": time.perf_counter() - t0}
-        for line in resp:
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            ev = json.loads(data)
-            usage = ev.get("usage") or usage
-            for ch in ev.get("choices") or []:
-                text = (ch.get("delta") or {}).get("content")
-                if text:
-                    ttft = ttft if ttft is not None else time.perf_counter() - t0
-                    chunks += 1
-                    content.append(text)
-    except (ConnectionError, socket.timeout, http.client.HTTPException, OSError) as e:
-        return {"status": 0, "error": f"{type(e).__name__}: {e}", "end_s": time.perf_counter() - t0}
-    finally:
-        conn.close()
-    return {"status": 200, "ttft_s": ttft, "end_s": time.perf_counter() - t0, "content": "".join(content),
-            "completion_tokens": (usage or {}).get("completion_tokens", chunks),
-            "prompt_tokens": (usage or {}).get("prompt_tokens")}
+        r = chat_stream(url, body, timeout, t0)
+    except ServerGone as e:
+        return {"status": 0, "error": str(e), "end_s": time.perf_counter() - t0}
+    r["end_s"] = r.pop("total_s")
+    return r
 
 
 def messages(prompt: str) -> List[dict]:
@@ -71,7 +45,7 @@ def run_burst(side, requests: Sequence[dict], items: Sequence[dict], max_tokens:
         body = {**side.body(task, n_tasks), "messages": messages(items[req["item"]]["prompt"]),
                 "max_tokens": max_tokens, "temperature": 0}
         go.wait()                                   # every client connected: send together
-        r = chat_stream(side.url, body, timeout, t0)
+        r = _burst_stream(side.url, body, timeout, t0)
         if r["status"] == 200:
             r["correct"] = bool(bfcl_call_ok(r["content"], items[req["item"]]["gt"]))
         return {**req, **r}
@@ -89,7 +63,7 @@ def warm_up(side, item: dict, n_tasks: int, adapters: str) -> dict:
             "max_tokens": 4, "temperature": 0}
     end = time.monotonic() + 300
     while True:                # a 503 while the hub's router still proves the worker alive: ask again
-        r = chat_stream(side.url, body, 600, time.perf_counter())
+        r = _burst_stream(side.url, body, 600, time.perf_counter())
         if r["status"] == 200:
             return r
         if r["status"] not in (400, 503) or time.monotonic() > end:   # 400: no worker lists the task (yet)

@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, List
 
-from benchmarks.serving.agent_workload.client import chat
+from benchmarks.lib.chat_client import chat
 
 if TYPE_CHECKING:
     from benchmarks.serving.agent_workload.servers import Server

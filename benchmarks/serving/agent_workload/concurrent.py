@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
-from benchmarks.serving.agent_workload.client import ServerGone, chat_stream
+from benchmarks.lib.chat_client import ServerGone, chat_stream
 from benchmarks.serving.agent_workload.store import median_of
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from benchmarks.serving.agent_workload.client import chat_stream
+from benchmarks.lib.chat_client import chat_stream
 from benchmarks.serving.agent_workload.store import median_of
 
 if TYPE_CHECKING:

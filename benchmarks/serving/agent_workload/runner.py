@@ -13,7 +13,7 @@ from typing import Dict
 
 from benchmarks.lib.results import ROOT
 from benchmarks.serving.agent_workload.bfcl import rescore, run_bfcl
-from benchmarks.serving.agent_workload.client import ServerGone, chat
+from benchmarks.lib.chat_client import ServerGone, chat
 from benchmarks.serving.agent_workload.concurrent import run_concurrent
 from benchmarks.serving.agent_workload.multiturn import run_multiturn, system_prompt
 from benchmarks.serving.agent_workload.options import args_of, part_keys

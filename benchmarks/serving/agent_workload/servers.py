@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from benchmarks.lib.results import ROOT
-from benchmarks.serving.agent_workload.client import ServerGone, connect
+from benchmarks.lib.chat_client import ServerGone, connect
 
 BIN = Path(sys.executable).parent
 TARGET_CORE, STAR_CORE = 0, 1

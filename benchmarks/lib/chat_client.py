@@ -1,11 +1,13 @@
 """One request to a server's /v1/chat/completions, plain or streamed (the clients' side: stdlib
-http.client, so every server is measured through the same code)."""
+http.client, so every server is measured through the same code: benchmarks/serving/agent_workload,
+benchmarks/lib/multilora_burst.py)."""
 from __future__ import annotations
 
 import http.client
 import json
 import socket
 import time
+from typing import Optional
 
 
 class ServerGone(RuntimeError):
@@ -37,13 +39,14 @@ def chat(url: str, body: dict, timeout: float) -> dict:
     return out
 
 
-def chat_stream(url: str, body: dict, timeout: float) -> dict:
+def chat_stream(url: str, body: dict, timeout: float, t0: Optional[float] = None) -> dict:
     """A streamed chat request: TTFT (the first chunk carrying content or a tool-call delta),
     total seconds, the content, completion / prompt / cached tokens (the final usage chunk where
-    the server sends one; else the content chunks counted)."""
+    the server sends one; else the content chunks counted). t0: the perf_counter the times count
+    from (a burst's start; None: this request's send)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     conn = connect(url, timeout)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     ttft, content, chunks, usage, finish, extra = None, [], 0, None, None, {}
     try:
         conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})

@@ -70,6 +70,7 @@ class SunSettings:
     stop_ids: tuple
     adapters: tuple = ()            # prefill: (task, path) of each --adapter
     tokenizer: Optional[str] = None  # --tokenizer: the base model's, to follow request grammars
+    with_decoder: bool = False      # prefill --with-decoder: the shared decoder too, on the same base
 
 
 @dataclass
@@ -126,6 +127,10 @@ class AgentConfig:
         help="prefill: serve TASK with this prefill-only LoRA adapter over the base --module names (torch: the "
              "shared decoder's directory and a PEFT adapter directory; llamacpp: a bundle and a GGUF LoRA); "
              "repeat for more tasks")
+@option(SUN, "--with-decoder", is_flag=True,
+        help="prefill with adapters: also run the shared decoder in this process on the SAME base (one copy of "
+             "the weights instead of two; its id is CLIENT_ID-decoder; --max-batch / --max-sequences / --stop-id "
+             "are its). For one machine serving both roles; not with broker credentials (edge/cli/colocated_role.py)")
 @option(SUN, "--tokenizer", default=None, metavar="MODEL",
         help="prefill/decoder: the base model's tokenizer (a model name or path), so the worker follows a "
              "request's grammar (response_format, a forced tool_choice); a bundle that carries its tokenizer "
@@ -171,7 +176,14 @@ def agent_config_from(o: dict) -> AgentConfig:
         TargetSettings(gamma, adaptive, o["http_host"], o["http_port"], o["prompt"], o["max_new"], o["temperature"],
                        o["hubs"], o["prompt_cache"], o["prompt_cache_mb"], o["parallel"], o["queue"]),
         SunSettings(o["task"], o["max_batch"], o["max_sequences"], o["max_queue"], o["stop_ids"],
-                    _adapter_pairs(role, o.get("adapters") or ()), _sun_tokenizer(role, o.get("tokenizer"))))
+                    _adapter_pairs(role, o.get("adapters") or ()), _sun_tokenizer(role, o.get("tokenizer")),
+                    _with_decoder(role, o.get("with_decoder"))))
+
+
+def _with_decoder(role: str, given: bool) -> bool:
+    if given and role != "prefill":
+        raise click.UsageError("--with-decoder is for --role prefill (a prefill worker with adapters)")
+    return bool(given)
 
 
 def _sun_tokenizer(role: str, given: Optional[str]) -> Optional[str]:
@@ -211,6 +223,11 @@ def start_role(cfg: AgentConfig) -> None:
         placement = place_model(model, m.device, m.gpu_layers, m.profile)
         check_before_load(model.role, model, None, m.profile, m.memory_budget, max_batch=cfg.sun.max_batch,
                           placement=placement)
+        if cfg.sun.with_decoder:
+            from edge.cli.colocated_role import run_colocated
+            run_colocated(cfg.broker, model, cfg.client_id, cfg.sun, m.threads, model.backend, cfg.ctl_key,
+                          cfg.telemetry, engine_kw=placement.engine_kwargs())
+            return
         run_sun(cfg.role, cfg.broker.link(), model, cfg.client_id, cfg.sun, m.threads, model.backend,
                 cfg.ctl_key, cfg.telemetry, engine_kw=placement.engine_kwargs())
     elif cfg.role == "draft":

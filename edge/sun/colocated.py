@@ -31,10 +31,21 @@ def colocated_nodes(backend, prefill_link: Link, decoder_link: Link, prefill_id:
     LlamaCppAdapterBackend).
     adapters: (task, path) to load first; links: not yet connected (each node's will is set);
     grammars: the base tokenizer's (edge/sun/token_rules.py SunGrammars), which both then follow."""
-    from edge.wire.protocol import sun_hello_topic
     worker = AdapterPrefillWorker(backend, kv_dtype=kv_dtype, name=prefill_id, grammars=grammars)
     for task, path in adapters:
         worker.add(task, path)
+    return nodes_over_worker(worker, prefill_link, decoder_link, prefill_id, decoder_id, ctl_key, max_batch,
+                             decoder_kw, node_kw)
+
+
+def nodes_over_worker(worker: AdapterPrefillWorker, prefill_link: Link, decoder_link: Link, prefill_id: str,
+                      decoder_id: str, ctl_key: Optional[bytes] = None, max_batch: int = 64,
+                      decoder_kw: Optional[dict] = None, node_kw: Optional[dict] = None
+                      ) -> Tuple[PrefillNode, DecoderNode]:
+    """colocated_nodes for a worker already opened (AdapterPrefillWorker.open: `edge-agent run --role
+    prefill --with-decoder`): the decoder runs on its backend's base and follows its grammars."""
+    from edge.wire.protocol import sun_hello_topic
+    backend, grammars = worker.backend, worker.grammars
     engine = backend.decode_engine(max_batch)     # the decode context on the same weights
     decoder = SharedDecoder(engine, max_batch=max_batch, name=decoder_id, grammars=grammars, **dict(decoder_kw or {}))
     dec_node = DecoderNode(decoder, decoder_link, decoder_id, ctl_key)

@@ -25,6 +25,8 @@ class SiblingContext(LlamaCppEngine):
         self._model, self.mmap, self.model_params = owner._model, owner.mmap, owner.model_params
         self._ctx = self._batch = None
         self.path = owner.path
+        if threads is None and getattr(owner, "_ctx", None):     # the owner's (--threads), not the library's
+            threads = int(lc.llama_n_threads(owner._ctx))
         self._ctx = new_context(lc, self._model, owner.path, int(max_len or owner.max_len), n_seq_max, n_batch,
                                 kv_type, flash_attn, threads)
         self.kv_itemsize = KV_ITEMSIZE[kv_type]

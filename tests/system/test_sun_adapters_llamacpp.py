@@ -197,3 +197,49 @@ def test_llamacpp_prefill_and_decoder_share_one_model_in_one_process(mosquitto, 
         dec.decoder.engine.close()                             # the sibling context first, then the model
         backend.adapters.close()
         backend.engine.close()
+
+
+def test_an_agent_with_decoder_serves_every_task_over_one_model_through_the_broker(mosquitto, made):
+    """`edge-agent run --role prefill --with-decoder` (a real process, a real Mosquitto, no other
+    decoder in the star): the worker and the shared decoder join as two workers of ONE process over
+    one load of the base; every answer equals the split run, and every job's KV stayed in the process."""
+    root, sun, _ = made
+    want = {(t, i): split_run(sun, t, p, 10) for t in ("code", "tools") for i, p in enumerate(PROMPTS)}
+    key = root / "ctl-colocated.key"
+    key.write_bytes(KEY)
+    star = Star(mosquitto.url, (None, "", {}), decoders=(), tasks=())
+    ps = Procs(root)
+    worker, decoder = "prefill-both", "prefill-both-decoder"
+    ps.start("both", BIN / "edge-agent", "run", "--role", "prefill", "--with-decoder", "--module", sun,
+             "--broker", mosquitto.url, "--client-id", worker, "--threads", "1", "--max-batch", "4",
+             "--ctl-key-file", key)
+    try:
+        ps.wait_for("both", "up at")
+        assert f"shared decoder {decoder} (one copy of the base)" in ps.err("both")
+        assert "a second context on the prefill worker's model" in ps.err("both")
+        online = lambda w: w in star.router.workers and star.router.workers[w].online  # noqa: E731
+        assert wait_until(lambda: online(worker) and online(decoder), 30)
+        handles = [(t, i, star.client.submit(t, p, max_new=10)) for t in ("code", "tools") for i, p in enumerate(PROMPTS)]
+        for t, i, h in handles:
+            r = h.wait(60)
+            assert r.tokens == want[(t, i)] and r.workers == [worker, decoder], (t, i)
+        assert ps.stop("both") == 0, ps.err("both")
+        assert f"'local_kv': {len(handles)}" in ps.err("both"), ps.err("both")[-2000:]
+    finally:
+        ps.close()
+        star.close()
+
+
+def test_with_decoder_is_refused_where_it_cannot_run(made, tmp_path):
+    from click.testing import CliRunner
+    from edge.cli.agent_run import run
+    _, sun, _ = made
+    r = CliRunner().invoke(run, ["--role", "decoder", "--with-decoder", "--module", str(sun), "--broker",
+                                 "mqtt://127.0.0.1:1"])
+    assert r.exit_code != 0 and "--with-decoder is for --role prefill" in r.output, r.output
+    pw = tmp_path / "pw"
+    pw.write_text("secret")
+    # with credentials the broker's per-user ACL would drop the second id's hello: refused at the door
+    r = CliRunner().invoke(run, ["--role", "prefill", "--with-decoder", "--module", str(sun), "--broker",
+                                 "mqtt://127.0.0.1:1", "--username", "w", "--password-file", str(pw)])
+    assert r.exit_code != 0 and "per-user ACL" in r.output, r.output

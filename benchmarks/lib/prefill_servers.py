@@ -6,7 +6,6 @@ disturbs least.
 """
 from __future__ import annotations
 
-import ctypes
 import http.client
 import json
 import os
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from benchmarks.lib.results import ROOT
+from benchmarks.lib.server_process import pinned, spawn_pinned, stop_process, wait_healthy
 
 TICK = os.sysconf("SC_CLK_TCK")
 FIRST_WORDS = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf", "Hotel", "India", "Juliet",
@@ -55,16 +55,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pinned(cores: List[int]):
-    def pin():
-        os.sched_setaffinity(0, set(cores))
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 15)      # PR_SET_PDEATHSIG, SIGTERM
-        except OSError:
-            pass
-    return pin
-
-
 class Server:
     """One server process: started pinned, asked over HTTP, its CPU seconds read from /proc."""
     label = "?"
@@ -81,41 +71,18 @@ class Server:
     def start(self, cores: List[int]) -> None:
         self.port = _free_port()
         self.argv = [str(a) for a in self.command()]
-        self.logdir.mkdir(parents=True, exist_ok=True)
         log = self.logdir / f"{self.label.split()[0]}-{self.port}.err"
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=open(log, "w"), cwd=ROOT,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=_pinned(cores))
+        self.proc = spawn_pinned(self.argv, log, cores)
         self.cores = cores
-        end = time.monotonic() + 900
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.label} exited ({self.proc.returncode}); see {log}")
-            try:
-                if self._get("/health")[0] == 200:
-                    return
-            except (OSError, http.client.HTTPException):
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.label} never answered /health; see {log}")
+        wait_healthy(self.proc, self.port, 900, self.label, log)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
 
     def cpu_seconds(self) -> float:
         f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(f[11]) + int(f[12])) / TICK
-
-    def _get(self, path: str):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-        c.request("GET", path)
-        r = c.getresponse()
-        return r.status, r.read()
 
     def _post(self, path: str, body: dict) -> dict:
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
@@ -186,7 +153,7 @@ class LlamaServer(Server):
 def sweep_engine(gguf: Path, tokens: int, rounds: int) -> dict:
     """The engine alone, one thread on core 0, at each setting (benchmarks/lib/prefill_engine_worker.py)."""
     p = subprocess.run([sys.executable, "-m", "benchmarks.lib.prefill_engine_worker", str(gguf), str(tokens),
-                        str(rounds)], capture_output=True, text=True, cwd=ROOT, preexec_fn=_pinned([0]))
+                        str(rounds)], capture_output=True, text=True, cwd=ROOT, preexec_fn=pinned([0]))
     if p.returncode != 0:
         raise RuntimeError(f"the engine sweep failed:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])

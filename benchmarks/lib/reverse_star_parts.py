@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from benchmarks.lib.server_process import stop_process
 from edge.speculative.drafter import Drafter
 from edge.speculative.generate import ModelDrafter
 
@@ -105,12 +106,7 @@ class HubProcess:
         return {"sessions": int(s), "requests": int(r), "batch_mean": float(b), "acceptance": float(a)}
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self.err.close()
 
 

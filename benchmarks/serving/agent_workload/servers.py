@@ -3,32 +3,17 @@ and ours through the star (`edge-agent run --role target`, the hub and draft ser
 from __future__ import annotations
 
 import contextlib
-import http.client
-import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
-from benchmarks.lib.results import ROOT
-from benchmarks.lib.chat_client import ServerGone, connect
+from benchmarks.lib.chat_client import ServerGone
+from benchmarks.lib.server_process import spawn_pinned, stop_process, wait_healthy
 
 BIN = Path(sys.executable).parent
 TARGET_CORE, STAR_CORE = 0, 1
-
-def _pinned(core: int):
-    """A child's preexec: on `core`, and terminated when this process dies (a killed run leaves no
-    server holding a core or a port; the rerun resumes)."""
-    def pin():
-        os.sched_setaffinity(0, {core})
-        try:
-            import ctypes
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 15)      # PR_SET_PDEATHSIG, SIGTERM
-        except OSError:
-            pass
-    return pin
 
 
 def free_port(start: int) -> int:
@@ -57,41 +42,20 @@ class Server:
 
     def _spawn(self, argv: List[str]) -> None:
         self.argv = [str(a) for a in argv]
-        self.logdir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"),
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT,
-                                     preexec_fn=_pinned(TARGET_CORE))
+        self.proc = spawn_pinned(self.argv, self.log, [TARGET_CORE])
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def wait_ready(self, timeout: float = 600.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if not self.alive():
-                raise ServerGone(f"{self.name} exited ({self.proc.returncode}); see {self.log}:\n"
-                                 + self.log.read_text(errors="replace")[-1500:])
-            try:
-                conn = connect(self.url, 5)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    return
-            except (OSError, http.client.HTTPException):
-                pass
-            time.sleep(0.5)
-        raise ServerGone(f"{self.name} never answered /health in {timeout:.0f}s; see {self.log}")
+        wait_healthy(self.proc, self.port, timeout, self.name, self.log, gone=ServerGone)
 
     def start(self) -> "Server":
         raise NotImplementedError
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
 
     def describe(self) -> dict:
         return {"command": " ".join(self.argv), "core": TARGET_CORE}

@@ -39,40 +39,25 @@ import jsonschema
 import openai
 import pytest
 
-from edge.model.fetch import model_path
+from harness.agent_asks import ASK, WEATHER, city_schema, fetched_or_skip, json_ask, tool_ask
 from harness.console_scripts import BIN, Procs
 from harness.waiting import wait_until
 
 MODEL = "qwen2.5-coder-0.5b"
-QWEN = model_path(MODEL)
-if not QWEN.exists():
-    pytest.skip(f"{QWEN.name} is not fetched (make test-models): this suite runs the real Qwen2.5-Coder-0.5B",
-                allow_module_level=True)
+fetched_or_skip(MODEL)
 
 # one star for the module: under pytest-xdist (--dist loadgroup) its tests stay on one worker (each
 # test also stands alone, as a worker given only some of them starts a star of its own)
 pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.llamacpp, pytest.mark.broker,
               pytest.mark.xdist_group("real_agent_star")]
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "required": ["city"],
-                   "properties": {"city": {"type": "string"},
-                                  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Get the local time in a city",
     "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
-ASK = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-TOOL_ASK = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=60)
-CITY = {"type": "object", "additionalProperties": False, "required": ["city", "country", "population_millions"],
-        "properties": {"city": {"type": "string"}, "country": {"type": "string"},
-                       "population_millions": {"type": "number"}}}
-JSON_ASK = dict(model=MODEL, temperature=0, max_tokens=60,
-                messages=[{"role": "user", "content": "Give the capital of France as JSON with its country and "
-                                                      "population in millions."}],
-                response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY,
-                                                                        "strict": True}})
+TOOL_ASK = tool_ask(MODEL)
+CITY = city_schema()
+JSON_ASK = json_ask(MODEL, CITY)
 
 
 def _agent_has(option: str) -> bool:

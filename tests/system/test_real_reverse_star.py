@@ -10,12 +10,11 @@ from __future__ import annotations
 import openai
 import pytest
 
-from edge.model.fetch import model_path
+from harness.agent_asks import fetched_or_skip
 from harness.console_scripts import BIN, Procs
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-if not (model_path(TARGET).exists() and model_path(DRAFT).exists()):
-    pytest.skip("the Qwen2.5-Coder 1.5B and 0.5B files are not fetched (make models)", allow_module_level=True)
+TARGET_PATH, _ = fetched_or_skip(TARGET, DRAFT)
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.llamacpp, pytest.mark.broker]
 ASK = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
@@ -52,7 +51,7 @@ def test_the_drafters_endpoint_answers_the_targets_greedy_text(star):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="none", timeout=1800)
     got = client.chat.completions.create(model=DRAFT, messages=ASK, temperature=0, max_tokens=NEW)
     text = got.choices[0].message.content
-    engine, tok = open_model(str(model_path(TARGET)), backend="llamacpp", threads=1, max_len=1024)
+    engine, tok = open_model(str(TARGET_PATH), backend="llamacpp", threads=1, max_len=1024)
     ids = tok.encode(tok.apply_chat_template(ASK), add_special=False)
     answer = tok.encode(text, add_special=False)
     assert got.usage.completion_tokens == NEW and tok.decode(answer) == text

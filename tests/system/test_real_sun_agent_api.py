@@ -25,14 +25,11 @@ import jsonschema
 import openai
 import pytest
 
-from edge.model.fetch import model_path
+from harness.agent_asks import WEATHER, city_schema, fetched_or_skip, json_ask, tool_ask
 from harness.waiting import wait_until
 
 MODEL = "qwen2.5-coder-0.5b"
-QWEN = model_path(MODEL)
-if not QWEN.exists():
-    pytest.skip(f"{QWEN.name} is not fetched (make test-models): this suite runs the real Qwen2.5-Coder-0.5B",
-                allow_module_level=True)
+QWEN, = fetched_or_skip(MODEL)
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install .[llama])")
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.llamacpp, pytest.mark.broker,
@@ -40,21 +37,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.llamacpp, py
 
 TASK = "agent"
 KEY = b"q" * 32
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "required": ["city"],
-                   "properties": {"city": {"type": "string"},
-                                  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}
-ASK = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-TOOL_ASK = dict(model=TASK, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=60)
-CITY = {"type": "object", "additionalProperties": False, "required": ["city", "country", "population_millions"],
-        "properties": {"city": {"type": "string", "maxLength": 20}, "country": {"type": "string", "maxLength": 20},
-                       "population_millions": {"type": "number"}}}
-JSON_ASK = dict(model=TASK, temperature=0, max_tokens=60,
-                messages=[{"role": "user", "content": "Give the capital of France as JSON with its country and "
-                                                      "population in millions."}],
-                response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY,
-                                                                        "strict": True}})
+TOOL_ASK = tool_ask(TASK)
+CITY = city_schema(max_length=20)
+JSON_ASK = json_ask(TASK, CITY)
 
 
 @pytest.fixture(scope="module")

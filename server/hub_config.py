@@ -12,7 +12,8 @@ The file has one table per --help section of `edge-hub serve`, each key the long
     [draft]      draft_model, draft_backend, verify_model, verify_backend, client_share, max_sessions, max_kv_mb, max_gamma, evict_after, ahead,
                  coalesce, join, q_top_k, draft_p_min, drafter, suffix_min_score
     [sun]        sun_isolated, sun_pool, sun_decoder, sun_max_batch, sun_max_sequences, sun_backend,
-                 stop_id, sun_http_port, sun_http_host, sun_tokenizer, sun_request_timeout
+                 stop_id, sun_http_port, sun_http_host, sun_tokenizer, sun_request_timeout,
+                 sun_grammars_on_demand
     [telemetry]  telemetry_interval, metrics_port, metrics_host
 
 Secrets stay out of it (edge/cli/config_file.py refuses `password` and `ctl_key`; a `user` entry
@@ -73,6 +74,7 @@ class SunSettings:
     http_host: str
     tokenizer: Optional[str]            # the SUN base model whose tokenizer the endpoint uses
     request_timeout: float = 300.0      # the endpoint's limit on one request, queueing included
+    grammars_on_demand: bool = False    # the endpoint's grammar tokenizer at the first grammar, not at start
 
 
 @dataclass
@@ -183,7 +185,7 @@ def _sun_settings(o: dict) -> SunSettings:
         raise click.UsageError("--sun-http-port needs --sun-tokenizer (the SUN base model, e.g. smollm2-135m)")
     return SunSettings(o["sun_isolated"], pools, o["sun_decoder"], o["sun_max_batch"], o["sun_max_sequences"],
                        o["sun_backend"], o["stop_ids"], o["sun_http_port"], o["sun_http_host"], o["sun_tokenizer"],
-                       o.get("sun_request_timeout", 300.0))
+                       o.get("sun_request_timeout", 300.0), bool(o.get("sun_grammars_on_demand")))
 
 
 def parse_pools(specs) -> dict:

@@ -40,8 +40,9 @@ def _warm(server: OpenAIServer) -> None:
 
 
 def start_sun_http(hub, tokenizer, host: str = "127.0.0.1", port: int = 8080,
-                   timeout: float = 300.0, context: Optional[int] = None) -> OpenAIServer:
-    """Serve the hub's SUN tasks over HTTP; stop the returned server (and its client) with .stop()."""
+                   timeout: float = 300.0, context: Optional[int] = None, warm: bool = True) -> OpenAIServer:
+    """Serve the hub's SUN tasks over HTTP; stop the returned server (and its client) with .stop().
+    warm: build the grammar tokenizer now, in the background (else at the first grammar)."""
     if hub.router is None:
         raise ValueError("the hub runs without SUN routing (sun=False): nothing to serve")
     client = SunClient(hub.link, hub.hub_id).start()
@@ -71,7 +72,8 @@ def start_sun_http(hub, tokenizer, host: str = "127.0.0.1", port: int = 8080,
 
     server = OpenAIServer(generate, tokenizer, model_name="sun", host=host, port=port, context=context,
                           models=hub.router.tasks, profile=SUN_HUB)
-    threading.Thread(target=_warm, args=(server,), name="sun-grammar-warm", daemon=True).start()
+    if warm:
+        threading.Thread(target=_warm, args=(server,), name="sun-grammar-warm", daemon=True).start()
     stop = server.stop
 
     def stop_both() -> None:

@@ -29,19 +29,25 @@ def open_colocated(broker, directory, worker_id, sun, threads, backend, ctl_key=
     from edge.sun.worker_tokenizer import worker_grammars
     worker = AdapterPrefillWorker.open(directory, sun.adapters, backend=backend, threads=threads,
                                        max_queue=sun.max_queue, engine_kw=engine_kw, name=worker_id)
-    worker.grammars = worker_grammars(directory, sun.tokenizer, worker.engine.vocab_size)
+    worker.grammars = worker_grammars(directory, sun.tokenizer, worker.engine.vocab_size, sun.grammars_on_demand)
     dec_id = decoder_id_of(worker_id)
     pre_link, dec_link = broker.link(client_id=worker_id), broker.link(client_id=dec_id)
     pre, dec = nodes_over_worker(worker, pre_link, dec_link, worker_id, dec_id, ctl_key, sun.max_batch,
                                  decoder_kw={"stop_ids": sun.stop_ids, "max_sequences": sun.max_sequences})
     click.echo(f"loaded {directory} on {worker.engine.name}: {worker.engine.where()}; the decoder "
                f"{dec_id} on {dec.decoder.engine.where()}; request grammars "
-               f"{'followed' if worker.grammars else 'refused (no --tokenizer)'}", err=True)
+               f"{_grammars_said(worker.grammars, sun.grammars_on_demand)}", err=True)
     dec_link.connect(timeout=10)
     dec.start()                            # the decoder first: the prefill worker's jobs go to it
     pre_link.connect(timeout=10)
     pre.start()
     return pre, dec
+
+
+def _grammars_said(grammars, on_demand: bool) -> str:
+    if not grammars:
+        return "refused (no --tokenizer)"
+    return "followed (the tokenizer loads at the first one)" if on_demand else "followed"
 
 
 def run_colocated(broker, directory, worker_id, sun, threads, backend, ctl_key=None, tele=None,

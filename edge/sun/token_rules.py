@@ -34,11 +34,13 @@ class SunGrammars:
     """A worker's grammars: compiled against its tokenizer (llguidance's, built at the first grammar:
     about a second for a 150k vocabulary), kept by id."""
 
-    def __init__(self, tokenizer=None, vocab_size: Optional[int] = None, llg=None):
+    def __init__(self, tokenizer=None, vocab_size: Optional[int] = None, llg=None, make: Optional[Callable] = None):
         """tokenizer: the base model's edge.model.tokenizer.Tokenizer; vocab_size: the engine's logits
         width when it exceeds the tokenizer's (padding rows are never allowed); llg: llguidance's
-        tokenizer itself instead (a test's own vocabulary)."""
-        self._make: Optional[Callable] = None if llg is not None else lambda: grammar_tokenizer(tokenizer, vocab_size)
+        tokenizer itself instead (a test's own vocabulary); make: what builds llguidance's tokenizer at
+        the first grammar instead (it raises GrammarError when it cannot: that request is refused)."""
+        self._make: Optional[Callable] = make or (None if llg is not None else
+                                                  lambda: grammar_tokenizer(tokenizer, vocab_size))
         self._llg = llg
         self._compiled: "OrderedDict[str, Grammar]" = OrderedDict()
         self._lock = threading.Lock()

@@ -7,13 +7,11 @@ will's online=False, know their sessions are gone and rejoin), watches draft
 services' DraftHello on ss/hub/drafts/+ and assigns sessions to its own
 service directly or to remote ones with SessionAssign.
 
-With several hubs (`hubs`: every hub's id, its own included; docs/star.md "Several hubs") it
-announces itself on its own ss/hubs/{hub_id} instead (retained, its will says offline), watches
-the others' there (edge/star/hub_ring.py's HubView) and answers only the joins that name it -- a
-device picks the owner of its client id by rendezvous hashing over the live hubs -- and those
-that name no hub (an older device) when it is their owner in its own view. Draft services and
-SUN workers serve every hub: their hellos are read by all, and a service's own session count in
-its hello is the shared truth of its slots.
+With several hubs (`hubs`: every hub's id, its own included) it announces itself on its own
+ss/hubs/{hub_id} instead (retained, its will says offline), watches the others' there and answers
+only the joins that name it, and those that name no hub when it is their owner (server/hub_peers.py).
+Draft services and SUN workers serve every hub: their hellos are read by all, and a service's own
+session count in its hello is the shared truth of its slots.
 
 It also routes SUN requests (server/sun_router.py: task -> its prefill
 worker, KV -> the least-loaded shared decoder, or per-task pools when
@@ -32,13 +30,14 @@ from edge.wire.protocol import (DRAFTS_SUB, JOIN_SUB, STATUS_TOPIC, DraftHello, 
                            ProtocolError, SessionAssign, SessionRelease, decode, down_topic,
                            draft_ctl_topic, draft_hello_topic, encode, hub_hello_topic, joined_topic,
                            parse_topic, sun_hello_topic, up_topic)
-from edge.star.hub_ring import HUB_SILENT_S, HubView, owner
+from edge.star.hub_ring import HUB_SILENT_S
 from edge.star.draft_kinds import make_draft_core
 from edge.star.draft_limits import DraftRefused
 from edge.star.draft_service import DraftLimits, DraftService
 from edge.star.draft_node import DraftNode
 from edge.wire.seen_ids import SeenIds
 from server.discovery import Discovery
+from server.hub_peers import HubPeers
 from server.hub_verify import VerifySide, answer_drafter
 from server.registry import CLIENT_SHARE, Refusal, Registry
 from server.sun_router import SunRouter
@@ -72,7 +71,7 @@ class Hub:
         if sun_decoder is not None and not sun:
             raise ValueError("a hub-hosted SUN decoder needs SUN routing (sun=True)")
         self.hub_id = hub_id
-        self.peers = _peer_view(hub_id, hubs, hub_silent_s)   # None: the only hub
+        self.peers = HubPeers(hub_id, hubs, hub_silent_s) if hubs else None   # None: the only hub
         self.broker_url, self.broker_kind, self.port, self.acl = broker_url, broker, port, acl
         self.listeners = list(listeners)      # server.broker.Listener: addresses beyond loopback
         self.username, self.password = username, password
@@ -126,8 +125,8 @@ class Hub:
         self.link.on_connection(lambda up: up and self.registry.liveness.forget_probes())
         self.link.subscribe(JOIN_SUB, self._on_join)
         self.link.subscribe(DRAFTS_SUB, self._on_hello)
-        for peer in self._peer_ids():
-            self.link.subscribe(hub_hello_topic(peer), self._on_peer)
+        for peer in (self.peers.others() if self.peers is not None else ()):
+            self.link.subscribe(hub_hello_topic(peer), lambda t, p: self.peers.on_status(t, p, self._live))
         self.link.connect()
         self.discovery = Discovery(self.link, self.hub_id, self.ctl_key).start()
         if self.sun:
@@ -170,22 +169,7 @@ class Hub:
 
     def stop(self) -> None:
         """Leave cleanly: mark offline (retained), close sessions, stop our broker."""
-        self._stop.set()
-        if self.discovery is not None:
-            self.discovery.stop()
-        self._live = False
-        if self.node is not None:
-            self.node.stop()
-            if self._draft_link is not self.link:
-                self._draft_link.close()
-        if self.verify is not None and self.verify.node is not None:
-            self.verify.stop()
-            if self.verify.link is not self.link:
-                self.verify.link.close()
-        if self.sun_node is not None:
-            self.sun_node.stop()              # announces itself offline (retained)
-            if self._sun_link is not self.link:
-                self._sun_link.close()
+        self._stop_parts(announce=True)
         if self.router is not None:
             self.router.stop()
         if self.link is not None:
@@ -196,25 +180,26 @@ class Hub:
 
     def kill(self) -> None:
         """Die abruptly (fault tests): no goodbye, the broker publishes our will."""
+        self._stop_parts(announce=False)
+        crash = getattr(self.link, "crash", None)
+        (crash or self.link.close)()
+        self._stop_broker()
+
+    def _stop_parts(self, announce: bool) -> None:
+        """Stop the status loop, discovery and the nodes the hub runs (its draft service, verify
+        service, SUN decoder), each saying goodbye or not, and close their own links (or crash them)."""
         self._stop.set()
         if self.discovery is not None:
             self.discovery.stop()
         self._live = False
-        if self.node is not None:
-            self.node.stop(announce=False)
-            if self._draft_link is not self.link:
-                (getattr(self._draft_link, "crash", None) or self._draft_link.close)()
-        if self.verify is not None and self.verify.node is not None:
-            self.verify.stop(announce=False)
-            if self.verify.link is not self.link:
-                (getattr(self.verify.link, "crash", None) or self.verify.link.close)()
-        if self.sun_node is not None:
-            self.sun_node.stop(announce=False)
-            if self._sun_link is not self.link:
-                (getattr(self._sun_link, "crash", None) or self._sun_link.close)()
-        crash = getattr(self.link, "crash", None)
-        (crash or self.link.close)()
-        self._stop_broker()
+        verify = self.verify if self.verify is not None and self.verify.node is not None else None
+        for part, link in ((self.node, self._draft_link), (verify, verify and verify.link),
+                           (self.sun_node, self._sun_link)):
+            if part is None:
+                continue
+            part.stop(announce=announce)          # a SUN decoder announces itself offline (retained)
+            if link is not self.link:
+                (link.close if announce else getattr(link, "crash", None) or link.close)()
 
     def _second_link(self, name: str):
         """Another connection to our broker as the hub's user (an in-memory bus: another link on it)."""
@@ -267,40 +252,17 @@ class Hub:
         hubs would flip between their epochs, and every device would drop its sessions)."""
         return STATUS_TOPIC if self.peers is None else hub_hello_topic(self.hub_id)
 
-    # ---- the other hubs ----
-    def _peer_ids(self) -> list:
-        return [] if self.peers is None else [h for h in self.peers.hubs if h != self.hub_id]
-
-    def _on_peer(self, topic: str, payload: bytes) -> None:
-        if not payload:
-            return
-        try:
-            st = decode(payload)
-        except ProtocolError:
-            return
-        if isinstance(st, HubStatus) and topic == hub_hello_topic(st.hub) and st.hub != self.hub_id:
-            if self.peers.heard(st.hub, st.online, st.time):
-                log.info("hub %s: hub %s is %s; live hubs: %s", self.hub_id, st.hub,
-                         "up" if st.online else "gone", self.live_hubs())
-
+    # ---- the other hubs (server/hub_peers.py) ----
     def live_hubs(self) -> list:
         """The hubs this one counts as live, itself included (while it runs)."""
-        if self.peers is None:
-            return [self.hub_id]
-        live = set(self.peers.live()) | ({self.hub_id} if self._live else set())
-        return [h for h in self.peers.hubs if h in live]
+        return [self.hub_id] if self.peers is None else self.peers.live(self._live)
 
     def owns(self, client: str) -> bool:
-        """Whether this hub serves `client` in its own view of the live hubs (a join naming no hub,
-        a SUN request): with one hub, always. A hub claims clients only once it has announced itself
-        for two status periods: the others let go of them when they hear it, so a client is
-        briefly nobody's (its retry finds the owner), never two hubs' (a SUN request routed twice)."""
-        if self.peers is None:
-            return True
-        live = self.live_hubs()
-        if time.time() - self.epoch < 2 * self.status_every:
-            live = [h for h in live if h != self.hub_id]
-        return owner(client, live) == self.hub_id
+        """Whether this hub serves `client` (a join naming no hub, a SUN request): with one hub,
+        always; with several, once it has announced itself for two status periods, if it is the
+        client's owner among the live hubs."""
+        return self.peers is None or self.peers.owns(client, self._live,
+                                                     settled=time.time() - self.epoch >= 2 * self.status_every)
 
     def _status_loop(self) -> None:
         while not self._stop.wait(self.status_every):
@@ -311,8 +273,8 @@ class Hub:
                 if self.verify is not None:
                     self.verify.refresh()
                 self.registry.sweep()             # silent or unanswering services: offline
-                for gone in (self.peers.sweep() if self.peers is not None else []):
-                    log.info("hub %s: hub %s is silent; live hubs: %s", self.hub_id, gone, self.live_hubs())
+                if self.peers is not None:
+                    self.peers.sweep(self._live)
                 if self.router is not None:
                     self.router.sweep()
                 self.publish_status()
@@ -329,7 +291,7 @@ class Hub:
         if self.verify is not None:
             out["verify"] = self.verify.snapshot()
         if self.peers is not None:
-            out["hubs"] = {**self.peers.snapshot(), "live": self.live_hubs()}
+            out["hubs"] = self.peers.snapshot(self._live)
         if self.router is not None:
             out["sun"] = self.router.snapshot()
             if self.sun_node is not None:
@@ -421,13 +383,3 @@ class Hub:
     def _closed(self, sid: str, reason: str) -> None:
         self.registry.release(sid)
 
-
-def _peer_view(hub_id: str, hubs, silent_after: float) -> Optional[HubView]:
-    """The view of the other hubs, or None when this hub is the only one."""
-    if not hubs:
-        return None
-    view = HubView(hubs, silent_after)
-    if hub_id not in view.hubs:
-        raise ValueError(f"hub id {hub_id!r} is not in the hub list {view.hubs}: give every hub's id, "
-                         "this one's included, in the same list on every hub and device")
-    return view

@@ -106,7 +106,8 @@ class ConstrainedProposer:
 
     `begin(context)` syncs the draft's own matcher with the generated part of the context
     (context[start:]); then, per proposal, `mask(row)` masks the draft's row and `advance(x)`
-    consumes the proposal (False: stop proposing, the grammar ended or refused it); `end()`
+    consumes the proposal (False: stop proposing, the grammar ended or refused it), `forced(n)` takes
+    the stretch the grammar forces next (proposed as it is, not counted against γ); `end()`
     rolls the proposals back, so the next `begin` only consumes what the target committed."""
 
     def __init__(self, grammar, start: int):
@@ -127,6 +128,18 @@ class ConstrainedProposer:
             return False
         self._proposed += 1
         return True
+
+    def forced(self, limit: int) -> List[int]:
+        """The tokens the grammar forces next (at most `limit`; an end token never), consumed as
+        proposals: a draft proposes them as they are and does not count them against γ."""
+        run: List[int] = []
+        while len(run) < limit:
+            token = self.matcher.only_token()
+            if token is None or token in self.matcher.stop_ids or not self.matcher.consume(token):
+                break
+            run.append(token)
+        self._proposed += len(run)
+        return run
 
     def end(self) -> None:
         self.matcher.rollback(self._proposed)

@@ -16,7 +16,9 @@ each committed token (logprobs: the same row whether the token was drafted).
 
 Grammar-forced tokens (the grammar's mask allows one token only) are committed without a target
 call and fed with the next one (edge/speculative/jump_forward.py): the committed tokens not yet
-in the target's KV are `_Run.pending()`, and each call feeds them ahead of its drafts.
+in the target's KV are `_Run.pending()`, and each call feeds them ahead of its drafts. Forced
+tokens among a round's drafts ride along γ uncounted, those after the last draft appended by the
+target (jump_forward.with_forced): one call verifies pending, drafts and forced tokens together.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from edge.speculative.constrained import ConstrainedProposer, grammar_matcher, l
 from edge.speculative.drafter import Drafter
 from edge.speculative.gamma_rounds import GammaRounds
 from edge.speculative.gen_result import CallTiming, GenResult
-from edge.speculative.jump_forward import jump_forward, verified_rows
+from edge.speculative.jump_forward import FORCED_EXTRA, jump_forward, verified_rows, with_forced
 from edge.speculative.prefix_cache import PrefixCache, give_back, take_sequence
 from edge.engines.base import Engine
 from edge.engines.batched_calls import join_rounds
@@ -90,26 +92,32 @@ class ModelDrafter(Drafter):
         context = [int(t) for t in context]
         # A draft with a shorter context drafts less, or nothing: speculation
         # never decides correctness, the target just decodes alone.
-        gamma = min(gamma, eng.max_len - len(context) + 1)
+        limit = min(gamma + FORCED_EXTRA, eng.max_len - len(context) + 1)   # forced ones included
+        gamma = min(gamma, limit)
         if gamma <= 0 or not context:
             return [], []
         logits = self._sync(context)
         grammar = self._proposer
         if grammar is not None and not grammar.begin(context):
             return [], []
-        tokens, qs = [], []
+        tokens, qs, free = [], [], 0
         try:
-            for j in range(gamma):
+            while free < gamma and len(tokens) < limit:
                 if grammar is not None:          # q is then the masked, renormalised q
                     logits = grammar.mask(logits)
                 x, q = self._pick(logits, rng)
                 tokens.append(x)
                 qs.append(q)
+                free += 1
                 if grammar is not None and not grammar.advance(x):
                     break                        # the grammar ended here: nothing follows
-                if j + 1 < gamma:
-                    logits = eng.forward(self._seq, [x])[-1]
-                    self._fed.append(x)
+                # the stretch the grammar forces next: proposed as it is, fed with x in one call
+                run = grammar.forced(limit - len(tokens)) if grammar is not None else []
+                tokens += run
+                qs += [SparseDist.one_hot(t) for t in run]
+                if free < gamma and len(tokens) < limit:
+                    logits = eng.forward(self._seq, [x] + run)[-1]
+                    self._fed += [x] + run
         finally:
             if grammar is not None:
                 grammar.end()
@@ -303,15 +311,19 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             pending = run.pending()
             asked = rounds.next_gamma()
             res.gammas.append(asked)
-            # A round yields at most g+1 tokens: never draft past max_new or the context.
-            g = min(asked, max_new - res.n_generated - 1, room - len(pending))
-            drafts, qs = [], []
+            # A round yields at most cap+1 tokens: never draft past max_new or the context. γ counts
+            # the drafts the grammar leaves a choice at: forced ones come on top (jump_forward.py)
+            cap = min(max_new - res.n_generated - 1, room - len(pending))
+            g = min(asked, cap)
+            drafts, qs, forced = [], [], []
             if g > 0:                                           # propose
-                drafts, qs, dt = _propose(drafter, run.context, g, draft_rng, target.vocab_size)
+                drafts, qs, dt = _propose(drafter, run.context, g, draft_rng, target.vocab_size,
+                                          cap if matcher is not None else g)
                 res.timings.append(CallTiming("draft", len(drafts), dt))
                 rounds.drafted(len(run.context), len(drafts), dt)
             if matcher is not None:                             # what the grammar lets it verify
                 drafts, qs, masks = legal_drafts(matcher, drafts, qs)
+                drafts, qs, masks, forced = with_forced(matcher, drafts, qs, masks, g, cap)
             fed = len(run.context)                              # verify: one target call
             logits = run.adjusted(verified_rows(run, pending, drafts), params, drafts)
             if matcher is not None:
@@ -321,9 +333,11 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
                 n, nxt = verify_greedy(drafts, logits)
             else:
                 n, nxt = verify_stochastic(drafts, qs, to_probs(logits, params), rng)
-            res.n_drafted += len(drafts)                        # accept and commit
-            res.n_accepted += n
-            rounds.accepted(g, len(drafts), n)
+            n_free = n - sum(forced[:n])                        # accept and commit
+            res.n_drafted += len(drafts) - sum(forced)
+            res.n_accepted += n_free
+            res.n_forced += n - n_free
+            rounds.accepted(g, len(drafts) - sum(forced), n_free)
             if n < len(drafts):
                 target.truncate(run.seq, fed + n)   # drop the rejected drafts' KV
             run.commit(drafts[:n] + [nxt], logits)
@@ -362,16 +376,17 @@ def _prepare_draft(drafter: Drafter, rounds: GammaRounds, prompt: List[int], run
 
 
 def _propose(drafter: Drafter, context: List[int], g: int, rng: np.random.Generator,
-             vocab_size: int) -> Tuple[List[int], list, float]:
-    """Up to g drafts after `context`, the q each was drawn from, and the seconds the drafter took."""
+             vocab_size: int, keep: int) -> Tuple[List[int], list, float]:
+    """Up to `keep` drafts after `context` (g asked for, grammar-forced ones on top), the q each was
+    drawn from, and the seconds the drafter took."""
     t = time.perf_counter()
     drafts, qs = drafter.draft(context, g, rng)
     dt = time.perf_counter() - t
-    drafts = [int(x) for x in drafts[:g]]
+    drafts = [int(x) for x in drafts[:keep]]
     # No q given: verify against one-hot q at each proposal. That is
     # lossless for ANY way the proposals were made (given the
     # proposals, it is exact verification of a deterministic draft).
-    qs = list(qs[:g]) if qs is not None else [SparseDist.one_hot(x) for x in drafts]
+    qs = list(qs[:keep]) if qs is not None else [SparseDist.one_hot(x) for x in drafts]
     # A drafter may propose ids the target lacks (an n-gram copying
     # a bad prompt id): drop them rather than fail the generation.
     bad = [i for i, x in enumerate(drafts) if not 0 <= x < vocab_size]

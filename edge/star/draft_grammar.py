@@ -47,6 +47,11 @@ class SessionGrammar:
         except NoTokenAllowed:
             return None
 
+    def forced(self) -> bool:
+        """The last mask allowed one token only: the draft's proposal there is sure, and rides
+        along its request's γ drafts uncounted (edge/star/draft_chain.py DraftSession.end_after)."""
+        return self.matcher.only_token() is not None
+
     def ends(self, token: int) -> bool:
         """The proposal ends the text: nothing after it is worth drafting."""
         return int(token) in self.grammar.stop_ids

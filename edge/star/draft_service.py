@@ -202,20 +202,14 @@ class DraftService(EngineSessions):
             s.seq = self.engine.new_sequence()
         if s.rng is None or s.mode != mode:      # a new stream, never an earlier one replayed
             s.rng = role_rng(params.seed, Role.DRAFT, s.key, next(self._streams))
-        # full acceptance + bonus, then gamma more; none after a probe: the target decodes on
-        # alone past it, so a longer chain would be compute (and on shared cores, its time) wasted
-        s.ahead_cap = 0 if req.background else T_len + 2 * gamma + 1
-        s.start = T_len
         # does T run along fed + chain? then the chain's continuation is valid as it is
         virtual = s.fed[:s.anchor] + [c[0] for c in s.chain] if s.chain else s.fed
         along = (s.mode == mode and s.chain and s.anchor <= T_len <= len(virtual)
                  and virtual[req.keep:T_len] == list(req.append))
-        if along:
-            if s.anchor + len(s.chain) >= T_len + gamma:
-                self.stats.count("ahead_hit")
-            else:
-                self.stats.count("ahead_partial")
-            return BatchItem(s, req, [], T_len + gamma, params, k, t_in)
+        if along:       # draft-ahead's chain (DraftSession.plan: where it ends, forced entries uncounted)
+            want = s.plan(T_len, gamma, req.background)
+            self.stats.count("ahead_hit" if s.anchor + len(s.chain) >= want[0] else "ahead_partial")
+            return BatchItem(s, req, [], want, params, k, t_in)
         # cut back to the common prefix (at least one token refed, for its logits)
         target = s.fed[:req.keep] + list(req.append)
         cut = self._cut_back(s, target, start=req.keep)
@@ -226,7 +220,7 @@ class DraftService(EngineSessions):
             s.fed.extend(feed[:-1])
             feed = feed[-1:]
         s.anchor, s.chain, s.mode, s.params, s.k = T_len, [], mode, params, k
-        return BatchItem(s, req, feed, T_len + gamma, params, k, t_in)
+        return BatchItem(s, req, feed, s.plan(T_len, gamma, req.background), params, k, t_in)
 
     def _q_k(self, p: SamplingParams) -> int:
         k = self.limits.q_top_k
@@ -269,8 +263,11 @@ class DraftService(EngineSessions):
             w.stop()
             return
         x, q = pick(row, w.params, s.rng, w.k)
+        forced = grammar is not None and grammar.forced()
         # a request may only loosen the service's stop: with none, no confidence is read
-        s.chain.append((x, q, confidence(row, q) if self.limits.p_min else 1.0))
+        s.chain.append((x, q, confidence(row, q) if self.limits.p_min else 1.0, forced))
+        if forced:                           # not counted against γ: the chain goes one further
+            w.forced_taken()
         if grammar is not None and grammar.ends(x):
             w.stop()                         # the text ends here: nothing after it to draft
 

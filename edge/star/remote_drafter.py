@@ -390,11 +390,14 @@ class RemoteDrafter(Drafter):
         None when its q cannot be used exactly."""
         if skip:
             self.stats.late_used += 1
-        toks = [int(t) for t in msg.tokens[skip:skip + gamma]]
+        # under a grammar the answer's forced tokens ride along its γ (the service does not count
+        # them): all of it, the loop keeps γ drafts that had a choice (jump_forward.with_forced)
+        end = len(msg.tokens) if self._grammar is not None else skip + gamma
+        toks = [int(t) for t in msg.tokens[skip:end]]
         if msg.q is None:
             return toks, [SparseDist.one_hot(t) for t in toks]
         try:
-            return toks, [SparseDist(i.astype(np.int64), p.astype(np.float64)) for i, p in msg.q[skip:skip + gamma]]
+            return toks, [SparseDist(i.astype(np.int64), p.astype(np.float64)) for i, p in msg.q[skip:end]]
         except ValueError as e:                    # a q we cannot use exactly: no speculation this round
             self.stats.errors += 1
             log.debug("unusable q from the draft: %s", e)

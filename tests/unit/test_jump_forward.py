@@ -16,7 +16,9 @@ pytest.importorskip("llguidance")
 
 import edge.speculative.generate as gen  # noqa: E402
 from edge.api.logprobs import LogprobRecorder  # noqa: E402
+from edge.speculative.constrained import ConstrainedProposer, legal_drafts  # noqa: E402
 from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative  # noqa: E402
+from edge.speculative.jump_forward import with_forced  # noqa: E402
 from edge.speculative.grammar import Grammar, grammar_from_json_schema, grammar_tokenizer  # noqa: E402
 from edge.speculative.sampling import GREEDY, SamplingParams  # noqa: E402
 
@@ -34,6 +36,26 @@ def no_jump(monkeypatch):
     def run(fn):
         with monkeypatch.context() as m:
             m.setattr(gen, "jump_forward", lambda run, matcher: 0)
+            return fn()
+    return run
+
+
+def counted_forced(m):
+    """Forced tokens among the drafts count against γ (the draft proposes them one by one, the
+    target appends none): jump-forward as it first landed."""
+    m.setattr(gen, "with_forced", lambda matcher, drafts, qs, masks, g, cap: (
+        drafts[:g], qs[:g], masks[:min(len(drafts), g) + 1], [False] * min(len(drafts), g)))
+    m.setattr(ConstrainedProposer, "forced", lambda self, limit: [])
+
+
+@pytest.fixture
+def forced_off(monkeypatch):
+    """Run a callable with nothing forced: no jump-forward, forced drafts counted against γ."""
+    def run(fn, jump=False):
+        with monkeypatch.context() as m:
+            counted_forced(m)
+            if not jump:
+                m.setattr(gen, "jump_forward", lambda run, matcher: 0)
             return fn()
     return run
 
@@ -75,18 +97,40 @@ def test_plain_decoding_takes_forced_tokens_without_a_call(json_case, no_jump):
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
-def test_speculative_decoding_jumps_forward_and_equals_plain(json_case, no_jump, gamma):
+def test_speculative_decoding_jumps_forward_and_equals_plain(json_case, no_jump, forced_off, gamma):
     bpe, target, draft, grammar, prompt = json_case
     want, want_lp = no_jump(lambda: _with_logprobs(bpe, lambda lp: generate_plain(
         target, prompt, 80, GREEDY, grammar=grammar, on_logits=lp)))
-    before = no_jump(lambda: generate_speculative(target, ModelDrafter(draft), prompt, 80, gamma, GREEDY,
-                                                  grammar=grammar))
+    def spec():
+        return generate_speculative(target, ModelDrafter(draft), prompt, 80, gamma, GREEDY, grammar=grammar)
+    before, counted, unjumped = forced_off(spec), forced_off(spec, jump=True), no_jump(spec)
     got, got_lp = _with_logprobs(bpe, lambda lp: generate_speculative(
         target, ModelDrafter(draft), prompt, 80, gamma, GREEDY, grammar=grammar, on_logits=lp))
-    assert (got.tokens, got.stop_token) == (want.tokens, want.stop_token) == (before.tokens, before.stop_token)
+    for other in (before, counted, unjumped):
+        assert (got.tokens, got.stop_token) == (want.tokens, want.stop_token) == (other.tokens, other.stop_token)
     assert same_logprobs(got_lp, want_lp)
-    assert got.n_forced > 0 and got.n_accepted > 0
-    assert got.n_verify_calls < before.n_verify_calls, (got.n_verify_calls, before.n_verify_calls)
+    assert got.n_forced > 0 and got.n_accepted > 0 and unjumped.n_forced > 0    # drafts' forced ones count
+    calls = [r.n_verify_calls for r in (got, counted, before)]
+    assert calls[0] < calls[1] < calls[2], calls      # forced drafts on top of γ pay, and jump-forward
+    assert got.n_verify_calls <= unjumped.n_verify_calls
+
+
+def test_forced_drafts_are_appended_after_the_last_choice_and_not_counted():
+    grammar = tiny_grammar(FORCED_LARK)                # after "c" the grammar forces "b"
+    m = grammar.matcher()
+    drafts, qs, masks = legal_drafts(m, [0, 2], ["qa", "qc"])
+    got, got_q, got_masks, forced = with_forced(m, drafts, qs, masks, unforced=2, limit=8)
+    assert got == [0, 2, 1] and forced == [False, False, True] and len(got_masks) == 4
+    assert got_q[:2] == ["qa", "qc"] and got_q[2].indices.tolist() == [1]
+    assert m.tokens == [] and m.allowed().tolist() == [True, True, False, True, False]
+    # "c" first is refused: kept (rejected for sure), nothing appended after it
+    d, q, k = legal_drafts(m, [2, 1, 0], ["q"] * 3)
+    assert with_forced(m, d, q, k, 1, 8)[0] == [2]
+    # one choice only: the forced "b" after "c" comes on top of it; the limit cuts it
+    m.consume(0)
+    d, q, k = legal_drafts(m, [2, 1, 0], ["q"] * 3)
+    assert with_forced(m, d, q, k, 1, 8)[0] == [2, 1] and with_forced(m, d, q, k, 1, 1)[0] == [2]
+    assert with_forced(m, d, q, k, 2, 8)[3] == [False, True, False]
 
 
 def test_forced_tokens_stop_at_max_new(json_case):
@@ -128,6 +172,14 @@ def test_sampled_speculation_with_forced_tokens_is_lossless():
     stat, df, crit, forced = fit(speculative, 8000)
     assert forced > 300 and df >= 20, (forced, df)
     assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): jump-forward under speculation is not lossless"
+
+
+def test_sampled_speculation_with_forced_drafts_only_is_lossless(monkeypatch):
+    # jump-forward off: every forced token comes as a draft (proposed through, or appended by the target)
+    monkeypatch.setattr(gen, "jump_forward", lambda run, matcher: 0)
+    stat, df, crit, forced = fit(speculative, 6000)
+    assert forced > 300 and df >= 20, (forced, df)
+    assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): forced drafts on top of γ are not lossless"
 
 
 def test_negative_control_verifying_against_the_forced_tokens_rows_fails(monkeypatch):

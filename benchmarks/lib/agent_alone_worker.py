@@ -8,8 +8,8 @@ What `edge-agent run --role target` serves, less the star: the same OpenAIServer
 target-only decoding (generate_plain, llama.cpp) with the same prompt cache (`--prompt-cache` /
 `--prompt-cache-mb`, its defaults) and the same `--parallel N` generations at once (their forwards
 one batched call a round, edge/engines/batched_calls.py; n_seq_max = N + slots as the CLI loads it). A target started
-with no hub answering waits its 3 s join timeout on every request before decoding alone
-(edge/star/target.py), so the star-less endpoint is built here instead. The parent pins this
+with no hub answering waits its 3 s join timeout once (at start, edge/star/target.py) and still runs
+the star's machinery, so the star-less endpoint is built here instead. The parent pins this
 process to a core (taskset) and waits for the "serving on" line on stderr.
 """
 from __future__ import annotations

@@ -52,6 +52,9 @@ class StarTarget:
         self.last_drafter: Optional[RemoteDrafter] = None
         self.prefix_cache, self.keep_session_s = prefix_cache, keep_session_s
         self._kept: Optional[KeptSession] = None      # the last generation's session, kept open
+        # a join no hub answered: later generations decode alone at once (their drafters join in
+        # the background) until a hub is heard from (its status) or one of them joins
+        self._unanswered: Optional[tuple] = None      # (the hub status then,)
         # telemetry (edge/telemetry/readings.py): tokens as they are committed, acceptance per generation
         self.counts = {"generations": 0, "tokens": 0, "accepted": 0, "drafted": 0, "busy_s": 0.0}
         self._t0 = time.monotonic()
@@ -79,9 +82,25 @@ class StarTarget:
         """Join once and leave: raises JoinRefused (with the hub's reason) or TimeoutError."""
         d = RemoteDrafter(self.hub, params.to_wire(), self.gamma)
         try:
-            d.connect(self.join_timeout)
+            if not self._connect(d):
+                raise TimeoutError("no hub answered the last join, and none has spoken since")
         finally:
             d.close()
+
+    def _connect(self, drafter: RemoteDrafter) -> bool:
+        """Join, waiting up to join_timeout (TimeoutError, JoinRefused), unless the last join got no
+        answer and no hub has spoken since: then False at once, and the drafter joins in the
+        background (RemoteDrafter._ready) while the target decodes alone -- not every request
+        waiting join_timeout for a hub that is not there."""
+        if self._unanswered is not None and self._unanswered[0] is self.hub.status:
+            return False
+        try:
+            drafter.connect(self.join_timeout)
+        except TimeoutError:
+            self._unanswered = (self.hub.status,)
+            raise
+        self._unanswered = None
+        return True
 
     def generate(self, prompt_ids: Sequence[int], max_new: int, params: SamplingParams = GREEDY,
                  stop_ids: Iterable[int] = (), on_token: Optional[Callable[[int], None]] = None,
@@ -113,7 +132,7 @@ class StarTarget:
         committed = list(prompt_ids)
         try:
             if not resume(kept, drafter, prompt_ids, self.keep_session_s):
-                drafter.connect(self.join_timeout)
+                self._connect(drafter)
             first = drafter.gamma_policy(self.gamma).first_gamma if self.adaptive else self.gamma
             drafter.prime(prompt_ids, min(first, max(0, max_new - 1)))
         except JoinRefused as e:
@@ -143,6 +162,8 @@ class StarTarget:
 
     def _end(self, drafter: RemoteDrafter, committed: list, busy_s: float) -> None:
         """A generation's end: its session kept for the next one (the last to end is kept), or closed."""
+        if drafter.session is not None:
+            self._unanswered = None                   # a hub answered (a background join)
         new = keep_session(drafter, committed) if self.prefix_cache is not None else drafter.close()
         with self.lock:
             self.counts["busy_s"] += busy_s

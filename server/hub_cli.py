@@ -8,8 +8,9 @@ import logging
 
 import click
 
-from edge.cli.options import (renamed_option, verbose_option, CLIENT_TLS_HELP, credential_options, ctl_key_option, hub_url_option, read_ctl_key,
-                              read_password, tls_dir_option, tls_files)
+from edge.cli.broker_options import (CLIENT_TLS_HELP, credential_options, ctl_key_option, hub_url_option, read_ctl_key,
+                                     read_password, tls_dir_option, tls_files)
+from edge.cli.options import renamed_option, verbose_option
 from server.demos.commands import demo, demo_sun
 from server.hub_serve import serve
 from server.throughput_model import plan

@@ -27,7 +27,8 @@ from typing import List, Optional
 import click
 
 from edge.cli.config_file import config_option, read_sectioned_config
-from edge.cli.options import KEEPALIVE_S, draft_limits, read_ctl_key, read_password
+from edge.cli.broker_options import KEEPALIVE_S, read_ctl_key, read_password
+from edge.cli.options import draft_limits
 from edge.cli.startup import DraftSetup, TelemetrySettings
 
 
@@ -151,7 +152,7 @@ def broker_settings(o: dict) -> BrokerSettings:
 def external_broker_tls(url: str, tls_dir: Optional[str], cert_name: str) -> Optional[tuple]:
     """--broker mqtts://A[,mqtts://B...] --tls-dir DIR: the hub is a client of that broker, with the CA
     that verifies it and the hub's certificate (CN = --username, else --hub-id); mqtt:// takes none."""
-    from edge.cli.options import tls_files
+    from edge.cli.broker_options import tls_files
     from edge.wire.link import LinkError, parse_urls
     try:
         urls = parse_urls(url)

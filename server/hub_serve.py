@@ -16,9 +16,9 @@ from pathlib import Path
 
 import click
 
-from edge.cli.options import (verbose_option, apply, backend_option, credential_options, ctl_key_option, draft_options, hubs_option,
-                              keepalive_option,
-                              model_options, stop_ids_option, telemetry_options, tls_dir_option)
+from edge.cli.broker_options import credential_options, ctl_key_option, keepalive_option, tls_dir_option
+from edge.cli.options import (verbose_option, apply, backend_option, draft_options, hubs_option, model_options,
+                              stop_ids_option, telemetry_options)
 from edge.cli.sections import BROKER, DRAFT, HUB, SUN, SectionedCommand, option
 from edge.cli.startup import (build_draft, leave_on_sigterm, open_model_for_command, resolve_for_command,
                               start_telemetry_for_command, wait_for_signal)

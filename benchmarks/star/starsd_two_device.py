@@ -113,7 +113,7 @@ def main(argv=None) -> None:
     try:
         for n in range(passes):
             if args.hub:                    # the star is elsewhere: this device only verifies
-                from edge.cli.options import tls_files
+                from edge.cli.broker_options import tls_files
                 url, star_ctx = args.hub, contextlib.nullcontext()
                 link = MqttLink(url, tls=tls_files(args.tls_dir, args.client_id, url))
                 args.setup = f"this device's target (core 0) against the hub at {url}"

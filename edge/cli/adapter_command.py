@@ -16,8 +16,8 @@ from typing import Optional
 
 import click
 
-from edge.cli.options import (CLIENT_TLS_HELP, broker_access, credential_options, ctl_key_option, hub_url_option,
-                              read_ctl_key, tls_dir_option)
+from edge.cli.broker_options import (broker_access, CLIENT_TLS_HELP, credential_options, ctl_key_option, hub_url_option,
+                                     read_ctl_key, tls_dir_option)
 from edge.cli.sections import SUN, SectionedCommand, option
 
 

@@ -29,10 +29,10 @@ import click
 from edge.cli.agent_config import config_option
 # open_node: the SUN nodes' factory, imported from here by tests and provisioning checks
 from edge.cli.agent_roles import TargetSettings, open_node, run_draft, run_sun, run_target  # noqa: F401
-from edge.cli.options import (verbose_option, CLIENT_TLS_HELP, BrokerAccess, backend_option, broker_access, credential_options,
-                              ctl_key_option, draft_limits, draft_options, gamma_option, hub_url_option, hubs_option,
-                              keepalive_option,
-                              model_options, read_ctl_key, stop_ids_option, telemetry_options, tls_dir_option)
+from edge.cli.broker_options import (broker_access, BrokerAccess, CLIENT_TLS_HELP, credential_options, ctl_key_option,
+                                     hub_url_option, keepalive_option, read_ctl_key, tls_dir_option)
+from edge.cli.options import (verbose_option, backend_option, draft_limits, draft_options, gamma_option, hubs_option,
+                              model_options, stop_ids_option, telemetry_options)
 from edge.cli.options import parallel_options, prompt_cache_options
 from edge.cli.plan_command import check_before_load, memory_options
 from edge.cli.sections import ROLE, SUN, TARGET, SectionedCommand, option

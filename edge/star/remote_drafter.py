@@ -28,12 +28,12 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edge.speculative.common_prefix import common_prefix
 from edge.speculative.drafter import Drafter
 from edge.speculative.remote_gamma import GammaPricing, RemoteGamma, RoundTrips, Wait
-from edge.speculative.sampling import SamplingParams, SparseDist
+from edge.speculative.sampling import SparseDist
 from edge.star.remote_round import Backoff, Deadline, DraftHeld, DrafterStats, Outstanding
 from edge.star.hub_client import HubClient, JoinRefused, Session
+from edge.star.remote_probe import remote_gamma_policy, score_probe
 from edge.wire.protocol import (E_BAD_GRAMMAR, E_BAD_KEEP, E_OVERLOADED, E_UNKNOWN_SESSION, MAX_GAMMA,
                                 DraftResponse, Error)
 
@@ -256,17 +256,7 @@ class RemoteDrafter(Drafter):
     # ---- adaptive γ ----
     def gamma_policy(self, max_gamma: int) -> RemoteGamma:
         """γ from the running acceptance, the target's verify costs and the waits seen here."""
-        # With the cost curve measured, the primed first request (answered while the target
-        # prefills: free) is the only exploring round; a second one costs a round at low α.
-        # Greedy: a probe's drafts are scored against the target's own tokens, so probing does
-        # not make the target wait (sampling has no such score: its probes are real rounds).
-        # Background probes cost the target nothing: they start after 4 plain steps, not 16.
-        background = SamplingParams.from_wire(self.sampling).greedy
-        measured = bool(self.pricing.verify_costs)
-        self.policy = RemoteGamma(max_gamma, self.waits, costs=self.pricing.cost_tracker(),
-                                  explore=1 if measured else 2, background=background,
-                                  probe_start=4 if background else 16, max_interval=32 if background else 64,
-                                  stop_aware=self.pricing.stop_aware)
+        self.policy = remote_gamma_policy(max_gamma, self.waits, self.pricing, self.sampling)
         return self.policy
 
     def observe(self, context: Sequence[int], gamma: int):
@@ -303,18 +293,12 @@ class RemoteDrafter(Drafter):
             self._expire(s)
 
     def _score(self, context: Sequence[int]):
-        """(asked, accepted) of the background answer once the target decoded past a mismatch
-        or past all of its drafts: what a greedy verify of them would have accepted. Drafts
-        asked for and not sent (the service unsure of them) count as a rejection, as in a round."""
-        if self._probe is None:
-            return None
-        L, drafts, asked = self._probe
-        seen = list(context[L:L + len(drafts)])
-        n = common_prefix(list(drafts), seen)
-        if n < len(seen) or len(seen) == len(drafts):
+        """(asked, accepted) of the background answer once the target decoded past its drafts or
+        a mismatch (edge/star/remote_probe.py); the probe is then scored and dropped."""
+        scored = None if self._probe is None else score_probe(self._probe, context)
+        if scored is not None:
             self._probe = None
-            return max(asked, len(drafts)), n
-        return None
+        return scored
 
     # ---- one round ----
     def draft(self, context: Sequence[int], gamma: int, rng: np.random.Generator):

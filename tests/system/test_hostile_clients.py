@@ -107,6 +107,16 @@ def grew(counters, before: dict, reason: str, n: int = 1):
     return lambda: counters().get(reason, 0) - before.get(reason, 0) >= n
 
 
+def attacker(broker, tmp_path, default_counters):
+    """attack(payload, topic, reason): publish it (`repeat` times) and wait until `counters` (by
+    default the draft node's drops) count it under `reason`."""
+    def attack(payload, topic, reason, counters=default_counters, repeat=1):
+        before = counters()
+        pub(broker, topic, payload, tmp_path, repeat)
+        wait_for(grew(counters, before, reason, repeat), f"{reason}: {counters()} (before {before})")
+    return attack
+
+
 def test_starsd_refuses_every_attack_and_keeps_serving(broker, tmp_path):
     target_model = tiny_model(0)
     hub = Hub(broker_url=broker.url, draft_engine=TorchEngine(tiny_model(1, noise=0.05, base=target_model), "draft"),
@@ -115,100 +125,107 @@ def test_starsd_refuses_every_attack_and_keeps_serving(broker, tmp_path):
     star = StarTarget(TorchEngine(target_model, fingerprint="target"), HubClient(link, "victim", TOK, 256), gamma=3)
     prompt = [4, 5, 6, 7]
     want = generate_plain(star.engine, prompt, 40).tokens
-    node, keys = hub.node, star.hub.keys
+    node = hub.node
+    attack = attacker(broker, tmp_path, lambda: node.dropped)
     try:
         assert star.generate(prompt, 40).tokens == want               # the no-attack run
         session = star.hub.join(3, P.sampling(), 5)
-        sid, secret, up, down = session.sid, session.secret, session.up, session.down
-        cap = Capture(broker, up)
+        cap = Capture(broker, session.up)
         assert session.request(1, 0, [1, 2, 3], 2, P.sampling())
         genuine = cap.get()[0][1]
         assert wait_until(lambda: session.wait(1, 0.0) is not None, 5)
-
-        def attack(payload, topic, reason, counters=lambda: node.dropped, repeat=1):
-            before = counters()
-            pub(broker, topic, payload, tmp_path, repeat)
-            wait_for(grew(counters, before, reason, repeat), f"{reason}: {counters()} (before {before})")
-
-        # outsiders
-        attack(P.encode(P.DraftRequest(sid, 2, 0, [1, 2], 2), b"x" * 32), up, "auth")          # forged HMAC
-        attack(genuine, up, "replay")                                                          # replayed
-        attack(genuine, P.up_topic("intruder", sid, session.draft), "topic")                   # another client's topic
-        attack(b"\x00" * (P.MAX_MESSAGE_BYTES + 1), up, "size")                                # oversized
-        attack(b"not msgpack at all", up, "format")
-        attack(genuine, P.up_topic("victim", "no-such-sid", session.draft), "unknown_session")
-        # insiders: a device with its own session's key, sending what no honest sender does
-        body = {"sid": sid, "seq": 50, "keep": 0, "append": [1, 2], "gamma": P.MAX_GAMMA + 1,
-                "sampling": P.sampling(), "background": False, "p_min": None,
-                    "grammar_id": "", "grammar": "", "grammar_from": 0}
-        attack(signed("draft_req", sid, body, secret), up, "invalid")                           # γ past the wire's limit
-        attack(signed("draft_req", sid, {**body, "seq": 51, "gamma": 2, "append": [256]}, secret), up, "invalid")
-        attack(signed("draft_req", sid, {**body, "seq": 52, "gamma": 2, "append": [P.MAX_VOCAB]}, secret), up,
-               "invalid")                                                                       # token ids out of range
-        stats = lambda: node.service.stats.snapshot()["counters"]  # noqa: E731
-        attack(signed("draft_req", sid, {**body, "seq": 53, "gamma": DraftLimits().max_gamma + 1}, secret), up,
-               "bad_gamma", counters=stats)                                                     # γ past the service's
-        idx = np.array([5, 6], "<i2")                                                           # a dtype not allowed
-        q = [["<i2", [2], idx.tobytes()], ["<f4", [2], np.float32([.5, .5]).tobytes()], ["<i8", [1], np.int64([2]).tobytes()]]
-        resp = {"sid": sid, "seq": 90, "tokens": [5], "q": q, "compute_us": 0}
-        attack(signed("draft_resp", sid, resp, secret), down, "invalid", counters=lambda: dict(keys.dropped))
-        q[0] = ["<i8", [3], np.int64([5, 6, 7]).tobytes()]                                      # shape != its bytes
-        attack(signed("draft_resp", sid, resp, secret), down, "invalid", counters=lambda: dict(keys.dropped))
-        attack(P.encode(P.DraftResponse(sid, 91, [1]), b"y" * 32), down, "auth", counters=lambda: dict(keys.dropped))
-
-        # a flood of forged requests while a valid generation runs: many small, then 1 MiB ones
-        got, auth0 = [], node.dropped.get("auth", 0)
-        small = P.encode(P.DraftRequest(sid, 7, 0, list(range(200)), 4), b"z" * 32)
-        big = signed("draft_req", sid, {"junk": b"j" * (1 << 20)}, b"z" * 32)             # ~1 MiB each
-        flooded = lambda: node.dropped.get("auth", 0) - auth0  # noqa: E731
-
-        def during_the_flood(_token, n=[0]):
-            n[0] += 1                 # the generation waits for the flood: it runs through both kinds
-            if n[0] in (1, 20):
-                until(lambda: flooded() >= (FLOOD // 3 if n[0] == 1 else FLOOD + 10))
-        with PeakRss() as mem:
-            gen = threading.Thread(target=lambda: got.append(star.generate(prompt, 40, on_token=during_the_flood).tokens))
-            gen.start()
-            pub(broker, up, small, tmp_path, repeat=FLOOD)
-            pub(broker, up, big, tmp_path, repeat=BIG_FLOOD)
-            gen.join(60)
-            wait_for(lambda: flooded() >= FLOOD + BIG_FLOOD, f"flood: {node.dropped}", 40)
-        session.close()
-        assert got == [want], "a generation during the flood differs from the no-attack output"
-        wait_for(lambda: node.loop.backlog() == 0 and node.service.pending() == 0, "queues drained")   # the bye
-        flood_mb = (FLOOD * len(small) + BIG_FLOOD * len(big)) / 2**20
-        print(f"\nstarsd flood: {FLOOD} x {len(small)} B + {BIG_FLOOD} x {len(big)} B forged ({flood_mb:.0f} MiB), "
-              f"peak rss +{mem.grown:.0f} MB, dropped {node.dropped}, target dropped {dict(keys.dropped)}")
-        # forged messages are checked on arrival and never held: a fraction of one big payload's worth
-        assert mem.grown < 64, f"RSS grew {mem.grown:.0f} MB during a {flood_mb:.0f} MiB flood"
-        assert node.service.stats.snapshot()["counters"].get("opened", 0) >= 2
-
-        # joins: anyone who may write a join topic can ask for sessions. A replay opens none; a flood
-        # of distinct joins gets the per-client limit, and the victim still gets its draft
-        hub.registry.max_per_client = PER_CLIENT
-        cap = Capture(broker, P.join_topic("victim"))
-        star.hub.join(3, P.sampling(), 5).close()
-        genuine_join = cap.get()[0][1]
-        attack(genuine_join, P.join_topic("victim"), "replayed_join", counters=lambda: dict(hub.counters),
-               repeat=FLOOD // 3)
-        before = dict(hub.counters)
-        # distinct joins: one mosquitto_pub each (-l splits binary payloads at newlines and NULs)
-        for first in range(0, JOIN_FLOOD, 16):
-            procs = []
-            for i in range(first, min(first + 16, JOIN_FLOOD)):
-                f = tmp_path / f"join{i}.bin"
-                f.write_bytes(P.encode(P.Join("intruder", TOK, 256, nonce=f"n{i:05d}")))
-                procs.append(subprocess.Popen([PUB, "-h", broker.host, "-p", str(broker.port), "-q", "1",
-                                               "-t", P.join_topic("intruder"), "-f", str(f)]))
-            assert all(p.wait(60) == 0 for p in procs)
-        wait_for(lambda: hub.counters["joins"] + hub.counters["refused"] - before["joins"] - before["refused"]
-                 >= JOIN_FLOOD, f"join flood: {hub.counters}")
-        assert hub.counters["joins"] - before["joins"] == PER_CLIENT, hub.counters
-        assert star.generate(prompt, 40).tokens == want and star.last_drafter.stats.answered > 0
-        print(f"join flood: {JOIN_FLOOD} joins of one intruder -> {hub.counters}")
+        _forged_messages(attack, session, genuine, node, star.hub.keys)
+        _flood_during_a_generation(broker, tmp_path, star, session, node, prompt, want)
+        _join_flood(broker, tmp_path, hub, star, attack, prompt, want)
     finally:
         link.close()
         hub.stop()
+
+
+def _forged_messages(attack, session, genuine: bytes, node, keys) -> None:
+    """Each kind of forged or malformed message is dropped under its own reason."""
+    sid, secret, up, down = session.sid, session.secret, session.up, session.down
+    # outsiders
+    attack(P.encode(P.DraftRequest(sid, 2, 0, [1, 2], 2), b"x" * 32), up, "auth")          # forged HMAC
+    attack(genuine, up, "replay")                                                          # replayed
+    attack(genuine, P.up_topic("intruder", sid, session.draft), "topic")                   # another client's topic
+    attack(b"\x00" * (P.MAX_MESSAGE_BYTES + 1), up, "size")                                # oversized
+    attack(b"not msgpack at all", up, "format")
+    attack(genuine, P.up_topic("victim", "no-such-sid", session.draft), "unknown_session")
+    # insiders: a device with its own session's key, sending what no honest sender does
+    body = {"sid": sid, "seq": 50, "keep": 0, "append": [1, 2], "gamma": P.MAX_GAMMA + 1,
+            "sampling": P.sampling(), "background": False, "p_min": None,
+            "grammar_id": "", "grammar": "", "grammar_from": 0}
+    attack(signed("draft_req", sid, body, secret), up, "invalid")                           # γ past the wire's limit
+    attack(signed("draft_req", sid, {**body, "seq": 51, "gamma": 2, "append": [256]}, secret), up, "invalid")
+    attack(signed("draft_req", sid, {**body, "seq": 52, "gamma": 2, "append": [P.MAX_VOCAB]}, secret), up,
+           "invalid")                                                                       # token ids out of range
+    stats = lambda: node.service.stats.snapshot()["counters"]  # noqa: E731
+    attack(signed("draft_req", sid, {**body, "seq": 53, "gamma": DraftLimits().max_gamma + 1}, secret), up,
+           "bad_gamma", counters=stats)                                                     # γ past the service's
+    idx = np.array([5, 6], "<i2")                                                           # a dtype not allowed
+    q = [["<i2", [2], idx.tobytes()], ["<f4", [2], np.float32([.5, .5]).tobytes()], ["<i8", [1], np.int64([2]).tobytes()]]
+    resp = {"sid": sid, "seq": 90, "tokens": [5], "q": q, "compute_us": 0}
+    attack(signed("draft_resp", sid, resp, secret), down, "invalid", counters=lambda: dict(keys.dropped))
+    q[0] = ["<i8", [3], np.int64([5, 6, 7]).tobytes()]                                      # shape != its bytes
+    attack(signed("draft_resp", sid, resp, secret), down, "invalid", counters=lambda: dict(keys.dropped))
+    attack(P.encode(P.DraftResponse(sid, 91, [1]), b"y" * 32), down, "auth", counters=lambda: dict(keys.dropped))
+
+
+def _flood_during_a_generation(broker, tmp_path, star, session, node, prompt, want) -> None:
+    """A flood of forged requests while a valid generation runs: many small, then 1 MiB ones. The
+    generation's output is the no-attack one, and the flood is never held in memory."""
+    got, auth0, up, keys = [], node.dropped.get("auth", 0), session.up, star.hub.keys
+    small = P.encode(P.DraftRequest(session.sid, 7, 0, list(range(200)), 4), b"z" * 32)
+    big = signed("draft_req", session.sid, {"junk": b"j" * (1 << 20)}, b"z" * 32)     # ~1 MiB each
+    flooded = lambda: node.dropped.get("auth", 0) - auth0  # noqa: E731
+
+    def during_the_flood(_token, n=[0]):
+        n[0] += 1                 # the generation waits for the flood: it runs through both kinds
+        if n[0] in (1, 20):
+            until(lambda: flooded() >= (FLOOD // 3 if n[0] == 1 else FLOOD + 10))
+    with PeakRss() as mem:
+        gen = threading.Thread(target=lambda: got.append(star.generate(prompt, 40, on_token=during_the_flood).tokens))
+        gen.start()
+        pub(broker, up, small, tmp_path, repeat=FLOOD)
+        pub(broker, up, big, tmp_path, repeat=BIG_FLOOD)
+        gen.join(60)
+        wait_for(lambda: flooded() >= FLOOD + BIG_FLOOD, f"flood: {node.dropped}", 40)
+    session.close()
+    assert got == [want], "a generation during the flood differs from the no-attack output"
+    wait_for(lambda: node.loop.backlog() == 0 and node.service.pending() == 0, "queues drained")   # the bye
+    flood_mb = (FLOOD * len(small) + BIG_FLOOD * len(big)) / 2**20
+    print(f"\nstarsd flood: {FLOOD} x {len(small)} B + {BIG_FLOOD} x {len(big)} B forged ({flood_mb:.0f} MiB), "
+          f"peak rss +{mem.grown:.0f} MB, dropped {node.dropped}, target dropped {dict(keys.dropped)}")
+    # forged messages are checked on arrival and never held: a fraction of one big payload's worth
+    assert mem.grown < 64, f"RSS grew {mem.grown:.0f} MB during a {flood_mb:.0f} MiB flood"
+    assert node.service.stats.snapshot()["counters"].get("opened", 0) >= 2
+
+
+def _join_flood(broker, tmp_path, hub, star, attack, prompt, want) -> None:
+    """Anyone who may write a join topic can ask for sessions. A replay opens none; a flood of
+    distinct joins gets the per-client limit, and the victim still gets its draft."""
+    hub.registry.max_per_client = PER_CLIENT
+    cap = Capture(broker, P.join_topic("victim"))
+    star.hub.join(3, P.sampling(), 5).close()
+    genuine_join = cap.get()[0][1]
+    attack(genuine_join, P.join_topic("victim"), "replayed_join", counters=lambda: dict(hub.counters),
+           repeat=FLOOD // 3)
+    before = dict(hub.counters)
+    # distinct joins: one mosquitto_pub each (-l splits binary payloads at newlines and NULs)
+    for first in range(0, JOIN_FLOOD, 16):
+        procs = []
+        for i in range(first, min(first + 16, JOIN_FLOOD)):
+            f = tmp_path / f"join{i}.bin"
+            f.write_bytes(P.encode(P.Join("intruder", TOK, 256, nonce=f"n{i:05d}")))
+            procs.append(subprocess.Popen([PUB, "-h", broker.host, "-p", str(broker.port), "-q", "1",
+                                           "-t", P.join_topic("intruder"), "-f", str(f)]))
+        assert all(p.wait(60) == 0 for p in procs)
+    wait_for(lambda: hub.counters["joins"] + hub.counters["refused"] - before["joins"] - before["refused"]
+             >= JOIN_FLOOD, f"join flood: {hub.counters}")
+    assert hub.counters["joins"] - before["joins"] == PER_CLIENT, hub.counters
+    assert star.generate(prompt, 40).tokens == want and star.last_drafter.stats.answered > 0
+    print(f"join flood: {JOIN_FLOOD} joins of one intruder -> {hub.counters}")
 
 
 @pytest.fixture(scope="module")
@@ -231,11 +248,7 @@ def test_sun_refuses_every_attack_and_keeps_serving(broker, sun_models, tmp_path
         (_, genuine_req), = req.get()
         served, other = (dec_a, dec_b) if "/dec-a/" in topic else (dec_b, dec_a)
 
-        def attack(payload, topic, reason, counters, repeat=1):
-            before = counters()
-            pub(broker, topic, payload, tmp_path, repeat)
-            wait_for(grew(counters, before, reason, repeat), f"{reason}: {counters()} (before {before})")
-
+        attack = attacker(broker, tmp_path, None)            # every attack names its counters
         # the KV blob meant for one decoder, sent to the other (it has no assignment: held, then dropped)
         attack(chunk, P.sun_kv_topic(other.id, "prefill-maths"), "kv_unclaimed", lambda: other.dropped)
         attack(chunk, P.sun_kv_topic(served.id, "prefill-maths"), "auth", lambda: served.dropped)            # replayed to its own
@@ -269,13 +282,13 @@ def test_sun_refuses_every_attack_and_keeps_serving(broker, sun_models, tmp_path
             pub(broker, P.sun_kv_topic(served.id, "intruder"), small, tmp_path, repeat=FLOOD)
             pub(broker, P.sun_kv_topic(served.id, "intruder"), big, tmp_path, repeat=BIG_FLOOD)
         with PeakRss() as mem:
-            attacker = threading.Thread(target=flood)
-            attacker.start()
+            flooder = threading.Thread(target=flood)
+            flooder.start()
             until(lambda: held("r-flood") >= FLOOD // 3)                # one request while small chunks pour in
             during_small = c.submit("maths", prompt, 12)
             until(lambda: held("r-big") >= 5)                           # one while 1 MiB chunks do
             during_big = c.submit("maths", prompt, 12)
-            attacker.join(60)
+            flooder.join(60)
             for h in (during_small, during_big):
                 assert h.wait(30).tokens == want, "a request during the flood differs from the no-attack output"
                 assert h.wait(1).workers[-1] == served.id

@@ -124,23 +124,45 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-def run(spec: dict, commands: "queue.Queue[str]") -> dict:
-    from harness.emulated_target import DelayLink, DeviceTiming, EmulatedEngine, _Delayer
+def _open_targets(spec: dict, timing, delayer) -> list:
+    """(index, StarTarget) of each emulated target, its link delayed by the network's round trip."""
+    from harness.emulated_target import DelayLink, EmulatedEngine
     from edge.wire.link import MqttLink
-    from edge.star.target import Deadline, StarTarget
-    from edge.speculative.sampling import GREEDY
-
-    n, first = spec["n"], spec["first"]
-    timing = DeviceTiming.from_dict(spec["timing"])
-    delayer = _Delayer()
+    from edge.star.target import StarTarget
     targets = []
-    for i in range(first, first + n):
+    for i in range(spec["first"], spec["first"] + spec["n"]):
         link = DelayLink(MqttLink(spec["url"], client_id=f"{spec['prefix']}{i}-{os.getpid()}").connect(30),
                          timing.net_rtt_ms, delayer)
         hub = RecordingHubClient(link, f"{spec['prefix']}{i}", spec["tokenizer_fp"], spec["vocab_size"],
                                  record=spec.get("record", True))
         engine = EmulatedEngine(timing, spec["alpha"], spec["vocab_size"], seed=spec.get("seed", 0) * 100003 + i)
         targets.append((i, StarTarget(engine, hub, gamma=spec["gamma"], join_timeout=spec.get("join_timeout", 30.0))))
+    return targets
+
+
+def _generation(star, spec: dict, prompt, on_token) -> dict:
+    """One closed-loop generation: each answer waited for (bounded: a lost QoS 0 message cannot
+    stall it); what it recorded."""
+    from edge.star.target import Deadline
+    from edge.speculative.sampling import GREEDY
+    dl = Deadline(initial=spec.get("deadline_s", 30.0), lo=spec.get("deadline_s", 30.0),
+                  hi=spec.get("deadline_s", 30.0))
+    res = star.generate(prompt, spec["max_new"], GREEDY, on_token=on_token, deadline=dl)
+    d = star.last_drafter
+    return {"S": list(prompt) + list(res.tokens) if spec.get("record", True) else None,
+            "accepted": res.n_accepted, "drafted": res.n_drafted,
+            "refusal": d.refusal, "stats": {k: v for k, v in d.stats.as_dict().items()
+                                            if isinstance(v, (int, float))}}
+
+
+def run(spec: dict, commands: "queue.Queue[str]") -> dict:
+    from harness.emulated_target import DeviceTiming, _Delayer
+    from edge.star.target import StarTarget
+
+    n = spec["n"]
+    timing = DeviceTiming.from_dict(spec["timing"])
+    delayer = _Delayer()
+    targets = _open_targets(spec, timing, delayer)
     stop = threading.Event()
     t_end = time.monotonic() + spec["duration_s"] if spec.get("duration_s") else None
 
@@ -165,15 +187,7 @@ def run(spec: dict, commands: "queue.Queue[str]") -> dict:
                     if hold is not None and g == 0 and not arrived[0]:
                         arrived[0] = True
                         hold.arrive()
-                # a closed loop: wait for each answer (bounded: a lost QoS 0 message cannot stall it)
-                dl = Deadline(initial=spec.get("deadline_s", 30.0), lo=spec.get("deadline_s", 30.0),
-                              hi=spec.get("deadline_s", 30.0))
-                res = star.generate(prompt, spec["max_new"], GREEDY, on_token=on_token, deadline=dl)
-                d = star.last_drafter
-                gens.append({"S": list(prompt) + list(res.tokens) if spec.get("record", True) else None,
-                             "accepted": res.n_accepted, "drafted": res.n_drafted,
-                             "refusal": d.refusal, "stats": {k: v for k, v in d.stats.as_dict().items()
-                                                             if isinstance(v, (int, float))}})
+                gens.append(_generation(star, spec, prompt, on_token))
                 g += 1
         except Exception as e:  # reported in RESULT and on stderr, never hidden
             err = f"{type(e).__name__}: {e}"

@@ -106,44 +106,51 @@ def _engines(spec: dict) -> list:
             for i in range(n)]
 
 
-def run(spec: dict) -> dict:
+def _generator(spec: dict, i: int, eng, delayer, stop_ids: tuple):
+    """gen(prompt, max_new, on_token) of target i in the spec's mode; through the star also its
+    (hub client, link, StarTarget), else None."""
     from edge.speculative.generate import generate_plain, generate_speculative
     from edge.speculative.sampling import GREEDY
+    mode, gamma = spec["mode"], spec["gamma"]
+    if mode == "star":
+        from edge.wire.link import MqttLink
+        from edge.star.target import Deadline, StarTarget
+        net = 0.0 if spec.get("real") else DeviceTiming.from_dict(spec["timing"]).net_rtt_ms
+        # one client at a time: amqtt 0.12.1 can drop a client connecting during another's SUBSCRIBE
+        link = DelayLink(MqttLink(spec["url"], client_id=f"emu{i}-{os.getpid()}").connect(10), net, delayer)
+        hub = MeasuringHubClient(link, f"dev{i}", spec["tokenizer_fp"], spec["vocab_size"])
+        star = StarTarget(eng, hub, gamma=gamma, join_timeout=30.0)
+        wait = spec.get("deadline", "wait") == "wait"
 
-    mode, n, gamma = spec["mode"], spec["n"], spec["gamma"]
+        def gen(prompt, max_new, on_token):
+            # wait: the planner's closed loop (bounded, so a lost QoS 0 message cannot stall forever)
+            dl = Deadline(initial=120.0, lo=120.0, hi=120.0) if wait else None
+            return star.generate(prompt, max_new, GREEDY, stop_ids, on_token, deadline=dl)
+        return gen, (hub, link, star)
+    if mode == "alone":
+        return (lambda prompt, max_new, on_token: generate_plain(eng, prompt, max_new, GREEDY, stop_ids,
+                                                                  on_token)), None
+    if mode == "colocated":
+        drafter = EmulatedDrafter(DeviceTiming.from_dict(spec["timing"]), spec["vocab_size"])
+        return (lambda prompt, max_new, on_token: generate_speculative(eng, drafter, prompt, max_new, gamma, GREEDY,
+                                                                        stop_ids, on_token)), None
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def run(spec: dict) -> dict:
+    mode, n = spec["mode"], spec["n"]
     stop_ids = tuple(spec.get("stop_ids", ()))
     engines = _engines(spec)
     ctl = Control()
     hubs, links, runners, stars = [], [], [], []
     delayer = _Delayer()
     for i, eng in enumerate(engines):
-        if mode == "star":
-            from edge.wire.link import MqttLink
-            from edge.star.target import Deadline, StarTarget
-            net = 0.0 if spec.get("real") else DeviceTiming.from_dict(spec["timing"]).net_rtt_ms
-            # one client at a time: amqtt 0.12.1 can drop a client connecting during another's SUBSCRIBE
-            link = DelayLink(MqttLink(spec["url"], client_id=f"emu{i}-{os.getpid()}").connect(10), net, delayer)
-            hub = MeasuringHubClient(link, f"dev{i}", spec["tokenizer_fp"], spec["vocab_size"])
-            star = StarTarget(eng, hub, gamma=gamma, join_timeout=30.0)
-            wait = spec.get("deadline", "wait") == "wait"
-
-            def gen(prompt, max_new, on_token, star=star, wait=wait):
-                # wait: the planner's closed loop (bounded, so a lost QoS 0 message cannot stall forever)
-                dl = Deadline(initial=120.0, lo=120.0, hi=120.0) if wait else None
-                return star.generate(prompt, max_new, GREEDY, stop_ids, on_token, deadline=dl)
+        gen, star_parts = _generator(spec, i, eng, delayer, stop_ids)
+        if star_parts is not None:
+            hub, link, star = star_parts
             hubs.append(hub)
             links.append(link)
             stars.append(star)
-        elif mode == "alone":
-            def gen(prompt, max_new, on_token, eng=eng):
-                return generate_plain(eng, prompt, max_new, GREEDY, stop_ids, on_token)
-        elif mode == "colocated":
-            drafter = EmulatedDrafter(DeviceTiming.from_dict(spec["timing"]), spec["vocab_size"])
-
-            def gen(prompt, max_new, on_token, eng=eng, drafter=drafter):
-                return generate_speculative(eng, drafter, prompt, max_new, gamma, GREEDY, stop_ids, on_token)
-        else:
-            raise ValueError(f"unknown mode {mode!r}")
         runners.append(Runner(i, gen, eng, spec["prompts"][i:] + spec["prompts"][:i], spec["max_len"], ctl))
     for r in runners:
         r.start()

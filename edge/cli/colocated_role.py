@@ -27,8 +27,12 @@ def open_colocated(broker, directory, worker_id, sun, threads, backend, ctl_key=
     from edge.sun.adapter_prefill import AdapterPrefillWorker
     from edge.sun.colocated import nodes_over_worker
     from edge.sun.worker_tokenizer import worker_grammars
+    # llama.cpp prefills a step's rows one after another (no shared call): a step of one row batches
+    # nothing less, hands its KV to the decoder as soon as it is made (not after the step's last row)
+    # and holds one sequence of prefill KV instead of eight
+    rows = {"max_rows": 1} if backend == "llamacpp" else {}
     worker = AdapterPrefillWorker.open(directory, sun.adapters, backend=backend, threads=threads,
-                                       max_queue=sun.max_queue, engine_kw=engine_kw, name=worker_id)
+                                       max_queue=sun.max_queue, engine_kw=engine_kw, name=worker_id, **rows)
     worker.grammars = worker_grammars(directory, sun.tokenizer, worker.engine.vocab_size, sun.grammars_on_demand)
     dec_id = decoder_id_of(worker_id)
     pre_link, dec_link = broker.link(client_id=worker_id), broker.link(client_id=dec_id)

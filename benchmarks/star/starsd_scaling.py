@@ -61,6 +61,40 @@ def report_of(a, timing, alpha_info: dict, d_of_b: dict) -> dict:
             "overhead": {}, "real": []}
 
 
+def _scaling_points(a, point, hub, bname: str, d_of_b: dict, r_ms: float, work: Path) -> list:
+    """StarSD with N emulated targets, each N of --ns, its window stretched to the batch's pace."""
+    points = []
+    for n in a.ns:
+        spec = stretch(point("star", n), 1e3 * d_of_b.get(n, max(d_of_b.values())), r_ms, a)
+        log(f"StarSD N={n} on {bname}: window {spec['seconds']:.0f} s")
+        p = run_point(spec, hub, work)
+        p["broker"] = bname
+        points.append(p)
+        log(f"  system {p['system_tps']:.1f} tok/s, per target {p['per_target_tps_mean']:.2f}, "
+            f"busy {p.get('busy_ratio', 0):.0%}, batch {p.get('mean_batch', 0):.1f}, "
+            f"overhead {p.get('overhead_median_ms', float('nan')):.2f} ms"
+            + (f", ERRORS {p['errors'][:2]}" if p["errors"] else ""))
+    return points
+
+
+def _real_target_points(a, point, hub, draft, tok, work: Path) -> list:
+    """--real-targets: N real 1.5B targets through the star and alone (the draft at 1 thread meanwhile)."""
+    points = []
+    if a.real_targets:
+        set_threads(draft, 1)        # draft + real targets share the cores: 1 thread each
+    for n in a.real_targets:
+        real = {"model": str(model_path(TARGET)), "max_len": 2048, "threads": 1}
+        for mode in ("star", "alone"):
+            spec = point(mode, n, real)
+            spec["stop_ids"] = sorted(tok.eos_ids)
+            log(f"real {TARGET} targets, N={n}, {mode}")
+            p = run_point(spec, hub if mode == "star" else None, work)
+            points.append(p)
+            log(f"  system {p['system_tps']:.2f} tok/s, acceptance {p['acceptance']}")
+    set_threads(draft, a.draft_threads)
+    return points
+
+
 def main(argv=None) -> None:
     from edge.star.draft_service import DraftLimits
     from server.broker import EmbeddedBroker, MosquittoBroker
@@ -104,31 +138,12 @@ def main(argv=None) -> None:
         broker = (MosquittoBroker() if bname == "mosquitto" else EmbeddedBroker()).start()
         hub = Hub(broker_url=broker.url, draft_engine=draft, tokenizer_fp=fp, limits=lim, hub_id="bench").start()
         try:
+            point = lambda mode, n, real=None: base_spec(a, mode, n, prompts, timing, alpha, vocab, fp,  # noqa: E731
+                                                         broker.url, real)
             if bname == a.broker:
-                for n in a.ns:
-                    spec = stretch(base_spec(a, "star", n, prompts, timing, alpha, vocab, fp, broker.url),
-                                   1e3 * d_of_b.get(n, max(d_of_b.values())), r_ms, a)
-                    log(f"StarSD N={n} on {bname}: window {spec['seconds']:.0f} s")
-                    p = run_point(spec, hub, work)
-                    p["broker"] = bname
-                    out["points"].append(p)
-                    log(f"  system {p['system_tps']:.1f} tok/s, per target {p['per_target_tps_mean']:.2f}, "
-                        f"busy {p.get('busy_ratio', 0):.0%}, batch {p.get('mean_batch', 0):.1f}, "
-                        f"overhead {p.get('overhead_median_ms', float('nan')):.2f} ms"
-                        + (f", ERRORS {p['errors'][:2]}" if p["errors"] else ""))
-                if a.real_targets:
-                    set_threads(draft, 1)        # draft + real targets share the cores: 1 thread each
-                for n in a.real_targets:
-                    real = {"model": str(model_path(TARGET)), "max_len": 2048, "threads": 1}
-                    for mode in ("star", "alone"):
-                        spec = base_spec(a, mode, n, prompts, timing, alpha, vocab, fp, broker.url, real)
-                        spec["stop_ids"] = sorted(tok.eos_ids)
-                        log(f"real {TARGET} targets, N={n}, {mode}")
-                        p = run_point(spec, hub if mode == "star" else None, work)
-                        out["real"].append(p)
-                        log(f"  system {p['system_tps']:.2f} tok/s, acceptance {p['acceptance']}")
-                set_threads(draft, a.draft_threads)
-            ospec = base_spec(a, "star", 1, prompts, timing, alpha, vocab, fp, broker.url)
+                out["points"] += _scaling_points(a, point, hub, bname, d_of_b, r_ms, work)
+                out["real"] += _real_target_points(a, point, hub, draft, tok, work)
+            ospec = point("star", 1)
             ospec["timing"]["net_rtt_ms"] = 0.0
             ospec["seconds"] = max(8.0, a.seconds / 2)
             log(f"protocol overhead on {bname} (N=1, no emulated network)")

@@ -9,13 +9,19 @@
           --out runs/sun_vs_multilora/tuned/sun-s0 --save-decoder runs/sun_vs_multilora/decoder
       (stopped at its step-6 checkpoint; its state.json set to 6 steps and finished with --steps 6)
       python -m benchmarks.lib.ordinary_lora --seed 0 --steps 6 --threads 1 --out runs/sun_vs_multilora/tuned/ordinary-s0
+  and seven more that really differ (the colocated record): sun-s0 tuned one step further on seed k's
+  batch (another 2 of the 330 training examples; ~50 s a step on 2 cores at load ~8), k = 1..7:
+      edge-export tune ... (as above, --steps 1 --n-eval 0) --seed k --init runs/sun_vs_multilora/tuned/sun-s0 \
+          --out runs/sun_vs_multilora/tuned/sun-s{k}
 * decoder/: the shared decoder (`--save-decoder` of the first tune: the base, fp32);
   bundle/: it as a Q4_0 GGUF (`edge-export bundle decoder bundle --onnx "" --gguf Q4_0`): the ONE
   base file both sides load (llama-server `-m`, SUN's hub decoder and prefill worker).
 * gguf/{name}.gguf: each tuned adapter as a GGUF LoRA (`edge-export adapter --base bundle's GGUF
   --type F16`); tasks/{kind}/t{i}.gguf: task i's file, a copy of tuned adapter i mod K (K tuned
   adapters cycled over the tasks: tuning 64 adapters on 2 shared cores would take a day). Both
-  sides load these same files, one per task.
+  sides load these same files, one per task, each into its own tensors (no sharing between copies:
+  memory and adapter switches are those of N adapters; answers those of K). Delete tasks/ when the
+  tuned set changes (an existing task file is kept).
 """
 from __future__ import annotations
 

@@ -27,6 +27,17 @@ def goals(cells: dict, counts) -> list:
     return out
 
 
+def sun_setup(cfg: dict) -> str:
+    threads = (cfg.get("sun_threads") or "?,?").split(",")
+    if cfg.get("split", True):        # the first record ran split (its config has no "split")
+        return (f"hub (Mosquitto, router, OpenAI endpoint, shared decoder, {threads[-1]} thread, --sun-max-batch "
+                f"{cfg.get('slots')}) + one prefill worker with every adapter ({threads[0]} thread).")
+    return (f"hub (Mosquitto, router, OpenAI endpoint, --sun-grammars-on-demand) + ONE `edge-agent run --role prefill "
+            f"--with-decoder --grammars-on-demand --max-batch {cfg.get('slots')} --threads {threads[0]}`: every adapter "
+            "and the shared decoder over one load of the base in one process (the decoder on a second llama.cpp "
+            "context of the same model, one thread each; prefill one row a step).")
+
+
 def markdown(d: dict) -> str:
     cfg, m, cells = d.get("config", {}), d.get("machine", {}), d.get("cells", {})
     counts = cfg.get("task_counts") or [8, 64]
@@ -43,9 +54,7 @@ def markdown(d: dict) -> str:
         f"tokens, Zipf(1.1) task popularity, request r on held-out BFCL item r mod {d.get('items')}. Both sides "
         f"pinned with `taskset -c {cfg.get('cores')}`; llama-server `-t {cfg.get('threads')} -tb {cfg.get('threads')} "
         f"-np {cfg.get('slots')} -c {cfg.get('slots', 0) * cfg.get('ctx', 0)} -cram 0 --jinja --lora ...` with the "
-        f"per-request `lora` field (every adapter's scale explicit); SUN: hub (Mosquitto, router, OpenAI endpoint, "
-        f"shared decoder, {cfg.get('sun_threads', '?').split(',')[-1]} thread, --sun-max-batch {cfg.get('slots')}) + "
-        f"one prefill worker with every adapter ({cfg.get('sun_threads', '?').split(',')[0]} thread).",
+        f"per-request `lora` field (every adapter's scale explicit); SUN: {sun_setup(cfg)}",
         "",
         *table(cells),
         "",

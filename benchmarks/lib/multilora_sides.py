@@ -5,10 +5,12 @@ memory of their processes.
   -t T -tb T -cram 0 --jinja`; each request names its adapter in the `lora` field, every adapter's
   scale explicit (benchmarks/lib/multilora_plan.lora_field). -cram 0: no host-memory prompt cache
   (SUN has none; llama-server's default would keep up to 8 GiB of old prompts' KV).
-* SUN: `edge-hub serve --mosquitto` (Mosquitto, the router, the OpenAI endpoint and the shared
-  decoder of the bundle on llama.cpp, --sun-max-batch SLOTS, --sun-request-timeout 1800: a burst on
-  loaded cores takes longer than the default 300 s) and ONE `edge-agent run --role prefill
-  --backend llamacpp --module BUNDLE --adapter t0=t0.gguf ...` (every adapter over one base).
+* SUN, colocated (the default): `edge-hub serve --mosquitto` (Mosquitto, the router, the OpenAI
+  endpoint; --sun-request-timeout 1800: a burst on loaded cores takes longer than the default 300 s)
+  and ONE `edge-agent run --role prefill --with-decoder --backend llamacpp --module BUNDLE --adapter
+  t0=t0.gguf ... --max-batch SLOTS`: every adapter and the shared decoder over ONE load of the base
+  (edge/cli/colocated_role.py). Split (colocated=False, the first record's): the hub also runs the
+  shared decoder (--sun-decoder BUNDLE --sun-max-batch SLOTS), the prefill worker loads the base again.
 
 Both sides' processes run under `taskset -c CORES`. Memory: every process of a side (its children
 too: Mosquitto) sampled every 0.2 s (VmRSS, and PSS from smaps_rollup: pages shared between
@@ -161,10 +163,11 @@ class SunSide(Side):
     name = "sun"
 
     def __init__(self, bundle: Path, adapters: Dict[str, Path], tokenizer: str, slots: int,
-                 prefill_threads: int, decoder_threads: int, cores: str, logdir: Path):
+                 prefill_threads: int, decoder_threads: int, cores: str, logdir: Path, colocated: bool = True):
         super().__init__(cores, logdir)
         self.bundle, self.adapters, self.tokenizer, self.slots = bundle, dict(adapters), tokenizer, slots
         self.prefill_threads, self.decoder_threads = prefill_threads, decoder_threads
+        self.colocated = colocated
 
     def start(self, timeout: float = 900) -> "SunSide":
         mqtt, http_port = free_port(), free_port()
@@ -172,20 +175,28 @@ class SunSide(Side):
         self.logdir.mkdir(parents=True, exist_ok=True)
         key.write_text(secrets.token_hex(24))
         self.url = f"http://127.0.0.1:{http_port}"
+        decoder = [] if self.colocated else ["--sun-decoder", self.bundle, "--sun-backend", "llamacpp",
+                                             "--sun-max-batch", self.slots, "--threads", self.decoder_threads]
         self.spawn("hub", [BIN / "edge-hub", "-v", "serve", "--mosquitto", "--port", mqtt, "--ctl-key-file", key,
-                           "--sun-decoder", self.bundle, "--sun-backend", "llamacpp", "--sun-max-batch", self.slots,
-                           "--threads", self.decoder_threads, "--sun-http-port", http_port,
+                           *decoder, "--sun-http-port", http_port, *self.lazy("--sun-grammars-on-demand"),
                            "--sun-tokenizer", self.tokenizer, "--sun-request-timeout", REQUEST_TIMEOUT_S])
         self.wait_until(lambda: "serving on" in (self.logdir / "hub.err").read_text(), "serving", timeout)
         ads = [x for t, p in self.adapters.items() for x in ("--adapter", f"{t}={p}")]
+        # colocated: one process, one base; --threads is each context's (prefill, decoder)
+        both = ["--with-decoder", "--max-batch", self.slots, *self.lazy("--grammars-on-demand")] if self.colocated else []
         self.spawn("prefill", [BIN / "edge-agent", "run", "--role", "prefill", "--backend", "llamacpp",
-                               "--module", self.bundle, *ads, "--broker", f"mqtt://127.0.0.1:{mqtt}",
+                               "--module", self.bundle, *ads, *both, "--broker", f"mqtt://127.0.0.1:{mqtt}",
                                "--client-id", "prefill-lora", "--threads", self.prefill_threads,
                                "--ctl-key-file", key])
         want = set(self.adapters)
         self.wait_until(lambda: want <= {m["id"] for m in json.loads(_get(self.url, "/v1/models")[1])["data"]},
                         f"serving all {len(want)} tasks", timeout)
         return self
+
+    def lazy(self, flag: str) -> list:
+        """Colocated: grammar tokenizers load at the first grammar (none in this burst), as llama-server
+        builds a grammar only for a request that has one; split: as the first record ran (at start)."""
+        return [flag] if self.colocated else []
 
     def body(self, task: Optional[int], n_tasks: int) -> dict:
         from benchmarks.lib.multilora_plan import task_name

@@ -52,6 +52,9 @@ def args_of(argv=None) -> argparse.Namespace:
     ap.add_argument("--ctx", type=int, default=1024, help="context per slot / sequence")
     ap.add_argument("--threads", type=int, default=1, help="llama-server -t and -tb")
     ap.add_argument("--sun-threads", default="1,1", help="SUN prefill worker, decoder threads")
+    ap.add_argument("--split", action="store_true", help="SUN's decoder in the hub and the base loaded again by "
+                    "the prefill worker (the first record's SUN); default: both over one base in one process "
+                    "(edge-agent run --role prefill --with-decoder)")
     ap.add_argument("--cores", default="1", help="taskset -c for every server process of both sides")
     ap.add_argument("--client-cores", default="0", help="where this process (the clients) runs")
     ap.add_argument("--extra", default="lora,none", help="llama-server-only rows at the smallest task count: "
@@ -115,7 +118,7 @@ def make_side(side: str, adapters: str, n: int, a, base: Path, logdir: Path):
     if side == "llama-server":
         return LlamaServerSide(server_bin(), base, files, a.slots, a.ctx, a.threads, a.cores, logdir)
     return SunSide(base.parent, {task_name(i): f for i, f in enumerate(files)}, prep.BASE, a.slots,
-                   a.pre_threads, a.dec_threads, a.cores, logdir)
+                   a.pre_threads, a.dec_threads, a.cores, logdir, colocated=not a.split)
 
 
 def run_cell(side: str, adapters: str, n: int, a, base: Path, items: list) -> dict:

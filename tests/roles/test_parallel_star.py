@@ -4,7 +4,6 @@ output alone (tiny float64 models on a memory bus); with a prompt cache one sess
 generation takes it only when free."""
 from __future__ import annotations
 
-import threading
 
 import torch
 
@@ -14,6 +13,7 @@ from edge.speculative.prefix_cache import PrefixCache
 from edge.star.hub_client import HubClient
 from edge.star.target import StarTarget
 from edge.wire.memory_link import MemoryBus, MemoryLink
+from harness.at_once import all_at_once
 from harness.draft_services import make_engine
 from server.hub import Hub
 
@@ -31,21 +31,8 @@ def test_four_generations_at_once_through_the_star_equal_the_target_alone():
         star = StarTarget(eng, HubClient(MemoryLink(bus, "t1"), "t1", "tok", 256), gamma=3,
                           prefix_cache=PrefixCache(eng, 4))
         for _ in range(2):
-            out, errors = [None] * 4, []
-            start = threading.Barrier(4)
-
-            def one(i):
-                try:
-                    start.wait()
-                    out[i] = star.generate(PROMPTS[i], LENGTHS[i])
-                except BaseException as e:     # noqa: BLE001 (reported below)
-                    errors.append(e)
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
-            assert not errors and [o.tokens for o in out] == alone
+            out = all_at_once([lambda i=i: star.generate(PROMPTS[i], LENGTHS[i]) for i in range(4)])
+            assert [o.tokens for o in out] == alone
         assert sum(o.n_drafted for o in out) > 0 and star.active == 0              # the star drafted
         assert star.counts["generations"] == 8 and star._kept is not None       # one session kept
         assert eng.stats["forwards"] > eng.stats["rounds"]                     # rounds served several

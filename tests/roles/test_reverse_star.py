@@ -5,7 +5,6 @@ distribution (harness/goodness_of_fit.py, the same harness as tests/roles/test_s
 with a shared-stream negative control; seeded generations replay; the hub's KV is rolled back on
 rejection; a restarted hub loses no token; a hub that is gone is HubUnavailable, never draft text.
 """
-import threading
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import Error, VerifyRequest, VerifyResponse, sampling
 from server.hub import Hub
 
+from harness.at_once import all_at_once
 from harness.goodness_of_fit import TableEngine, chi_square, critical_value, exact_distribution
 from harness.tiny_models import tiny_model
 
@@ -111,20 +111,8 @@ def test_greedy_devices_equal_the_target_alone(models):
     hub = Hub(link=MemoryLink(bus, "hub"), verify_engine=TorchEngine(target, fingerprint="target"),
               tokenizer_fp=TOK, status_every=60.0).start()
     devs = [device(bus, f"d{i}", TorchEngine(draft, fingerprint="draft"), gamma=3) for i in range(4)]
-    got, errors = [None] * 4, []
-
-    def run(i):
-        try:
-            got[i] = devs[i].generate(prompt(i), 24)
-        except Exception as e:  # surfaced below
-            errors.append(e)
     try:
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
+        got = all_at_once([lambda i=i: devs[i].generate(prompt(i), 24) for i in range(4)])
         for i in range(4):
             want = generate_plain(TorchEngine(target, fingerprint="t"), prompt(i), 24).tokens
             assert got[i].tokens == want, f"device {i} differs from the target's own greedy output"

@@ -15,6 +15,7 @@ import torch
 from edge.api.openai_http import OpenAIServer
 from edge.speculative.generate import GenResult, generate_plain
 from edge.speculative.sampling import SamplingParams
+from harness.at_once import all_at_once
 from harness.http_endpoints import byte_tokenizer, openai_endpoint, post, tiny_engine
 
 torch.set_num_threads(1)
@@ -33,22 +34,7 @@ def cold(tok, prompt, n):
 
 
 def at_once(server, bodies):
-    out, errors = [None] * len(bodies), []
-    start = threading.Barrier(len(bodies))
-
-    def one(i):
-        try:
-            start.wait()
-            out[i] = post(server, "/v1/completions", bodies[i])
-        except Exception as e:      # noqa: BLE001 (reported below)
-            errors.append(e)
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return out
+    return all_at_once([lambda b=b: post(server, "/v1/completions", b) for b in bodies])
 
 
 def test_four_requests_at_once_through_the_star_each_answer_as_alone(endpoint):

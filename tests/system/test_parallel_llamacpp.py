@@ -3,11 +3,11 @@ and rounds of the shared engine served both in one batched llama_decode (batched
 not bit-identical on llama.cpp, so the texts are not compared with the ones served alone)."""
 from __future__ import annotations
 
-import threading
 
 import pytest
 
 from edge.model.fetch import model_path
+from harness.at_once import all_at_once
 
 QWEN = model_path("qwen2.5-coder-0.5b")
 
@@ -40,16 +40,7 @@ def test_two_requests_at_once_complete_and_share_a_decode(served):
     server, eng, decodes = served
     bodies = [{"messages": [{"role": "user", "content": q}], "max_tokens": 24, "temperature": 0}
               for q in ("Write a Python function that adds two numbers.", "What is a linked list?")]
-    out, start = [None, None], threading.Barrier(2)
-
-    def one(i):
-        start.wait()
-        out[i] = post(server, "/v1/chat/completions", bodies[i])
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    out = all_at_once([lambda b=b: post(server, "/v1/chat/completions", b) for b in bodies], timeout=120)
     for o in out:
         c = o["choices"][0]
         assert c["finish_reason"] in ("stop", "length") and c["message"]["content"].strip()

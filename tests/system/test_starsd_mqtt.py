@@ -16,6 +16,7 @@ from edge.star.hub_client import HubClient, JoinRefused
 from edge.star.target import StarTarget
 from server.hub import Hub
 
+from harness.at_once import all_at_once
 from harness.tiny_models import tiny_model
 from harness.waiting import wait_until
 
@@ -61,20 +62,8 @@ def test_eight_targets_share_one_draft_and_stay_lossless(broker, models):
               limits=DraftLimits(ahead=True)).start()
     stars = [star_target(broker.url, f"t{i}", target_model) for i in range(8)]
     want = [generate_plain(s.engine, prompt(i), 24).tokens for i, s in enumerate(stars)]
-    got, errors = [None] * 8, []
-
-    def run(i):
-        try:
-            got[i] = stars[i].generate(prompt(i), 24)
-        except Exception as e:  # surfaced below
-            errors.append(e)
     try:
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
+        got = all_at_once([lambda i=i: stars[i].generate(prompt(i), 24) for i in range(8)])
         for i in range(8):
             assert got[i].tokens == want[i], f"target {i} differs from its own plain greedy output"
         answered = sum(s.last_drafter.stats.answered for s in stars)

@@ -5,7 +5,6 @@ four concurrent targets on one in-process suffix hub."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from edge.star.suffix_service import SuffixDraftService
 from edge.star.target import StarTarget
 from server.hub import Hub
 
+from harness.at_once import all_at_once
 from harness.tiny_hf import hf_dir
 
 torch.set_num_threads(1)
@@ -125,20 +125,9 @@ def test_four_concurrent_targets_share_one_suffix_hub(broker, model):
     stars = [StarTarget(TorchEngine(engine.model, "target"),
                         HubClient(MqttLink(broker.url, client_id=f"t{i}").connect(5), f"t{i}", tok.fingerprint(),
                                   engine.vocab_size), gamma=3) for i in range(4)]
-    results, errors = {}, []
-
-    def run(i):
-        try:
-            results[i] = [stars[i].generate(p, 24).tokens for p in PROMPTS]
-        except Exception as e:       # noqa: BLE001 -- reported below
-            errors.append(e)
     try:
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
+        results = all_at_once([lambda i=i: [stars[i].generate(p, 24).tokens for p in PROMPTS] for i in range(4)],
+                              timeout=120)
         ref = [generate_plain(engine, p, 24).tokens for p in PROMPTS]
         assert all(results[i] == ref for i in range(4))
         st = core.stats.snapshot()

@@ -14,6 +14,7 @@ from edge.engines.batched_calls import BatchedCalls
 from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
 from edge.speculative.prefix_cache import PrefixCache
 from edge.speculative.sampling import SamplingParams
+from harness.at_once import all_at_once
 from harness.draft_services import make_engine
 
 torch.set_num_threads(1)
@@ -59,29 +60,10 @@ class _Rounds(BatchedCalls):
         return all(n == joined for n, joined in self.sizes) and self.stats["lingered"] == 0
 
 
-def _concurrently(fns):
-    out, errors = [None] * len(fns), []
-    start = threading.Barrier(len(fns))
-
-    def run(i):
-        try:
-            start.wait()
-            out[i] = fns[i]()
-        except BaseException as e:       # noqa: BLE001 (reported below)
-            errors.append(e)
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return out
-
-
 def test_four_plain_generations_at_once_equal_each_alone_and_share_every_round():
     alone = [generate_plain(make_engine(0), p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
     eng = _Rounds(make_engine(0))
-    got = _concurrently([lambda p=p, n=n: generate_plain(eng, p, n) for p, n in zip(PROMPTS, LENGTHS)])
+    got = all_at_once([lambda p=p, n=n: generate_plain(eng, p, n) for p, n in zip(PROMPTS, LENGTHS)])
     assert [g.tokens for g in got] == alone
     # every round held each running generation's forward: not whatever happened to be queued
     assert eng.whole() and eng.stats["largest"] == 4
@@ -119,11 +101,11 @@ def test_four_speculative_generations_with_a_prompt_cache_equal_each_alone():
             return generate_speculative(eng, d, p, n, 3, cache=cache)
         finally:
             d.close()
-    got = _concurrently([lambda p=p, n=n: one(p, n) for p, n in zip(PROMPTS, LENGTHS)])
+    got = all_at_once([lambda p=p, n=n: one(p, n) for p, n in zip(PROMPTS, LENGTHS)])
     assert [g.tokens for g in got] == alone
     turns = [p + a + [7] for p, a in zip(PROMPTS, alone)]      # each conversation's next turn: cached
     alone = [generate_plain(make_engine(0), p, 10).tokens for p in turns]
-    got = _concurrently([lambda p=p: one(p, 10) for p in turns])
+    got = all_at_once([lambda p=p: one(p, 10) for p in turns])
     assert [g.tokens for g in got] == alone
     assert sum(g.cached_tokens for g in got) > 0 and len(cache) == 4
     assert eng.whole() and eng.stats["largest"] == 4
@@ -136,7 +118,7 @@ def test_a_seeded_sampled_request_replays_alone_and_concurrent():
     eng, draft = BatchedCalls(make_engine(0)), BatchedCalls(make_engine(1))
     fns = [lambda: generate_speculative(eng, ModelDrafter(draft, params), PROMPTS[1], 30, 3, params=params)]
     fns += [lambda p=p: generate_plain(eng, p, 20) for p in PROMPTS[2:]]
-    assert _concurrently(fns)[0].tokens == alone
+    assert all_at_once(fns)[0].tokens == alone
 
 
 def test_a_truncate_during_a_round_waits_for_the_engine_but_reads_see_it():
@@ -174,7 +156,7 @@ def test_an_error_reaches_only_the_failing_call():
             eng.forward(full, [1, 2])
         except EngineError as e:
             errs.append(e)
-    got = _concurrently([lambda: joined(bad), lambda: joined(lambda: eng.forward(ok, [3])),
+    got = all_at_once([lambda: joined(bad), lambda: joined(lambda: eng.forward(ok, [3])),
                          lambda: generate_plain(eng, [5, 6], 5)])
     assert len(errs) == 1 and "context full" in str(errs[0])
     assert got[1].shape[0] == 1 and eng.length(full) == eng.max_len - 1

@@ -8,11 +8,17 @@ in words, and is generated four ways, the order rotating every repeat:
 * `unconstrained`: no grammar (what the prompt alone gets);
 * `json_object`: response_format {"type": "json_object"} (any JSON object);
 * `json_schema`: response_format json_schema with the prompt's own schema;
-* `json_schema_no_jump`: the same with jump-forward off (edge/speculative/jump_forward.py: every
-  forced token then comes from a target call, drafted or not), the "before" in the same run.
+* `json_schema_no_jump`: the same with jump-forward off (edge/speculative/jump_forward.py: no
+  forced token is committed without a target call; forced tokens among the drafts still ride
+  along γ uncounted, those after the last draft appended by the target);
+* `json_schema_nothing_forced`: jump-forward off AND forced drafts counted against γ on both
+  sides (the target cuts after γ drafts, the draft service -- told through a flag file its shim
+  reads -- stops after γ tokens forced or not): constrained speculation with no use made of
+  forced tokens, the "before" in the same run.
 
-Per mode: decode tok/s (prefill excluded), acceptance (accepted / drafted), rounds (target calls
-after the prefill) and tokens a round, forced tokens (committed without a call), and the
+Per mode: decode tok/s (prefill excluded), acceptance (accepted / drafted: drafts the grammar left
+a choice at), rounds (target calls after the prefill) and tokens a round, forced tokens (committed
+without a call of their own), the rounds the target decoded alone and the draft's round trips, and the
 grammar's cost per committed token on both sides:
 the target's (its matcher's legal_drafts, mask_rows and sync, timed in this process) and the
 draft service's (SessionGrammar.mask -- sync, mask, masked row -- timed inside the draft process,
@@ -26,12 +32,15 @@ and over all prompts, side by side. Every constrained output is checked (json.lo
 `--pair qwen` (default): Qwen2.5-Coder-1.5B target (stored as --target-format, the wide format
 the star benchmarks use) with the 0.5B draft; `--pair smollm2`: SmolLM2-135M drafting for itself
 (a fast target: where a mask's fixed cost weighs most). `--alone` also times target-only decoding
-per mode (the grammar's cost without speculation). Run from the repository root. Writes
+per mode (the grammar's cost without speculation). `--hostile` also times each hostile schema of
+issue 44 through the star (benchmarks/lib/constrained_hostile.py: answered or refused, in < 5 s).
+Run from the repository root. Writes
 benchmarks/results/constrained_speed/<variant>.{json,md,png} (--out; default: the variant `default`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -41,6 +50,7 @@ import time
 from pathlib import Path
 
 from benchmarks.lib.results import result_stem
+from benchmarks.lib.constrained_hostile import time_hostile
 from benchmarks.lib.constrained_report import MODES, write
 
 PAIRS = {"qwen": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"), "smollm2": ("smollm2-135m", "smollm2-135m")}
@@ -130,10 +140,17 @@ def time_target_grammar() -> Clock:
 def draft_shim(stats_path: str, argv: list) -> None:
     """The draft service's process: edge-agent with SessionGrammar.mask (and grammar compiles) timed,
     the totals written to stats_path every 0.1 s."""
+    import edge.star.draft_chain as dc
     import edge.star.draft_grammar as dg
     clock = Clock()
     dg.SessionGrammar.mask = clock.wrap("mask", dg.SessionGrammar.mask)
     dg.DraftGrammars._compile = clock.wrap("compile", dg.DraftGrammars._compile)
+    taken, flag = dc.BatchItem.forced_taken, Path(stats_path + ".counted")
+
+    def forced_taken(self):          # json_schema_nothing_forced: forced entries count against γ
+        if not flag.exists():
+            taken(self)
+    dc.BatchItem.forced_taken = forced_taken
 
     def dump() -> None:
         tmp = stats_path + ".tmp"
@@ -186,26 +203,36 @@ def check_json(text: str, schema) -> bool:
         return False
 
 
-def jump_forward_off(mode: str):
-    """Jump-forward off for the json_schema_no_jump mode (this process is the target)."""
-    import contextlib
+def counted_cut(matcher, drafts, qs, masks, g, cap):
+    """jump_forward.with_forced as if no draft were forced: the first g drafts, nothing appended."""
+    n = min(len(drafts), g)
+    return drafts[:n], qs[:n], masks[:n + 1], [False] * n
+
+
+@contextlib.contextmanager
+def forced_mode(mode: str, stats: Path):
+    """Jump-forward off (json_schema_no_jump), and forced drafts counted against γ too, here and
+    in the draft process (json_schema_nothing_forced); this process is the target."""
     import edge.speculative.generate as gen
-    if mode != "json_schema_no_jump":
-        return contextlib.nullcontext()
+    real = gen.jump_forward, gen.with_forced
+    flag = Path(str(stats) + ".counted") if stats else None
+    try:
+        if mode in ("json_schema_no_jump", "json_schema_nothing_forced"):
+            gen.jump_forward = lambda run, matcher: 0
+        if mode == "json_schema_nothing_forced":
+            gen.with_forced = counted_cut
+            if flag:
+                flag.touch()
+        yield
+    finally:
+        gen.jump_forward, gen.with_forced = real
+        if flag and flag.exists():
+            flag.unlink()
 
-    @contextlib.contextmanager
-    def off():
-        real, gen.jump_forward = gen.jump_forward, lambda run, matcher: 0
-        try:
-            yield
-        finally:
-            gen.jump_forward = real
-    return off()
 
-
-def one_run(fn, tok, clock: Clock, stats: Path, mode: str, schema) -> dict:
+def one_run(fn, tok, clock: Clock, stats: Path, mode: str, schema, drafter=None) -> dict:
     t_before, c_before, d_before = clock.total(), clock.total_cpu(), read_draft_clock(stats) if stats else None
-    with jump_forward_off(mode):
+    with forced_mode(mode, stats):
         res = fn()
     target_s, target_cpu = clock.total() - t_before, clock.total_cpu() - c_before
     row = {"tok_s": res.tokens_per_s, "tokens": res.n_generated, "rounds": res.n_verify_calls,
@@ -214,6 +241,10 @@ def one_run(fn, tok, clock: Clock, stats: Path, mode: str, schema) -> dict:
            "target_grammar_ms_per_token": 1e3 * target_s / max(1, res.n_generated),
            "target_grammar_cpu_ms_per_token": 1e3 * target_cpu / max(1, res.n_generated),
            "finish": res.finish_reason, "ids": res.tokens}
+    if drafter is not None:          # the star's: rounds decoded alone, the draft's round trips
+        d = drafter()
+        row.update(alone=d.stats.alone, late_used=d.stats.late_used,
+                   rtt_ms=1e3 * statistics.median(d.stats.rtt_s) if d.stats.rtt_s else 0.0)
     if stats:
         time.sleep(0.3)                              # the shim writes every 0.1 s
         d_after = read_draft_clock(stats)
@@ -256,6 +287,7 @@ def args_of(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="repeats per prompt and mode (medians)")
     ap.add_argument("--gamma", type=int, default=3)
     ap.add_argument("--alone", action="store_true", help="also time target-only decoding per mode (one run each)")
+    ap.add_argument("--hostile", action="store_true", help="also time issue 44's hostile schemas through the star")
     ap.add_argument("--out", type=Path, default=result_stem("constrained_speed"), help="results path without suffix")
     a = ap.parse_args(argv)
     from export.target_format import wide_format
@@ -300,7 +332,7 @@ def main(argv=None) -> None:
         grammars = {"unconstrained": None,
                     "json_object": Grammar(grammar_from_json_schema(JSON_OBJECT), gtok),
                     "json_schema": Grammar(grammar_from_json_schema(schema), gtok)}
-        grammars["json_schema_no_jump"] = grammars["json_schema"]
+        grammars["json_schema_no_jump"] = grammars["json_schema_nothing_forced"] = grammars["json_schema"]
         work.append((name, ids, schema, grammars))
     stop_ids = tuple(tok.eos_ids)
     logdir = args.out.parent / (args.out.name + "_logs.tmp")
@@ -328,7 +360,7 @@ def main(argv=None) -> None:
                     for mode in MODES[k:] + MODES[:k]:
                         runs[name][mode].append(one_run(
                             lambda: star.generate(ids, args.new, GREEDY, stop_ids=stop_ids, grammar=grammars[mode]),
-                            tok, clock, stats, mode, schema))
+                            tok, clock, stats, mode, schema, lambda: star.last_drafter))
                 print(f"repeat {r + 1}/{args.rounds} done", flush=True)
             for name, ids, schema, grammars in work:
                 row = {"prompt": name, "prompt_tokens": len(ids),
@@ -343,13 +375,15 @@ def main(argv=None) -> None:
                 print(f"{name}: " + ", ".join(
                     f"{m} {row['star'][m]['tok_s']:.2f} tok/s acc {row['star'][m]['acceptance']:.2f}"
                     for m in MODES) + f" | ratios {row['ratio']}", flush=True)
+            hostile = time_hostile(star, tok, gtok, stop_ids) if args.hostile else None
             star.hub.close()
             link.close()
     finally:
         broker.close()
     meta = {"cpu": cpu_name(), "cores": cores[:2], "pair": args.pair, "target": target_path.name,
             "draft": draft_path.name, "gamma": args.gamma, "new_tokens": args.new, "rounds": args.rounds,
-            "prompts": [p[0] for p in prompts], "alone": args.alone, "greedy": True,
+            "prompts": [p[0] for p in prompts], "alone": args.alone, "greedy": True, "hostile": hostile,
+            "modes": list(MODES),
             "wall_s": time.monotonic() - t0, "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
             "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": "python -m benchmarks.star.constrained_speed " + " ".join(argv)}

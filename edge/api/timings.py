@@ -6,7 +6,7 @@ OpenAI-compatible answers carry the same object), plus two of ours.
     prompt_ms, prompt_per_second
     predicted_n, predicted_ms, predicted_per_second    completion tokens, decode time
     draft_n, draft_n_accepted  tokens the draft proposed / the target accepted
-    forced_n                   tokens a grammar forced, committed without a target call (jump-forward)
+    forced_n                   tokens a grammar forced, committed without a target call of their own
     verify_n                   target calls after the prefill
 
 Only for a generation that reports them (a GenResult: edge/speculative/gen_result.py); None

@@ -29,6 +29,7 @@ class Engine(ABC):
     name: str = "engine"     # backend name for reports
     capacity: Optional[int] = None
     kv_itemsize: int = 4
+    forks: bool = False      # fork() copies a sequence's KV (else it raises)
 
     @abstractmethod
     def new_sequence(self) -> int:
@@ -108,6 +109,12 @@ class Engine(ABC):
         that allocate ahead (torch: chunks, never given back on truncate) say more."""
         n = (self.length(seq) if seq is not None else 0) if length is None else length
         return n * self.kv_bytes_per_token()
+
+    def fork(self, seq: int, n: int) -> int:
+        """A new sequence holding a copy of `seq`'s first n tokens' KV (`seq` unchanged): a prompt
+        cache gives a request the prefix it shares with a held conversation without prefilling it
+        again, and keeps the conversation. Engines that can copy KV override it (forks = True)."""
+        raise EngineError(f"the {self.name} engine cannot fork a sequence")
 
     @abstractmethod
     def truncate(self, seq: int, n: int) -> None:

@@ -69,7 +69,7 @@ class BatchedCalls(Engine):
         self.inner, self.linger_s = inner, linger_s
         self.vocab_size, self.max_len = inner.vocab_size, inner.max_len
         self.fingerprint, self.name, self.cfg = inner.fingerprint, inner.name, inner.cfg
-        self.capacity, self.kv_itemsize = inner.capacity, inner.kv_itemsize
+        self.capacity, self.kv_itemsize, self.forks = inner.capacity, inner.kv_itemsize, inner.forks
         self._cv = threading.Condition()
         self._pending: List[_Op] = []
         self._busy = False                     # a round is running (outside the lock)
@@ -138,6 +138,9 @@ class BatchedCalls(Engine):
 
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         return self._exclusive(lambda: self.inner.step(seqs, tokens))
+
+    def fork(self, seq: int, n: int) -> int:
+        return self._exclusive(lambda: self.inner.fork(seq, n))
 
     def export_kv(self, seq: int, dtype: str = "float16", meta: Optional[dict] = None) -> bytes:
         return self._exclusive(lambda: self.inner.export_kv(seq, dtype, meta))

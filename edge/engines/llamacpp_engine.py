@@ -36,6 +36,7 @@ __all__ = ["LlamaCppEngine", "amx_compiled"]   # amx_compiled: read by benchmark
 
 class LlamaCppEngine(Engine):
     name = "llamacpp"
+    forks = True
 
     def __init__(self, path: str | os.PathLike, max_len: int = 1024, n_seq_max: int = 8,
                  threads: Optional[int] = None, fingerprint: Optional[str] = None, n_batch: int = 512,
@@ -162,6 +163,22 @@ class LlamaCppEngine(Engine):
     def length(self, seq: int) -> int:
         self._get(seq)
         return len(self._tokens[seq])
+
+    def fork(self, seq: int, n: int) -> int:
+        """A new sequence with a copy of `seq`'s first n tokens (Engine.fork). Between slots (streams)
+        llama.cpp copies a whole stream at its next decode (queued, as _gather's moves), then the
+        copy is cut to n: the copied cells are exactly `seq`'s."""
+        src = self._get(seq)
+        if not 0 < n <= len(self._tokens[seq]) or min(self._tokens[seq][:n]) < 0:
+            raise EngineError(f"cannot fork {n} tokens of sequence {seq} (it holds {len(self._tokens[seq])})")
+        sid = self.new_sequence()
+        dst = self._slot[sid]
+        self._lc.llama_memory_seq_rm(self._mem, dst, -1, -1)
+        self._lc.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        self._lc.llama_memory_seq_rm(self._mem, dst, n, -1)
+        self._copies_queued = True
+        self._tokens[sid] = self._tokens[seq][:n]
+        return sid
 
     def tokens(self, seq: int) -> list:
         self._get(seq)

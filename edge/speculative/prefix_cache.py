@@ -14,7 +14,10 @@ that prefix: only the rest of the prompt is fed.
 * A held sequence is taken out of the cache while a generation uses it: never two at once.
 * It is reused when the prompt covers at least half of what it holds, or SHARED_ENOUGH tokens
   of it; a shorter match (two conversations sharing a short system prompt) gets a fresh
-  sequence, so that the held conversation survives for its own next turn.
+  sequence, so that the held conversation survives for its own next turn -- on an engine that
+  forks (Engine.fork: llama.cpp copies the KV), a fresh sequence holding a copy of the shared
+  prefix when it is at least FORK_ENOUGH tokens and a sequence is free, as llama-server's slots
+  reuse a common prefix.
 * An engine with a fixed number of sequences (llama.cpp's n_seq_max) counts the held ones:
   when a fresh sequence is refused, held ones are freed, least recently used first.
 
@@ -36,6 +39,7 @@ from edge.speculative.common_prefix import common_prefix
 DEFAULT_SLOTS = 4
 DEFAULT_MB = 1024.0
 SHARED_ENOUGH = 64      # a prefix this long is worth reusing whatever else the sequence holds
+FORK_ENOUGH = 16        # a shorter shared prefix is copied (Engine.fork) from this long on
 
 
 @dataclass
@@ -55,7 +59,7 @@ class PrefixCache:
         self.engine, self.slots, self.max_bytes = engine, slots, max_bytes
         self._held: "OrderedDict[int, _Held]" = OrderedDict()     # least recently used first
         self._lock = threading.Lock()                            # guards the table, not the engine
-        self.stats = {"requests": 0, "hits": 0, "reused_tokens": 0, "evicted": 0}
+        self.stats = {"requests": 0, "hits": 0, "reused_tokens": 0, "evicted": 0, "forks": 0}
 
     def __len__(self) -> int:
         return len(self._held)
@@ -87,7 +91,31 @@ class PrefixCache:
                     self.stats["hits"] += 1
                     self.stats["reused_tokens"] += keep
                     return seq, keep
-            return self._fresh(), 0
+            forked = self._fork(prompt)
+            return forked if forked is not None else (self._fresh(), 0)
+
+    def _fork(self, prompt: list) -> Optional[Tuple[int, int]]:
+        """(a new sequence holding a copy of the longest prefix a held one shares with `prompt`, its
+        length), or None: none shares FORK_ENOUGH tokens, the engine cannot fork, or no sequence is free."""
+        eng = self.engine
+        if not eng.forks or (eng.capacity is not None and eng.active_sequences >= eng.capacity):
+            return None
+        best, keep = None, FORK_ENOUGH - 1
+        for seq, h in self._held.items():
+            n = min(common_prefix(h.tokens, prompt), len(prompt) - 1)
+            if n > keep:
+                best, keep = seq, n
+        if best is None:
+            return None
+        try:
+            forked = eng.fork(best, keep)
+        except EngineError:
+            return None
+        self._held.move_to_end(best)            # it served a request: recently used
+        self.stats["hits"] += 1
+        self.stats["forks"] += 1
+        self.stats["reused_tokens"] += keep
+        return forked, keep
 
     def _best(self, prompt: list) -> Tuple[Optional[int], int]:
         """The held sequence to reuse for `prompt` (taken out of the table) and its usable prefix."""

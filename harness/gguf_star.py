@@ -28,6 +28,12 @@ def engine():
     return load_engine(GGUF, backend="llamacpp", threads=1, max_len=512)
 
 
+def greedy_tokens() -> list:
+    """PROMPT's MAX_NEW greedy tokens from the model alone: what the star must give."""
+    from edge.speculative.generate import generate_plain
+    return generate_plain(engine(), PROMPT, MAX_NEW).tokens
+
+
 class Star:
     def __init__(self, hub_link, draft_link, target_link, client: str):
         self.links = [hub_link, draft_link, target_link]

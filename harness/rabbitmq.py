@@ -27,9 +27,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from server.acl import CLIENT_RULES, EXTRA_RULES, HUB_RULES
 from server.broker_base import find_free_port
@@ -337,6 +338,16 @@ class RabbitCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextmanager
+def tls_cluster(users: Dict[str, str]) -> Iterator[RabbitCluster]:
+    """A started three-node TLS cluster with a client certificate and a broker user of its role
+    ({client id: role}) for each of `users`; closed after."""
+    with RabbitCluster(size=3, tls=True) as c:
+        c.start(clients=list(users))
+        c.add_users(users)
+        yield c
 
 
 def _epmd_pids(port: int) -> List[int]:

@@ -33,7 +33,7 @@ from edge.wire.link import MqttLink
 from edge.wire.protocol import HubStatus, SunHello, decode, hub_hello_topic, sun_hello_topic
 from harness.console_scripts import sun_reference
 from harness.hub_stats import sun_workers
-from harness.rabbitmq import RabbitCluster
+from harness.rabbitmq import tls_cluster
 from harness.star_processes import BIN, Procs, sun_dirs, wait_until
 
 torch.set_num_threads(1)
@@ -53,13 +53,8 @@ APP = client_owned_by(HUBS[0])               # hub A owns the client
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = RabbitCluster(size=3, tls=True)
-    try:
-        c.start(clients=[*HUBS, PRE, DEC, APP, "spy"])
-        c.add_users({**{h: "hub" for h in (*HUBS, "spy")}, PRE: "sun", DEC: "sun", APP: "client"})
+    with tls_cluster({**{h: "hub" for h in (*HUBS, "spy")}, PRE: "sun", DEC: "sun", APP: "client"}) as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture(scope="module")

@@ -24,20 +24,15 @@ from edge.wire.link import MqttLink
 from edge.wire.protocol import HubStatus
 from edge.wire.topics import STATUS_TOPIC
 from harness.console_scripts import BIN, Procs
-from harness.rabbitmq import RabbitCluster
+from harness.rabbitmq import tls_cluster
 from harness.waiting import wait_until
 from server.hub_serve import serve
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = RabbitCluster(size=3, tls=True)
-    try:
-        c.start(clients=["hub", "watcher"])
-        c.add_users({"hub": "hub", "watcher": "client"})
+    with tls_cluster({"hub": "hub", "watcher": "client"}) as c:
         yield c
-    finally:
-        c.close()
 
 
 def _refusal(*args: str) -> str:

@@ -16,10 +16,9 @@ import time
 
 import pytest
 
-from edge.speculative.generate import generate_plain
 from edge.wire.link import MqttLink
-from harness.gguf_star import MAX_NEW, PROMPT, Star, engine
-from harness.rabbitmq import RabbitCluster
+from harness.gguf_star import Star, greedy_tokens
+from harness.rabbitmq import tls_cluster
 from harness.waiting import wait_until
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make install)")
@@ -27,18 +26,13 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make
 
 @pytest.fixture(scope="module")
 def want():
-    return generate_plain(engine(), PROMPT, MAX_NEW).tokens
+    return greedy_tokens()
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = RabbitCluster(size=3, tls=True)
-    try:
-        c.start(clients=["hub", "draft1", "t1", "t2"])
-        c.add_users({"hub": "hub", "draft1": "draft", "t1": "client", "t2": "client"})
+    with tls_cluster({"hub": "hub", "draft1": "draft", "t1": "client", "t2": "client"}) as c:
         yield c
-    finally:
-        c.close()
 
 
 def test_star_on_mosquitto_gives_the_greedy_text(mosquitto, want, request):

@@ -66,6 +66,18 @@ def make_calls(value, names=None, style: str = "openai") -> Optional[list]:
     return calls if calls and all(calls) else None
 
 
+def values_calls(values: list, style: str = "openai") -> Optional[list]:
+    """The calls of several parsed JSON values, one after another (any function name); None when
+    any of them is not a call (all or nothing)."""
+    calls = []
+    for v in values:
+        got = make_calls(v, None, style)
+        if got is None:
+            return None
+        calls += got
+    return calls
+
+
 def json_values(text: str) -> Optional[list]:
     """The JSON values text is made of, one after another (whitespace between them, or `;` as
     llama 3.x separates calls); None when anything else is in it."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional
 
-from edge.api.tool_formats.calls import json_values, make_calls
+from edge.api.tool_formats.calls import json_values, values_calls
 from edge.api.tool_formats.frame import Frame, ToolFormat, call_json, marker
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -21,15 +21,7 @@ def parse_block(block: str, names: Optional[Iterable[str]] = None, style: str = 
     another order, arguments as a JSON string, "parameters", several objects): any name, since
     the frame says the model meant a call."""
     values = json_values(block)
-    if values is None:
-        return None
-    calls = []
-    for v in values:
-        got = make_calls(v, None, style)
-        if got is None:
-            return None
-        calls += got
-    return calls
+    return None if values is None else values_calls(values, style)
 
 
 def grammar(plan, tok) -> str:

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Iterable, List, Optional
 
-from edge.api.tool_formats.calls import call_id, json_values, make_calls
+from edge.api.tool_formats.calls import call_id, json_values, values_calls
 from edge.api.tool_formats.frame import Frame, ToolFormat, call_json
 
 TAG = "<|python_tag|>"
@@ -23,15 +23,9 @@ def parse_tagged(payload: str, names: Optional[Iterable[str]] = None, style: str
     """What follows <|python_tag|>: JSON call(s), a built-in's name.call(k=v, ...), or code for
     the code tool when one is offered."""
     values = json_values(payload)
-    if values is not None:
-        calls = []
-        for v in values:
-            got = make_calls(v, None, style)
-            if got is None:
-                break
-            calls += got
-        else:
-            return calls
+    calls = None if values is None else values_calls(values, style)
+    if calls is not None:
+        return calls
     m = _BUILTIN.match(payload)
     if m is not None:
         args = _kwargs(m.group(2))

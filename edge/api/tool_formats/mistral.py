@@ -11,7 +11,7 @@ import json
 import re
 from typing import Iterable, List, Optional
 
-from edge.api.tool_formats.calls import json_values, make_call, make_calls
+from edge.api.tool_formats.calls import json_values, make_call, values_calls
 from edge.api.tool_formats.frame import Frame, ToolFormat, call_json, marker
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -24,13 +24,7 @@ def parse_tagged(payload: str, names: Optional[Iterable[str]] = None, style: str
     separated by further [TOOL_CALLS]."""
     values = json_values(payload)
     if values is not None:
-        calls = []
-        for v in values:
-            got = make_calls(v, None, style)
-            if got is None:
-                return None
-            calls += got
-        return calls
+        return values_calls(values, style)
     calls = []
     for part in payload.split(TOOL_CALLS):
         m = _NAMED.match(part)

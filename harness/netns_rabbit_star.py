@@ -16,10 +16,8 @@ Model: harness/console_scripts.py's tiny float64 llama (greedy outputs compare e
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -27,13 +25,13 @@ from edge.star.hub_ring import owner
 from edge.wire.link import MqttLink
 from edge.wire.protocol import (DraftHello, HubStatus, Joined, ProtocolError, SessionAssign, SessionRelease, decode,
                                 draft_ctl_topic, draft_hello_topic, hub_hello_topic, subscription)
+from harness.namespace_star_base import HTTP_PORT, NamespaceStarBase
 from harness.netns import NetLab
 from harness.netns_rabbitmq import NetnsRabbitCluster
 from harness.star_processes import BIN, Procs, hf_model
 
 HUBS = ("ha", "hb")
 DRAFT = "draft1"
-HTTP_PORT = 8000
 ATTACH = {"ha": (2, 0, 1), "hb": (0, 1, 2), "draft": (1, 2, 0), "t1": (2, 0, 1), "t2": (0, 1, 2)}
 EVICT_S = 20.0       # the draft service's eviction of silent sessions (default 60): the backstop for a
                      # bye lost in a dead TCP connection, short enough to see the drain in the test
@@ -118,7 +116,7 @@ class Observer:
         self.link.close()
 
 
-class RabbitNamespaceStar:
+class RabbitNamespaceStar(NamespaceStarBase):
     def __init__(self, root: Path, keepalive: Optional[int] = None) -> None:
         """keepalive: --keepalive of every hub and agent (None: their default)."""
         self.root = Path(root)
@@ -128,14 +126,6 @@ class RabbitNamespaceStar:
         self.cluster: Optional[NetnsRabbitCluster] = None
         self.observer: Optional[Observer] = None
         self.devices = {"t1": client_of("ha"), "t2": client_of("hb")}
-
-    def start(self) -> "RabbitNamespaceStar":
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
-        return self
 
     def _start(self) -> None:
         self.lab = NetLab()
@@ -181,16 +171,6 @@ class RabbitNamespaceStar:
             time.sleep(0.1)
 
     # ---- use ----
-    def complete(self, host: str, prompt: str, max_new: int, timeout: float = 60.0) -> dict:
-        """A greedy /v1/completions on target `host`: {text, t0, t1}."""
-        body = json.dumps({"prompt": prompt, "max_tokens": max_new, "temperature": 0}).encode()
-        req = urllib.request.Request(f"http://{self.hosts[host].ip}:{HTTP_PORT}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        t0 = time.monotonic()
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            got = json.loads(r.read())
-        return {"text": got["choices"][0]["text"], "t0": t0, "t1": time.monotonic()}
-
     def close(self) -> None:
         if self.observer is not None:
             self.observer.close()
@@ -199,9 +179,3 @@ class RabbitNamespaceStar:
             self.cluster.close()
         if self.lab is not None:
             self.lab.close()
-
-    def __enter__(self) -> "RabbitNamespaceStar":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -18,22 +18,20 @@ llama (greedy outputs compare exactly) and its SUN decoder + specialist.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from harness.console_scripts import BIN, ROOT, Procs, hf_model as _hf_model, sun_dirs as _sun_dirs
 from harness.hub_stats import sun_workers
+from harness.namespace_star_base import HTTP_PORT, NamespaceStarBase
 from harness.netns import NetLab
 from harness.waiting import wait_until
 
-HTTP_PORT = 8000
 DEVICES = {"t1": "dev1", "t2": "dev2"}
 
 
@@ -75,7 +73,7 @@ class Monitor:
         self.link.close()
 
 
-class NamespaceStar:
+class NamespaceStar(NamespaceStarBase):
     def __init__(self, root: Path, sun: bool = False, proxy_profile: str = "none", model: Optional[str] = None,
                  dtype: str = "float64", telemetry_s: float = 0.0) -> None:
         """model: a model name or path for the draft and both targets (default: the tiny llama).
@@ -91,14 +89,6 @@ class NamespaceStar:
         self.monitor: Optional[Monitor] = None
 
     # ---- bring-up ----
-    def start(self) -> "NamespaceStar":
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
     def _start(self) -> None:
         from server.broker import find_free_port
         self.lab = lab = NetLab()
@@ -191,18 +181,6 @@ class NamespaceStar:
         return str(c / "ca.crt"), str(c / "clients" / f"{name}.crt"), str(c / "clients" / f"{name}.key")
 
     # ---- use ----
-    def complete(self, host: str, prompt: str, max_new: int, timeout: float = 60.0) -> dict:
-        """A greedy /v1/completions on target `host`: {text, tokens, seconds, t0, t1}."""
-        body = json.dumps({"prompt": prompt, "max_tokens": max_new, "temperature": 0}).encode()
-        req = urllib.request.Request(f"http://{self.hosts[host].ip}:{HTTP_PORT}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        t0 = time.monotonic()
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            got = json.loads(r.read())
-        t1 = time.monotonic()
-        return {"text": got["choices"][0]["text"], "tokens": got["usage"]["completion_tokens"],
-                "seconds": t1 - t0, "t0": t0, "t1": t1}
-
     def set_delay(self, spec: str, timeout: float = 10.0) -> str:
         """Change the proxy's delay (a profile name or 'MEAN JITTER' ms) and wait until it applies."""
         return self._proxy_say(spec, "delay ", timeout)
@@ -276,9 +254,3 @@ class NamespaceStar:
             self.proxy.wait()
         if self.lab is not None:
             self.lab.close()
-
-    def __enter__(self) -> "NamespaceStar":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -41,12 +41,8 @@ if os.geteuid() != 0:
 def star(tmp_path_factory):
     why = available()
     assert not why, why                            # iproute2 missing: an install to fix, not a skip
-    s = RabbitNamespaceStar(tmp_path_factory.mktemp("nsrabbit"), keepalive=KEEPALIVE)
-    try:
-        s.start()
+    with RabbitNamespaceStar(tmp_path_factory.mktemp("nsrabbit"), keepalive=KEEPALIVE) as s:
         yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture(scope="module")

@@ -42,12 +42,8 @@ if os.geteuid() != 0:
 def star(tmp_path_factory):
     why = available()
     assert not why, why                            # iproute2 missing: an install to fix, not a skip
-    s = NamespaceStar(tmp_path_factory.mktemp("nsstar"), sun=True)
-    try:
-        s.start()
+    with NamespaceStar(tmp_path_factory.mktemp("nsstar"), sun=True) as s:
         yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture(scope="module")

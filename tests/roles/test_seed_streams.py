@@ -15,15 +15,15 @@ import pytest
 import edge.speculative.generate as gen
 import edge.star.draft_service as draft_mod
 from edge.wire.link import MqttLink
-from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.wire.protocol import DraftRequest, sampling
 from edge.star.draft_service import DraftLimits, DraftService
 from edge.star.hub_client import HubClient
-from edge.star.target import Deadline, StarTarget
+from edge.star.target import StarTarget
 from edge.speculative.sampling import Role, SamplingParams, role_rng
 from server.hub import Hub
 
-from harness.goodness_of_fit import TableEngine, chi_square, critical_value, exact_distribution
+from harness.goodness_of_fit import TableEngine
+from harness.star_sampling import memory_links, seeded_fit
 
 PROMPT = [1, 3, 0]
 TOK = "tok-table"
@@ -49,28 +49,14 @@ def star_fit(net, n, q_top_k, length=3, gamma=2, ahead=False, p_min=0.0, join=Fa
     target, draft = models()
     hub = Hub(**where, draft_engine=draft, tokenizer_fp=TOK, status_every=60.0,
               limits=DraftLimits(q_top_k=q_top_k, ahead=ahead, p_min=p_min, join=join)).start()
-    counts, drafted, accepted = {}, 0, 0
     try:
         star = StarTarget(target, HubClient(link_of("t1"), "t1", TOK, target.vocab_size), gamma=gamma)
-        for i in range(n):
-            # a patient deadline: every round gets its drafts, however loaded the machine
-            r = star.generate(PROMPT, length, SamplingParams(temperature=1.0, seed=10_000 + i),
-                              deadline=Deadline(5.0, 5.0, 5.0))
-            assert r.n_generated == length
-            counts[tuple(r.tokens)] = counts.get(tuple(r.tokens), 0) + 1
-            drafted, accepted = drafted + r.n_drafted, accepted + r.n_accepted
-        stats = {"drafted": drafted, "accepted": accepted,
-                 "counters": hub.service.stats.snapshot()["counters"]}
+        stat, df, crit, stats = seeded_fit(star, target, PROMPT, length, n, 10_000, HOT)
+        stats["counters"] = hub.service.stats.snapshot()["counters"]
         star.hub.link.close()
     finally:
         hub.stop()
-    stat, df = chi_square(counts, exact_distribution(target, PROMPT, length, HOT), n)
-    return stat, df, critical_value(df), stats
-
-
-def memory_links():
-    bus = MemoryBus()
-    return {"link": MemoryLink(bus, "hub")}, lambda name: MemoryLink(bus, name)
+    return stat, df, crit, stats
 
 
 # ---------------------------------------------------------------- the helper itself

@@ -13,16 +13,16 @@ import pytest
 
 import edge.star.suffix_service as suffix_mod
 from edge.wire.link import MqttLink
-from edge.wire.memory_link import MemoryBus, MemoryLink
 from edge.star.draft_service import DraftLimits, DraftService
 from edge.star.hybrid_service import HybridDraftService
 from edge.star.hub_client import HubClient
 from edge.star.suffix_service import SuffixDraftService
-from edge.star.target import Deadline, StarTarget
+from edge.star.target import StarTarget
 from edge.speculative.sampling import SamplingParams
 from server.hub import Hub
 
-from harness.goodness_of_fit import TableEngine, chi_square, critical_value, exact_distribution
+from harness.goodness_of_fit import TableEngine
+from harness.star_sampling import memory_links, seeded_fit
 
 PROMPT = [1, 3, 0]
 TOK = "tok-table"
@@ -43,26 +43,14 @@ def star_fit(net, n, kind="suffix", length=3, gamma=2):
     target = TableEngine(vocab=VOCAB, seed=1)
     core = core_of(kind)
     hub = Hub(**where, draft_core=core, tokenizer_fp=TOK, status_every=60.0).start()
-    counts, drafted, accepted = {}, 0, 0
     try:
         star = StarTarget(target, HubClient(link_of("t1"), "t1", TOK, VOCAB), gamma=gamma)
-        for i in range(n):
-            r = star.generate(PROMPT, length, SamplingParams(temperature=1.0, seed=20_000 + i),
-                              deadline=Deadline(5.0, 5.0, 5.0))
-            assert r.n_generated == length
-            counts[tuple(r.tokens)] = counts.get(tuple(r.tokens), 0) + 1
-            drafted, accepted = drafted + r.n_drafted, accepted + r.n_accepted
-        stats = {"drafted": drafted, "accepted": accepted, "counters": core.stats.snapshot()["counters"]}
+        stat, df, crit, stats = seeded_fit(star, target, PROMPT, length, n, 20_000, HOT)
+        stats["counters"] = core.stats.snapshot()["counters"]
         star.hub.link.close()
     finally:
         hub.stop()
-    stat, df = chi_square(counts, exact_distribution(target, PROMPT, length, HOT), n)
-    return stat, df, critical_value(df), stats
-
-
-def memory_links():
-    bus = MemoryBus()
-    return {"link": MemoryLink(bus, "hub")}, lambda name: MemoryLink(bus, name)
+    return stat, df, crit, stats
 
 
 N = 4000

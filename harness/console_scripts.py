@@ -29,17 +29,18 @@ PROMPT = "the the he"
 MAX_NEW = 24
 
 
-def hf_model(d: Path) -> Path:
-    """A tiny random llama as a Hugging Face dir (config.json, model.safetensors, tokenizer)."""
+def hf_model(d: Path, seed: int = 5, vocab_size: int = 262, save_tokenizer=tokenizer_dir) -> Path:
+    """A tiny random llama as a Hugging Face dir (config.json, model.safetensors, and the tokenizer
+    save_tokenizer(d) writes: by default harness/tiny_hf.py's, for a vocabulary of 262)."""
     from safetensors.torch import save_file
-    torch.manual_seed(5)
-    m = Transformer(tiny_config(vocab_size=262)).eval()
+    torch.manual_seed(seed)
+    m = Transformer(tiny_config(vocab_size=vocab_size)).eval()
     for p in m.parameters():
         p.data.normal_(0, 0.2)
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps(m.cfg.to_hf()))
     save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(d / "model.safetensors"))
-    tokenizer_dir(d)
+    save_tokenizer(d)
     return d
 
 

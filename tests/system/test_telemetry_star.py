@@ -7,7 +7,6 @@ and counted, and the hub goes on; a device that stops cleanly leaves the table.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,14 +15,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge.wire.link import MqttLink
-from edge.model.transformer import Transformer, tiny_config
 from edge.wire.protocol import Telemetry, encode, telemetry_topic
 
 from harness.canary import canary_after
+from harness.console_scripts import hf_model
 from harness.tiny_models import small_bpe
 from harness.waiting import wait_until
 
@@ -31,20 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 PW = "pw-for-telemetry"
 INTERVAL = "0.3"
-
-
-def _tiny_hf_model(d: Path) -> Path:
-    """A tiny random llama as a Hugging Face directory the CLIs can open."""
-    from safetensors.torch import save_file
-    torch.manual_seed(3)
-    m = Transformer(tiny_config(vocab_size=300)).eval()
-    for p in m.parameters():
-        p.data.normal_(0, 0.2)
-    d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps(m.cfg.to_hf()))
-    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(d / "model.safetensors"))
-    small_bpe().save(d)
-    return d
 
 
 class Procs:
@@ -78,7 +62,7 @@ class Procs:
 def star(tmp_path_factory):
     from server.broker_base import find_free_port
     root = tmp_path_factory.mktemp("telemetry")
-    model = _tiny_hf_model(root / "tiny-hf")
+    model = hf_model(root / "tiny-hf", seed=3, vocab_size=300, save_tokenizer=lambda d: small_bpe().save(d))
     pw = root / "pw"
     pw.write_text(PW)
     port, hub_metrics, draft_metrics = find_free_port(), find_free_port(), find_free_port()

@@ -1,6 +1,8 @@
 """What the benchmark scripts share and the processes they start; nothing here is a script.
 
     results              where results go (benchmarks/results/<script>/<variant>.*), ROOT
+    server_process       a server process pinned to its cores, waited for on /health, stopped
+    chat_client          one /v1/chat/completions request, plain or streamed (TTFT, tokens)
     datasets             MT-bench turns from the registry packages (docs/models.md)
     repetitive_workloads BFCL calls, code edits, multi-turn: prompts where text repeats
     backends_report      engines/backends.py's table, ratios and plot

@@ -109,6 +109,15 @@ class Procs:
                 p.wait()
 
 
+def greedy_text(engine, tok, prompt: str, max_new: int) -> tuple:
+    """The prompt's plain greedy continuation in this process, what a target process must print:
+    (its tokens, their text)."""
+    from edge.speculative.generate import generate_plain
+    ref = generate_plain(engine, tok.encode(prompt, add_special=True), max_new, stop_ids=tuple(tok.eos_ids)).tokens
+    stream = tok.decode_stream(skip_special=True)
+    return ref, "".join(stream.put(t) for t in ref)
+
+
 def sun_reference(maths_dir, dec_dir, prompt, max_new):
     """The tokens the same directories give in-process (PrefillWorker -> SharedDecoder): what a
     SUN request through the processes must answer."""

@@ -20,7 +20,7 @@ import pytest
 
 from edge.wire.link import MqttLink
 from server.hub import Hub
-from harness.console_scripts import BIN, PROMPT, Procs, hf_model as _hf_model, sun_dirs as _sun_dirs
+from harness.console_scripts import BIN, PROMPT, Procs, greedy_text, hf_model as _hf_model, sun_dirs as _sun_dirs
 
 MAX_NEW = 20
 
@@ -58,15 +58,11 @@ def agents(tmp_path_factory, mosquitto):
 
 def test_onnx_target_with_a_llamacpp_draft_service(agents):
     from edge.engines.loader import open_model
-    from edge.speculative.generate import generate_plain
     ps, _, bundle, _ = agents
     engine, tok = open_model(str(bundle), backend="onnx", role="target", dtype="float32", threads=1, max_len=4096)
     assert engine.name.startswith("onnx")
-    ids = tok.encode(PROMPT, add_special=True)
-    ref = generate_plain(engine, ids, MAX_NEW, stop_ids=tuple(tok.eos_ids)).tokens
+    ref, text = greedy_text(engine, tok, PROMPT, MAX_NEW)
     assert len(ref) >= 8, "the reference should be long enough to need several draft rounds"
-    stream = tok.decode_stream(skip_special=True)
-    text = "".join(stream.put(t) for t in ref)
     assert ps.procs["target"].wait(90) == 0, ps.err("target") + ps.err("draft")
     assert ps.out("target") == text
     err = ps.err("target")

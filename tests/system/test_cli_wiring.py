@@ -17,7 +17,7 @@ import pytest
 
 from edge.wire.link import MqttLink
 from edge.sun.client import SunClient, SunRequestError
-from harness.console_scripts import BIN, MAX_NEW, PROMPT, PW, Procs
+from harness.console_scripts import BIN, MAX_NEW, PROMPT, PW, Procs, greedy_text
 from harness.console_scripts import hf_model as _hf_model, sun_dirs as _sun_dirs, sun_reference as _sun_reference
 from harness.waiting import wait_until
 
@@ -58,14 +58,9 @@ def star(tmp_path_factory):
 
 def test_starsd_target_process_through_the_hub_process(star):
     from edge.engines.loader import open_model
-    from edge.speculative.generate import generate_plain
     ps, url, model, _, _ = star
-    engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
-    ids = tok.encode(PROMPT, add_special=True)
-    ref = generate_plain(engine, ids, MAX_NEW, stop_ids=tuple(tok.eos_ids)).tokens
+    ref, text = greedy_text(*open_model(str(model), dtype="float64", threads=1, max_len=4096), PROMPT, MAX_NEW)
     assert len(ref) >= 8, "the reference should be long enough to need several draft rounds"
-    stream = tok.decode_stream(skip_special=True)
-    text = "".join(stream.put(t) for t in ref)
     assert ps.procs["target"].wait(60) == 0, ps.err("target")
     assert ps.out("target") == text
     err = ps.err("target")

@@ -16,7 +16,7 @@ from edge.wire.link import LinkError, MqttLink
 from server.broker import find_free_port
 from server.certs import make_certs
 from harness.canary import canary_after
-from harness.console_scripts import BIN, MAX_NEW, PROMPT, Procs, hf_model as _hf_model
+from harness.console_scripts import BIN, MAX_NEW, PROMPT, Procs, greedy_text, hf_model as _hf_model
 
 ADDR = "127.0.0.2"
 
@@ -58,16 +58,12 @@ def test_certs_are_idempotent_and_name_the_client(tmp_path):
 
 def test_a_target_over_tls_decodes_its_plain_greedy_text(tls_star):
     from edge.engines.loader import open_model
-    from edge.speculative.generate import generate_plain
     ps, url, certs, model, common = tls_star
     ps.start("target", BIN / "edge-agent", "run", "--role", "target", "--broker", url, "--tls-dir", certs,
              "--client-id", "dev1", "--model", model, "--prompt", PROMPT, "-n", MAX_NEW, "-g", "3", *common)
-    engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
-    ids = tok.encode(PROMPT, add_special=True)
-    ref = generate_plain(engine, ids, MAX_NEW, stop_ids=tuple(tok.eos_ids)).tokens
-    stream = tok.decode_stream(skip_special=True)
+    _, text = greedy_text(*open_model(str(model), dtype="float64", threads=1, max_len=4096), PROMPT, MAX_NEW)
     assert ps.procs["target"].wait(90) == 0, ps.err("target")
-    assert ps.out("target") == "".join(stream.put(t) for t in ref)
+    assert ps.out("target") == text
     err = ps.err("target")
     assert "joined the star" in err, err
     assert int(err.split("answered ")[1].split("/")[0]) > 0, err

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from harness.console_scripts import BIN, MAX_NEW, PROMPT, PW, Procs
+from harness.console_scripts import BIN, MAX_NEW, PROMPT, PW, Procs, greedy_text
 from harness.console_scripts import hf_model as _hf_model
 from harness.http_endpoints import post
 from harness.waiting import wait_until
@@ -49,14 +49,10 @@ def star(tmp_path_factory):
 
 def test_drafter_process_serves_the_hub_targets_text(star):
     from edge.engines.loader import open_model
-    from edge.speculative.generate import generate_plain
     ps, model, _, server, _ = star
-    engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
-    ids = tok.encode(PROMPT, add_special=True)
-    ref = generate_plain(engine, ids, MAX_NEW, stop_ids=tuple(tok.eos_ids)).tokens
-    stream = tok.decode_stream(skip_special=True)
+    _, text = greedy_text(*open_model(str(model), dtype="float64", threads=1, max_len=4096), PROMPT, MAX_NEW)
     out = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": MAX_NEW, "temperature": 0})
-    assert out["choices"][0]["text"] == "".join(stream.put(t) for t in ref)
+    assert out["choices"][0]["text"] == text
     assert "joined the hub's verify service" in ps.err("drafter")
     ps.wait_for("hub", "verify: sessions=1")            # its stats line: the session and its requests
 

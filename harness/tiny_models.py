@@ -18,6 +18,12 @@ def tiny_model(seed=0, noise=0.0, base=None):
     return model.eval()
 
 
+def target_and_draft(noise: float = 0.05) -> tuple:
+    """A tiny target and a draft close to it (seed 1, `noise` away): the star tests' pair."""
+    target = tiny_model(0)
+    return target, tiny_model(1, noise=noise, base=target)
+
+
 def random_model(seed=0, **kw):
     """A random tiny model of tiny_config(**kw) (a SUN base)."""
     torch.manual_seed(seed)

@@ -25,7 +25,7 @@ from server.hub import Hub
 
 from harness.at_once import all_at_once
 from harness.goodness_of_fit import TableEngine, chi_square, critical_value, exact_distribution
-from harness.tiny_models import tiny_model
+from harness.tiny_models import target_and_draft
 
 torch.set_num_threads(1)
 TOK = "tok-tiny"
@@ -33,8 +33,7 @@ TOK = "tok-tiny"
 
 @pytest.fixture(scope="module")
 def models():
-    target = tiny_model(0)
-    return target, tiny_model(1, noise=0.05, base=target)
+    return target_and_draft()
 
 
 def device(bus, name, engine, fp=TOK, vocab=256, **kw):

@@ -16,7 +16,7 @@ from edge.star.target import StarTarget
 from server.broker import find_free_port
 from server.hub import Hub
 
-from harness.tiny_models import tiny_model
+from harness.tiny_models import target_and_draft
 from harness.waiting import wait_until
 
 torch.set_num_threads(1)
@@ -25,8 +25,7 @@ TOK = "tok-tiny"
 
 @pytest.fixture(scope="module")
 def models():
-    target = tiny_model(0)
-    return target, tiny_model(1, noise=0.05, base=target)
+    return target_and_draft()
 
 
 @pytest.mark.parametrize("kind", ["mosquitto", "embedded"])

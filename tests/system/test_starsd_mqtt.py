@@ -17,7 +17,7 @@ from edge.star.target import StarTarget
 from server.hub import Hub
 
 from harness.at_once import all_at_once
-from harness.tiny_models import tiny_model
+from harness.tiny_models import target_and_draft
 from harness.waiting import wait_until
 
 torch.set_num_threads(1)
@@ -26,8 +26,7 @@ TOK = "tok-tiny"
 
 @pytest.fixture(scope="module")
 def models():
-    target = tiny_model(0)
-    return target, tiny_model(1, noise=0.05, base=target)
+    return target_and_draft()
 
 
 @pytest.fixture(params=["mosquitto", "embedded"])

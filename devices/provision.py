@@ -53,7 +53,7 @@ def _extra_options(pairs) -> dict:
 
 
 def _watch_credentials(user, password_file, tls_dir, hub) -> dict:
-    from edge.cli.options import read_password, tls_files
+    from edge.cli.broker_options import read_password, tls_files
     password = read_password(None, password_file) if password_file else None
     return {"username": user, "password": password,
             "tls": tls_files(tls_dir, user or "provision", hub) if tls_dir else None}
@@ -156,7 +156,7 @@ def main(device, profile_name, role, hub, model, bundle, module, backend, client
          ort_index, device_python, ssh_config, wait, timeout, watch_hub, watch_username, watch_password_file,
          watch_tls_dir, dry_run):
     """Provision DEVICE over ssh as a ROLE of the star at HUB (idempotent; DRY=1 prints the steps)."""
-    from edge.cli.options import tls_files
+    from edge.cli.broker_options import tls_files
     from edge.wire.link import LinkError, parse_url
 
     from devices.steps import Options, Provisioning

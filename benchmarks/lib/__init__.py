@@ -8,6 +8,8 @@
     backends_report      engines/backends.py's table, ratios and plot
     starsd_report        star/starsd_scaling.py's planner overlay, plot and table
     two_device_report    star/starsd_two_device.py's table, passes and plot
+    constrained_report   star/constrained_speed.py's tables and plot
+    constrained_hostile  issue 44's hostile schemas through the star, timed (constrained_speed --hostile)
     starsd_worker        the targets of one scaling point, in their own process (-m)
     memory_workload      one memory case in a fresh process (-m), for device/memory_plan.py
     fault_bench          the faults run's types (Fault, Outcome) and its live-star bench

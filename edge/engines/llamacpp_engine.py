@@ -27,8 +27,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine, EngineError, tail_rows
-from edge.engines.llamacpp_load import (KV_ITEMSIZE, amx_compiled, cpu_flash_attn, init_backend, layers_on_gpu,
-                                        llama_lib, load_model, new_context)
+from edge.engines.llamacpp_load import (KV_ITEMSIZE, amx_compiled, init_backend, layers_on_gpu, llama_lib, load_model,
+                                        new_context)
 from edge.engines.stream_placement import plan_moves
 
 __all__ = ["LlamaCppEngine", "amx_compiled"]   # amx_compiled: read by benchmarks/engines/llamacpp_amx_fix.py
@@ -45,8 +45,10 @@ class LlamaCppEngine(Engine):
                  mmap: Optional[bool] = None):
         """max_len: context per sequence; n_seq_max: sequences one context can hold at once;
         kv_type: the KV cache's precision (f16, llama.cpp's default, or f32); flash_attn: None
-        = off on the CPU, llama.cpp's choice on a GPU (llamacpp_load.cpu_flash_attn says why; it
-        changes how V is stored, which export_kv/import_kv handle);
+        lets llama.cpp choose (on: on the CPU its kernel computes a short ubatch row by row, so a
+        verify of γ+1 rows rounds exactly as one-row decoding does and greedy speculative text is
+        the plain text bit for bit; off is faster over a long cache but breaks that: docs/models.md;
+        it changes how V is stored, which export_kv/import_kv handle);
         extra_bufts: llama.cpp's extra weight buffer types (CPU repacking, AMX); None = on,
         unless this build has the AMX backend that crashes (then off, with a warning); mmap: map
         the GGUF instead of reading it. None = read it when the CPU backend repacks weights (extra
@@ -62,9 +64,8 @@ class LlamaCppEngine(Engine):
         self._model, self.mmap, self.model_params = load_model(lc, path, n_gpu_layers, extra_bufts, mmap)
         self._ctx = None
         self._batch = None
-        self.flash_attn = cpu_flash_attn(flash_attn, layers_on_gpu(lc, int(self.model_params.n_gpu_layers), 1))
-        self._ctx = new_context(lc, self._model, path, max_len, n_seq_max, n_batch, kv_type, self.flash_attn,
-                                threads)
+        self.flash_attn = flash_attn
+        self._ctx = new_context(lc, self._model, path, max_len, n_seq_max, n_batch, kv_type, flash_attn, threads)
         self.kv_itemsize = KV_ITEMSIZE[kv_type]
         self._mem = lc.llama_get_memory(self._ctx)
         self._n_batch = int(n_batch)

@@ -72,18 +72,6 @@ def layers_on_gpu(lc, n_gpu_layers: int, n_layer: int) -> int:
     return n_layer if n_gpu_layers < 0 else min(int(n_gpu_layers), n_layer)
 
 
-def cpu_flash_attn(flash_attn: Optional[bool], gpu_layers: int) -> Optional[bool]:
-    """The flash_attn a context gets: as asked; unasked, off where the model runs on the CPU alone
-    (None, llama.cpp's auto, elsewhere). ggml-cpu's flash attention computes a ubatch of fewer than
-    64 query rows one row at a time: on Qwen2.5-Coder-0.5B Q4_K_M, one thread, 1,800 tokens in the
-    cache, a decode step cost 115 ms of CPU with it and 73 ms without, a 24-token prefill (a chat's
-    next turn) 1.36 s and 0.36 s; only a long cold prefill is faster with it (~92 vs ~85 prompt
-    tokens per CPU second at 2,048 tokens)."""
-    if flash_attn is not None or gpu_layers > 0:
-        return flash_attn
-    return False
-
-
 def new_context(lc, model, path: str, max_len: int, n_seq_max: int, n_batch: int, kv_type: str,
                 flash_attn: Optional[bool], threads: Optional[int]):
     """A llama context of `model` holding n_seq_max sequences of max_len tokens each; threads: None = one

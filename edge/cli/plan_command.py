@@ -18,7 +18,8 @@ import click
 from edge.cli.device_profiles import load_device
 from edge.cli.options import backend_option, dtype_option, parallel_options, prompt_cache_options, renamed_option
 from edge.cli.sections import MODEL, TARGET, option
-from edge.memory.fit import (Fit, Workload, cache_slots_that_fit, engine_kwargs, fit, parse_bytes, role_sequences)
+from edge.memory.fit import (Fit, Workload, cache_slots_that_fit, engine_kwargs, engine_sequences, fit, parse_bytes,
+                             role_sequences)
 
 GB = 1e9
 _DEFAULT_CTX = 4096                     # `edge-agent run --max-len`'s default
@@ -180,7 +181,8 @@ def check_before_load(role, model, max_len, profile, memory_budget, max_batch=64
         if budget is not None:
             raise                         # a budget it cannot check is not enforced silently
         b = model.backend                 # unsized (the loader will say why, if it cannot load it)
-        n = role_sequences(role, b, max_sessions, max_batch, parallel) + cache_slots(role, prompt_cache)
+        running = role_sequences(role, b, max_sessions, max_batch, parallel)
+        n = engine_sequences(b, running, cache_slots(role, prompt_cache))
         return engine_kwargs(b, role, n)
     if f is not None and not f.fits:
         where = f"--memory-budget {memory_budget}" if memory_budget else f"profile {profile}"
@@ -212,7 +214,9 @@ def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
     w = e.workload
     rows = [("model", f"{e.shape.name} ({e.shape.quant})"), ("role / backend", f"{w.role} / {w.backend}"),
             ("context x sequences", f"{w.context} x {w.sequences}"
-                                    + (f" + {w.cache_slots} in the prompt cache" if w.cache_slots else ""))]
+                                    + (f" + {w.cache_slots} in the prompt cache" if w.cache_slots else "")
+                                    + (" + 1 spare to gather running ones" if w.engine_sequences > w.sequences
+                                       + w.cache_slots else ""))]
     rows += [(k, f"{v / GB:.3f} GB") for k, v in e.parts.items()]
     rows += [("total", f"{e.total / GB:.3f} GB"), ("KV per token", f"{e.kv_bytes_per_token} B")]
     if f is not None:

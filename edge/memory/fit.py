@@ -90,8 +90,8 @@ class Workload:
 
     @property
     def engine_sequences(self) -> int:
-        """Sequences the engine holds at once: the role's and its prompt cache's."""
-        return self.sequences + self.cache_slots
+        """Sequences the engine holds at once: the role's, its prompt cache's and a spare (gather_spare)."""
+        return engine_sequences(self.backend, self.sequences, self.cache_slots)
 
 
 @dataclass
@@ -309,6 +309,16 @@ def role_sequences(role: str, backend: str, max_sessions: int = 64, max_batch: i
     if backend == "llamacpp":             # the engine's n_seq_max (the roles load it so)
         return min(max_sessions, LLAMACPP_SEQUENCES) if role == "draft" else LLAMACPP_SEQUENCES
     return max_sessions if role == "draft" else 1
+
+
+def engine_sequences(backend: str, sequences: int, cache_slots: int) -> int:
+    """Sequences an engine holds for `sequences` generations at once beside `cache_slots` held ones;
+    on llama.cpp with several generations and a prompt cache, one more: the free slot a gather moves
+    through. A step's sequences cost one pass over the weights only on consecutive slots
+    (edge/engines/stream_placement.py); with every slot taken, running sequences scattered among
+    held ones cannot be moved together, and a 4-generation step took several passes."""
+    spare = 1 if backend == "llamacpp" and sequences > 1 and cache_slots > 0 else 0
+    return sequences + cache_slots + spare
 
 
 def engine_kwargs(backend: str, role: str, sequences: int) -> dict:

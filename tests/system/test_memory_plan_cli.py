@@ -80,10 +80,10 @@ def test_run_refuses_a_role_that_does_not_fit_before_loading(monkeypatch, gguf):
 def test_run_passes_the_plan_to_the_engine(monkeypatch, gguf):
     r, loaded = _run(monkeypatch, gguf, "--profile", "jetson-orin-nano-8gb")
     assert r.exit_code == 0, r.output
-    assert loaded.get("n_seq_max") == 6 and loaded.get("role") == "target"    # --parallel 2 + the prompt cache's 4
+    assert loaded.get("n_seq_max") == 7 and loaded.get("role") == "target"    # --parallel 2 + the cache's 4 + a spare
     assert "memory plan:" in r.output
     r, loaded = _run(monkeypatch, gguf)                        # no budget: nothing enforced, same engine
-    assert r.exit_code == 0 and loaded.get("n_seq_max") == 6 and "memory plan:" not in r.output
+    assert r.exit_code == 0 and loaded.get("n_seq_max") == 7 and "memory plan:" not in r.output
     r, loaded = _run(monkeypatch, gguf, "--prompt-cache", "0")
     assert r.exit_code == 0 and loaded.get("n_seq_max") == 2     # --parallel 2, no cache
 

@@ -24,7 +24,9 @@ def test_plan_counts_the_prompt_cache(gguf):
     base = _plan("-m", gguf, "--prompt-cache", "0", "--parallel", "1")
     four = _plan("-m", gguf, "--parallel", "1")                   # the default: 4 slots
     assert base["engine_kwargs"] == {"n_seq_max": 1} and four["engine_kwargs"] == {"n_seq_max": 5}
-    assert _plan("-m", gguf)["engine_kwargs"] == {"n_seq_max": 6}     # and --parallel's default 2
+    assert _plan("-m", gguf)["engine_kwargs"] == {"n_seq_max": 7}     # --parallel's default 2: and a spare
+    table = CliRunner().invoke(main, ["plan", "--role", "target", "-b", "llamacpp", "-m", gguf]).output
+    assert "x 2 + 4 in the prompt cache + 1 spare to gather running ones" in table
     assert four["prompt_cache"] == 4 and four["parts_bytes"]["kv"] == 5 * base["parts_bytes"]["kv"]
     budget = base["total_bytes"] + 2 * base["parts_bytes"]["kv"]  # room for two slots
     short = _plan("-m", gguf, "--memory-budget", str(budget), "--parallel", "1")

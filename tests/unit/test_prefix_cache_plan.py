@@ -43,3 +43,15 @@ def test_the_most_slots_that_fit():
 def test_only_a_target_has_a_prompt_cache():
     with pytest.raises(ValueError, match="prompt cache"):
         Workload("draft", "llamacpp", 1024, 4, cache_slots=2)
+
+
+def test_several_generations_beside_a_cache_get_a_spare_sequence_on_llamacpp():
+    """The free slot running sequences are gathered through (edge/engines/stream_placement.py):
+    counted in the plan's KV and handed to the engine."""
+    one = Workload("target", "llamacpp", 4096, sequences=1, cache_slots=4)
+    four = Workload("target", "llamacpp", 4096, sequences=4, cache_slots=4)
+    assert one.engine_sequences == 5 and four.engine_sequences == 9
+    assert Workload("target", "llamacpp", 4096, sequences=4).engine_sequences == 4      # no cache: nothing scatters
+    assert Workload("target", "torch", 4096, sequences=4, cache_slots=4).engine_sequences == 8
+    bare = estimate(QWEN15, Workload("target", "llamacpp", 4096)).parts["kv"]
+    assert estimate(QWEN15, four).parts["kv"] == 9 * bare

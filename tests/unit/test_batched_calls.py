@@ -60,9 +60,23 @@ class _Rounds(BatchedCalls):
         return all(n == joined for n, joined in self.sizes) and self.stats["lingered"] == 0
 
 
+def hold_first_round_until_all_joined(eng: BatchedCalls, n: int) -> None:
+    """A member that joins now and forwards nothing, so no round goes (linger 60 s) until `n`
+    generations joined too; it leaves then. Every generation is in the first round whatever order
+    and pace their threads start at (an event, not a start-up time)."""
+    leave = eng.join()
+
+    def release():
+        with eng._cv:
+            eng._cv.wait_for(lambda: len(eng._members) == n + 1, 60)
+        leave()                                   # leave() wakes the waiting round
+    threading.Thread(target=release, daemon=True).start()
+
+
 def test_four_plain_generations_at_once_equal_each_alone_and_share_every_round():
     alone = [generate_plain(make_engine(0), p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
     eng = _Rounds(make_engine(0))
+    hold_first_round_until_all_joined(eng, len(PROMPTS))
     got = all_at_once([lambda p=p, n=n: generate_plain(eng, p, n) for p, n in zip(PROMPTS, LENGTHS)])
     assert [g.tokens for g in got] == alone
     # every round held each running generation's forward: not whatever happened to be queued
@@ -101,10 +115,12 @@ def test_four_speculative_generations_with_a_prompt_cache_equal_each_alone():
             return generate_speculative(eng, d, p, n, 3, cache=cache)
         finally:
             d.close()
+    hold_first_round_until_all_joined(eng, len(PROMPTS))
     got = all_at_once([lambda p=p, n=n: one(p, n) for p, n in zip(PROMPTS, LENGTHS)])
     assert [g.tokens for g in got] == alone
     turns = [p + a + [7] for p, a in zip(PROMPTS, alone)]      # each conversation's next turn: cached
     alone = [generate_plain(make_engine(0), p, 10).tokens for p in turns]
+    hold_first_round_until_all_joined(eng, len(PROMPTS))
     got = all_at_once([lambda p=p: one(p, 10) for p in turns])
     assert [g.tokens for g in got] == alone
     assert sum(g.cached_tokens for g in got) > 0 and len(cache) == 4

@@ -7,7 +7,8 @@
 What `edge-agent run --role target` serves, less the star: the same OpenAIServer in front of
 target-only decoding (generate_plain, llama.cpp) with the same prompt cache (`--prompt-cache` /
 `--prompt-cache-mb`, its defaults) and the same `--parallel N` generations at once (their forwards
-one batched call a round, edge/engines/batched_calls.py; n_seq_max = N + slots as the CLI loads it). A target started
+one batched call a round, edge/engines/batched_calls.py; n_seq_max as the CLI's plan gives it,
+edge/memory/fit.engine_sequences). A target started
 with no hub answering waits its 3 s join timeout once (at start, edge/star/target.py) and still runs
 the star's machinery, so the star-less endpoint is built here instead. The parent pins this
 process to a core (taskset) and waits for the "serving on" line on stderr.
@@ -38,10 +39,11 @@ def main(argv=None) -> None:
     from edge.cli.options import open_prompt_cache
     from edge.engines.batched_calls import shared_engine
     from edge.engines.loader import open_model
+    from edge.memory.fit import engine_sequences
     from edge.speculative.generate import generate_plain
 
     engine, tok = open_model(args.model, backend="llamacpp", threads=args.threads, max_len=args.max_len,
-                             n_seq_max=args.parallel + args.prompt_cache)
+                             n_seq_max=engine_sequences("llamacpp", args.parallel, args.prompt_cache))
     engine = shared_engine(engine, args.parallel)
     cache = open_prompt_cache(engine, args.prompt_cache, args.prompt_cache_mb)
     server = OpenAIServer(functools.partial(generate_plain, engine, cache=cache), tok, model_name=args.model,

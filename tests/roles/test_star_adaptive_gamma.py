@@ -58,10 +58,12 @@ def test_auto_gamma_falls_to_plain_decoding_with_a_draft_that_disagrees():
 
 def test_late_answers_keep_the_text_lossless():
     """A deadline shorter than the bus's round trip: every answer comes late. Late answers that
-    fit are used, the ones the target outran are asked again; the text stays the target's."""
+    fit are used, the ones the target outran are given up on and asked again; the text stays the
+    target's. Which of the two each request meets depends on the machine's pace (a loaded one
+    outruns them all), so the check is that requests went out and each met one of them."""
     target = tiny_model(0)
     got, want, drafter, joined = star(tiny_model(1, noise=0.02, base=target), target, n=60,
                                       deadline=Deadline(initial=1e-4, lo=1e-5, hi=1e-4))
     assert got.tokens == want.tokens
-    assert drafter.stats.answered > 0
+    assert drafter.stats.rounds > 0 and drafter.stats.answered + drafter.stats.timeouts > 0, drafter.stats
     assert drafter.waits.answered < 1.0                  # the policy saw the requests not answered in time

@@ -48,3 +48,12 @@ def json_ask(model: str, schema: dict) -> dict:
                                                       "population in millions."}],
                 response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema,
                                                                         "strict": True}})
+
+
+def qwen_llamacpp(max_len: int, n_seq_max: int = 3):
+    """(engine, tokenizer) of the real Qwen2.5-Coder-0.5B on llama.cpp, one thread; the calling
+    test is skipped when llama-cpp-python or the model is missing (`make test-models`)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
+    fetched_or_skip("qwen2.5-coder-0.5b")
+    from edge.engines.loader import open_model
+    return open_model("qwen2.5-coder-0.5b", backend="llamacpp", max_len=max_len, threads=1, n_seq_max=n_seq_max)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from benchmarks.lib.results import ROOT
+from benchmarks.lib.server_process import stop_process
 
 BIN = ROOT / ".venv" / "bin"
 REQUEST_TIMEOUT_S = 1800      # SUN's endpoint gives up on a request after this (llama-server never does)
@@ -120,13 +121,7 @@ class Side:
 
     def stop(self) -> None:
         for p in reversed(list(self.procs.values())):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_process(p)
 
     def describe(self) -> dict:
         return {"cores": self.cores, "commands": {k: " ".join(v) for k, v in self.argv.items()}}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.model.fetch import model_path
+from harness.agent_asks import qwen_llamacpp
 from edge.speculative.common_prefix import common_prefix
 from edge.speculative.generate import generate_plain
 from edge.speculative.prefix_cache import FORK_ENOUGH, SHARED_ENOUGH, PrefixCache
@@ -15,11 +15,7 @@ from edge.speculative.prefix_cache import FORK_ENOUGH, SHARED_ENOUGH, PrefixCach
 
 @pytest.fixture(scope="module")
 def qwen():
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
-    if not model_path("qwen2.5-coder-0.5b").exists():
-        pytest.skip("Qwen2.5-Coder-0.5B is not fetched: `make test-models`")
-    from edge.engines.loader import open_model
-    engine, tok = open_model("qwen2.5-coder-0.5b", backend="llamacpp", max_len=512, threads=1, n_seq_max=3)
+    engine, tok = qwen_llamacpp(max_len=512)
     yield engine, tok
     engine.close()
 

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from edge.model.fetch import model_path
+from harness.agent_asks import qwen_llamacpp
 from edge.speculative.generate import generate_plain
 from edge.speculative.prefix_cache import PrefixCache
 
@@ -21,11 +21,7 @@ SYSTEM = ("You are a careful Python reviewer. Answer in one short sentence. "
 
 @pytest.fixture(scope="module")
 def qwen():
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
-    if not model_path("qwen2.5-coder-0.5b").exists():
-        pytest.skip("Qwen2.5-Coder-0.5B is not fetched: `make test-models`")
-    from edge.engines.loader import open_model
-    engine, tok = open_model("qwen2.5-coder-0.5b", backend="llamacpp", max_len=1024, threads=1, n_seq_max=3)
+    engine, tok = qwen_llamacpp(max_len=1024)
     yield engine, tok
     engine.close()
 

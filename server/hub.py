@@ -56,14 +56,16 @@ class Hub:
                  status_every: float = 2.0, ctl_key: Optional[bytes] = None, sun: bool = True,
                  sun_isolated: bool = False, sun_pools: Optional[dict] = None, sun_decoder=None,
                  listeners=(), client_share: float = CLIENT_SHARE, hubs=(), hub_silent_s: float = HUB_SILENT_S,
-                 keepalive: int = 15, verify_engine=None, verify_fp: str = "", verify_limits=None):
+                 keepalive: int = 15, verify_engine=None, verify_fp: str = "", verify_limits=None,
+                 verify_grammars=None):
         """hubs: the ids of every hub of the star, this one's included (several hubs); empty: this
         hub is the only one, as before. sun: route SUN requests; sun_isolated / sun_pools: one decoder pool per task
         ({task: [decoder ids]}); sun_decoder: a SharedDecoder the hub serves as
         f"{hub_id}-decoder"; client_share: the most of the fitting draft slots one client may hold;
         keepalive: the MQTT keepalive of every link it opens (a silent broker node is left after ~1.5-2x).
         verify_engine: a target the hub verifies drafting devices' drafts with (the reverse star,
-        server/hub_verify.py), its tokenizer's fingerprint verify_fp (default: tokenizer_fp)."""
+        server/hub_verify.py), its tokenizer's fingerprint verify_fp (default: tokenizer_fp), its tokenizer for
+        grammars verify_grammars (grammar_tokenizer() or a function making it; None: it follows none)."""
         if (draft_engine is not None or draft_core is not None) and not tokenizer_fp:
             raise ValueError("the hub's draft service needs the tokenizer fingerprint of its model")
         if sun_pools and not sun_isolated:
@@ -97,7 +99,7 @@ class Hub:
         self._live = False
         self.discovery: Optional[Discovery] = None   # asks every service for a hello (no retained needed)
         self.verify = None if verify_engine is None else VerifySide(
-            verify_engine, verify_fp or tokenizer_fp, verify_limits, ctl_key, client_share)
+            verify_engine, verify_fp or tokenizer_fp, verify_limits, ctl_key, client_share, verify_grammars)
 
     @property
     def url(self) -> str:

@@ -176,7 +176,11 @@ def verify_target(cfg: HubConfig) -> dict:
     engine, tok = open_model_for_command(model, cfg.dtype, cfg.threads, cfg.max_len, device=cfg.device,
                                          gpu_layers=cfg.gpu_layers,
                                          **engine_kwargs(model.backend, "target", cfg.verify_limits.max_sessions))
-    return dict(verify_engine=engine, verify_fp=tok.fingerprint(), verify_limits=cfg.verify_limits)
+    from edge.speculative.grammar import grammar_tokenizer
+    # grammars (a drafting device's response_format / tool_choice) compiled against the target's tokenizer,
+    # made at the first one asked for (a 150k vocabulary takes about a second)
+    return dict(verify_engine=engine, verify_fp=tok.fingerprint(), verify_limits=cfg.verify_limits,
+                verify_grammars=lambda: grammar_tokenizer(tok, engine.vocab_size))
 
 
 def _sun_tokenizer(cfg: HubConfig):

@@ -23,10 +23,11 @@ log = logging.getLogger(__name__)
 
 class VerifySide:
     def __init__(self, engine, tokenizer_fp: str, limits: Optional[DraftLimits] = None, ctl_key=None,
-                 client_share: float = 0.5):
+                 client_share: float = 0.5, grammar_tokenizer=None):
         if not tokenizer_fp:
             raise ValueError("the hub's verify service needs the tokenizer fingerprint of its target")
         self.engine, self.tokenizer_fp, self.ctl_key = engine, tokenizer_fp, ctl_key
+        self.grammar_tokenizer = grammar_tokenizer    # response_format / tool_choice grammars (verify_rules.py)
         self.limits = limits or DraftLimits(ahead=False)
         self.registry = Registry(client_share=client_share, role="drafter")
         self.node: Optional[VerifyNode] = None
@@ -35,7 +36,7 @@ class VerifySide:
     def start(self, hub_id: str, link, shared: bool) -> "VerifySide":
         """Serve on `link` (shared: the hub's own link, no will or connect of its own)."""
         vid = f"{hub_id}-verify"
-        svc = VerifyService(self.engine, self.limits, name=vid)
+        svc = VerifyService(self.engine, self.limits, name=vid, grammar_tokenizer=self.grammar_tokenizer)
         self.link = link
         self.node = VerifyNode(svc, link, vid, self.tokenizer_fp, ctl_key=self.ctl_key,
                                on_closed=lambda sid, why: self.registry.release(sid))

@@ -9,29 +9,32 @@ from typing import Optional
 import click
 
 from edge.api.admission import Unavailable
-from edge.api.request_fields import BadRequest, Profile
+from edge.api.request_fields import LOGPROBS, STRUCTURED, TOOLS, BadRequest, Profile
 from edge.cli.role_endpoint import generate_once, prompt_or_serve, serve_until_signal, telemetry_running
 from edge.cli.startup import TelemetrySettings
 
-# what the endpoint honours: text only (the device never sees the target's logits; the hub applies
-# no penalties and follows no grammar yet)
-DRAFTER = Profile("drafting device", frozenset(),
-                  "the hub's target verifies this device's drafts: the device sees no target logits (logprobs) "
-                  "and the hub applies no penalties, logit_bias or grammars yet")
+# what the endpoint honours: the hub masks its target's rows by a request's grammar (response_format,
+# a forced tool_choice) and reports logprobs from them (edge/star/verify_rules.py); tools are rendered
+# and parsed here, as on a target's endpoint. Penalties and logit_bias are not applied by the hub yet.
+DRAFTER = Profile("drafting device", frozenset({LOGPROBS, STRUCTURED, TOOLS}),
+                  "the hub's target verifies this device's drafts and applies no penalties or logit_bias yet",
+                  logprob_entries=True)
 
 
 def endpoint_generate(device):
     """The OpenAI endpoint's generate: the device's, a hub that cannot verify a 503 (Unavailable)."""
+    from edge.speculative.constrained import NoTokenAllowed
     from edge.star.drafting_device import HubUnavailable
 
-    def generate(prompt_ids, max_new, params, stop_ids=(), on_token=None, grammar=None, **kw):
-        if grammar is not None:
-            raise BadRequest("a forced tool_choice or a response_format needs a grammar, which a drafting "
-                             "device's hub does not follow yet", "tool_choice")
+    def generate(prompt_ids, max_new, params, stop_ids=(), on_token=None, grammar=None, logprobs=None,
+                 on_logprob=None):
         try:
-            return device.generate(prompt_ids, max_new, params, stop_ids, on_token)
+            return device.generate(prompt_ids, max_new, params, stop_ids, on_token, grammar=grammar,
+                                   logprobs=logprobs, on_logprob=on_logprob)
         except HubUnavailable as e:
             raise Unavailable(f"the hub cannot serve the target's output now: {e}") from None
+        except NoTokenAllowed:
+            raise                               # the endpoint names the field whose grammar gave up
         except ValueError as e:
             raise BadRequest(str(e)) from None
     return generate

@@ -14,6 +14,14 @@ resends and rejoins -- from the committed text, so no token is lost or repeated 
 has no answer after `answer_timeout` s, or cannot join, the generation raises HubUnavailable: the
 endpoint answers 503, never draft-only text.
 
+Constrained output and logprobs (edge/star/verify_rules.py has the hub's side): with a grammar (a
+response_format's, a forced tool_choice's) the hub masks every verify row by it, so what is committed
+is the target's constrained output; the device drafts under the same grammar only to be accepted more
+often, the tokens it forces riding along as drafts (at most MAX_SENT a request). The request carries
+the grammar's text whenever it sends the whole context (a session's first request, a resync). Each
+committed token's logprobs come in the answer, computed from the target's rows at the hub, never the
+draft's.
+
 Random streams: the draft samples from role_rng(seed, DRAFT); the hub accepts with its TARGET stream,
 restarted at a generation's first request (`start`), so with a fixed γ a seeded generation replays.
 """
@@ -31,24 +39,38 @@ from edge.speculative.generate import CallTiming, GenResult, ModelDrafter
 from edge.speculative.sampling import GREEDY, Role, SamplingParams, SparseDist, role_rng
 from edge.star.hub_client import HubClient, JoinRefused, Session
 from edge.star.reverse_gamma import ReverseGamma
-from edge.wire.protocol import (E_BAD_KEEP, E_CONTEXT_FULL, MAX_GAMMA, MAX_TOP_K, Error, VerifyRequest,
-                                VerifyResponse)
+from edge.wire.protocol import (E_BAD_GRAMMAR, E_BAD_KEEP, E_CONTEXT_FULL, MAX_GAMMA, MAX_TOP_K, Error,
+                                VerifyRequest, VerifyResponse)
 
 log = logging.getLogger(__name__)
-__all__ = ["DraftingDevice", "HubUnavailable"]
+__all__ = ["DraftingDevice", "GrammarRefused", "HubUnavailable"]
+MAX_SENT = 16           # drafts a request carries, forced ones included (the verify service's default --max-gamma)
 
 
 class HubUnavailable(RuntimeError):
     """The hub cannot verify now (gone, refusing, or silent): no token of the target can be served."""
 
 
+class GrammarRefused(ValueError):
+    """The hub cannot follow this generation's grammar (the reason says why): nothing is served."""
+
+
 class _Context:
     """One generation's committed tokens and what its session holds of them."""
 
-    def __init__(self, prompt: List[int]):
+    def __init__(self, prompt: List[int], grammar=None, logprobs: Optional[int] = None):
         self.tokens = list(prompt)
         self.keep, self.append = 0, list(prompt)    # the first request sends the whole prompt
         self.started = False                        # an answer came: the hub's stream is running
+        self.grammar, self.grammar_from, self.logprobs = grammar, len(prompt), logprobs
+
+    def request(self, session: Session, seq: int, drafts: List[int], q, params: SamplingParams) -> VerifyRequest:
+        """This round's request: the grammar's text goes with a request that sends the whole context."""
+        g = self.grammar
+        return VerifyRequest(session.sid, seq, self.keep, self.append, drafts, q, params.to_wire(),
+                             start=not self.started, grammar_id=g.id if g else "",
+                             grammar=g.text if g and self.keep == 0 else "",
+                             grammar_from=self.grammar_from if g else 0, logprobs=self.logprobs)
 
     def resync(self) -> None:
         """The hub holds nothing of it (a new session, bad_keep): send it all again."""
@@ -121,9 +143,14 @@ class DraftingDevice:
 
     # ---- generation ----
     def generate(self, prompt_ids: Sequence[int], max_new: int, params: SamplingParams = GREEDY,
-                 stop_ids: Iterable[int] = (), on_token: Optional[Callable[[int], None]] = None) -> GenResult:
+                 stop_ids: Iterable[int] = (), on_token: Optional[Callable[[int], None]] = None,
+                 grammar=None, logprobs: Optional[int] = None,
+                 on_logprob: Optional[Callable[[int, float, list], None]] = None) -> GenResult:
         """The target's output for the prompt, drafted here and verified at the hub. Raises
-        HubUnavailable when the hub cannot serve it (what was committed before stays committed)."""
+        HubUnavailable when the hub cannot serve it (what was committed before stays committed).
+        grammar: an edge.speculative.grammar.Grammar the output follows (the hub masks the target's
+        rows with it; GrammarRefused when it cannot); logprobs: alternatives per token, handed to
+        on_logprob(token, logprob, [(id, logprob), ...]) just before on_token."""
         if params.adjusts_logits:
             raise ValueError("penalties and logit_bias are not applied by the hub's verify service yet")
         prompt = [int(t) for t in prompt_ids]
@@ -131,9 +158,11 @@ class DraftingDevice:
             raise ValueError("the prompt is empty; give at least one token (e.g. the BOS token)")
         session = self._session(params)
         drafter = self.drafter_of(params, 0 if params.greedy else min(self.q_top_k, params.top_k or MAX_TOP_K))
+        drafter.constrain(grammar, len(prompt))           # drafts under the grammar: more of them accepted
         gamma = ReverseGamma(self.gamma) if self.adaptive else None
         self.last_gamma = gamma
-        ctx, res, stops = _Context(prompt), GenResult(tokens=[]), {int(t) for t in stop_ids}
+        ctx, res, stops = _Context(prompt, grammar, logprobs), GenResult(tokens=[]), {int(t) for t in stop_ids}
+        stops |= set(grammar.stop_ids) if grammar is not None else set()   # the grammar's end ends the text
         draft_rng = role_rng(params.seed, Role.DRAFT)
         t0 = time.perf_counter()
         try:
@@ -144,7 +173,9 @@ class DraftingDevice:
                 if g > 0:
                     t = time.perf_counter()
                     drafts, qs = drafter.draft(ctx.tokens, g, draft_rng)
-                    drafts = [int(x) for x in drafts][:g]
+                    # forced tokens ride along γ under a grammar (ModelDrafter proposes them on top)
+                    keep = g if grammar is None else min(max(g, MAX_SENT), max_new - res.n_generated - 1)
+                    drafts = [int(x) for x in drafts][:keep]
                     dt = time.perf_counter() - t
                     res.timings.append(CallTiming("draft", len(drafts), dt))
                 q = None if params.greedy else _wire_q(drafts, qs)
@@ -160,7 +191,8 @@ class DraftingDevice:
                     gamma.drafted(len(drafts), dt)
                     gamma.answered(len(drafts), resp.n_accepted, rtt)
                 before = len(ctx.tokens)
-                self._commit(ctx, res, drafts[:resp.n_accepted] + [resp.token], stops, max_new, on_token)
+                self._commit(ctx, res, drafts[:resp.n_accepted] + [resp.token], stops, max_new, on_token,
+                             _entries(resp) if on_logprob is not None else None, on_logprob)
                 # the next request names this round's tokens itself: a copy of this request that the
                 # hub served once more (its answer came for another copy) verified anew, and what the
                 # hub then holds past `before` may differ from what was committed here
@@ -182,8 +214,9 @@ class DraftingDevice:
         return res
 
     def _commit(self, ctx: _Context, res: GenResult, tokens: List[int], stops: set, max_new: int,
-                on_token: Optional[Callable[[int], None]]) -> None:
-        for t in tokens:
+                on_token: Optional[Callable[[int], None]], entries: Optional[list] = None,
+                on_logprob: Optional[Callable] = None) -> None:
+        for i, t in enumerate(tokens):
             ctx.tokens.append(t)                          # what the hub holds, the stop token included
             if t in stops:
                 res.stop_token, res.finish_reason = t, "stop"
@@ -191,6 +224,8 @@ class DraftingDevice:
             res.tokens.append(t)
             with self.lock:
                 self.counts["tokens"] += 1
+            if entries:
+                on_logprob(t, *entries[i])
             if on_token is not None:
                 on_token(t)
             if res.n_generated >= max_new:
@@ -208,8 +243,7 @@ class DraftingDevice:
                 sent = {}                                 # another session: the old copies are void
             seq = session.next_seq()
             sent[seq] = time.monotonic()
-            session.send(VerifyRequest(session.sid, seq, ctx.keep, ctx.append, drafts, q, params.to_wire(),
-                                       start=not ctx.started))
+            session.send(ctx.request(session, seq, drafts, q, params))
             got = session.wait_any(sent, min(give_up, sent[seq] + self._resend_s()))
             msg = got[0] if got is not None else None
             if isinstance(msg, VerifyResponse) and self._valid(msg, ctx, drafts):
@@ -223,6 +257,8 @@ class DraftingDevice:
                 if msg.code == E_BAD_KEEP:
                     ctx.resync()
                     sent = {}                             # the copies named the old keep
+                elif msg.code == E_BAD_GRAMMAR:
+                    raise GrammarRefused(f"the hub's target cannot follow this request's grammar: {msg.message}")
                 else:                                     # unknown_session, internal, overloaded: anew
                     log.info("%s: the hub answered %s (%s); rejoining", self.hub.client, msg.code, msg.message)
                     session.mark_lost()
@@ -257,7 +293,13 @@ class DraftingDevice:
     @staticmethod
     def _valid(msg: VerifyResponse, ctx: _Context, drafts: List[int]) -> bool:
         """An answer that fits what was asked (else it is dropped and the round resent)."""
-        return msg.n_accepted <= len(drafts) and msg.held == len(ctx.tokens) + msg.n_accepted + 1
+        return (msg.n_accepted <= len(drafts) and msg.held == len(ctx.tokens) + msg.n_accepted + 1
+                and (ctx.logprobs is None or len(msg.logprobs) == msg.n_accepted + 1))
+
+
+def _entries(resp: VerifyResponse) -> list:
+    """The answer's logprob entries as on_logprob takes them: (logprob, [(id, logprob), ...])."""
+    return [(lp, list(zip(ids, lps))) for lp, ids, lps in resp.logprobs]
 
 
 def _wire_q(drafts: List[int], qs) -> list:

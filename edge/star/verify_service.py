@@ -19,6 +19,10 @@ argmax agrees with, sampled accepts each draft with min(1, p/q) under the exact 
 (each row the target's own distribution, to_probs). The rejected drafts' KV is rolled back
 (truncate); the session then holds T + drafts[:n] + [token], which the answer's `held` says.
 
+Constrained output and logprobs (edge/star/verify_rules.py): a request may name a grammar, which
+masks every row of its verify call (the drafts cut after the first one it refuses), and ask for
+logprobs, read from those rows; the answer carries one entry per committed token.
+
 Random streams: the target's acceptance uniforms come from role_rng(seed, TARGET) restarted at a
 generation's first request (`start`: a seeded generation replays), else from a stream of this
 session's own (a rejoin mid-generation never replays uniforms already used); never the device's
@@ -31,12 +35,14 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 from edge.engines.base import Engine, EngineError
+from edge.speculative.constrained import NoTokenAllowed
 from edge.speculative.sampling import Role, SamplingParams, SparseDist, role_rng, to_probs
 from edge.speculative.verify import verify_greedy, verify_stochastic
 from edge.star.draft_chain import sid_key
 from edge.star.draft_limits import DraftLimits, DraftRefused
 from edge.star.engine_sessions import EngineSessions
-from edge.wire.protocol import (E_BAD_KEEP, E_BAD_REQUEST, E_CONTEXT_FULL, E_INTERNAL, Error,
+from edge.star.verify_rules import VerifyGrammars, entries, legal_for, masked
+from edge.wire.protocol import (E_BAD_GRAMMAR, E_BAD_KEEP, E_BAD_REQUEST, E_CONTEXT_FULL, E_INTERNAL, Error,
                                 VerifyRequest, VerifyResponse)
 
 
@@ -51,6 +57,7 @@ class VerifySession:
         self.last_seq, self.last_seen = -1, now
         self.kv = 0                          # KV bytes reserved / held
         self.closed = False
+        self.grammar = None                  # the grammar its rows are masked with (edge/star/draft_grammar.py)
 
 
 @dataclasses.dataclass
@@ -63,6 +70,7 @@ class VerifyItem:
     qs: list
     params: SamplingParams
     t_in: float
+    masks: Optional[list] = None         # one grammar mask per row of its call (None: unconstrained)
 
 
 class VerifyService(EngineSessions):
@@ -71,8 +79,11 @@ class VerifyService(EngineSessions):
     service_kind, engine_role = "verify", "target"
 
     def __init__(self, engine: Engine, limits: Optional[DraftLimits] = None,
-                 clock: Callable[[], float] = time.monotonic, name: str = "verify"):
+                 clock: Callable[[], float] = time.monotonic, name: str = "verify", grammar_tokenizer=None):
+        """grammar_tokenizer: the target's tokenizer for grammars (grammar_tokenizer(), or a function
+        making it at the first grammar); None: requests naming a grammar are refused bad_grammar."""
         super().__init__(engine, limits or DraftLimits(ahead=False), clock, name)
+        self.grammars = VerifyGrammars(grammar_tokenizer)
 
     # ---- sessions (the table and Q_in: draft_sessions.py; their KV: engine_sessions.py) ----
     def _new_session(self, sid: str) -> VerifySession:
@@ -124,6 +135,7 @@ class VerifyService(EngineSessions):
                                f"{self.engine.max_len}", E_CONTEXT_FULL)
         drafts, qs = list(req.drafts[:room]), list(req.q or [])[:room]
         params = SamplingParams.from_wire(req.sampling)
+        self.grammars.apply(s, req, self.stats)
         self._reserve(s, self.engine.seq_kv_bytes(s.seq, len(context) + len(drafts)),
                       f"the target's KV memory limit of {self.limits.max_kv_mb:g} MB is reached; "
                       "try later or raise --max-kv-mb")
@@ -140,7 +152,8 @@ class VerifyService(EngineSessions):
             self.engine.forward_last(s.seq, context[cut:-1])
             s.fed = list(context[:-1])
         qs = [SparseDist(i.astype("int64"), p.astype("float64")) for i, p in qs] if not params.greedy else []
-        return VerifyItem(s, req, context, drafts, qs, params, t_in)
+        drafts, qs, masks = legal_for(s.grammar, context, drafts, qs)
+        return VerifyItem(s, req, context, drafts, qs, params, t_in, masks)
 
     def _verify(self, work: List[VerifyItem], t0: float) -> None:
         """One engine call over every item's [last committed] + drafts, then each verdict."""
@@ -165,15 +178,25 @@ class VerifyService(EngineSessions):
                 continue
             try:
                 self._verdict(w, r, now, len(work))
+            except NoTokenAllowed as e:                   # the grammar engine gave up here (its limits)
+                self.stats.count("bad_grammar")
+                self._rewind(w)
+                self._reply(w.sess.sid, Error(w.sess.sid, w.req.seq, E_BAD_GRAMMAR, f"the grammar allows no "
+                                              f"token here ({e}); send a simpler schema"[:1024]))
             except ValueError as e:                       # the session's KV is as before the call's drafts
                 self.stats.count("bad_q")
-                self.engine.truncate(w.sess.seq, len(w.context))
-                w.sess.fed = list(w.context)
+                self._rewind(w)
                 self._reply(w.sess.sid, Error(w.sess.sid, w.req.seq, E_BAD_REQUEST, f"drafts refused: {e}"[:1024]))
         self.stats.add_batch(len(work), 1, self.clock() - t0)
 
+    def _rewind(self, w: VerifyItem) -> None:
+        """The session's KV as before the call's drafts (a request refused after the call)."""
+        self.engine.truncate(w.sess.seq, len(w.context))
+        w.sess.fed = list(w.context)
+
     def _verdict(self, w: VerifyItem, rows, now: float, batch: int) -> None:
         s, drafts = w.sess, w.drafts
+        rows = masked(rows, w.masks)                      # the grammar's distribution, the target's own
         if w.params.greedy:
             n, token = verify_greedy(drafts, rows)
         else:
@@ -191,8 +214,9 @@ class VerifyService(EngineSessions):
         self.stats.count("drafted_in", len(drafts))
         self.stats.add_request(n + 1, now - w.t_in)
         self._reply(s.sid, VerifyResponse(s.sid, w.req.seq, n, token, len(s.committed),
-                                          int(max(0.0, now - w.t_in) * 1e6), batch))
+                                          int(max(0.0, now - w.t_in) * 1e6), batch,
+                                          entries(rows, drafts[:n] + [token], w.req.logprobs)))
 
     def _reset(self, s: VerifySession) -> None:
         self._empty_sequence(s)
-        s.fed, s.committed, s.mode = [], [], None
+        s.fed, s.committed, s.mode, s.grammar = [], [], None, None

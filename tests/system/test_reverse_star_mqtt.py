@@ -123,7 +123,7 @@ def test_no_hub_is_a_503_with_the_reason_and_no_text(star):
 
 def test_fields_the_hub_cannot_honour_are_400s(star):
     _, _, _, server, _ = star
-    for body, param in (({"prompt": "x", "logprobs": 2}, "logprobs"),
+    for body, param in (({"prompt": "x", "logit_bias": {"5": 3}}, "logit_bias"),
                         ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty")):
         with pytest.raises(urllib.error.HTTPError) as e:
             post(server, "/v1/completions", body)

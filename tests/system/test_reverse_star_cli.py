@@ -3,7 +3,8 @@ the ACL) runs both directions, a draft service (--draft-model) and a verify serv
 (--verify-model); `edge-agent run --role drafter` serves the hub target's own greedy text on its
 OpenAI endpoint (tiny float64 model; the drafter drafts with the same model here, so every draft is
 accepted); `edge-hub top` shows the verify service's row and the drafter's; `edge-hub plan` says
-which way each device joins."""
+which way each device joins. A json_schema request on the drafter's endpoint is answered with the
+hub target's own constrained greedy text, which validates (the hub's verify service masks its rows)."""
 from __future__ import annotations
 
 import subprocess
@@ -13,7 +14,8 @@ from click.testing import CliRunner
 
 from harness.console_scripts import BIN, MAX_NEW, PROMPT, PW, Procs, greedy_text
 from harness.console_scripts import hf_model as _hf_model
-from harness.http_endpoints import post
+from harness.http_endpoints import TEMPLATE, post
+from harness.sun_grammars import PERSON
 from harness.waiting import wait_until
 
 
@@ -27,6 +29,7 @@ def star(tmp_path_factory):
     from server.broker import find_free_port
     root = tmp_path_factory.mktemp("reverse-cli")
     model = _hf_model(root / "tiny-hf")
+    (model / "chat_template.jinja").write_text(TEMPLATE)      # chat requests (response_format is chat-only)
     port, http = find_free_port(), find_free_port()
     ps = Procs(root)
     common = ["--threads", "1", "--dtype", "float64"]
@@ -92,3 +95,25 @@ def test_a_target_that_does_not_fit_is_told_it_may_draft(star):
     _, model, _, _, _ = star
     r = CliRunner().invoke(agent, ["plan", "--memory-budget", "1M", "--role", "target", "-m", str(model)])
     assert "join as a drafter instead" in r.output and "--role drafter" in r.output, r.output
+
+
+def test_the_drafters_json_schema_answer_is_the_targets_constrained_text(star):
+    import json
+
+    import jsonschema
+
+    from edge.engines.loader import open_model
+    from edge.speculative.generate import generate_plain
+    from edge.speculative.grammar import Grammar, grammar_from_json_schema, grammar_tokenizer
+    _, model, _, server, _ = star
+    ask = [{"role": "user", "content": "json please"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    out = post(server, "/v1/chat/completions", {"messages": ask, "max_tokens": 120, "temperature": 0,
+                                                "response_format": fmt})["choices"][0]
+    text = out["message"]["content"]
+    jsonschema.validate(json.loads(text), PERSON)
+    engine, tok = open_model(str(model), dtype="float64", threads=1, max_len=4096)
+    grammar = Grammar(grammar_from_json_schema(PERSON), grammar_tokenizer(tok, engine.vocab_size))
+    want = generate_plain(engine, tok.encode(tok.apply_chat_template(ask)), 120, stop_ids=tuple(tok.eos_ids),
+                          grammar=grammar)
+    assert out["finish_reason"] == "stop" and text == tok.decode(want.tokens, skip_special=True)

@@ -5,6 +5,8 @@
 # starting, so they cost the two workers little, and never run two at once. Both runs count. They
 # wait on events, not on start-up time (a router that routes to its workers, drafting seen again
 # after a heal), so the load of the workers beside them slows them down but does not fail them.
+# The workers take the files in collection order (--no-loadscope-reorder), which tests/conftest.py
+# starts with the slowest files, so the last files to start are short ones.
 # The networks run's output goes to a file, printed after the workers' once both are done.
 # Usage: scripts/run_tests.sh VENV_BIN [pytest args for both runs]
 set -u
@@ -14,7 +16,7 @@ STARSUN_STRICT=1 "$bin/python" -m pytest -q --durations=10 -m networks "$@" >"$l
 networks=$!
 trap 'kill "$networks" 2>/dev/null; rm -f "$log"; exit 130' INT TERM
 echo "the tests marked networks run beside the workers (pid $networks); their output follows theirs"
-STARSUN_STRICT=1 "$bin/python" -m pytest -q --durations=25 -n 2 --dist loadfile -m "not soak and not networks" "$@"
+STARSUN_STRICT=1 "$bin/python" -m pytest -q --durations=25 -n 2 --dist loadfile --no-loadscope-reorder -m "not soak and not networks" "$@"
 rest=$?
 wait "$networks"
 net=$?

@@ -145,19 +145,31 @@ def exports(tmp_path_factory):
     return ExportCache(tmp_path_factory.mktemp("exports"))
 
 
+def sun_test_table():
+    """export.sun_eval.SYNTHETIC_TABLE at a test's budget: 2/3 of its steps (the base 600 of 800),
+    scored on 100 held-out prompts a task, not 200 (tests/system/test_sun_tuning.py: the margins)."""
+    from dataclasses import replace
+    from export.sun_eval import SYNTHETIC_TABLE as full
+    return replace(full, full=replace(full.full, steps=200), sun=replace(full.sun, steps=400),
+                   qsun=replace(full.qsun, steps=50))
+
+
+SUN_TEST_BASE_STEPS, SUN_TEST_EVAL = 600, 100
+
+
 @pytest.fixture(scope="session")
 def sun_table(tmp_path_factory):
-    """The synthetic SUN accuracy table (export.sun_eval.SYNTHETIC_TABLE), trained once per session:
+    """The synthetic SUN accuracy table (`sun_test_table()`), trained once per session:
     (results, its directory with the specialists, the base)."""
     import torch
-    from export.sun_eval import SYNTHETIC_TABLE, accuracy_table, markdown_table, synthetic_base, synthetic_suite
+    from export.sun_eval import accuracy_table, markdown_table, synthetic_base, synthetic_suite
     threads = torch.get_num_threads()
     torch.set_num_threads(1)            # faster than 2 for a model this small
     try:
-        base = synthetic_base(steps=800, seed=0)
-        tasks = synthetic_suite(n_train=20000, n_eval=200, seed=0)
+        base = synthetic_base(steps=SUN_TEST_BASE_STEPS, seed=0)
+        tasks = synthetic_suite(n_train=20000, n_eval=SUN_TEST_EVAL, seed=0)
         out = tmp_path_factory.mktemp("sun_table")
-        res = accuracy_table(base, tasks, SYNTHETIC_TABLE, out_dir=out, progress=False)
+        res = accuracy_table(base, tasks, sun_test_table(), out_dir=out, progress=False)
     finally:
         torch.set_num_threads(threads)
     print("\n" + markdown_table(res) + "\n" + markdown_table(res, metric="ce"))
@@ -215,6 +227,24 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {what}")
 
 
+# The two xdist workers take the files in collection order (run_tests.sh: --no-loadscope-reorder;
+# xdist would otherwise start the files with the most tests first, and a one-test file of two
+# minutes could start last): the slowest files start first, longest first, so the files left at
+# the end are short and the two workers finish close together. The order follows the slowest tests
+# that fresh clones' `make test` printed on 2 cores (--durations; the seed streams ~190 s a file).
+_START_FIRST = ("test_seed_streams", "test_onnx_export", "test_sun_tuning", "test_sun_demo",
+                "test_constrained_lossless", "test_lossless", "test_load", "test_hostile_clients",
+                "test_constrained_star", "test_real_agent_star", "test_real_reverse_star", "test_gpu_check",
+                "test_model_reference", "test_hub_tls", "test_gguf_smoke", "test_jump_forward",
+                "test_gguf_lora_smollm2", "test_suffix_seed_streams", "test_reverse_star", "test_resolved_model",
+                "test_tool_formats_http")
+
+
+def _slowest_files_first(items) -> None:
+    rank = {name: i for i, name in enumerate(_START_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))  # stable
+
+
 # `make test` runs the suite on two pytest-xdist workers, a file per worker at a time (--dist loadfile),
 # but for the tests that bring up a whole network of their own -- RabbitMQ clusters, network
 # namespaces, an sshd device: marked `networks`, they run in one more process beside the workers,
@@ -226,6 +256,7 @@ _ONE_AT_A_TIME = {"test_cluster_netns_partition", "test_cluster_partition", "tes
 
 
 def pytest_collection_modifyitems(config, items):
+    _slowest_files_first(items)
     for item in items:
         mod = item.module.__name__.rsplit(".", 1)[-1]
         if mod in _ONE_AT_A_TIME:

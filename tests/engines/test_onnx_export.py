@@ -300,6 +300,7 @@ def test_smollm2_three_graphs_match_torch_and_greedy_is_identical(smollm2):
         _, kv = model(torch.tensor([p]))
         ref, _ = fake_quant_model(model)(torch.tensor([[28, 30]]), past=kv)
     close(dec.forward(d, [28, 30]), ref[0].numpy())
-    g_t = generate_plain(t, p, 64).tokens
-    g_o = generate_plain(o, p, 64).tokens
+    # 32 tokens of the real model (the tiny models' graphs run 64: test_greedy_64_tokens_identical_fp32)
+    g_t = generate_plain(t, p, 32).tokens
+    g_o = generate_plain(o, p, 32).tokens
     assert g_o == g_t

@@ -233,11 +233,13 @@ def pytest_configure(config):
 # the end are short and the two workers finish close together. The order follows the slowest tests
 # that fresh clones' `make test` printed on 2 cores (--durations; the seed streams ~190 s a file).
 _START_FIRST = ("test_seed_streams", "test_onnx_export", "test_sun_tuning", "test_sun_demo",
-                "test_constrained_lossless", "test_lossless", "test_load", "test_hostile_clients",
-                "test_constrained_star", "test_real_agent_star", "test_real_reverse_star", "test_gpu_check",
-                "test_model_reference", "test_hub_tls", "test_gguf_smoke", "test_jump_forward",
-                "test_gguf_lora_smollm2", "test_suffix_seed_streams", "test_reverse_star", "test_resolved_model",
-                "test_tool_formats_http")
+                "test_constrained_lossless", "test_lossless", "test_gpu_check", "test_load", "test_hostile_clients",
+                "test_constrained_star", "test_llamacpp_prefix_cache", "test_real_agent_star",
+                "test_suffix_seed_streams", "test_real_reverse_star", "test_process_faults", "test_gguf_smoke",
+                "test_gguf_export", "test_hub_tls", "test_prompt_cache_cli", "test_cli_wiring", "test_model_reference",
+                "test_jump_forward", "test_gguf_lora_smollm2", "test_reverse_star", "test_resolved_model",
+                "test_tool_formats_http", "test_cli_generate", "test_cli_backends", "test_mosquitto_bridge_star",
+                "test_adapter_memory", "test_seed_streams_sun")
 
 
 def _slowest_files_first(items) -> None:

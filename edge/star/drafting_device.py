@@ -17,7 +17,8 @@ endpoint answers 503, never draft-only text.
 Constrained output and logprobs (edge/star/verify_rules.py has the hub's side): with a grammar (a
 response_format's, a forced tool_choice's) the hub masks every verify row by it, so what is committed
 is the target's constrained output; the device drafts under the same grammar only to be accepted more
-often, the tokens it forces riding along as drafts (at most MAX_SENT a request). The request carries
+often, the tokens it forces riding along as drafts (up to the γ it joined with, which the hub admitted:
+a round whose adaptive γ is smaller fills up with forced tokens). The request carries
 the grammar's text whenever it sends the whole context (a session's first request, a resync). Each
 committed token's logprobs come in the answer, computed from the target's rows at the hub, never the
 draft's.
@@ -44,7 +45,6 @@ from edge.wire.protocol import (E_BAD_GRAMMAR, E_BAD_KEEP, E_CONTEXT_FULL, MAX_G
 
 log = logging.getLogger(__name__)
 __all__ = ["DraftingDevice", "GrammarRefused", "HubUnavailable"]
-MAX_SENT = 16           # drafts a request carries, forced ones included (the verify service's default --max-gamma)
 
 
 class HubUnavailable(RuntimeError):
@@ -173,8 +173,9 @@ class DraftingDevice:
                 if g > 0:
                     t = time.perf_counter()
                     drafts, qs = drafter.draft(ctx.tokens, g, draft_rng)
-                    # forced tokens ride along γ under a grammar (ModelDrafter proposes them on top)
-                    keep = g if grammar is None else min(max(g, MAX_SENT), max_new - res.n_generated - 1)
+                    # forced tokens ride along under a grammar (ModelDrafter proposes them on top of g),
+                    # up to the γ joined with: the hub admitted that many drafts a request
+                    keep = g if grammar is None else min(self.gamma, max_new - res.n_generated - 1)
                     drafts = [int(x) for x in drafts][:keep]
                     dt = time.perf_counter() - t
                     res.timings.append(CallTiming("draft", len(drafts), dt))

@@ -27,6 +27,12 @@ def reverse_plan_options(f):
                           "x γ+1), ms, measured, e.g. 1=120,4=125,16=160,32=230"),
         click.option("--device-draft-ms", type=float, default=None,
                      help="the reverse star: one draft step on a drafting device, ms"),
+        click.option("--prompt-tokens", type=int, default=0, show_default=True,
+                     help="the reverse star: each generation's prompt, tokens, which the hub prefills ahead of "
+                          "its batched verify, stalling the other devices' rounds (0: rounds only); give "
+                          "--hub-call-ms a point near it, e.g. 200=2500"),
+        click.option("--new-tokens", type=int, default=256, show_default=True,
+                     help="the reverse star: tokens each generation produces (with --prompt-tokens)"),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -52,7 +58,22 @@ def reverse_plan(o: dict, rtt_ms, alpha, ns: str, gammas: str, gamma) -> bool:
     click.echo(f"reverse star: hub call ms by tokens {inp.hub_call_ms}, device draft step "
                f"{inp.draft_step_ms:.1f} ms, rtt {inp.rtt_ms:.1f} ms, alpha {alpha:.2f}")
     click.echo(format_reverse(preds))
+    if o["prompt_tokens"] > 0:
+        click.echo(with_prompts(inp, preds, o["prompt_tokens"], o["new_tokens"]))
     return True
+
+
+def with_prompts(inp, preds, prompt_tokens: int, new_tokens: int) -> str:
+    """The same N and γ with every generation's prompt prefilled at the hub (server/reverse_schedule.py)."""
+    from server.reverse_schedule import simulate_schedule, steady_jobs
+    rows = [f"\nwith prompts of {prompt_tokens} tokens, {new_tokens} new tokens a generation (the hub prefills "
+            "each prompt ahead of its batched verify):", "",
+            "| N | γ | hub tok/s | per-device tok/s | vs plain | hub prefilling |", "|---|---|---|---|---|---|"]
+    for p in preds:
+        s = simulate_schedule(inp, steady_jobs(p.n, prompt_tokens, new_tokens), p.gamma)
+        rows.append(f"| {p.n} | {p.gamma} | {s.hub_tps:.1f} | {s.per_device_tps:.2f} | {s.hub_tps / p.plain_tps:.2f}x | "
+                    f"{s.prefill_s / s.wall_s:.0%} |")
+    return "\n".join(rows)
 
 
 def directions_table(profiles, target_gb: float, draft_gb: float, kv_gb: float) -> str:

@@ -3,7 +3,8 @@
 * plain batched decoding -- what vLLM or llama-server does for N clients: N prompts prefilled, then
   one `forward_batch` of N single tokens a step (llama.cpp: one llama_decode), greedy; tokens/s;
 * the hub's call time by tokens in all: `forward_batch` over b sequences of k tokens each (the
-  verify service's call for b sessions at γ = k-1), medians -- the reverse planner's table.
+  verify service's call for b sessions at γ = k-1), medians -- the reverse planner's table -- and
+  one call over each prompt (the verify service's prefill of a generation's prompt), keyed by its length.
 
     python -m benchmarks.lib.reverse_baseline_worker --target PATH --prompts FILE --ns 1,2,4,8 --new 48 --ks 2,4,5,6
 Prints one JSON object on stdout.
@@ -45,7 +46,10 @@ def call_table(engine, prompts: list, bs: list, ks: list, reps: int) -> dict:
         base = []
         for i, s in enumerate(seqs):
             p = prompts[i % len(prompts)]
+            t0 = time.perf_counter()
             engine.forward_last(s, p)
+            if i < len(prompts):                          # a prompt's prefill: one call over its tokens
+                out[len(p)] = 1e3 * (time.perf_counter() - t0)
             base.append(engine.length(s))
         for b in bs:
             for k in ks:

@@ -139,7 +139,10 @@ def run_devices(devices: list, jobs: List[list], new: int, stop_ids: tuple) -> d
                 return
             end = time.perf_counter()
             first = sum(1 for x in stamps if x - stamps[0] < 0.005)      # the first round's tokens
-            gens[i].append({"result": r, "decode_tokens": len(stamps) - first, "decode_s": end - stamps[0]})
+            verify = [t.seconds for t in r.timings if t.kind == "verify"]
+            gens[i].append({"result": r, "decode_tokens": len(stamps) - first, "decode_s": end - stamps[0],
+                            "prompt": len(prompt), "first_at": stamps[0], "end_at": end,
+                            "first_round_s": verify[0] if verify else 0.0})
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(devices))]
     for t in threads:
         t.start()
@@ -153,19 +156,38 @@ def run_devices(devices: list, jobs: List[list], new: int, stop_ids: tuple) -> d
     flat = [g for gs in gens for g in gs]
     res = [g["result"] for g in flat]
     tokens, rounds = sum(r.n_generated for r in res), sum(r.n_verify_calls for r in res)
-    rtts = [t.seconds for r in res for t in r.timings[1:] if t.kind == "verify"]   # past the prefill's
+    # each generation's rounds past its first (whose round trip holds the hub's prefill of its prompt)
+    rtts = [t.seconds for r in res for t in [x for x in r.timings if x.kind == "verify"][1:]]
     return {"n": len(devices), "wall_s": wall, "tokens": tokens, "generations": len(flat),
             "hub_tps": sum(sum(g["decode_tokens"] for g in gs) / sum(g["decode_s"] for g in gs) for gs in gens),
             "per_device_tps": statistics.median(g["decode_tokens"] / g["decode_s"] for g in flat),
             "drafted": sum(r.n_drafted for r in res), "accepted": sum(r.n_accepted for r in res),
             "rounds": rounds, "rtt_ms_p50": 1e3 * statistics.median(rtts) if rtts else None,
-            "tokens_per_round": tokens / rounds if rounds else 0.0}
+            "tokens_per_round": tokens / rounds if rounds else 0.0,
+            # each generation's decode window and its first round (the hub's prefill of its prompt), from t0
+            "timeline": [{"device": i, "prompt": g["prompt"], "first_at": g["first_at"] - t0, "end_at": g["end_at"] - t0,
+                          "first_round_s": g["first_round_s"], "decode_tokens": g["decode_tokens"],
+                          "tokens": g["result"].n_generated, "rounds": g["result"].n_verify_calls}
+                         for i, gs in enumerate(gens) for g in gs]}
 
 
 def alpha_of(points: List[dict], gamma: int) -> float:
     """Per-token acceptance under the geometric model from tokens per round: E = (1-a^(g+1))/(1-a)."""
+    return alpha_for(statistics.median(p["tokens_per_round"] for p in points), gamma)
+
+
+def prompt_alphas(real: dict, gamma: int) -> Dict[int, float]:
+    """Each prompt's own acceptance (keyed by its length), from the calibration pass's generations."""
+    by: Dict[int, list] = {}
+    for g in real["timeline"]:
+        t, r = by.setdefault(g["prompt"], [0, 0])
+        by[g["prompt"]] = [t + g["tokens"], r + g["rounds"]]
+    return {p: alpha_for(t / r, gamma) for p, (t, r) in by.items() if r}
+
+
+def alpha_for(e: float, gamma: int) -> float:
+    """The acceptance whose expected tokens a round at γ is e."""
     from edge.speculative.verify import expected_tokens
-    e = statistics.median(p["tokens_per_round"] for p in points)
     lo, hi = 0.0, 1.0
     for _ in range(60):                                   # E grows with a: bisect
         mid = (lo + hi) / 2

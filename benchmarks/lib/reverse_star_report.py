@@ -19,16 +19,23 @@ def markdown(out: dict) -> str:
         "",
         f"Machine: {m['cpu']} ({m['cpus']} cores, shared), load average {m['loadavg_start'][0]:.1f} at start, "
         f"{m['loadavg_end'][0]:.1f} at end. Planner inputs: acceptance α = {out['alpha']:.2f} (from N = 1's tokens "
-        f"a round), round trip less the hub's call {out['rtt_ms']:.1f} ms, the hub's call by tokens {out['call_ms']} ms.",
+        f"a round), round trip less the hub's call {out['rtt_ms']:.1f} ms (N = 1's replayed rounds, warm), the hub's call by tokens {out['call_ms']} ms.",
         "",
-        "| N | hub tok/s | per-device tok/s | plain batched hub tok/s | vs plain | predicted hub tok/s | "
-        "prediction error | tokens a round |",
-        "|---|---|---|---|---|---|---|---|",
+        "| N | hub tok/s | per-device tok/s | plain batched hub tok/s | vs plain | predicted: rounds only | "
+        "error | predicted: with prompts | error | tokens a round |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in out["rows"]:
+        sched = (f"{r['sched_hub_tps']:.2f} | {100 * r['sched_error']:+.0f}%" if "sched_hub_tps" in r else "- | -")
         lines.append(f"| {r['n']} | {r['hub_tps']:.2f} | {r['per_device_tps']:.2f} | {r['plain_hub_tps']:.2f} | "
-                     f"{r['vs_plain']:.2f}x | {r['pred_hub_tps']:.2f} | {100 * r['pred_error']:+.0f}% | "
+                     f"{r['vs_plain']:.2f}x | {r['pred_hub_tps']:.2f} | {100 * r['pred_error']:+.0f}% | {sched} | "
                      f"{r['tokens_per_round']:.2f} |")
+    if out.get("prompt_alphas"):
+        lines += ["", "Predicted, rounds only: server/reverse_planner.py's steady loop. With prompts: "
+                  "server/reverse_schedule.py, each device's prompts as run here, the hub's prefill of each "
+                  "(its call over the prompt, measured) and each prompt's acceptance from N = 1: "
+                  + ", ".join(f"{k} tokens α = {v:.2f}" for k, v in sorted(out["prompt_alphas"].items(),
+                                                                          key=lambda kv: int(kv[0]))) + "."]
     lines += ["", "Rates are of the decode (a generation's first answer, its prompt's prefill, to its end), as the "
               "plain baseline's; hub tok/s sums the devices' rates. Every N generates every prompt at least once.",
               "", f"Proposals not found for a context (a round with no drafts): {out['trace_misses']}. "
@@ -44,7 +51,9 @@ def plot(out: dict, path: Path) -> None:
     ns = [r["n"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(ns, [r["hub_tps"] for r in rows], "o-", label="reverse star (measured)")
-    ax.plot(ns, [r["pred_hub_tps"] for r in rows], "s--", label="reverse star (planner)")
+    ax.plot(ns, [r["pred_hub_tps"] for r in rows], "s--", label="planner: rounds only")
+    if all("sched_hub_tps" in r for r in rows):
+        ax.plot(ns, [r["sched_hub_tps"] for r in rows], "d--", label="planner: with prompts")
     ax.plot(ns, [r["plain_hub_tps"] for r in rows], "^-", label="hub plain batched decoding")
     ax.set_xlabel("drafting devices N")
     ax.set_ylabel("hub tokens/s")

@@ -14,7 +14,9 @@ MT-bench prompts.
 Baseline (a), same core, same file, same run: the hub decoding N sequences by one batched call of
 N tokens a step (benchmarks/lib/reverse_baseline_worker.py, after the hub has stopped). Prediction
 (b): server/reverse_planner.py fed with that worker's measured call times by tokens, the device's
-measured draft step, the measured round trip less the hub's call, and the acceptance of N = 1.
+measured draft step, the measured round trip less the hub's call, and the acceptance of N = 1 --
+both its steady loop (rounds only) and server/reverse_schedule.py's generations (each device's
+prompts, the hub's prefill of each, each prompt's own acceptance from N = 1).
 Medians over --rounds.
 
     python -m benchmarks.star.reverse_star --quick        # N = 1, 2; 24 tokens; one round
@@ -36,14 +38,15 @@ from typing import List
 
 from benchmarks.lib.results import result_stem
 from benchmarks.lib.reverse_star_parts import (BIN, ROOT, HubProcess, RecordingDrafter, ReplayDrafter, alpha_of,
-                                               log, make_device, pin, run_devices)
+                                               log, make_device, pin, prompt_alphas, run_devices)
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
 
 def args_of(argv=None):
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("--ns", default="1,2,4,8", help="numbers of drafting devices to sweep, comma-separated")
+    ap.add_argument("--ns", default=None, help="numbers of drafting devices to sweep, comma-separated "
+                    "(default 1,2,4,8; --quick: 1,2)")
     ap.add_argument("--gamma", type=int, default=4, help="tokens each device drafts a round")
     ap.add_argument("--new", type=int, default=48, help="greedy tokens per device")
     ap.add_argument("--code", type=int, default=2, help="HumanEval prompts")
@@ -57,7 +60,8 @@ def args_of(argv=None):
     ap.add_argument("--out", default=None, help="results path without suffix (default: benchmarks/results/reverse_star/default; --quick: quick)")
     a = ap.parse_args(argv)
     if a.quick:
-        a.ns, a.new, a.rounds, a.code, a.mtbench, a.reps = "1,2", 24, 1, 1, 1, 1
+        a.ns, a.new, a.rounds, a.code, a.mtbench, a.reps = a.ns or "1,2", 24, 1, 1, 1, 3
+    a.ns = a.ns or "1,2,4,8"
     return a
 
 
@@ -122,6 +126,7 @@ def main(argv=None) -> None:
     from export.target_format import target_gguf
     from server.broker import find_free_port
     from server.reverse_planner import ReverseInputs, simulate_reverse
+    from server.reverse_schedule import Job, simulate_schedule
 
     a = args_of(argv)
     mach = machine()
@@ -141,21 +146,30 @@ def main(argv=None) -> None:
     base = baseline(a, target, prompts, work)
     alpha = alpha_of([real], a.gamma)
     call = {int(k): v for k, v in base["call_ms"].items()}
-    rtt = max(0.5, real["rtt_ms_p50"] - call[a.gamma + 1])
+    # the round trip less the hub's call, from N = 1's first replayed round (the calibration pass is
+    # the hub's warm-up: its first calls page the target's weights in, and its round trips ran long)
+    warm = points[1][0] if 1 in points else real
+    rtt = max(0.5, warm["rtt_ms_p50"] - call[a.gamma + 1])
     inp = ReverseInputs(call, 1e3 * step, rtt, alpha)
+    alphas = prompt_alphas(real, a.gamma)
     rows = []
     for n, pts in points.items():
         plain = next(p for p in base["plain"] if p["n"] == n)
         pred = simulate_reverse(inp, n, a.gamma)
+        jobs = [[Job(len(p), a.new, alphas.get(len(p))) for p in js] for js in jobs_of(prompts, n)]
+        sched = simulate_schedule(inp, jobs, a.gamma)
         hub_tps = statistics.median(p["hub_tps"] for p in pts)
         rows.append({"n": n, "hub_tps": hub_tps, "per_device_tps": statistics.median(p["per_device_tps"] for p in pts),
                      "plain_hub_tps": plain["hub_tps"], "plain_per_client_tps": plain["per_client_tps"],
                      "vs_plain": hub_tps / plain["hub_tps"], "pred_hub_tps": pred.hub_tps,
                      "pred_per_device_tps": pred.per_device_tps, "pred_error": pred.hub_tps / hub_tps - 1,
+                     "sched_hub_tps": sched.hub_tps, "sched_per_device_tps": sched.per_device_tps,
+                     "sched_error": sched.hub_tps / hub_tps - 1, "sched_prefill_s": sched.prefill_s,
                      "tokens_per_round": statistics.median(p["tokens_per_round"] for p in pts)})
     mach["loadavg_end"] = os.getloadavg()
     out = {"machine": mach, "config": vars(a), "target": str(target.name), "draft": str(draft_path.name),
-           "draft_step_ms": 1e3 * step, "alpha": alpha, "rtt_ms": rtt, "call_ms": base["call_ms"],
+           "draft_step_ms": 1e3 * step, "alpha": alpha, "prompt_alphas": alphas, "rtt_ms": rtt,
+           "call_ms": base["call_ms"],
            "plain": base["plain"], "real": real, "points": {str(n): p for n, p in points.items()},
            "trace_misses": len(misses), "rows": rows, "wall_s": time.time() - t_begin}
     stem = Path(a.out) if a.out else result_stem("reverse_star", "quick" if a.quick else "default")

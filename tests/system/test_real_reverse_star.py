@@ -3,7 +3,10 @@
 drafter -m qwen2.5-coder-0.5b --http-port ...` (the device drafts), llama.cpp, one thread each; the
 official openai client asks the drafter's endpoint, greedy. Its answer must be the 1.5B's own greedy
 text (the 1.5B alone on llama.cpp in this process, the same chat template) and its drafts must have
-been verified at the hub (its stats line). Without the model files the module skips.
+been verified at the hub (its stats line). The agent API through it: a json_schema answer that
+validates and whose every token is the 1.5B's own choice under the grammar's mask, and a forced
+tool_choice whose call's arguments validate (Qwen2.5's own template renders the tools). Without the
+model files the module skips.
 """
 from __future__ import annotations
 
@@ -61,3 +64,55 @@ def test_the_drafters_endpoint_answers_the_targets_greedy_text(star):
     print(f"{sum(g == 0.0 for g in gaps)}/{len(gaps)} tokens the exact argmax, the largest gap {max(gaps):.4f}")
     ps.wait_for("hub", "verify: sessions=1", 60)
     assert "accept=0.00" not in ps.err("hub").strip().splitlines()[-1], ps.err("hub")[-500:]
+
+
+PRIME = {"type": "object", "additionalProperties": False, "required": ["number", "prime"],
+         "properties": {"number": {"type": "integer"}, "prime": {"type": "boolean"}}}
+ADD = {"type": "function", "function": {"name": "add", "description": "add two integers", "parameters": {
+    "type": "object", "required": ["a", "b"], "additionalProperties": False,
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+
+
+def test_a_json_schema_answer_is_the_targets_constrained_choice(star):
+    """Validates, and each token is the 1.5B's greedy choice under the grammar's mask (within NEAR_TIE)."""
+    import json
+
+    import jsonschema
+    import numpy as np
+
+    from edge.engines.loader import open_model
+    from edge.speculative.constrained import mask_logits
+    from edge.speculative.grammar import Grammar, grammar_from_json_schema, grammar_tokenizer
+    ps, http = star
+    ask = [{"role": "user", "content": "Is 7 a prime number? Answer in JSON."}]
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="none", timeout=1800)
+    got = client.chat.completions.create(model=DRAFT, messages=ask, temperature=0, max_tokens=40, response_format={
+        "type": "json_schema", "json_schema": {"name": "prime", "schema": PRIME, "strict": True}})
+    text = got.choices[0].message.content
+    jsonschema.validate(json.loads(text), PRIME)
+    engine, tok = open_model(str(TARGET_PATH), backend="llamacpp", threads=1, max_len=1024)
+    ids = tok.encode(tok.apply_chat_template(ask), add_special=False)
+    answer = tok.encode(text, add_special=False)
+    matcher = Grammar(grammar_from_json_schema(PRIME), grammar_tokenizer(tok, engine.vocab_size)).matcher()
+    rows = engine.forward(engine.new_sequence(), ids + answer)[len(ids) - 1:-1]
+    gaps = []
+    for row, t in zip(rows, answer):
+        masked = mask_logits(row, matcher.allowed())
+        gaps.append(float(np.max(masked) - masked[t]))
+        assert matcher.consume(t), (text, t)
+    assert max(gaps) < NEAR_TIE, (text, gaps)
+
+
+def test_a_forced_tool_choice_gives_a_valid_call(star):
+    import json
+
+    import jsonschema
+    ps, http = star
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="none", timeout=1800)
+    got = client.chat.completions.create(model=DRAFT, temperature=0, max_tokens=60, tools=[ADD], tool_choice="required",
+                                         messages=[{"role": "user", "content": "What is 17 plus 25?"}])
+    choice = got.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "add"
+    jsonschema.validate(json.loads(call.function.arguments), ADD["function"]["parameters"])

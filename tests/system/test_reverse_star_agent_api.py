@@ -125,3 +125,17 @@ def test_penalties_are_still_a_400_and_the_endpoint_keeps_serving(servers):
     assert e.value.code == 400 and err["param"] == "presence_penalty" and "penalties" in err["message"]
     ask = {"messages": ASK, "max_tokens": 8, "temperature": 0}
     assert post(drafter, CHAT, ask)["choices"][0]["message"] == post(servers[1], CHAT, ask)["choices"][0]["message"]
+
+
+def test_a_streamed_constrained_answer_is_the_whole_one(servers):
+    """Streamed (SSE) with logprobs: the same text and the same entries as the answer in one piece."""
+    drafter = servers[0]
+    ask = {"messages": ASK, "max_tokens": 200, "temperature": 0, "response_format": schema_format(PERSON),
+           "logprobs": True, "top_logprobs": 2}
+    whole = post(drafter, CHAT, ask)["choices"][0]
+    chunks = [json.loads(line[6:]) for line in post(drafter, CHAT, {**ask, "stream": True}, raw=True).splitlines()
+              if line.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    entries = [e for c in chunks if c["choices"] and c["choices"][0].get("logprobs")
+               for e in c["choices"][0]["logprobs"]["content"]]
+    assert text == whole["message"]["content"] and entries == whole["logprobs"]["content"]

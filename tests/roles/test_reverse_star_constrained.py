@@ -24,7 +24,8 @@ from edge.wire.memory_link import MemoryBus, MemoryLink  # noqa: E402
 from server.hub import Hub  # noqa: E402
 
 from harness.goodness_of_fit import TableEngine, chi_square, critical_value  # noqa: E402
-from harness.grammars import FORCED_LARK, SCHEMA, bpe_tokenizer, constrained_distribution, tiny_grammar, tiny_pair  # noqa: E402
+from harness.grammars import (FORCED_LARK, SCHEMA, bpe_tokenizer, constrained_distribution, tiny_grammar,  # noqa: E402
+                              tiny_pair)
 
 TOK = "tok-reverse-constrained"
 

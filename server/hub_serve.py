@@ -318,6 +318,10 @@ def stats_line(hub) -> str:
     if v:
         line += (f" verify: sessions={v['sessions']} requests={v['requests']} batch={v['batch_size_mean']:.1f}"
                  f" accept={v['acceptance'] or 0:.2f}")
+        steps = v.get("step_of_b") or {}                  # its batched verify call by sessions in it, mean ms
+        if steps:
+            line += f" busy_s={v['busy_s']:.1f} calls=" + ",".join(
+                f"{b}:{x['steps']}x{1e3 * x['mean_s']:.0f}ms" for b, x in steps.items())
     sun = s.get("sun")
     if sun and (sun["workers"] or sun["counters"]["requests"]):
         online = sum(w["online"] for w in sun["workers"].values())

@@ -71,8 +71,8 @@ def with_prompts(inp, preds, prompt_tokens: int, new_tokens: int) -> str:
             "| N | γ | hub tok/s | per-device tok/s | vs plain | hub prefilling |", "|---|---|---|---|---|---|"]
     for p in preds:
         s = simulate_schedule(inp, steady_jobs(p.n, prompt_tokens, new_tokens), p.gamma)
-        rows.append(f"| {p.n} | {p.gamma} | {s.hub_tps:.1f} | {s.per_device_tps:.2f} | {s.hub_tps / p.plain_tps:.2f}x | "
-                    f"{s.prefill_s / s.wall_s:.0%} |")
+        rows.append(f"| {p.n} | {p.gamma} | {s.hub_tps:.1f} | {s.per_device_tps:.2f} | "
+                    f"{s.hub_tps / p.plain_tps:.2f}x | {s.prefill_s / s.wall_s:.0%} |")
     return "\n".join(rows)
 
 

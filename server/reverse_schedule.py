@@ -14,11 +14,11 @@ N = 2, 4, 8; with the prompts -4%, +16%, +54% (the README there has what is stil
 prompts (Job: prompt tokens, new tokens, its own acceptance) one after another, all devices starting
 at t = 0, their requests STAGGER_MS apart (a work-conserving hub starts on the first; a batch's
 answers reach their devices as far apart). A step takes every request pending when the hub is
-free; its cost is the prefill of each first request's prompt plus one call over b·(γ+1) tokens. A round yields E(α_job, γ) tokens (the
-last round only what is left); the device returns after its drafting and the round trip. Rates are
-measured as benchmarks/star/reverse_star.py measures them: per generation from its first answer to
-its last, less the first round's tokens; a device's rate its decode tokens over its decode time; the
-hub's the devices' rates summed.
+free; its cost is the prefill of each first request's prompt plus one call over b·(γ+1) tokens. A
+round yields E(α_job, γ) tokens (the last round only what is left); the device returns after its
+drafting and the round trip. Rates are measured as benchmarks/star/reverse_star.py measures them:
+per generation from its first answer to its last, less the first round's tokens; a device's rate
+its decode tokens over its decode time; the hub's the devices' rates summed.
 """
 from __future__ import annotations
 

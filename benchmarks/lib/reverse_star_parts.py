@@ -103,7 +103,13 @@ class HubProcess:
         if not m:
             return {}
         s, r, b, a = m[-1]
-        return {"sessions": int(s), "requests": int(r), "batch_mean": float(b), "acceptance": float(a)}
+        calls = re.findall(r"verify: .* calls=(\S+)", self.text())
+        busy = re.findall(r"verify: .* busy_s=([\d.]+)", self.text())
+        steps = {int(k): (int(n), float(ms)) for k, n, ms in re.findall(r"(\d+):(\d+)x([\d.]+)ms", calls[-1])} \
+            if calls else {}
+        # the serving hub's own batched verify calls (cumulative over the run): {sessions: (calls, mean ms)}
+        return {"sessions": int(s), "requests": int(r), "batch_mean": float(b), "acceptance": float(a),
+                "calls": steps, "busy_s": float(busy[-1]) if busy else None}
 
     def stop(self) -> None:
         stop_process(self.proc)
@@ -165,7 +171,8 @@ def run_devices(devices: list, jobs: List[list], new: int, stop_ids: tuple) -> d
             "rounds": rounds, "rtt_ms_p50": 1e3 * statistics.median(rtts) if rtts else None,
             "tokens_per_round": tokens / rounds if rounds else 0.0,
             # each generation's decode window and its first round (the hub's prefill of its prompt), from t0
-            "timeline": [{"device": i, "prompt": g["prompt"], "first_at": g["first_at"] - t0, "end_at": g["end_at"] - t0,
+            "timeline": [{"device": i, "prompt": g["prompt"], "first_at": g["first_at"] - t0,
+                          "end_at": g["end_at"] - t0,
                           "first_round_s": g["first_round_s"], "decode_tokens": g["decode_tokens"],
                           "tokens": g["result"].n_generated, "rounds": g["result"].n_verify_calls}
                          for i, gs in enumerate(gens) for g in gs]}

@@ -19,7 +19,8 @@ def markdown(out: dict) -> str:
         "",
         f"Machine: {m['cpu']} ({m['cpus']} cores, shared), load average {m['loadavg_start'][0]:.1f} at start, "
         f"{m['loadavg_end'][0]:.1f} at end. Planner inputs: acceptance α = {out['alpha']:.2f} (from N = 1's tokens "
-        f"a round), round trip less the hub's call {out['rtt_ms']:.1f} ms (N = 1's replayed rounds, warm), the hub's call by tokens {out['call_ms']} ms.",
+        f"a round), round trip less the hub's call {out['rtt_ms']:.1f} ms (N = 1's replayed rounds, warm), "
+        f"the hub's call by tokens {out['call_ms']} ms.",
         "",
         "| N | hub tok/s | per-device tok/s | plain batched hub tok/s | vs plain | predicted: rounds only | "
         "error | predicted: with prompts | error | tokens a round |",
@@ -36,6 +37,12 @@ def markdown(out: dict) -> str:
                   "(its call over the prompt, measured) and each prompt's acceptance from N = 1: "
                   + ", ".join(f"{k} tokens α = {v:.2f}" for k, v in sorted(out["prompt_alphas"].items(),
                                                                           key=lambda kv: int(kv[0]))) + "."]
+    seen = [(n, p["hub_calls"]) for n, pts in out["points"].items() for p in pts[:1] if p.get("hub_calls")]
+    if seen:
+        lines += ["", "The serving hub's own batched verify calls in each N's first round, by sessions in the call "
+                  "(calls × mean ms; prefills not included): " + "; ".join(
+                      f"N = {n}: " + ", ".join(f"{b}: {c} × {ms:.0f}" for b, (c, ms) in sorted(
+                          calls.items(), key=lambda kv: int(kv[0]))) for n, calls in seen) + "."]
     lines += ["", "Rates are of the decode (a generation's first answer, its prompt's prefill, to its end), as the "
               "plain baseline's; hub tok/s sums the devices' rates. Every N generates every prompt at least once.",
               "", f"Proposals not found for a context (a round with no drafts): {out['trace_misses']}. "

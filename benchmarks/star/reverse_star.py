@@ -86,6 +86,7 @@ def sweep(a, hub, fp, vocab, prompts, stop_ids, draft) -> tuple:
     log(f"real device: draft step {1e3 * step:.1f} ms, {real['tokens']} tokens, {real['hub_tps']:.2f} tok/s")
     ns = [int(x) for x in a.ns.split(",")]
     points = {n: [] for n in ns}
+    before: dict = {}                                   # the hub's calls so far (its stats are cumulative)
     for rnd in range(a.rounds):
         for n in ns:
             devs = [make_device(hub.url, f"emu-{n}-{i}-{rnd}", fp, vocab, a.gamma,
@@ -93,11 +94,24 @@ def sweep(a, hub, fp, vocab, prompts, stop_ids, draft) -> tuple:
             pt = run_devices(devs, jobs_of(prompts, n), a.new, stop_ids)
             for d in devs:
                 d.close()
+            time.sleep(1.5)                              # the hub's stats line after the last answer (every 1 s)
             pt["hub_stats"] = hub.verify_stats()
+            now = pt["hub_stats"].get("calls", {})
+            pt["hub_calls"], before = calls_since(before, now), now
             points[n].append(pt)
             log(f"round {rnd + 1}, N={n}: hub {pt['hub_tps']:.2f} tok/s, per device {pt['per_device_tps']:.2f}, "
                 f"{pt['tokens_per_round']:.2f} tokens a round")
     return real, step, points, misses
+
+
+def calls_since(before: dict, now: dict) -> dict:
+    """The serving hub's batched verify calls between two of its stats lines: {sessions: [calls, mean ms]}."""
+    out = {}
+    for b, (count, ms) in now.items():
+        c0, ms0 = before.get(b, (0, 0.0))
+        if count > c0:
+            out[str(b)] = [count - c0, (count * ms - c0 * ms0) / (count - c0)]
+    return out
 
 
 def jobs_of(prompts: list, n: int) -> List[list]:

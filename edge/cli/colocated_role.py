@@ -24,16 +24,19 @@ def decoder_id_of(worker_id: str) -> str:
 def open_colocated(broker, directory, worker_id, sun, threads, backend, ctl_key=None, engine_kw=None):
     """(prefill node, decoder node), connected and started; sun: the agent's SunSettings (its
     max_batch / max_sequences / stop_ids are the decoder's, max_queue the prefill worker's)."""
+    from edge.engines.free_heap import give_back_free_heap
     from edge.sun.adapter_prefill import AdapterPrefillWorker
     from edge.sun.colocated import nodes_over_worker
     from edge.sun.worker_tokenizer import worker_grammars
     # llama.cpp prefills a step's rows one after another (no shared call): a step of one row batches
     # nothing less, hands its KV to the decoder as soon as it is made (not after the step's last row)
-    # and holds one sequence of prefill KV instead of eight
-    rows = {"max_rows": 1} if backend == "llamacpp" else {}
+    # and holds one sequence of prefill KV instead of eight; the decoder's context is made before the
+    # adapters load (edge/sun/adapter_llamacpp.py: llama.cpp sizes a context by every adapter loaded)
+    rows = {"max_rows": 1, "decode_batch": sun.max_batch} if backend == "llamacpp" else {}
     worker = AdapterPrefillWorker.open(directory, sun.adapters, backend=backend, threads=threads,
                                        max_queue=sun.max_queue, engine_kw=engine_kw, name=worker_id, **rows)
     worker.grammars = worker_grammars(directory, sun.tokenizer, worker.engine.vocab_size, sun.grammars_on_demand)
+    give_back_free_heap()                  # what loading freed (edge/engines/free_heap.py)
     dec_id = decoder_id_of(worker_id)
     pre_link, dec_link = broker.link(client_id=worker_id), broker.link(client_id=dec_id)
     pre, dec = nodes_over_worker(worker, pre_link, dec_link, worker_id, dec_id, ctl_key, sun.max_batch,

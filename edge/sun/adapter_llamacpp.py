@@ -8,6 +8,12 @@ no extra weights beyond the adapters, one switch per distinct task in a step; ro
 decode call, so a step costs what those prefills cost one after the other. The KV is exported
 from the sequence as the engine always does, for the shared decoder's fingerprint (the base is
 the bundle's decoder artifact itself), and the sequence freed.
+
+Memory (colocated, `decode_batch`): llama.cpp sizes a context's graph scheduler by every adapter
+loaded on the model, whichever it applies; the decode context, which applies none, is made before
+the adapters load, so it does not carry ~0.5 MiB per adapter, and with a batch of `decode_batch`
+rows (it only ever steps one token a row) its compute buffer holds decode_batch rows of logits, not
+512. A step that switched adapters gives the scheduler arrays the switch freed back to the OS.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from edge.engines.free_heap import give_back_free_heap
 from edge.engines.llamacpp_lora import AdapterError, LlamaCppAdapters
 from edge.engines.lora_bundle import adapter_file, check_adapters
 
@@ -24,21 +31,24 @@ from edge.engines.lora_bundle import adapter_file, check_adapters
 class LlamaCppAdapterBackend:
     """engine: a LlamaCppEngine of the base (the shared decoder's artifact, its fingerprint set)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, decode_batch: Optional[int] = None):
         self.engine = engine
         self.fingerprint = engine.fingerprint
         self.max_len = int(engine.max_len)
+        self._decoder = self._decode_context(decode_batch) if decode_batch else None   # before any adapter
         self.adapters = LlamaCppAdapters(engine)
 
     @classmethod
-    def from_bundle(cls, bundle, threads: Optional[int] = None, **engine_kw) -> "LlamaCppAdapterBackend":
-        """The bundle's decoder artifact as the base (the adapters name it as theirs)."""
+    def from_bundle(cls, bundle, threads: Optional[int] = None, decode_batch: Optional[int] = None,
+                    **engine_kw) -> "LlamaCppAdapterBackend":
+        """The bundle's decoder artifact as the base (the adapters name it as theirs); decode_batch:
+        make the decode context of that many rows now (colocated: before the adapters load)."""
         from edge.engines.loader import load_engine
         from edge.model.sun_error import SunError
         if not (Path(bundle) / "manifest.json").is_file():
             raise SunError(f"{bundle}: llama.cpp serves adapters from a bundle: `edge-export bundle DECODER_DIR OUT "
                            "--gguf F32`, then `edge-export adapter DIR OUT --bundle --task T` per task")
-        return cls(load_engine(bundle, backend="llamacpp", role="decoder", threads=threads, **engine_kw))
+        return cls(load_engine(bundle, backend="llamacpp", role="decoder", threads=threads, **engine_kw), decode_batch)
 
     @property
     def tasks(self) -> List[str]:
@@ -46,9 +56,17 @@ class LlamaCppAdapterBackend:
 
     def decode_engine(self, max_batch: int = 64):
         """The decode context on the SAME model (edge/sun/colocated.py): a second llama.cpp context,
-        its own KV, no adapter ever set on it; the weights stay in memory once."""
+        its own KV, no adapter ever set on it; the weights stay in memory once. The one made at
+        construction (decode_batch) when it has max_batch rows."""
+        if self._decoder is not None and self._decoder.n_seq_max == max_batch:
+            engine, self._decoder = self._decoder, None
+            return engine
+        return self._decode_context(max_batch)
+
+    def _decode_context(self, max_batch: int):
         from edge.sun.llamacpp_sibling import SiblingContext
-        return SiblingContext(self.engine, n_seq_max=max_batch)
+        # n_batch = max_batch rows: a step is one token a row; llama.cpp reserves logits for n_batch rows
+        return SiblingContext(self.engine, n_seq_max=max_batch, n_batch=max_batch)
 
     def add(self, task: str, path, sha256: Optional[str] = None, bundle: bool = False) -> None:
         """Load a GGUF LoRA file (sha256: of that file), or a bundle's entry for `task` (sha256: the
@@ -81,6 +99,7 @@ class LlamaCppAdapterBackend:
         for i, t in enumerate(tasks):
             order.setdefault(t, []).append(i)
         out: List[Optional[tuple]] = [None] * len(prompts)
+        switches = self.adapters.switches
         try:
             for task in sorted(order, key=lambda t: t != self.adapters.active):
                 for i in order[task]:
@@ -96,6 +115,9 @@ class LlamaCppAdapterBackend:
                 if row is not None:
                     row[1].free()
             raise
+        finally:
+            if self.adapters.switches != switches:
+                give_back_free_heap()       # the scheduler arrays the switch freed (module docstring)
         return out
 
     def _exporter(self, seq: int):

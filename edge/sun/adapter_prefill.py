@@ -58,12 +58,15 @@ class AdapterPrefillWorker(PromptQueue):
     def open(cls, directory, adapters: Sequence[Tuple[str, str]] = (), backend: str = "torch",
              threads: Optional[int] = None, kv_dtype: str = "float16", max_queue: int = DEFAULT_MAX_QUEUE,
              max_rows: int = DEFAULT_MAX_ROWS, engine_kw: Optional[dict] = None,
-             name: str = "prefill", grammars: Optional[SunGrammars] = None) -> "AdapterPrefillWorker":
+             name: str = "prefill", grammars: Optional[SunGrammars] = None,
+             decode_batch: Optional[int] = None) -> "AdapterPrefillWorker":
         """`edge-agent run --role prefill` with adapters. directory: on torch the shared decoder's
         directory (the base), on llamacpp a bundle (its decoder artifact is the base; every adapter
         its manifest lists is served). adapters: (task, path) more (torch: PEFT directories;
         llamacpp: GGUF LoRA files). An adapter that is refused is logged and left out (`refused`:
-        task -> why); a worker left with no task at all is a SunError."""
+        task -> why); a worker left with no task at all is a SunError. decode_batch (llamacpp, colocated):
+        the shared decoder's context of that many rows, made before the adapters load
+        (adapter_llamacpp.py says why)."""
         if backend == "torch":
             from edge.sun.adapter_torch import TorchAdapterBackend
             if listed_tasks(directory):
@@ -73,7 +76,8 @@ class AdapterPrefillWorker(PromptQueue):
             be = TorchAdapterBackend.from_dir(directory, threads, device=(engine_kw or {}).get("device"))
         elif backend == "llamacpp":
             from edge.sun.adapter_llamacpp import LlamaCppAdapterBackend
-            be = LlamaCppAdapterBackend.from_bundle(directory, threads, n_seq_max=max_rows, **dict(engine_kw or {}))
+            be = LlamaCppAdapterBackend.from_bundle(directory, threads, decode_batch=decode_batch, n_seq_max=max_rows,
+                                                    **dict(engine_kw or {}))
         else:
             raise SunError(f"adapters are served on --backend torch or llamacpp, not {backend}")
         worker = cls(be, kv_dtype=kv_dtype, name=name, max_queue=max_queue, max_rows=max_rows, grammars=grammars)

@@ -243,3 +243,29 @@ def test_with_decoder_is_refused_where_it_cannot_run(made, tmp_path):
     r = CliRunner().invoke(run, ["--role", "prefill", "--with-decoder", "--module", str(sun), "--broker",
                                  "mqtt://127.0.0.1:1", "--username", "w", "--password-file", str(pw)])
     assert r.exit_code != 0 and "per-user ACL" in r.output, r.output
+
+
+def test_the_colocated_decoder_context_is_made_before_the_adapters_and_holds_its_batch(made):
+    """decode_batch (`--with-decoder` on llama.cpp): the decode context exists before any adapter loads
+    (llama.cpp sizes a context's graph by every adapter on the model) and batches max_batch rows, not
+    512 (its compute buffer's logits); decode_engine hands that one over once, then makes new ones."""
+    from edge.engines.free_heap import give_back_free_heap
+    from edge.sun.adapter_llamacpp import LlamaCppAdapterBackend
+    _, sun, _ = made
+    backend = LlamaCppAdapterBackend.from_bundle(sun, threads=1, n_seq_max=1, decode_batch=4)
+    early = backend._decoder
+    assert early is not None and backend.tasks == []
+    backend.add("code", sun, bundle=True)
+    engine = backend.decode_engine(4)
+    other = backend.decode_engine(4)
+    try:
+        assert engine is early and engine._n_batch == 4 and engine.n_seq_max == 4
+        assert other is not early and other._n_batch == 4
+        seq = backend.prefill_rows([PROMPTS[0]], ["code"])[0]
+        assert give_back_free_heap() in (True, False)          # glibc here: True; a no-op elsewhere
+        seq[1].free()
+    finally:
+        other.close()
+        engine.close()
+        backend.adapters.close()
+        backend.engine.close()

@@ -3,7 +3,7 @@
 Every request is sent at once (one client thread each), streamed, greedy (temperature 0), at most
 `max_tokens` new tokens. TTFT: from the burst's start to the request's first content chunk (the
 wait in the server's queue included: a burst). tok/s: all completion tokens / the burst's wall
-time (first send to last answer). Each answer is scored with the tools task's AST check.
+time (first send to last answer). Each answer is scored by its workload (benchmarks/lib/multilora_workloads.py).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def messages(prompt: str) -> List[dict]:
 def run_burst(side, requests: Sequence[dict], items: Sequence[dict], max_tokens: int, n_tasks: int,
               adapters: str, timeout: float = 1800.0) -> dict:
     """The burst on `side` (its processes' memory sampled meanwhile) -> {"rows", "wall_s", "memory", ...}."""
-    from export.real_tasks import bfcl_call_ok
+    from benchmarks.lib.multilora_workloads import correct
     side.memory.start()
     load0 = os.getloadavg()
     t0 = time.perf_counter()
@@ -47,7 +47,7 @@ def run_burst(side, requests: Sequence[dict], items: Sequence[dict], max_tokens:
         go.wait()                                   # every client connected: send together
         r = _burst_stream(side.url, body, timeout, t0)
         if r["status"] == 200:
-            r["correct"] = bool(bfcl_call_ok(r["content"], items[req["item"]]["gt"]))
+            r["correct"] = correct(items[req["item"]], r["content"])
         return {**req, **r}
 
     with ThreadPoolExecutor(max_workers=len(requests)) as pool:

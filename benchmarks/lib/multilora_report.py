@@ -38,6 +38,13 @@ def sun_setup(cfg: dict) -> str:
             "context of the same model, one thread each; prefill one row a step).")
 
 
+def _workload_said(cfg: dict) -> str:
+    if cfg.get("workload") == "code":
+        return ("HumanEval (a chat turn: 'Complete the following Python function', the problem's prompt; "
+                "decode-heavy; the adapters are the tools ones)")
+    return "held-out BFCL"
+
+
 def markdown(d: dict) -> str:
     cfg, m, cells = d.get("config", {}), d.get("machine", {}), d.get("cells", {})
     counts = cfg.get("task_counts") or [8, 64]
@@ -51,7 +58,7 @@ def markdown(d: dict) -> str:
         "",
         f"Base: `{d.get('base_gguf')}` (Qwen2.5-Coder-0.5B-Instruct, the SUN bundle's Q4_0 GGUF) on both sides. "
         f"Burst: {cfg.get('requests')} streamed greedy chat requests at once, at most {cfg.get('max_tokens')} new "
-        f"tokens, Zipf(1.1) task popularity, request r on held-out BFCL item r mod {d.get('items')}. Both sides "
+        f"tokens, Zipf(1.1) task popularity, request r on {_workload_said(cfg)} item r mod {d.get('items')}. Both sides "
         f"pinned with `taskset -c {cfg.get('cores')}`; llama-server `-t {cfg.get('threads')} -tb {cfg.get('threads')} "
         f"-np {cfg.get('slots')} -c {cfg.get('slots', 0) * cfg.get('ctx', 0)} -cram 0 --jinja --lora ...` with the "
         f"per-request `lora` field (every adapter's scale explicit); SUN: {sun_setup(cfg)}",
@@ -70,7 +77,9 @@ def markdown(d: dict) -> str:
         "",
         "Columns: tok/s = completion tokens of the burst / its wall time; TTFT from the burst's start (queueing "
         "included); peak RSS / PSS = the largest sum over the side's processes sampled every 0.2 s (PSS counts pages "
-        "shared between processes once); accuracy = the BFCL AST check on the answers (items scored).",
+        "shared between processes once); accuracy = " + ("the answer's function passes the HumanEval problem's tests"
+                                                         if cfg.get("workload") == "code" else
+                                                         "the BFCL AST check on the answers") + " (items scored).",
     ]
     return "\n".join(lines) + "\n"
 

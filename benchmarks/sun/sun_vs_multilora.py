@@ -3,6 +3,7 @@
     (the adapters, once: the commands in benchmarks/lib/multilora_prep.py; ~1 h on 2 loaded cores)
     .venv/bin/python -m benchmarks.sun.sun_vs_multilora         # 8 and 64 tasks (resumes cell by cell)
     .venv/bin/python -m benchmarks.sun.sun_vs_multilora --quick # a smoke run: 2 tasks, 6 requests
+    .venv/bin/python -m benchmarks.sun.sun_vs_multilora --workload code --out .../code  # decode-heavy variant
 
 A user with many LoRA adapters on one base runs either
 * llama-server with every adapter loaded (`--lora` per file) and the per-request `lora` field (every
@@ -46,7 +47,10 @@ def args_of(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", default="8,64", help="comma list of task counts")
     ap.add_argument("--requests", type=int, default=32, help="requests in a burst")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--workload", default="bfcl", choices=("bfcl", "code"), help="what the burst asks "
+                    "(benchmarks/lib/multilora_workloads.py): BFCL tool calls (prefill-bound, the record) or "
+                    "HumanEval functions (decode-heavy)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="new tokens at most (default: 64 bfcl, 224 code)")
     ap.add_argument("--max-chars", type=int, default=1500, help="held-out items whose prompt is at most this long")
     ap.add_argument("--slots", type=int, default=16, help="llama-server -np; SUN decoder --sun-max-batch")
     ap.add_argument("--ctx", type=int, default=1024, help="context per slot / sequence")
@@ -66,6 +70,8 @@ def args_of(argv=None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.quick:
         a.tasks, a.requests, a.max_tokens, a.extra, a.slots = "2", 6, 16, "", 4
+    from benchmarks.lib.multilora_workloads import DEFAULT_MAX_TOKENS
+    a.max_tokens = a.max_tokens or DEFAULT_MAX_TOKENS[a.workload]
     a.task_counts = [int(x) for x in a.tasks.split(",") if x]
     a.pre_threads, a.dec_threads = (int(x) for x in a.sun_threads.split(","))
     a.out = a.out or result_stem("sun_vs_multilora", "quick" if a.quick else "default")
@@ -154,7 +160,8 @@ def main(argv=None) -> None:
     base = prep.bundle(a.work)
     d["base_gguf"] = str(base.resolve().relative_to(ROOT))
     d["tuned"] = {k: [tuned_record(p) for p in v] for k, v in prep.tuned(a.work).items()}
-    items = prep.heldout_items(max_chars=a.max_chars, limit=10**6)
+    from benchmarks.lib.multilora_workloads import items_of
+    items = items_of(a.workload, a.max_chars)
     d["items"] = len(items)
     store.save()
     for side, adapters, n in cells_of(a):

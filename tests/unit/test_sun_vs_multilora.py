@@ -51,3 +51,15 @@ def test_a_cell_summary_and_the_table():
     assert "| 8 | llama-server | sun-lora | 4/5 | 10.0 | 5.0 | 2.50 s |" in lines[2]
     assert lines[3].startswith("| 8 | sun | sun-lora | 4/5 | 20.0 |") and lines[3].endswith("| 0.750 (4) | 2.00x |")
     assert "| 800 | 700 |" in lines[3]
+
+
+def test_the_code_workload_scores_a_whole_function_or_a_body_and_refuses_a_wrong_one():
+    from benchmarks.lib.multilora_workloads import DEFAULT_MAX_TOKENS, correct, items_of
+    items = items_of("code", 1500)
+    assert len(items) > 100 and DEFAULT_MAX_TOKENS["code"] > DEFAULT_MAX_TOKENS["bfcl"]
+    it = items[0]
+    p = it["problem"]
+    assert p["prompt"] in it["prompt"] and it["prompt"].startswith("Complete the following Python function")
+    assert correct(it, "Sure:\n```python\n" + p["prompt"] + p["canonical_solution"] + "```\nDone.")
+    assert correct(it, "```python\n" + p["canonical_solution"] + "```")          # a body, as HumanEval scores it
+    assert not correct(it, f"```python\ndef {p['entry_point']}(*a):\n    return None\n```")

@@ -116,6 +116,12 @@ class Engine(ABC):
         again, and keeps the conversation. Engines that can copy KV override it (forks = True)."""
         raise EngineError(f"the {self.name} engine cannot fork a sequence")
 
+    def prefill_refeed(self, held: int, new: int) -> int:
+        """How many of `held` cached tokens a prefill of `new` tokens after them had better feed
+        again, because one longer call costs less than the short one (llama.cpp's CPU flash
+        attention: edge/engines/llamacpp_tiles.py). Only a speed matter; 0 by default."""
+        return 0
+
     @abstractmethod
     def truncate(self, seq: int, n: int) -> None:
         """Keep the first n tokens (rollback after a rejection)."""

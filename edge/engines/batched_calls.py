@@ -84,6 +84,9 @@ class BatchedCalls(Engine):
     def where(self) -> str:
         return self.inner.where()
 
+    def prefill_refeed(self, held: int, new: int) -> int:
+        return self.inner.prefill_refeed(held, new)
+
     # ---- reads: straight to the engine (a pending truncation applied to what they say) ----
     def length(self, seq: int) -> int:
         with self._cv:

@@ -45,6 +45,9 @@ class CountingEngine(Engine):
     def tokens(self, seq: int) -> list:
         return self.inner.tokens(seq)
 
+    def prefill_refeed(self, held: int, new: int) -> int:
+        return self.inner.prefill_refeed(held, new)
+
     @property
     def active_sequences(self) -> int:
         return self.inner.active_sequences

@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine, EngineError, tail_rows
+from edge.engines.llamacpp_tiles import chunk_sizes, refeed
 from edge.engines.llamacpp_load import (KV_ITEMSIZE, amx_compiled, init_backend, layers_on_gpu, llama_lib, load_model,
                                         new_context)
 from edge.engines.stream_placement import plan_moves
@@ -185,6 +186,11 @@ class LlamaCppEngine(Engine):
         self._get(seq)
         return list(self._tokens[seq])
 
+    def prefill_refeed(self, held: int, new: int) -> int:
+        """Engine.prefill_refeed: on the CPU with flash attention, enough cached tokens to make a
+        short prefill over a long cache one tiled call (edge/engines/llamacpp_tiles.py)."""
+        return 0 if self.flash_attn is False or self.gpu_layers else refeed(held, new)
+
     def truncate(self, seq: int, n: int) -> None:
         slot = self._get(seq)
         have = len(self._tokens[seq])
@@ -238,9 +244,9 @@ class LlamaCppEngine(Engine):
         self.check_room(seq, len(tokens))
         start = len(self._tokens[seq])
         first = len(tokens) - min(n_rows, len(tokens)) if n_rows else 0     # the first row wanted
-        parts = []
-        for c0 in range(0, len(tokens), self._n_batch):
-            chunk = tokens[c0: c0 + self._n_batch]
+        parts, c0 = [], 0
+        for size in chunk_sizes(len(tokens), self._n_batch):    # no short last call (llamacpp_tiles.py)
+            chunk = tokens[c0: c0 + size]
             entries = [(t, start + c0 + i, slot) for i, t in enumerate(chunk)]
             try:
                 logits = self._decode(entries, list(range(max(0, first - c0), len(chunk))))
@@ -248,6 +254,7 @@ class LlamaCppEngine(Engine):
                 self._lc.llama_memory_seq_rm(self._mem, slot, start, -1)  # leave the sequence as it was
                 raise
             parts.append(logits)
+            c0 += size
         self._tokens[seq].extend(tokens)
         return np.concatenate(parts)
 

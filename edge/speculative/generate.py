@@ -1,7 +1,9 @@
 """Local generation loops over the Engine interface: target-only and speculative.
 
-Both loops feed the prompt minus its last token as prefill and then make
-every generated token come out of a target call over [pending, drafts...], so
+Both loops prefill the prompt's new tokens in one call whose last row picks the first token
+(`_Run.take_first_row`): no second call for the last prompt token, and through the star the first
+token never waits on the hub. Every later token comes out of a target call over
+[pending, drafts...]; the prefill counts as one target call that yielded one token, so
 "tokens per verification" counts exactly what each target call yielded.
 
 Stop tokens: generation ends at the first stop token; it is NOT put in
@@ -23,134 +25,22 @@ target (jump_forward.with_forced): one call verifies pending, drafts and forced 
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edge.speculative.common_prefix import common_prefix
-from edge.speculative.constrained import ConstrainedProposer, grammar_matcher, legal_drafts, mask_rows
+from edge.speculative.constrained import grammar_matcher, legal_drafts, mask_rows
 from edge.speculative.drafter import Drafter
+from edge.speculative.model_drafter import ModelDrafter  # noqa: F401  (re-exported: callers import it from here)
 from edge.speculative.gamma_rounds import GammaRounds
 from edge.speculative.gen_result import CallTiming, GenResult
-from edge.speculative.jump_forward import FORCED_EXTRA, jump_forward, verified_rows, with_forced
+from edge.speculative.jump_forward import jump_forward, verified_rows, with_forced
 from edge.speculative.prefix_cache import PrefixCache, give_back, take_sequence
 from edge.engines.base import Engine
 from edge.engines.batched_calls import join_rounds
 from edge.speculative.sampling import (GREEDY, Role, SamplingParams, SparseDist, adjust_logits, pick, role_rng,
                                 to_probs)
 from edge.speculative.verify import verify_greedy, verify_stochastic
-
-
-class ModelDrafter(Drafter):
-    """A draft Engine kept in step with the committed tokens.
-
-    Each call truncates the draft's sequence to its common prefix with the
-    context, feeds what is missing and drafts gamma tokens, returning with
-    each the exact distribution it was sampled from. With top_k > 0 (and
-    temperature > 0) it samples from the renormalised top-k truncation and
-    returns that SparseDist — still exactly lossless (docs/architecture.md).
-    """
-
-    def __init__(self, engine: Engine, params: SamplingParams = GREEDY, top_k: int = 0):
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise ValueError(f"draft top_k must be an integer >= 0 (0 = full distribution), got {top_k!r}")
-        self.engine = engine
-        self.params = params
-        self.top_k = top_k
-        self.vocab_size = engine.vocab_size
-        self.name = f"model:{engine.fingerprint or engine.name}"
-        self._seq: Optional[int] = None
-        self._fed: List[int] = []
-        self._proposer: Optional[ConstrainedProposer] = None   # the grammar its proposals follow
-
-    def constrain(self, grammar, start: int) -> None:
-        """Propose under `grammar` (edge/speculative/constrained.py) from context position `start` on."""
-        self._proposer = None if grammar is None else ConstrainedProposer(grammar, start)
-
-    def _pick(self, logits: np.ndarray, rng: np.random.Generator) -> Tuple[int, Union[np.ndarray, SparseDist]]:
-        x, q = pick(logits, self.params, rng, self.top_k)
-        return x, (SparseDist.one_hot(x) if q is None else q)
-
-    def _sync(self, tokens: List[int]) -> np.ndarray:
-        """Make the draft's sequence hold exactly `tokens` (keeping the common
-        prefix, refeeding at least one token); the logits after the last one."""
-        eng = self.engine
-        if self._seq is None:
-            self._seq = eng.new_sequence()
-            self._fed = []
-        keep = min(common_prefix(self._fed, tokens), len(tokens) - 1)
-        if eng.length(self._seq) != keep:
-            eng.truncate(self._seq, keep)
-        self._fed = self._fed[:keep]          # stays true even if forward fails
-        logits = eng.forward_last(self._seq, tokens[keep:])[-1]
-        self._fed = list(tokens)
-        return logits
-
-    def draft(self, context: Sequence[int], gamma: int,
-              rng: np.random.Generator) -> Tuple[List[int], list]:
-        eng = self.engine
-        context = [int(t) for t in context]
-        # A draft with a shorter context drafts less, or nothing: speculation
-        # never decides correctness, the target just decodes alone.
-        limit = min(gamma + FORCED_EXTRA, eng.max_len - len(context) + 1)   # forced ones included
-        gamma = min(gamma, limit)
-        if gamma <= 0 or not context:
-            return [], []
-        logits = self._sync(context)
-        grammar = self._proposer
-        if grammar is not None and not grammar.begin(context):
-            return [], []
-        tokens, qs, free = [], [], 0
-        try:
-            while free < gamma and len(tokens) < limit:
-                if grammar is not None:          # q is then the masked, renormalised q
-                    logits = grammar.mask(logits)
-                x, q = self._pick(logits, rng)
-                tokens.append(x)
-                qs.append(q)
-                free += 1
-                if grammar is not None and not grammar.advance(x):
-                    break                        # the grammar ended here: nothing follows
-                # the stretch the grammar forces next: proposed as it is, fed with x in one call
-                run = grammar.forced(limit - len(tokens)) if grammar is not None else []
-                tokens += run
-                qs += [SparseDist.one_hot(t) for t in run]
-                if free < gamma and len(tokens) < limit:
-                    logits = eng.forward(self._seq, [x] + run)[-1]
-                    self._fed += [x] + run
-        finally:
-            if grammar is not None:
-                grammar.end()
-        return tokens, qs
-
-    def probe_step_seconds(self, token: int) -> float:
-        """Seconds of one draft step, measured on a scratch sequence (the second of two calls:
-        the first pays one-off costs). A draft-cost sample that needs no prefill."""
-        eng = self.engine
-        secs = 0.0
-        for _ in range(2):
-            seq = eng.new_sequence()
-            try:
-                t = time.perf_counter()
-                eng.forward_last(seq, [int(token)])
-                secs = time.perf_counter() - t
-            finally:
-                eng.free(seq)
-        return secs
-
-    def prefill(self, prompt: Sequence[int]) -> bool:
-        """Feed all but the last prompt token (what draft() would feed anyway)."""
-        prompt = [int(t) for t in prompt]
-        if 1 < len(prompt) <= self.engine.max_len:
-            self._sync(prompt[:-1])
-            return True
-        return False
-
-    def close(self) -> None:
-        """Free the draft's sequence (a later draft() starts a fresh one)."""
-        if self._seq is not None:
-            self.engine.free(self._seq)
-        self._seq, self._fed = None, []
 
 
 def _check_prompt(prompt_ids: Sequence[int], max_new: int) -> List[int]:
@@ -173,24 +63,33 @@ class _Run:
         self.n_prompt, self.cache = len(prompt), cache
         self.stops = {int(s) for s in stop_ids}
         self.t0 = time.perf_counter()
-        self.context = list(prompt)            # committed tokens; the last one (at least) not yet fed
+        self.context = list(prompt)            # committed tokens (the target's KV holds them once fed)
         self.seq, held = take_sequence(target, cache, prompt)     # holding prompt[:held] already
         self.res = GenResult(tokens=[], cached_tokens=held)
         self.leave_rounds = join_rounds(target)    # a shared engine's rounds wait for this generation
         try:
             target.check_room(self.seq, len(prompt) - held)
-            if len(prompt) - 1 > held:
-                self.forward(prompt[held:-1], "prefill")
+            # the whole rest of the prompt in one call (a prompt cache leaves at least one token):
+            # its last row is the first token's distribution (take_first_row)
+            self._first_row: Optional[np.ndarray] = self.forward(prompt[held:], "prefill", rows=1)
         except BaseException as e:
             self.abort(e)
             raise
         self.res.prefill_s = time.perf_counter() - self.t0
 
+    def take_first_row(self) -> Optional[np.ndarray]:
+        """The prefill's last row ([1, vocab]) while nothing was committed after the prompt: the
+        first token comes from it, with no target call (and no draft) of its own; None after."""
+        row, self._first_row = self._first_row, None
+        if row is None or self.pending():
+            return None                         # a grammar forced the first tokens: fed by the next call
+        self.res.n_verify_calls += 1            # the prefill yielded this token
+        return row
+
     def forward(self, tokens: List[int], kind: str = "verify", rows: int = 0) -> np.ndarray:
         """Feed tokens; the logits of the last `rows` (0: all; Engine.forward_rows)."""
         t = time.perf_counter()
-        # a prefill's logits are thrown away (the last prompt token is fed by the first step)
-        out = self.target.forward_rows(self.seq, tokens, 1 if kind == "prefill" else rows)
+        out = self.target.forward_rows(self.seq, tokens, rows)
         self.res.timings.append(CallTiming(kind, len(tokens), time.perf_counter() - t))
         if kind == "verify":
             self.res.n_verify_calls += 1
@@ -260,8 +159,11 @@ def generate_plain(target: Engine, prompt_ids: Sequence[int], max_new: int,
         while not run.done and run.room() >= 1:
             if jump_forward(run, matcher) and run.done:
                 break
-            pending = run.pending()          # forced tokens' rows are not needed: the last one only
-            rows = run.adjusted(run.forward(pending, rows=1 if len(pending) > 1 else 0), params)
+            rows = run.take_first_row()
+            if rows is None:                 # forced tokens' rows are not needed: the last one only
+                pending = run.pending()
+                rows = run.forward(pending, rows=1 if len(pending) > 1 else 0)
+            rows = run.adjusted(rows, params)
             if matcher is not None:
                 rows = mask_rows(rows, [matcher.allowed()])
             t = pick(rows[0], params, rng)[0]
@@ -308,6 +210,8 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             room = run.room()
             if room < 1 or (jump_forward(run, matcher) and run.done):
                 break
+            if _first_token(run, matcher, params, rng):
+                continue
             pending = run.pending()
             asked = rounds.next_gamma()
             res.gammas.append(asked)
@@ -348,6 +252,22 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
         run.abort(e)
         raise
     return run.finish()
+
+
+def _first_token(run: _Run, matcher, params: SamplingParams, rng: np.random.Generator) -> bool:
+    """Commit the first token from the prefill's own row (as generate_plain does), before any draft:
+    the target's token, whatever a draft would propose. False when that row is gone (a grammar
+    forced the first tokens: the next round's call feeds them)."""
+    row = run.take_first_row()
+    if row is None:
+        return False
+    row = run.adjusted(row, params)
+    if matcher is not None:
+        row = mask_rows(row, [matcher.allowed()])
+    run.commit([pick(row[0], params, rng)[0]], row)
+    if matcher is not None:
+        matcher.sync(run.res.tokens)
+    return True
 
 
 def _check_speculative(target: Engine, drafter: Drafter, gamma: int) -> None:

@@ -10,7 +10,9 @@ that prefix: only the rest of the prompt is fed.
   (Engine.seq_kv_bytes: torch keeps its grown chunks after a truncate); the least recently
   used sequence goes first.
 * At least one prompt token is always fed (a prompt held whole is cut to all but its last
-  token): its logits are the first step's.
+  token): its logits are the first step's. Where one longer call costs less than the short rest
+  (llama.cpp's CPU flash attention tiles 64 rows: Engine.prefill_refeed), a few held tokens are
+  fed again with it, and are not counted as reused.
 * A held sequence is taken out of the cache while a generation uses it: never two at once.
 * It is reused when the prompt covers at least half of what it holds, or SHARED_ENOUGH tokens
   of it; a shorter match (two conversations sharing a short system prompt) gets a fresh
@@ -82,6 +84,7 @@ class PrefixCache:
             self.stats["requests"] += 1
             seq, keep = self._best(prompt)
             if seq is not None:
+                keep -= self.engine.prefill_refeed(keep, len(prompt) - keep)
                 try:
                     if self.engine.length(seq) != keep:
                         self.engine.truncate(seq, keep)
@@ -106,6 +109,9 @@ class PrefixCache:
             if n > keep:
                 best, keep = seq, n
         if best is None:
+            return None
+        keep -= eng.prefill_refeed(keep, len(prompt) - keep)
+        if keep < 1:
             return None
         try:
             forked = eng.fork(best, keep)

@@ -213,6 +213,8 @@ class DraftService(EngineSessions):
         # cut back to the common prefix (at least one token refed, for its logits)
         target = s.fed[:req.keep] + list(req.append)
         cut = self._cut_back(s, target, start=req.keep)
+        if len(target) - cut > FEED_BY_STEP:       # the prefill below: one tiled call where it pays
+            cut = self._tile_cut(s, cut, len(target) - cut - 1)
         feed = target[cut:]
         if len(feed) > FEED_BY_STEP:               # a prompt: one forward call, not many steps
             self.engine.forward_last(s.seq, feed[:-1])       # KV only: one logits row, thrown away

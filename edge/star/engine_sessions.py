@@ -84,6 +84,15 @@ class EngineSessions(DraftSessions):
             del s.fed[cut:]
         return cut
 
+    def _tile_cut(self, s, cut: int, n_prefill: int) -> int:
+        """`cut` moved back where a prefill of the `n_prefill` tokens after it costs more than one
+        longer call (Engine.prefill_refeed: llama.cpp's CPU flash attention tiles 64 rows)."""
+        back = self.engine.prefill_refeed(cut, n_prefill)
+        if back:
+            self.engine.truncate(s.seq, cut - back)
+            del s.fed[cut - back:]
+        return cut - back
+
     def _empty_sequence(self, s) -> None:
         """After an engine error: nothing of s's sequence is trusted any more."""
         if s.seq is not None:

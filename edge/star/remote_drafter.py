@@ -172,11 +172,16 @@ class RemoteDrafter(Drafter):
     def prime(self, context: Sequence[int], gamma: int) -> bool:
         """Send the first request now, so the draft prefills while the target does.
 
-        Its deadline starts at the first draft() call, not now."""
+        It asks gamma + 1 drafts after `context` (the prompt): the target picks the first token from
+        its own prefill, without waiting (generate.py), and the first round takes the gamma drafts
+        after it -- on time, not late. Its deadline starts at the first draft() call, not now."""
         s = self._ready()
         if s is None or self._out is not None or gamma < 1:
             return False
-        return self._send(s, list(context), gamma, time.monotonic(), primed=True)
+        if not self._send(s, list(context), gamma + 1, time.monotonic(), primed=True):
+            return False
+        self._out.ahead = 1
+        return True
 
     def _send(self, s: Session, context: List[int], gamma: int, now: float, primed: bool = False,
               background: bool = False) -> bool:
@@ -334,7 +339,7 @@ class RemoteDrafter(Drafter):
                 if may_retry and self._wait is None:   # ask again now (after plain steps of γ auto: a probe)
                     continue
                 break
-            drafts = self._drafts(msg, skip, gamma)
+            drafts = self._drafts(msg, skip, gamma, late=skip > out.ahead)
             if drafts is not None:
                 return drafts
             break
@@ -369,10 +374,10 @@ class RemoteDrafter(Drafter):
         self._wait = Wait(gamma, 0.0, None, short=self._out.fed <= SHORT_FEED)
         return self._out
 
-    def _drafts(self, msg: DraftResponse, skip: int, gamma: int) -> Optional[Tuple[list, list]]:
+    def _drafts(self, msg: DraftResponse, skip: int, gamma: int, late: bool) -> Optional[Tuple[list, list]]:
         """The answer's drafts past the `skip` tokens the target decoded meanwhile, each with its q;
-        None when its q cannot be used exactly."""
-        if skip:
+        None when its q cannot be used exactly. late: the target decoded past what it was asked for."""
+        if late:
             self.stats.late_used += 1
         # under a grammar the answer's forced tokens ride along its γ (the service does not count
         # them): all of it, the loop keeps γ drafts that had a choice (jump_forward.with_forced)

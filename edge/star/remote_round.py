@@ -53,6 +53,7 @@ class Outstanding:
     fed: int               # len(append): long ones (a prompt) cost the draft a prefill
     gamma: int = 1         # drafts asked for
     background: bool = False   # a probe observe() sent: nobody waits for it
+    ahead: int = 0             # its first drafts the target picks itself before waiting (prime)
 
     @property
     def primed(self) -> bool:

@@ -134,7 +134,8 @@ class StarTarget:
             if not resume(kept, drafter, prompt_ids, self.keep_session_s):
                 self._connect(drafter)
             first = drafter.gamma_policy(self.gamma).first_gamma if self.adaptive else self.gamma
-            drafter.prime(prompt_ids, min(first, max(0, max_new - 1)))
+            # drafts for the round after the first token (the target's own, from its prefill)
+            drafter.prime(prompt_ids, min(first, max(0, max_new - 2)))
         except JoinRefused as e:
             log.warning("%s; decoding without a draft", e)
             drafter.refusal = e.reason

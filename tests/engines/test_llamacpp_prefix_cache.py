@@ -46,7 +46,7 @@ def test_the_next_turn_reuses_the_conversation(qwen):
     text = tok.decode(two.tokens, skip_special=True)
     assert text.strip() and "\ufffd" not in text                              # a well formed answer
     prefill = [t.n_tokens for t in two.timings if t.kind == "prefill"]
-    assert prefill == [len(prompt) - 1 - two.cached_tokens]                  # only the new turn was fed
+    assert prefill == [len(prompt) - two.cached_tokens]                      # only the new turn was fed
     again = generate_plain(engine, prompt, 8, stop_ids=stops, cache=cache)
     assert again.cached_tokens == len(prompt) - 1 and tok.decode(again.tokens, skip_special=True).strip()
     assert engine.active_sequences == len(cache) <= 2

@@ -254,3 +254,32 @@ def test_sampling_through_the_star_uses_the_wire_q():
         assert out.n_drafted > 0 and out.acceptance_rate > 0.5      # identical models accept almost all
     finally:
         hub.stop()
+
+
+class _Refeeding(TorchEngine):
+    """Short prefills pay to feed 3 held tokens again (as llama.cpp's tiles: Engine.prefill_refeed);
+    records the lengths of the forward_last calls (the service's prefills)."""
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.prefills = []
+
+    def prefill_refeed(self, held: int, new: int) -> int:
+        return min(held, 3) if new > 2 else 0
+
+    def forward_last(self, seq, tokens):
+        self.prefills.append(len(tokens))
+        return super().forward_last(seq, tokens)
+
+
+def test_a_session_s_next_prompt_feeds_held_tokens_again_where_the_engine_says_it_pays():
+    eng = make_engine(cls=_Refeeding)
+    svc, out = service(engine=eng)
+    first = contexts(1, seed=4)[0] + [5, 6, 7, 8, 9, 10]
+    svc.open("a")
+    svc.submit(DraftRequest("a", 1, 0, first, 3))
+    step(svc, out)
+    nxt = first + out["a"][-1].tokens[:2] + [11, 12, 13, 14, 15]       # it holds 2 drafts: 5 new tokens
+    svc.submit(DraftRequest("a", 2, len(first), nxt[len(first):], 3))
+    step(svc, out)
+    assert out["a"][-1].tokens == reference(nxt, 3)                    # the same drafts
+    assert eng.prefills[-1] == 3 + 5 - 1           # 3 held tokens again, the new ones but the last

@@ -115,15 +115,18 @@ N = 6000
 def test_seeded_star_sampling_is_lossless(q_top_k):
     stat, df, crit, st = star_fit(memory_links(), N, q_top_k)
     print(f"star q_top_k={q_top_k}: chi2={stat:.1f} df={df} crit={crit:.1f} {st['accepted']}/{st['drafted']}")
-    assert st["drafted"] >= N and 0.2 < st["accepted"] / st["drafted"] < 0.8, st
+    # the first token is the target's own (its prefill's row): a 3-token generation verifies one
+    # draft, the primed answer's second when its first matched the target's
+    assert st["drafted"] >= N // 3 and 0.2 < st["accepted"] / st["drafted"] < 0.8, st
     assert df >= 30, df           # most of the 64 sequences have their own bin
     assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): seeded star sampling is not lossless"
 
 
 def test_seeded_star_with_draft_ahead_is_lossless():
-    # gamma 1 over 4 tokens: after a full acceptance the next request can run
-    # along the chain the draft extended ahead from the session's stream
-    stat, df, crit, st = star_fit(memory_links(), N, 4, length=4, gamma=1, ahead=True)
+    # gamma 1 over 5 tokens (the first is the target's own, from its prefill): after a full
+    # acceptance the next request can run along the chain the draft extended ahead from the
+    # session's stream
+    stat, df, crit, st = star_fit(memory_links(), N, 4, length=5, gamma=1, ahead=True)
     hits = st["counters"].get("ahead_hit", 0) + st["counters"].get("ahead_partial", 0)
     print(f"star draft-ahead: chi2={stat:.1f} df={df} crit={crit:.1f} ahead hits={hits}")
     assert hits > 0, st
@@ -162,5 +165,5 @@ def test_seeded_star_over_mosquitto_is_lossless(mosquitto):
         return MqttLink(mosquitto.url, client_id=f"seeds-{name}").connect(5)
     stat, df, crit, st = star_fit(({"broker_url": mosquitto.url}, link_of), 2000, 2)
     print(f"mosquitto: chi2={stat:.1f} df={df} crit={crit:.1f} {st['accepted']}/{st['drafted']}")
-    assert st["drafted"] >= 2000, st
+    assert st["drafted"] >= 2000 // 3, st          # one draft a generation at most (dense-q's comment)
     assert stat < crit, f"chi2={stat:.1f} >= {crit:.1f} (df={df}): seeded sampling over Mosquitto is not lossless"

@@ -41,7 +41,7 @@ def test_a_next_turn_reuses_the_conversation_and_equals_a_cold_start(models):
     # the KV held the prompt and every reply token but the last (a reply's last token is never fed)
     assert r2.cached_tokens == len(turn1) + len(r1.tokens) - 1
     assert r2.tokens == cold(models[0], turn2)
-    assert [t for t in r2.timings if t.kind == "prefill"][0].n_tokens == len(turn2) - 1 - r2.cached_tokens
+    assert [t for t in r2.timings if t.kind == "prefill"][0].n_tokens == len(turn2) - r2.cached_tokens
     assert cache.stats["hits"] == 1 and cache.stats["reused_tokens"] == r2.cached_tokens
 
 
@@ -53,7 +53,9 @@ def test_a_request_identical_to_a_cached_one_feeds_its_last_token(models):
     again = generate_plain(target, prompt, 8, cache=cache)
     assert again.cached_tokens == len(prompt) - 1                # all but the last: its logits are the step's
     assert again.tokens == first.tokens == cold(models[0], prompt, 8)
-    assert not [t for t in again.timings if t.kind == "prefill"]     # nothing left to prefill
+    # the last token alone is prefilled: its row gives the first token (no second call)
+    assert [t.n_tokens for t in again.timings if t.kind == "prefill"] == [1]
+    assert again.n_verify_calls == again.n_generated
 
 
 def test_a_request_that_diverges_early_gets_a_fresh_sequence(models):
@@ -208,3 +210,26 @@ def test_a_generation_stopped_by_its_caller_is_kept_and_reports_what_it_reused(m
         generate_plain(target, SYSTEM, 4, on_token=interrupt, cache=cache)
     assert len(cache) == 0 and target.active_sequences == 0      # not trusted: freed
     cache.clear()
+
+
+class _Refeeding(TorchEngine):
+    """An engine whose short prefills pay to feed `back` held tokens again (as llama.cpp's tiles)."""
+    back = 5
+
+    def prefill_refeed(self, held: int, new: int) -> int:
+        return min(held, self.back) if new > 1 else 0
+
+
+def test_held_tokens_fed_again_for_speed_leave_the_output_a_cold_starts(models):
+    target = _Refeeding(models[0], "t", threads=1)
+    draft = engine(models[1], "d")
+    cache = PrefixCache(target, slots=2)
+    turn1 = SYSTEM + [11, 12, 13]
+    r1 = generate_plain(target, turn1, 12, cache=cache)
+    turn2 = turn1 + r1.tokens + [21, 22]
+    r2 = generate_speculative(target, ModelDrafter(draft), turn2, 12, 3, cache=cache)
+    held = len(turn1) + len(r1.tokens) - 1                       # what the KV held of turn2
+    assert r2.cached_tokens == held - _Refeeding.back            # fed again: not counted as reused
+    assert [t.n_tokens for t in r2.timings if t.kind == "prefill"] == [len(turn2) - r2.cached_tokens]
+    assert r2.tokens == cold(models[0], turn2)
+    assert cache.stats["reused_tokens"] == r2.cached_tokens

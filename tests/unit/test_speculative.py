@@ -33,7 +33,8 @@ def test_speculative_greedy_equals_plain_table(gamma):
     # the target's own table as draft: everything is accepted
     got = generate_speculative(target, ModelDrafter(TableEngine(seed=1, window=2)), PROMPT, 40, gamma, GREEDY)
     assert got.tokens == want.tokens and got.acceptance_rate == 1.0
-    assert got.n_verify_calls == -(-40 // (gamma + 1))
+    # the prefill's row gives the first token (a call that yielded one), then rounds of gamma + 1
+    assert got.n_verify_calls == 1 + -(-39 // (gamma + 1))
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
@@ -165,8 +166,9 @@ class CostedEngine(TableEngine):
 def fake_clock(monkeypatch):
     import edge.speculative.gamma_rounds as gamma_rounds
     import edge.speculative.generate as generate
+    import edge.speculative.model_drafter as model_drafter
     clock = FakeClock()
-    for module in (generate, gamma_rounds):     # where the loop and the draft probe read perf_counter
+    for module in (generate, gamma_rounds, model_drafter):   # where the loop and the draft probe read perf_counter
         monkeypatch.setattr(module, "time", clock)
     return clock
 

@@ -326,7 +326,13 @@ class DecoderNode(Node):
         worker name; a seq of its own counted down from MAX_SEQ // 2: never a token message's, never
         a prefill worker's notice), in the link's thread, so it waits instead of sending it under a
         new id (edge/sun/client.py)."""
-        live = self._live.get(msg.rid) if isinstance(msg, DecodeAssign) and msg.worker == self.id else None
+        if not (isinstance(msg, DecodeAssign) and msg.worker == self.id):
+            return False
+        live = self._live.get(msg.rid)
+        if live is None and msg.rid in self._pending and self._queued > 0:
+            # assigned here and KV waits in the inbox behind a step (its prefill worker answered and no
+            # longer holds it): held too; a KV lost on the way is answered only while others queue
+            live = _Live(msg.client, msg.secret, msg.task)
         if live is None:
             return False
         self.drop("replay")

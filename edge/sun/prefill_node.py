@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import OrderedDict
 from typing import Dict, Optional
 
 from edge.wire.link import Link
@@ -39,6 +40,7 @@ from edge.sun.token_rules import GrammarRefused
 from edge.speculative.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+MAX_DELIVERED = 1024           # jobs answered lately whose copies are still answered "held"
 
 
 class PrefillNode(Node):
@@ -58,6 +60,7 @@ class PrefillNode(Node):
         self._jobs: Dict[str, PrefillJob] = {}            # taken, not yet answered
         self._held: Dict[str, PrefillJob] = {}            # arrived (queued, taken or in the step), not answered
         self._held_notices = 0                            # "still held here" answers to copies of those
+        self._delivered: "OrderedDict[str, PrefillJob]" = OrderedDict()   # answered lately (bounded)
         self.local_decoders = dict(local_decoders or {})
         self.stats["local_kv"] = 0                        # jobs whose KV stayed in this process
 
@@ -125,6 +128,9 @@ class PrefillNode(Node):
             return
         try:
             self._deliver(job, out)
+            self._delivered[job.rid] = job
+            while len(self._delivered) > MAX_DELIVERED:
+                self._delivered.popitem(last=False)
         except Exception as e:                            # one bad job must not end the worker
             log.exception("prefill %s: request %s failed", self.id, job.rid)
             self._fail(job, E_INTERNAL, f"prefill worker {self.id} failed: {e}")
@@ -158,10 +164,14 @@ class PrefillNode(Node):
         Tell it the job is held (no tokens; a seq of its own, counted down from the largest: never a
         decoder's), so it waits instead of sending it under a new id, which would prefill a request
         that was only slow twice (edge/sun/client.py). Runs in the link's thread: the loop may be
-        inside a step, and the first arrival may still wait in its inbox."""
+        inside a step, and the first arrival may still wait in its inbox.
+        A copy of a job answered lately is answered the same way: its first token and KV went out,
+        and its decoder may not have admitted it yet (the KV on its way or queued behind a step),
+        when nobody else would answer (the split layout's 64-task burst prefilled 31 jobs for 17
+        requests). A KV lost on the way still ends as the decoder's timeout, which the client retries."""
         if not isinstance(msg, PrefillJob) or msg.worker != self.id:
             return False
-        job = self._held.setdefault(msg.rid, msg)
+        job = self._delivered.get(msg.rid) or self._held.setdefault(msg.rid, msg)
         if job is msg:                                    # the first arrival: the loop takes it
             return False
         self.drop("replay")

@@ -247,3 +247,36 @@ def test_jobs_held_behind_a_long_prefill_step_are_waited_for_not_sent_under_a_ne
     finally:
         gate.set()
         star.close()
+
+
+def test_a_job_answered_whose_kv_waits_behind_the_decoders_step_is_waited_for_not_prefilled_again(models):
+    """The split layout's burst: a prefill worker answers a job (token 0 and its KV sent) while its
+    decoder is busy in a step, the KV queued behind it. Its client's copies are answered "held" (by the
+    prefill worker that answered it lately, or the decoder that has its assignment and queued KV), so it
+    keeps waiting; the job is prefilled once (it was prefilled again under a new id: 31 jobs for 17)."""
+    star = Star(models)
+    gate, kv_waits = threading.Event(), threading.Event()
+    handle = star.decoder.handle
+
+    def held_kv(kind, msg):
+        if kind == "kv":
+            kv_waits.set()
+            assert gate.wait(60), "the test never released the decoder"
+        return handle(kind, msg)
+    star.decoder.handle = held_kv
+    try:
+        p = prompts(1, seed=59)[0]
+        told = []
+        h = star.client.submit("maths", p, max_new=MAX_NEW, on_token=lambda i, t: told.append((i, t)))
+        assert kv_waits.wait(20) and wait_until(lambda: star.prefill.stats["jobs"] == 1)
+        assert wait_until(lambda: h.reasked >= SAME_COPIES + 2 or h.resent, 30)
+        assert h.resent == 0
+        gate.set()
+        r = h.wait(20)
+        want = star.expect(p)
+        assert r.tokens == want and told == list(enumerate(want)) and r.workers == ["pre", "dec"]
+        assert star.prefill.stats["jobs"] == 1 and star.router.counters["routed"] == 1
+        assert wait_until(star.clean)
+    finally:
+        gate.set()
+        star.close()

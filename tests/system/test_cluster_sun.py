@@ -169,6 +169,12 @@ def run_requests(client, refs, during=None, timeout=120.0):
     return [h for _, h in handles]
 
 
+def workers_said(spy, procs) -> dict:
+    """For a failed wait: each worker's last hello (load, online, when) and the end of its log."""
+    now = time.monotonic()
+    return {w: (spy.get(w)[0], f"{now - spy.get(w)[1]:.1f} s ago", procs.err(w)[-1200:]) for w in (PRE, DEC)}
+
+
 def test_no_fault_answers_equal_the_in_process_run(star):
     procs, cmds, client, spy, refs = star
     t0 = time.monotonic()                     # sent right after the hubs came up: maybe before A claims
@@ -189,7 +195,8 @@ def test_kill_9_of_a_broker_node_loses_no_token(star, cluster):
     out = run_requests(client, refs, during=kill_node)
     t_done = time.monotonic()
     resent = f"{sum(h.resent for h in out)}, as the same request {sum(h.reasked for h in out)}"
-    assert wait_until(lambda: spy.idle() and spy.get(DEC)[1] > t["kill"], 30), "the decoder never said hello again"
+    assert wait_until(lambda: spy.idle() and spy.get(DEC)[1] > t["kill"], 30), \
+        ("the decoder never said hello again", workers_said(spy, procs))
     back = spy.get(DEC)[1]
     print(f"\nbroker node kill -9 at {t['wall']}: the decoder's hello again after {back - t['kill']:.2f} s, all "
           f"{len(PROMPTS)} requests done {t_done - t['kill']:.2f} s after the kill (resent {resent})")
@@ -217,7 +224,8 @@ def test_kill_9_of_the_hub_owning_the_client_loses_no_token(star):
     print(f"\nhub kill -9: in-flight requests done {t_mid - t['kill']:.2f} s after the kill, hub A seen offline "
           f"after {t_gone - t['kill']:.2f} s, a fresh round through hub B done after {t_done - t['kill']:.2f} s "
           f"(resent {sum(h.resent for h in out)}, as the same request {sum(h.reasked for h in out)})")
-    assert wait_until(spy.idle, 20), "a worker still holds work after every request ended"
+    assert wait_until(spy.idle, 20), ("a worker still holds work after every request ended",
+                                      workers_said(spy, procs))
     procs.start(a, *cmds[a])                  # it comes back and takes its client again
     assert wait_until(lambda: spy.hub_live(a), 60), procs.err(a)[-1500:]
     routes(procs, HUBS)                       # A's router proved both workers alive

@@ -181,7 +181,7 @@ def test_no_fault_answers_equal_the_in_process_run(star):
     out = run_requests(client, refs)
     print(f"\nno fault: done after {time.monotonic() - t0:.2f} s (sent again as the same request "
           f"{sum(h.reasked for h in out)} times)")
-    assert wait_until(spy.idle, 20), "a worker still holds work after every request ended"
+    assert wait_until(spy.idle, 90), "a worker still holds work after every request ended"
 
 
 def test_kill_9_of_a_broker_node_loses_no_token(star, cluster):
@@ -195,13 +195,13 @@ def test_kill_9_of_a_broker_node_loses_no_token(star, cluster):
     out = run_requests(client, refs, during=kill_node)
     t_done = time.monotonic()
     resent = f"{sum(h.resent for h in out)}, as the same request {sum(h.reasked for h in out)}"
-    assert wait_until(lambda: spy.idle() and spy.get(DEC)[1] > t["kill"], 30), \
+    assert wait_until(lambda: spy.idle() and spy.get(DEC)[1] > t["kill"], 90), \
         ("the decoder never said hello again", workers_said(spy, procs))
     back = spy.get(DEC)[1]
     print(f"\nbroker node kill -9 at {t['wall']}: the decoder's hello again after {back - t['kill']:.2f} s, all "
           f"{len(PROMPTS)} requests done {t_done - t['kill']:.2f} s after the kill (resent {resent})")
     cluster.restart(1)
-    assert wait_until(lambda: all(spy.hub_live(h) for h in HUBS) and spy.idle(), 30)
+    assert wait_until(lambda: all(spy.hub_live(h) for h in HUBS) and spy.idle(), 90)
     routes(procs, HUBS)
     run_requests(client, refs)                # the healed cluster serves as before
 
@@ -216,7 +216,7 @@ def test_kill_9_of_the_hub_owning_the_client_loses_no_token(star):
         procs.kill9(a)
     run_requests(client, refs, during=kill_hub)
     t_mid = time.monotonic()
-    assert wait_until(lambda: not spy.hub_live(a), 30), "hub A's will never said it is gone"
+    assert wait_until(lambda: not spy.hub_live(a), 90), "hub A's will never said it is gone"
     t_gone = spy.get(a)[1]
     # the client now belongs to hub B: new requests are routed there
     out = run_requests(client, refs)
@@ -224,13 +224,13 @@ def test_kill_9_of_the_hub_owning_the_client_loses_no_token(star):
     print(f"\nhub kill -9: in-flight requests done {t_mid - t['kill']:.2f} s after the kill, hub A seen offline "
           f"after {t_gone - t['kill']:.2f} s, a fresh round through hub B done after {t_done - t['kill']:.2f} s "
           f"(resent {sum(h.resent for h in out)}, as the same request {sum(h.reasked for h in out)})")
-    assert wait_until(spy.idle, 20), ("a worker still holds work after every request ended",
+    assert wait_until(spy.idle, 90), ("a worker still holds work after every request ended",
                                       workers_said(spy, procs))
     procs.start(a, *cmds[a])                  # it comes back and takes its client again
-    assert wait_until(lambda: spy.hub_live(a), 60), procs.err(a)[-1500:]
+    assert wait_until(lambda: spy.hub_live(a), 90), procs.err(a)[-1500:]
     routes(procs, HUBS)                       # A's router proved both workers alive
     t_back = time.monotonic()                 # hub B lets the client go at once, hub A claims it 2 periods later
     out = run_requests(client, refs)          # meanwhile nobody routes it: the client sends it again
     print(f"hub A back: a round sent once its router saw the workers done after {time.monotonic() - t_back:.2f} s "
           f"(sent again as the same request {sum(h.reasked for h in out)} times)")
-    assert wait_until(spy.idle, 20)
+    assert wait_until(spy.idle, 90)

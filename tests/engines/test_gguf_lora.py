@@ -7,6 +7,8 @@ closeness, not equality; with F32 weights, an F32 KV cache and flash attention o
 summation order differs, so the bound is test_gguf_export.py's F32 one, 1e-4 of the logit scale
 (measured here: ~2e-7 of it). llama.cpp's CPU flash attention works in F16 inside, hence off.
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -270,3 +272,19 @@ def test_cli_writes_the_adapter_and_explains_bad_input(made, tmp_path):
     assert {t.tensor_type.name for t in GGUFReader(str(out)).tensors} == {"F16"}
     r = CliRunner().invoke(export_cli, ["adapter", str(tmp_path), str(out), "--base", str(base)])
     assert r.exit_code == 1 and "no adapter_config.json" in r.output and "Traceback" not in r.output
+
+
+def test_base_shapes_come_from_the_header_alone_as_gguf_reads_them(made, tmp_path):
+    """The base's tensor shapes (what an adapter is checked against) from the GGUF header, without
+    mapping the weights (gguf.GGUFReader touched ~450 MiB of a 0.5B base: the agent's startup peak)."""
+    from edge.engines.lora_gguf import base_shapes
+    for arch, (base, _, _) in made.items():
+        r = GGUFReader(str(base))
+        want = {t.name: (int(t.shape[0]), int(t.shape[1]) if len(t.shape) > 1 else 1) for t in r.tensors}
+        assert base_shapes(base) == (arch, want)
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(Path(made["qwen2"][0]).read_bytes()[:100])
+    with pytest.raises(AdapterError, match="not a readable GGUF"):
+        base_shapes(bad)
+    with pytest.raises(AdapterError, match="no base model file"):
+        base_shapes(tmp_path / "missing.gguf")

@@ -29,6 +29,23 @@ def amx_compiled(llama_cpp) -> bool:
     return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
+# ggml types whose weights ggml-cpu may repack and whose multi-row calls were measured to round as
+# one-row calls do (F32, F16, Q4_0, Q4_1, Q8_0, BF16): greedy speculative text stays the plain text
+# bit for bit. Q4_K repacked did not (docs/models.md), nor is any other type measured.
+ROW_EXACT_WHEN_REPACKED = frozenset({0, 1, 2, 3, 8, 30})
+
+
+def repack_keeps_rows_exact(path: str) -> bool:
+    """Does every tensor of the GGUF have a type whose CPU repacking keeps a verify of k rows equal
+    to k one-row calls? (Read from the header; an unreadable header: False, the safe answer.)"""
+    from edge.model.gguf_header import GGUFHeaderError, read_gguf_header
+    try:
+        types = {t.ggml_type for t in read_gguf_header(path).tensors}
+    except (OSError, GGUFHeaderError):
+        return False
+    return types <= ROW_EXACT_WHEN_REPACKED
+
+
 def init_backend(llama_cpp, verbose: bool) -> None:
     global _BACKEND_READY
     if not _BACKEND_READY:
@@ -49,6 +66,13 @@ def load_model(lc, path: str, n_gpu_layers: int, extra_bufts: Optional[bool],
         log.warning("this llama-cpp-python was built with ggml's AMX backend, which crashes on "
                     "quantised models (llama.cpp issue 20824): running without extra buffer types "
                     "(no weight repacking, slower). Rebuild it with AMX off: `make llama`")
+        extra_bufts = False
+    elif extra_bufts is None and not repack_keeps_rows_exact(path):
+        # exactness first: repacked K-quant weights round a k-row verify differently from one-row
+        # decoding, so greedy text through a draft could leave the target's own (docs/models.md);
+        # measured here the cost is small (1.5B Q4_K_M, one thread: prefill faster, decode ~10% slower)
+        log.info("%s: llama.cpp's CPU weight repacking off (its weight types would not keep "
+                 "speculative verification exact)", path)
         extra_bufts = False
     if extra_bufts is not None:
         mp.use_extra_bufts = bool(extra_bufts)

@@ -1,9 +1,10 @@
 """Sampling through the star with the suffix draft is exactly the target's distribution.
 
-A tiny table target (its distribution over 3-token continuations is enumerable) samples
+A tiny table target (its distribution over 4-token continuations is enumerable) samples
 THROUGH THE STAR -- a hub whose draft service is the model-free SuffixDraftService (and the
 hybrid with a table draft model), on the in-memory bus and once over a real Mosquitto --
-and a chi-square test at alpha=1e-4 compares the counts with the exact distribution. The
+and a chi-square test at alpha=1e-4 compares the counts with the exact distribution (4 tokens: the
+first is the target's own, from its prefill, so a shorter one never sends the service its output). The
 fleet tree learns from every generation, so its proposals are accepted often. A negative
 control makes the service lie about q (uniform instead of the point mass it drew from)
 and must fail the same test.
@@ -37,7 +38,7 @@ def core_of(kind):
                               min_score=1.0, name="hub-draft")
 
 
-def star_fit(net, n, kind="suffix", length=3, gamma=2):
+def star_fit(net, n, kind="suffix", length=4, gamma=2):
     """n seeded generations through a hub with a suffix / hybrid draft -> (chi2, df, critical, stats)."""
     where, link_of = net
     target = TableEngine(vocab=VOCAB, seed=1)
@@ -61,7 +62,7 @@ def test_sampling_through_the_star_with_the_suffix_draft_is_lossless(kind):
     stat, df, crit, st = star_fit(memory_links(), N, kind)
     print(f"{kind}: chi2={stat:.1f} df={df} crit={crit:.1f} accepted {st['accepted']}/{st['drafted']} "
           f"{st['counters']}")
-    assert st["drafted"] >= N // 2 and st["accepted"] > 0.2 * st["drafted"], st
+    assert st["drafted"] >= N // 2 and st["accepted"] > 0.1 * st["drafted"], st
     if kind == "hybrid":
         c = st["counters"]
         assert c.get("hybrid_suffix", 0) > 0 and c.get("hybrid_model", 0) > 0, c

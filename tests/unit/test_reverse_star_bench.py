@@ -23,4 +23,4 @@ def test_alpha_is_read_back_from_tokens_a_round():
 
 def test_quick_is_small():
     a = args_of(["--quick"])
-    assert (a.ns, a.rounds, a.reps) == ("1,2", 1, 1)
+    assert (a.ns, a.rounds, a.new) == ("1,2", 1, 24) and a.reps == 3    # each hub call timed 3 times for the planner

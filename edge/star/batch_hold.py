@@ -92,15 +92,29 @@ class BatchHold:
         c = sum((b - mb) * (t - mt) for b, t in pts) / sum((b - mb) ** 2 for b, _ in pts)
         return min(mt, max(0.0, mt - c * mb))
 
+    def bound_s(self) -> Optional[float]:
+        """The longest a hold may last: `share` of the fixed cost, at most max_hold_s (None: no hold)."""
+        a = self.fixed_cost()
+        return min(self.share * a, self.max_hold_s) if a else None
+
     def until(self, now: float, pending: Collection[str]) -> Optional[float]:
         """When to serve `pending` (sids with a request queued): None = now, else a later time."""
         if not pending:
             return None
-        a = self.fixed_cost()
-        if not a:
+        bound = self.bound_s()
+        if not bound:
             return None
         start = now if self._since is None else self._since
-        limit = start + min(self.share * a, self.max_hold_s)
+        wait_to = self._wait_to(now, start + bound, pending)
+        if wait_to is None:
+            self.end(now)
+            return None
+        if self._since is None:
+            self._since, self.holds = now, self.holds + 1
+        return wait_to
+
+    def _wait_to(self, now: float, limit: float, pending: Collection[str]) -> Optional[float]:
+        """The latest moment worth waiting to (at most `limit`) for the sessions due back, None if none."""
         wait_to = None
         for sid, t0 in self._out.items():
             r = self._back.get(sid)
@@ -111,9 +125,4 @@ class BatchHold:
                 give_up = min(limit, due + LATE_SLACK * r)
                 if give_up > now:
                     wait_to = give_up if wait_to is None else max(wait_to, give_up)
-        if wait_to is None:
-            self.end(now)
-            return None
-        if self._since is None:
-            self._since, self.holds = now, self.holds + 1
         return wait_to

@@ -11,8 +11,10 @@ of all but the last of them. A VerifyRequest (keep, append, drafts, q) names the
 T = committed[:keep] + append; the service cuts its KV back to the common prefix with T (a long
 feed -- a prompt -- is prefilled first, one call), then every request taken feeds its
 [T[-1]] + drafts in one `Engine.forward_batch` (llama.cpp: one llama_decode over every session's
-sequence). Iteration-level joining is what the loop gives: a request arriving while a call runs
-is taken by the next step, one verify later, never a whole batch later.
+sequence). Iteration-level joining: a request arriving while a call runs is taken by the next
+step, one verify later, never a whole batch later; and the step waits a moment for the sessions it
+answered that are due back (edge/star/verify_join.py: at most one call's time, `wake_in`), so the
+devices' verifies go into one call and the devices stay in step.
 
 The verdict is edge/speculative/verify.py's, unchanged: greedy takes the longest prefix the target's
 argmax agrees with, sampled accepts each draft with min(1, p/q) under the exact q the device sent
@@ -41,6 +43,7 @@ from edge.speculative.verify import verify_greedy, verify_stochastic
 from edge.star.draft_chain import sid_key
 from edge.star.draft_limits import DraftLimits, DraftRefused
 from edge.star.engine_sessions import EngineSessions
+from edge.star.verify_join import VerifyJoin
 from edge.star.verify_rules import VerifyGrammars, entries, legal_for, masked
 from edge.wire.protocol import (E_BAD_GRAMMAR, E_BAD_KEEP, E_BAD_REQUEST, E_CONTEXT_FULL, E_INTERNAL, Error,
                                 VerifyRequest, VerifyResponse)
@@ -84,15 +87,37 @@ class VerifyService(EngineSessions):
         making it at the first grammar); None: requests naming a grammar are refused bad_grammar."""
         super().__init__(engine, limits or DraftLimits(ahead=False), clock, name)
         self.grammars = VerifyGrammars(grammar_tokenizer)
+        self.join = VerifyJoin()
 
     # ---- sessions (the table and Q_in: draft_sessions.py; their KV: engine_sessions.py) ----
     def _new_session(self, sid: str) -> VerifySession:
-        return VerifySession(sid, self.clock())
+        s = VerifySession(sid, self.clock())
+        self.join.opened(sid, s.last_seen)
+        return s
+
+    def _arrived(self, sid: str, t: float) -> None:
+        self.join.arrived(sid, t)
+
+    def _release(self, s: VerifySession) -> None:
+        self.join.forget(s.sid)
+        super()._release(s)
 
     # ---- the core's step ----
     def has_work(self) -> bool:
         with self._lock:
-            return bool(self._outbox or self._to_free or self._pending)
+            if self._outbox or self._to_free:
+                return True
+            return bool(self._pending) and self._held_until() is None
+
+    def _held_until(self) -> Optional[float]:
+        """When the pending requests will be verified, if held for sessions due back (verify_join.py)."""
+        with self._lock:
+            return self.join.until(self.clock(), self._pending.keys())
+
+    def wake_in(self) -> Optional[float]:
+        """Seconds until a held step is due (the loop's longest sleep), None if none is held."""
+        t = self._held_until()
+        return None if t is None else max(0.0, t - self.clock())
 
     def step(self) -> List[Tuple[str, object]]:
         """Free closed sessions' KV, then verify every pending request in one batched call."""
@@ -170,6 +195,8 @@ class VerifyService(EngineSessions):
                     rows.append(e)
         now = self.clock()
         self.stats.add_step(len(work), now - t_call)
+        with self._lock:
+            self.join.call(len(work), now - t_call, now)
         for w, r in zip(work, rows):
             if isinstance(r, EngineError):
                 self.stats.count("step_refused")
@@ -213,6 +240,8 @@ class VerifyService(EngineSessions):
         self.stats.count("accepted", n)
         self.stats.count("drafted_in", len(drafts))
         self.stats.add_request(n + 1, now - w.t_in)
+        with self._lock:
+            self.join.answered(s.sid, now)
         self._reply(s.sid, VerifyResponse(s.sid, w.req.seq, n, token, len(s.committed),
                                           int(max(0.0, now - w.t_in) * 1e6), batch,
                                           entries(rows, drafts[:n] + [token], w.req.logprobs)))

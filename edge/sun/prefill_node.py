@@ -66,8 +66,13 @@ class PrefillNode(Node):
 
     @property
     def load(self) -> int:
-        """Jobs received and not yet prefilled."""
-        return self.loop.backlog() + self.worker.load
+        """Jobs received and not yet answered: in the loop's inbox, queued, or in the step now running.
+        The worker's own load counts only its queue, and a step takes up to 8 prompts off it at once
+        (adapters; one on a full copy): a hello from the heartbeat during a long step said 0, and the
+        router, taking that for idle, forgot the jobs held here and stopped passing their clients'
+        copies on, so each was sent again under a new id and prefilled twice (issue 45: 31 prefills
+        for 17 requests in the split layout's burst)."""
+        return self.loop.backlog() + len(self._jobs)
 
     def telemetry(self) -> dict:
         """The node's counters plus jobs queued; each prefill produces an answer's first token."""

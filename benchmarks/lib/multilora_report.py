@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.lib.multilora_plan import cell_key, table
+from benchmarks.lib.sun_prefill_counts import prefill_lines
 
 
 def goals(cells: dict, counts) -> list:
@@ -68,6 +69,8 @@ def markdown(d: dict) -> str:
         "Goals (issue 45):",
         *goals(cells, counts),
         "",
+        *(["SUN prefills per request (from the processes' logs; a request sent again under a new id is "
+           "prefilled again):", *prefill_lines(cells), ""] if prefill_lines(cells) else []),
         *(["What this run says (written after it, kept in the JSON's \"notes\"):", *d["notes"], ""]
           if d.get("notes") else []),
         "Adapters (rank / steps / loss of each tuned one; task i's file is a copy of tuned adapter i mod K):",

@@ -197,6 +197,11 @@ class SunSide(Side):
         from benchmarks.lib.multilora_plan import task_name
         return {"model": task_name(task)}
 
+    def describe(self) -> dict:
+        """Also the prefills run for the cell's requests, from the logs (after stop: the worker's stats)."""
+        from benchmarks.lib.sun_prefill_counts import prefill_counts
+        return {**super().describe(), "prefills": prefill_counts(self.logdir)}
+
 
 def _status_kb(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

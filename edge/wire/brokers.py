@@ -7,6 +7,8 @@ from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as mqtt
 
+from edge.wire.tls_failure import TlsFailures
+
 DEFAULT_PORT = 1883
 DEFAULT_TLS_PORT = 8883
 
@@ -74,7 +76,7 @@ class BrokerList:
 STABLE_S = 2.0     # a connection that lasted this long proved its broker up (see FailoverClient)
 
 
-class FailoverClient(mqtt.Client):
+class FailoverClient(TlsFailures, mqtt.Client):
     """paho's client, but each reconnect after a loss or a failed attempt goes to the next broker
     of the list (paho's own reconnect loop calls reconnect(); host and port are its own fields).
 
@@ -82,7 +84,8 @@ class FailoverClient(mqtt.Client):
     first. RabbitMQ 3.10 drops live nodes' MQTT connections when another node goes (a QoS 1
     publish routed there is nacked; its MQTT plugin crashes on the nack): moving on could wait
     out a connect to the lost node (3.4 s measured, docs/star.md). A killed broker refuses the
-    retry at once; keepalive leaves a hung or cut-off one, and that loss moves on."""
+    retry at once; keepalive leaves a hung or cut-off one, and that loss moves on. A TLS failure is
+    kept for MqttLink.connect to tell (edge/wire/tls_failure.py)."""
 
     def __init__(self, brokers: BrokerList, *args, **kw) -> None:
         super().__init__(*args, **kw)

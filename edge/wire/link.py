@@ -34,6 +34,7 @@ from paho.mqtt.client import topic_matches_sub
 # LinkError, parse_url and parse_urls are imported from here by callers too
 from edge.wire.brokers import STABLE_S, BrokerList, FailoverClient, LinkError, parse_url, parse_urls  # noqa: F401
 from edge.wire.subacks import SubAcks
+from edge.wire.tls_failure import tls_failure_message
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +200,10 @@ class MqttLink(Link):
                             protocol=mqtt.MQTTv311, clean_session=True)
         if username:
             c.username_pw_set(username, password)
+        self._tls = tls                         # for the errors (edge/wire/tls_failure.py)
         if url.startswith("mqtts://"):
             import ssl
+            c.watch_tls = True
             ca, cert, key = tls if tls is not None else (None, None, None)
             try:
                 c.tls_set(ca_certs=ca, certfile=cert, keyfile=key, cert_reqs=ssl.CERT_REQUIRED,
@@ -227,6 +230,7 @@ class MqttLink(Link):
             pass
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        client.answered()                       # a CONNACK: no TLS failure (tls_failure.py)
         if reason_code.is_failure:
             self._refused = str(reason_code)
             log.warning("link %s: broker %s refused the connection: %s", self.client_id, self.url, reason_code)
@@ -291,14 +295,20 @@ class MqttLink(Link):
         if timeout is None:
             return self
         end = time.monotonic() + timeout
-        while not self._up.wait(0.02) and self._refused is None and time.monotonic() < end:
-            pass                                 # a refusal (bad password) ends the wait early
+        while not self._up.wait(0.02) and self._refused is None and self._client.tls_failure is None \
+                and time.monotonic() < end:
+            pass                                 # a refusal (bad password, TLS) ends the wait early
         if not self._up.is_set():
-            why = self._refused
+            why, tls_failed = self._refused, self._client.tls_failure
             self.close()
+            if tls_failed:
+                raise LinkError(tls_failure_message(self.url, tls_failed, self._tls))
             if why:
                 raise LinkError(f"broker {self.url} refused {self.username or 'anonymous'!r}: {why}; "
                                 "check the username (the client id) and password the hub issued")
+            if self._client.dropped_unanswered:
+                raise LinkError(f"the broker at {self.url} closed our connections before answering them within "
+                                f"{timeout:g} s: is the port a TLS listener (then mqtts:// and --tls-dir)?")
             raise LinkError(f"no MQTT broker answered at {self.url} within {timeout:g} s: start one "
                             "(`edge-hub serve`, or `mosquitto -p PORT`) or pass the right --broker URL")
         return self

@@ -5,21 +5,23 @@ profile's usable memory) joins as a StarSD target -- it verifies locally and dec
 hub is gone; one that cannot but holds the draft joins as a drafter (the reverse star); one that
 holds neither is not served.
 
-The reverse model is the StarSD model (server/planner.py) with the roles swapped: N drafting devices
-in a closed loop around ONE work-conserving batching server, the hub's verify service. A device's
-return time is its own drafting, γ draft steps, plus the round trip; the hub serves everything
-pending as one batch whose time V(b·(γ+1)) comes from a measured table of one target call over that
-many tokens in all (memory-bound: V grows far slower than its tokens). Each device's round yields
-E(α, γ) tokens. The baseline is the hub serving the same N clients by plain batched decoding
-(what vLLM or llama-server does): one call over N tokens per N tokens, V(N). planner.simulate runs
-it, with the tables mapped onto its draft-service inputs.
+The reverse model: N drafting devices in a closed loop around ONE batching server, the hub's verify
+service. A device's return time is its own drafting, γ draft steps, plus the round trip; the hub
+serves everything pending as one batch whose time V(b·(γ+1)) comes from a measured table of one
+target call over that many tokens in all (memory-bound: V grows far slower than its tokens), and it
+waits for devices due back as the service does (edge/star/verify_join.py: at most one call's time),
+so devices answered together stay together. Each device's round yields E(α, γ) tokens. The baseline
+is the hub serving the same N clients by plain batched decoding (what vLLM or llama-server does): one
+call over N tokens per N tokens, V(N). `simulate_reverse` is server/reverse_schedule.py's model with
+no prompts and long generations (the steady loop).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
-from server.planner import SystemInputs, interp_table, simulate
+from server.planner import interp_table
+from server.reverse_schedule import Job, simulate_schedule
 
 TARGET, DRAFTER, NONE = "target", "drafter", "none"
 
@@ -64,17 +66,13 @@ class ReversePrediction:
         return self.hub_tps / self.plain_tps
 
 
-def simulate_reverse(inp: ReverseInputs, n: int, gamma: int, max_batch: int = 256) -> ReversePrediction:
-    """n drafting devices at γ >= 1 around the hub's batched verify (planner.simulate, roles mapped)."""
+def simulate_reverse(inp: ReverseInputs, n: int, gamma: int, rounds: int = 200) -> ReversePrediction:
+    """n drafting devices at γ >= 1 around the hub's batched, joining verify, `rounds` rounds each."""
     if gamma < 1:
         raise ValueError("a drafting device drafts at least one token a round")
-    k = gamma + 1
-    mapped = SystemInputs(draft_step_ms={b: inp.hub_ms(b * k) / gamma for b in range(1, min(n, max_batch) + 1)},
-                          draft_feed_ms=0.0, target_step_ms=inp.draft_step_ms, verify_cost={k: float(gamma)},
-                          rtt_ms=inp.rtt_ms, alpha=inp.alpha)
-    p = simulate(mapped, n, gamma)
-    return ReversePrediction(n, gamma, p.system_tps, p.per_target_tps, plain_batched_tps(inp, n),
-                             p.mean_batch, p.busy_ratio)
+    s = simulate_schedule(inp, [[Job(1, rounds * (gamma + 1))] for _ in range(n)], gamma)
+    return ReversePrediction(n, gamma, s.hub_tps, s.per_device_tps, plain_batched_tps(inp, n), s.mean_batch,
+                             min(1.0, s.busy_s / s.wall_s) if s.wall_s else 0.0)
 
 
 def plain_batched_tps(inp: ReverseInputs, n: int) -> float:

@@ -1,33 +1,38 @@
-"""The reverse star with generations: each device's prompts, and the hub's prefill of each of them.
+"""The reverse star with generations: each device's prompts, the hub's prefill of each of them, and
+the verify service's joining.
 
-server/reverse_planner.py's closed loop prices only the rounds: a steady stream of verify calls. A
-real device's generation begins with its prompt, and the hub's verify service prefills it in the
-step it arrives in, ahead of that step's batched verify (edge/star/verify_service.py `_prepare`): a
-prompt of L tokens costs one target call over L - 1 tokens (hundreds of tokens: seconds on a
-memory-bound CPU hub), and every other device whose round lands in that step waits for it. With
-N devices starting together, the first device answered decodes through the prefills of all the
-others. That stall is what the steady-state loop misses: on the record of
-benchmarks/results/reverse_star/ the loop over-predicted the hub's tokens/s by +23%, +37%, +79% at
-N = 2, 4, 8; with the prompts -4%, +16%, +54% (the README there has what is still missed).
+server/reverse_planner.py's closed loop is this model with prompts of one token (no prefill) and
+generations long enough to be steady. A real device's generation begins with its prompt, and the
+hub's verify service prefills it in the step it arrives in, ahead of that step's batched verify
+(edge/star/verify_service.py `_prepare`): a prompt of L tokens costs one target call over L - 1
+tokens (hundreds of tokens: seconds on a memory-bound CPU hub), and every other device whose round
+lands in that step waits for it.
 
-`simulate_schedule` runs the same work-conserving hub over explicit jobs: device i generates its
-prompts (Job: prompt tokens, new tokens, its own acceptance) one after another, all devices starting
-at t = 0, their requests STAGGER_MS apart (a work-conserving hub starts on the first; a batch's
-answers reach their devices as far apart). A step takes every request pending when the hub is
-free; its cost is the prefill of each first request's prompt plus one call over b·(γ+1) tokens. A
-round yields E(α_job, γ) tokens (the last round only what is left); the device returns after its
-drafting and the round trip. Rates are measured as benchmarks/star/reverse_star.py measures them:
-per generation from its first answer to its last, less the first round's tokens; a device's rate
-its decode tokens over its decode time; the hub's the devices' rates summed.
+`simulate_schedule` runs the hub as the service runs it: device i generates its prompts (Job: prompt
+tokens, new tokens, its own acceptance) one after another, all devices starting at t = 0, their
+requests STAGGER_MS apart (requests sent together reach the hub one after another). When the hub is
+free and a request is pending, the service's own join rule (edge/star/verify_join.py, fed the
+model's times) says whether to wait for sessions due back (at most one call's time) or to serve; a
+step takes every request pending and costs the prefill of each first request's prompt plus one call
+over b·(γ+1) tokens. A round yields E(α_job, γ) tokens (the last round only what is left); the device
+returns after its drafting and the round trip. With `together`, job k of every device starts once
+every device finished job k - 1 (benchmarks/star/reverse_star.py runs them so).
+
+Rates are measured as benchmarks/star/reverse_star.py measures them, over the decode only: a
+generation's window runs from the last first answer of its group (together: the devices starting
+that job; else the generation alone) -- every prompt of the group prefilled by then -- to its end,
+and holds the tokens committed after its start; a device's rate is its window tokens over its window
+time; the hub's the devices' rates summed.
 """
 from __future__ import annotations
 
 import heapq
 import statistics
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from edge.speculative.verify import expected_tokens
+from edge.star.verify_join import VerifyJoin
 
 STAGGER_MS = 1.0     # requests sent together reach the hub one after another: it starts on the first
 
@@ -48,47 +53,121 @@ class SchedulePrediction:
     prefill_s: float                   # hub seconds spent prefilling prompts
     busy_s: float                      # hub seconds busy in all
     wall_s: float
+    mean_batch: float = 0.0            # sessions a verify call
+
+
+
+
+NEXT, JOB_DONE, FINISHED = "next", "job done", "finished"
 
 
 class _Device:
     def __init__(self, jobs: Sequence[Job]):
         self.jobs, self.at = list(jobs), 0
-        self.done = 0.0                # tokens of the current job committed
-        self.first: Optional[float] = None     # its first answer
-        self.first_tokens = 0.0
-        self.windows: List[tuple] = []          # (decode tokens, decode seconds) per finished job
+        self.done = 0.0                                  # tokens of the current job committed
+        self.stamps: List[Tuple[float, float]] = []     # its answers so far: (ms, tokens committed then)
+        self.gens: List[Tuple[int, list]] = []           # finished jobs: (job index, their stamps)
 
     @property
     def job(self) -> Job:
         return self.jobs[self.at]
 
 
-def simulate_schedule(inp, jobs: Sequence[Sequence[Job]], gamma: int) -> SchedulePrediction:
+class _Hub:
+    def __init__(self, inp, devices: List[_Device], gamma: int, together: bool):
+        self.inp, self.devices, self.gamma, self.together = inp, devices, gamma, together
+        self.ret = gamma * inp.draft_step_ms + inp.rtt_ms     # a device's time between answer and request
+        self.join = VerifyJoin()
+        self.events: list = []                         # (ms a request reaches the hub, device)
+        self.parked: List[int] = []                    # devices waiting for the others' job to end
+        self.busy = self.prefill = 0.0
+        self.calls: List[int] = []
+
+    def send(self, t: float, devices: Sequence[int]) -> None:
+        """Each device drafts its round after t, then asks; requests sent together arrive STAGGER_MS apart."""
+        for k, i in enumerate(devices):
+            heapq.heappush(self.events, (t + self.ret + STAGGER_MS * k, i))
+
+    def run(self) -> float:
+        """The hub until every job is done; -> when its last answer left (ms)."""
+        for i in range(len(self.devices)):
+            self.join.opened(i, 0.0)
+        self.send(0.0, range(len(self.devices)))
+        pending: List[int] = []
+        now = 0.0
+        while self.events or pending:
+            if not pending:
+                now = max(now, self.events[0][0])
+            while self.events and self.events[0][0] <= now:
+                t, i = heapq.heappop(self.events)
+                pending.append(i)
+                self.join.arrived(i, t / 1e3)
+            until = self.join.until(now / 1e3, set(pending))
+            if until is not None and 1e3 * until > now:      # the service holds: wait for arrivals
+                now = min(1e3 * until, self.events[0][0]) if self.events else 1e3 * until
+                continue
+            now, pending = self.serve(pending, now), []
+        return now
+
+    def serve(self, batch: List[int], now: float) -> float:
+        """One step: the prefills of first requests, one call over every request; -> its end (ms)."""
+        inp, devices = self.inp, self.devices
+        fills = sum(prefill_ms(inp, devices[i].job.prompt_tokens) for i in batch if not devices[i].stamps)
+        call = inp.hub_ms(len(batch) * (self.gamma + 1))
+        end = now + fills + call
+        self.busy, self.prefill = self.busy + fills + call, self.prefill + fills
+        self.calls.append(len(batch))
+        self.join.call(len(batch), call / 1e3, end / 1e3)
+        again = []
+        for i in batch:
+            self.join.answered(i, end / 1e3)
+            state = _answered(devices[i], end, self.gamma, inp.alpha)
+            if state == NEXT or (state == JOB_DONE and not self.together):
+                again.append(i)
+            elif state == JOB_DONE:
+                self.parked.append(i)
+        self.send(end, again)
+        if self.parked and not self.events and not again:  # every device's job k is done: k + 1 starts
+            self.send(end, self.parked)
+            self.parked = []
+        return end
+
+
+def simulate_schedule(inp, jobs: Sequence[Sequence[Job]], gamma: int, together: bool = False) -> SchedulePrediction:
     """Every device (jobs[i]: its generations in turn) around the hub; `inp` a ReverseInputs
-    (hub call table, draft step, round trip, default acceptance)."""
+    (hub call table, draft step, round trip, default acceptance). together: job k of every device
+    starts once all finished job k - 1."""
     if gamma < 1:
         raise ValueError("a drafting device drafts at least one token a round")
     devices = [_Device(j) for j in jobs if j]
-    ret = gamma * inp.draft_step_ms + inp.rtt_ms        # a device's time between answer and request
-    events = [(ret + STAGGER_MS * i, i) for i in range(len(devices))]   # each drafts its first round, then asks
-    heapq.heapify(events)
-    free_at = busy = prefill = 0.0
-    while events:
-        start = max(free_at, events[0][0])
-        batch = []
-        while events and events[0][0] <= start:
-            batch.append(heapq.heappop(events)[1])
-        fills = sum(prefill_ms(inp, devices[i].job.prompt_tokens) for i in batch if devices[i].first is None)
-        cost = fills + inp.hub_ms(len(batch) * (gamma + 1))
-        free_at, busy, prefill = start + cost, busy + cost, prefill + fills
-        for k, i in enumerate(batch):         # the answers reach the devices one after another
-            if _answered(devices[i], free_at, gamma, inp.alpha):
-                heapq.heappush(events, (free_at + ret + STAGGER_MS * k, i))
-    rates = [sum(t for t, _ in d.windows) / sum(s for _, s in d.windows) for d in devices
-             if sum(s for _, s in d.windows) > 0]
-    gens = [t / s for d in devices for t, s in d.windows if s > 0]
+    hub = _Hub(inp, devices, gamma, together)
+    wall = hub.run()
+    windows = decode_windows([d.gens for d in devices], together)
+    rates = [sum(t for t, _ in w) / sum(s for _, s in w) for w in windows if w and sum(s for _, s in w) > 0]
+    gens = [t / s for w in windows for t, s in w if s > 0]
     return SchedulePrediction(len(devices), gamma, 1e3 * sum(rates), 1e3 * statistics.median(gens) if gens else 0.0,
-                              prefill / 1e3, busy / 1e3, free_at / 1e3)
+                              hub.prefill / 1e3, hub.busy / 1e3, wall / 1e3,
+                              statistics.fmean(hub.calls) if hub.calls else 0.0)
+
+
+def decode_windows(gens: Sequence[Sequence[Tuple[int, list]]], together: bool) -> List[List[Tuple[float, float]]]:
+    """Per device, each generation's (tokens, ms) over its decode: from the last first answer of its
+    group (together: every device's job of the same index; else itself) to its last answer, the
+    tokens committed after that start. gens[i]: device i's (job index, [(ms, tokens so far), ...])."""
+    first: Dict[int, float] = {}
+    for dev in gens:
+        for k, st in dev:
+            first[k] = max(first.get(k, 0.0), st[0][0])
+    out = []
+    for dev in gens:
+        w = []
+        for k, st in dev:
+            t0 = first[k] if together else st[0][0]
+            before = max((c for t, c in st if t <= t0), default=0.0)
+            if st[-1][0] > t0:
+                w.append((st[-1][1] - before, st[-1][0] - t0))
+        out.append(w)
+    return out
 
 
 def prefill_ms(inp, prompt_tokens: int) -> float:
@@ -101,15 +180,13 @@ def steady_jobs(n: int, prompt_tokens: int, new_tokens: int, generations: int = 
     return [[Job(prompt_tokens, new_tokens)] * generations for _ in range(n)]
 
 
-def _answered(d: _Device, t: float, gamma: int, alpha: float) -> bool:
-    """Commit one round's tokens at time t (ms); False when the device has no job left."""
+def _answered(d: _Device, t: float, gamma: int, alpha: float) -> str:
+    """Commit one round's tokens at time t (ms): NEXT, JOB_DONE (another job follows) or FINISHED."""
     job = d.job
-    got = min(expected_tokens(job.alpha if job.alpha is not None else alpha, gamma), job.new_tokens - d.done)
-    d.done += got
-    if d.first is None:
-        d.first, d.first_tokens = t, got
+    d.done += min(expected_tokens(job.alpha if job.alpha is not None else alpha, gamma), job.new_tokens - d.done)
+    d.stamps.append((t, d.done))
     if d.done < job.new_tokens - 1e-9:
-        return True
-    d.windows.append((job.new_tokens - d.first_tokens, t - d.first))
-    d.at, d.done, d.first = d.at + 1, 0.0, None
-    return d.at < len(d.jobs)
+        return NEXT
+    d.gens.append((d.at, d.stamps))
+    d.at, d.done, d.stamps = d.at + 1, 0.0, []
+    return JOB_DONE if d.at < len(d.jobs) else FINISHED

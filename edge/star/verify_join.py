@@ -9,8 +9,8 @@ the devices out of step for good, and the batch that makes a verified token chea
 So, as the target's BatchedCalls do for generation threads (edge/engines/batched_calls.py: a round
 waits for every joined generation, at most about one round's time), the verify service holds what
 is pending while a session it answered is due back (its smoothed return time: drafting plus the
-round trip, batch_hold.py's bookkeeping; one bound while not yet known) or a session that just
-joined has not sent its first request yet; it serves as soon as they are in, or a little after they were due. The hold lasts at
+round trip, batch_hold.py's bookkeeping; while not yet known, the other sessions' mean) or a
+session that just joined has not sent its first request yet; it serves as soon as they are in, or a little after they were due. The hold lasts at
 most one verify call's time (the last call's seconds, `min_hold_s`..`max_hold_s`; `max_hold_s`
 before any call), counted from the moment something was pending: a lone session never waits longer,
 one that does not come back is not waited for again, and the devices, answered together, stay in
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Collection, Dict, Optional
 
-from edge.star.batch_hold import BatchHold
+from edge.star.batch_hold import LATE_SLACK, BatchHold
 
 MAX_HOLD_S = 1.0         # the longest hold (and the bound before any call was timed)
 MIN_HOLD_S = 0.002
@@ -62,10 +62,17 @@ class VerifyJoin(BatchHold):
 
     def _wait_to(self, now: float, limit: float, pending: Collection[str]) -> Optional[float]:
         wait_to = super()._wait_to(now, limit, pending)
-        # joined, its first drafts on the way; or answered once, its return time not yet known
-        unknown = list(self._new.items()) + [(sid, t) for sid, t in self._out.items() if sid not in self._back]
-        for sid, t in unknown:
-            give_up = min(limit, t + self.bound_s())
-            if sid not in pending and give_up > now:
+        known = list(self._back.values())
+        guess = sum(known) / len(known) if known else None   # the others' return time
+        gives = [min(limit, t + self.bound_s()) for sid, t in self._new.items() if sid not in pending]
+        for sid, t0 in self._out.items():                     # answered once: its return time not yet known
+            if sid in self._back or sid in pending:
+                continue
+            if guess is None:
+                gives.append(min(limit, t0 + self.bound_s()))
+            elif t0 + guess <= limit:
+                gives.append(min(limit, t0 + (1 + LATE_SLACK) * guess))
+        for give_up in gives:
+            if give_up > now:
                 wait_to = give_up if wait_to is None else max(wait_to, give_up)
         return wait_to

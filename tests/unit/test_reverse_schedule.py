@@ -24,12 +24,30 @@ def test_one_device_without_a_prompt_is_the_closed_form():
 
 def test_a_prompt_prefill_stalls_the_other_devices():
     inp = ReverseInputs(TABLE, draft_step_ms=20.0, rtt_ms=5.0, alpha=0.8)
-    short = simulate_schedule(inp, [[Job(2, 40)], [Job(2, 40)]], 4)
-    long = simulate_schedule(inp, [[Job(2, 40)], [Job(101, 40)]], 4)
-    # the first device is answered alone, then decodes through the second one's prefill of 100 tokens
-    assert long.prefill_s == pytest.approx(1.0 + 0.1, rel=0.01) and long.hub_tps < 0.9 * short.hub_tps
+    # first prompts arrive together and join one step (verify_join.py): both prefilled before either
+    # device's first answer, so neither decodes through the other's prefill
+    first = simulate_schedule(inp, [[Job(2, 40)], [Job(101, 40)]], 4)
+    assert first.prefill_s == pytest.approx(1.0 + 0.1, rel=0.01) and first.mean_batch == pytest.approx(2.0)
+    # a device's NEXT prompt is prefilled while the other decodes: that one decodes through it
+    short = simulate_schedule(inp, [[Job(2, 40), Job(2, 40)], [Job(2, 60)]], 4)
+    long = simulate_schedule(inp, [[Job(2, 40), Job(101, 40)], [Job(2, 60)]], 4)
+    assert long.prefill_s == pytest.approx(0.1 + 1.0 + 0.1, rel=0.01) and long.hub_tps < 0.95 * short.hub_tps
     rounds = -(-40 // expected_tokens(0.8, 4))
     assert long.busy_s > long.prefill_s + rounds * 0.110
+    # run together (job k starts once every device finished job k - 1), windows from the group's last
+    # first answer: no generation's window holds a prefill, the long prompt costs no decode rate
+    t_short = simulate_schedule(inp, [[Job(2, 40), Job(2, 40)], [Job(2, 40), Job(2, 40)]], 4, together=True)
+    t_long = simulate_schedule(inp, [[Job(2, 40), Job(101, 40)], [Job(2, 40), Job(2, 40)]], 4, together=True)
+    assert t_long.hub_tps == pytest.approx(t_short.hub_tps, rel=0.02) and t_long.wall_s > t_short.wall_s + 0.85
+
+
+def test_devices_answered_together_stay_together():
+    """The service's join rule in the model: a return (drafting + round trip) shorter than one call is
+    waited for, so every call verifies all N devices; a return far longer than the call is not."""
+    inp = ReverseInputs(TABLE, draft_step_ms=20.0, rtt_ms=5.0, alpha=0.7)
+    assert simulate_reverse(inp, 4, 4).mean_batch == pytest.approx(4.0, rel=0.02)
+    slow = simulate_reverse(ReverseInputs(TABLE, draft_step_ms=200.0, rtt_ms=5.0, alpha=0.7), 4, 4)
+    assert slow.mean_batch == pytest.approx(4.0, rel=0.02)   # a return of 805 ms > the call: still together
 
 
 def test_each_job_has_its_own_acceptance():

@@ -21,7 +21,8 @@ def _load(samples) -> str:
 
 
 def cell_rows(cell: dict) -> list:
-    """(label, median wall tok/s, median CPU tok/s, llama-server's own prompt tok/s, load range) per server."""
+    """(label, median wall tok/s, median CPU tok/s, the server's own prompt tok/s, load range, requests)
+    per server."""
     out = []
     for label, samples in cell["samples"].items():
         out.append((label, _med([s["tok_s"] for s in samples]), _med([s["cpu_tok_s"] for s in samples]),
@@ -29,20 +30,28 @@ def cell_rows(cell: dict) -> list:
     return out
 
 
+def _ratio(x, ref) -> str:
+    return _f(x / ref, 2) + "×" if x and ref else ""
+
+
 def _prefill_table(data: dict) -> list:
-    lines = ["| model | threads | server | prompt tok/s (wall) | ours / llama-server | llama-server's own "
-             "prompt tok/s | prompt tok/s per CPU s | ours / llama-server (CPU) | requests | load avg |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | threads | server | prompt tok/s (wall) | vs llama-server | the server's own prompt tok/s "
+             "| prompt tok/s per CPU s | vs llama-server (CPU) | vs llama-server --no-repack (CPU) | requests "
+             "| load avg | commit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, cell in data["cells"].items():
         if "samples" not in cell:
             continue
         rows = cell_rows(cell)
-        ref = next((r for r in rows if r[0].startswith("llama-server")), None)
+        ref = next((r for r in rows if r[0] == "llama-server"), None) or \
+            next((r for r in rows if r[0].startswith("llama-server")), None)
+        same = next((r for r in rows if r[0] == "llama-server --no-repack"), None)
         for label, wall, cpu, own, load, n in rows:
-            ratio = _f(wall / ref[1], 2) + "×" if ref and ref[1] and label != ref[0] else ""
-            cratio = _f(cpu / ref[2], 2) + "×" if ref and ref[2] and label != ref[0] else ""
+            ratio = _ratio(wall, ref[1]) if ref and label != ref[0] else ""
+            cratio = _ratio(cpu, ref[2]) if ref and label != ref[0] else ""
+            sratio = _ratio(cpu, same[2]) if same and label != same[0] else ""
             lines.append(f"| {cell['model']} | {cell['threads']} | {label} | {_f(wall)} | {ratio} | {_f(own)} | "
-                         f"{_f(cpu)} | {cratio} | {n} | {load} |")
+                         f"{_f(cpu)} | {cratio} | {sratio} | {n} | {load} | {cell.get('commit', '-')} |")
     return lines
 
 
@@ -87,9 +96,12 @@ def write_report(data: dict, out: Path) -> None:
              "(1 minute, 2 cpus) is given per row. One thread on core 0, two on cores 0-1 (taskset), both servers "
              "up side by side, requests interleaved (order alternating). A request: a prompt of token ids "
              "(MT-bench text, a different first token each time: no prefix reused; `cached_tokens` 0 checked), "
-             "one completion token. Prompt tok/s (wall) = prompt tokens / the request's wall time; per CPU s = "
+             "one completion token. Prompt tok/s (wall) = prompt tokens / the request's wall time; the server's own = "
+             "its `timings.prompt_per_second` (its prompt phase, without HTTP); per CPU s = "
              "prompt tokens / the server process's CPU seconds for it (at one thread the figure other work "
-             "disturbs least). Medians.", "",
+             "disturbs least). llama-server runs with its defaults (CPU weight repacking on); for a K-quant GGUF, "
+             "which ours keeps unrepacked for exact verification (docs/models.md), `llama-server --no-repack` "
+             "is the same weight layout and kernels as ours. Medians.", "",
              "Commands (the runs that filled it, one resumable JSON): "
              + "; ".join(f"`{c}`" for c in data.get("commands", [])), ""]
     lines += _prefill_table(data) + _sweep_table(data) + _parallel_table(data)
@@ -107,18 +119,17 @@ def _plot(data: dict, path: Path) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, idx, title in ((axes[0], 1, "prompt tok/s (wall)"), (axes[1], 2, "prompt tok/s per CPU second")):
-        labels, ours, theirs = [], [], []
-        for c in cells:
-            rows = {r[0]: r for r in cell_rows(c)}
-            labels.append(f"{c['model'].replace('qwen2.5-coder-', '')}\n{c['threads']} thr")
-            ours.append((rows.get("ours") or (0, 0, 0))[idx] or 0)
-            theirs.append((rows.get("llama-server") or (0, 0, 0))[idx] or 0)
+        labels = [f"{c['model'].replace('qwen2.5-coder-', '')}\n{c['threads']} thr" for c in cells]
+        series = (("ours", "ours (endpoint)"), ("llama-server", "llama-server"),
+                  ("llama-server --no-repack", "llama-server --no-repack"))
+        for k, (key, legend) in enumerate(series):
+            ys = [({r[0]: r for r in cell_rows(c)}.get(key) or (0, 0, 0))[idx] or 0 for c in cells]
+            if k < 2 or any(ys):
+                ax.bar([i + (k - 1) * 0.27 for i in range(len(labels))], ys, 0.27, label=legend)
         x = range(len(labels))
-        ax.bar([i - 0.2 for i in x], ours, 0.4, label="ours (endpoint)")
-        ax.bar([i + 0.2 for i in x], theirs, 0.4, label="llama-server")
         ax.set_xticks(list(x), labels)
         ax.set_title(title)
-        ax.legend()
+        ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"{data['cells'][next(iter(data['cells']))].get('tokens', '')}-token prompt prefill; "
                  f"{data['machine']['cpu']}")
     fig.tight_layout()

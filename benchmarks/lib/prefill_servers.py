@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from benchmarks.lib.results import ROOT
 from benchmarks.lib.server_process import pinned, spawn_pinned, stop_process, wait_healthy
@@ -123,21 +123,24 @@ class OursServer(Server):
     def _ask(self, ids: List[int]) -> dict:
         d = self._post("/v1/completions", {"prompt": ids, "max_tokens": 1, "temperature": 0})
         details = d.get("usage", {}).get("prompt_tokens_details") or {}
-        return {"cached_tokens": details.get("cached_tokens", 0)}
+        t = d.get("timings") or {}              # llama-server's names (edge/api/timings.py)
+        return {"cached_tokens": details.get("cached_tokens", 0), "server_prompt_n": t.get("prompt_n"),
+                "server_prompt_per_second": round(t.get("prompt_per_second", 0.0), 2)}
 
 
 class LlamaServer(Server):
     label = "llama-server"
 
-    def __init__(self, bin_dir: Path, gguf, threads, ctx, logdir, np_: int = 1):
+    def __init__(self, bin_dir: Path, gguf, threads, ctx, logdir, np_: int = 1, extra: Sequence[str] = ()):
+        """extra: more llama-server options (e.g. --no-repack), named in the label."""
         super().__init__(gguf, threads, ctx, logdir)
-        self.bin, self.np = bin_dir / "llama-server", np_
-        if np_ > 1:
-            self.label = f"llama-server -np {np_}"
+        self.bin, self.np, self.extra = bin_dir / "llama-server", np_, list(extra)
+        self.label = " ".join(["llama-server", *([f"-np {np_}"] if np_ > 1 else []), *self.extra])
 
     def command(self) -> List[str]:
         t = ["-t", self.threads, "-tb", self.threads] if self.threads else []
-        return [self.bin, "-m", self.gguf, *t, "-np", self.np, "-c", self.ctx * self.np, "--host", "127.0.0.1", "--port", self.port]
+        return [self.bin, "-m", self.gguf, *t, "-np", self.np, "-c", self.ctx * self.np, *self.extra,
+                "--host", "127.0.0.1", "--port", self.port]
 
     def _ask(self, ids: List[int]) -> dict:
         d = self._post("/completion", {"prompt": ids, "n_predict": 1, "cache_prompt": False, "temperature": 0})

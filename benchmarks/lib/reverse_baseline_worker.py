@@ -1,7 +1,8 @@
 """The hub's side measured alone, in its own process pinned to the hub's core (benchmarks/star/reverse_star.py):
 
 * plain batched decoding -- what vLLM or llama-server does for N clients: N prompts prefilled, then
-  one `forward_batch` of N single tokens a step (llama.cpp: one llama_decode), greedy; tokens/s;
+  one `forward_batch` of N single tokens a step (llama.cpp: one llama_decode), greedy; tokens/s over
+  the decode, the clients generating the drafting devices' prompts in the same groups;
 * the hub's call time by tokens in all: `forward_batch` over b sequences of k tokens each (the
   verify service's call for b sessions at γ = k-1), medians -- the reverse planner's table -- and
   one call over each prompt (the verify service's prefill of a generation's prompt), keyed by its length.
@@ -19,23 +20,38 @@ import time
 
 
 def plain_batched(engine, prompts: list, n: int, new: int) -> dict:
-    """n clients decoded together by one batched call a step; tokens/s over the decode."""
-    seqs = [engine.new_sequence() for _ in range(n)]
+    """n clients decoded together by one batched call a step, each generating the prompts the n
+    drafting devices generate (reverse_star_parts.jobs_of), job k of every client together; tokens/s
+    over the decode (the prompts' prefills not timed, nor in the reverse star's rates)."""
+    from benchmarks.lib.reverse_star_parts import jobs_of
+    jobs = jobs_of(prompts, n)
+    spent = [0.0] * n                                     # each client's decode seconds
+    for k in range(max(map(len, jobs))):
+        group = [i for i in range(n) if len(jobs[i]) > k]
+        dt = decode_group(engine, [jobs[i][k] for i in group], new)
+        for i in group:
+            spent[i] += dt
+    rates = [new * len(jobs[i]) / spent[i] for i in range(n)]
+    return {"n": n, "tokens": new * sum(map(len, jobs)), "seconds": sum(spent) / n, "hub_tps": sum(rates),
+            "per_client_tps": statistics.median(new / (spent[i] / len(jobs[i])) for i in range(n))}
+
+
+def decode_group(engine, prompts: list, new: int) -> float:
+    """Seconds to decode `new` tokens for each prompt at once (prefilled first, untimed)."""
+    seqs = [engine.new_sequence() for _ in prompts]
     try:
         last = []
-        for i, s in enumerate(seqs):
-            p = prompts[i % len(prompts)]
+        for s, p in zip(seqs, prompts):
             engine.forward_last(s, p[:-1])
             last.append(p[-1])
         t0 = time.perf_counter()
         for _ in range(new):
             rows = engine.forward_batch([(s, [t], True) for s, t in zip(seqs, last)])
             last = [int(r[-1].argmax()) for r in rows]
-        dt = time.perf_counter() - t0
+        return time.perf_counter() - t0
     finally:
         for s in seqs:
             engine.free(s)
-    return {"n": n, "tokens": n * new, "seconds": dt, "hub_tps": n * new / dt, "per_client_tps": new / dt}
 
 
 def call_table(engine, prompts: list, bs: list, ks: list, reps: int) -> dict:

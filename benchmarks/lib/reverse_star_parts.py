@@ -125,30 +125,47 @@ def make_device(url: str, name: str, fp: str, vocab: int, gamma: int, drafter_of
                           join_timeout=30.0, answer_timeout=600.0, drafter_of=drafter_of)
 
 
+def jobs_of(prompts: list, n: int) -> List[list]:
+    """Every N point generates every prompt at least once (the same mix of texts, so the same
+    acceptance): device i takes prompts i, i+N, ... of max(N, P) in turn."""
+    total = max(n, len(prompts))
+    return [[prompts[j % len(prompts)] for j in range(i, total, n)] for i in range(n)]
+
+
 def run_devices(devices: list, jobs: List[list], new: int, stop_ids: tuple) -> dict:
-    """Every device generates its prompts (jobs[i], one after another), all devices at once. Rates are
-    of the decode, as the plain baseline's: from a generation's first answer (its prompt's prefill)
-    to its end. hub tokens/s: the devices' decode rates summed; per-device: the median generation's."""
+    """Every device generates its prompts (jobs[i], one after another), all devices at once, job k of
+    every device once all finished job k - 1. Rates are of the decode, as the plain baseline's (no
+    prompt's prefill in them): a generation's window runs from the last first answer of its job's
+    group (every prompt of the group prefilled at the hub by then) to its end, with the tokens
+    committed after that. hub tokens/s: the devices' decode rates summed; per-device: the median
+    generation's."""
     gens: list = [[] for _ in devices]
     errors: list = []
     start = threading.Barrier(len(devices) + 1)
+    # before job k: every device that had job k - 1 has finished it
+    turns = [threading.Barrier(sum(len(j) >= k for j in jobs)) for k in range(max(map(len, jobs)) + 1)]
 
     def one(i: int) -> None:
         start.wait()
-        for prompt in jobs[i]:
+        for k, prompt in enumerate(jobs[i]):
+            if k:
+                turns[k].wait()
             stamps: list = []
             try:
                 r = devices[i].generate(prompt, new, stop_ids=stop_ids, on_token=lambda t: stamps.append(
                     time.perf_counter()))
             except Exception as e:  # reported below
                 errors.append(repr(e))
+                for b in turns:
+                    b.abort()
                 return
             end = time.perf_counter()
-            first = sum(1 for x in stamps if x - stamps[0] < 0.005)      # the first round's tokens
+            first = [x for x in stamps if x - stamps[0] < 0.005]        # the first round's tokens
             verify = [t.seconds for t in r.timings if t.kind == "verify"]
-            gens[i].append({"result": r, "decode_tokens": len(stamps) - first, "decode_s": end - stamps[0],
-                            "prompt": len(prompt), "first_at": stamps[0], "end_at": end,
-                            "first_round_s": verify[0] if verify else 0.0})
+            gens[i].append({"result": r, "job": k, "stamps": stamps, "prompt": len(prompt), "first_at": stamps[0],
+                            "first_done": first[-1], "end_at": end, "first_round_s": verify[0] if verify else 0.0})
+        if len(jobs[i]) < len(turns) - 1 and not errors:
+            turns[len(jobs[i])].wait()                            # the others may start their next job
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(devices))]
     for t in threads:
         t.start()
@@ -159,20 +176,33 @@ def run_devices(devices: list, jobs: List[list], new: int, stop_ids: tuple) -> d
     wall = time.perf_counter() - t0
     if errors:
         raise SystemExit(f"a device failed: {errors[:3]}")
+    return summary(gens, t0, wall)
+
+
+def summary(gens: list, t0: float, wall: float) -> dict:
+    """The point's rates (run_devices' doc) and timeline."""
+    group_first: Dict[int, float] = {}
+    for g in (g for gs in gens for g in gs):
+        group_first[g["job"]] = max(group_first.get(g["job"], 0.0), g["first_done"])
+    for g in (g for gs in gens for g in gs):
+        t_from = group_first[g["job"]]
+        g["decode_tokens"] = sum(1 for x in g["stamps"] if x > t_from)
+        g["decode_s"] = g["end_at"] - t_from
     flat = [g for gs in gens for g in gs]
     res = [g["result"] for g in flat]
     tokens, rounds = sum(r.n_generated for r in res), sum(r.n_verify_calls for r in res)
     # each generation's rounds past its first (whose round trip holds the hub's prefill of its prompt)
     rtts = [t.seconds for r in res for t in [x for x in r.timings if x.kind == "verify"][1:]]
-    return {"n": len(devices), "wall_s": wall, "tokens": tokens, "generations": len(flat),
-            "hub_tps": sum(sum(g["decode_tokens"] for g in gs) / sum(g["decode_s"] for g in gs) for gs in gens),
-            "per_device_tps": statistics.median(g["decode_tokens"] / g["decode_s"] for g in flat),
+    timed = [[g for g in gs if g["decode_s"] > 0 and g["decode_tokens"]] for gs in gens]
+    return {"n": len(gens), "wall_s": wall, "tokens": tokens, "generations": len(flat),
+            "hub_tps": sum(sum(g["decode_tokens"] for g in gs) / sum(g["decode_s"] for g in gs) for gs in timed if gs),
+            "per_device_tps": statistics.median(g["decode_tokens"] / g["decode_s"] for gs in timed for g in gs),
             "drafted": sum(r.n_drafted for r in res), "accepted": sum(r.n_accepted for r in res),
             "rounds": rounds, "rtt_ms_p50": 1e3 * statistics.median(rtts) if rtts else None,
             "tokens_per_round": tokens / rounds if rounds else 0.0,
             # each generation's decode window and its first round (the hub's prefill of its prompt), from t0
-            "timeline": [{"device": i, "prompt": g["prompt"], "first_at": g["first_at"] - t0,
-                          "end_at": g["end_at"] - t0,
+            "timeline": [{"device": i, "job": g["job"], "prompt": g["prompt"], "first_at": g["first_at"] - t0,
+                          "decode_from": group_first[g["job"]] - t0, "end_at": g["end_at"] - t0,
                           "first_round_s": g["first_round_s"], "decode_tokens": g["decode_tokens"],
                           "tokens": g["result"].n_generated, "rounds": g["result"].n_verify_calls}
                          for i, gs in enumerate(gens) for g in gs]}

@@ -17,6 +17,8 @@ def markdown(out: dict) -> str:
         f"{c['code']} code + {c['mtbench']} MT-bench prompts, medians of {c['rounds']} rounds. Plain batched: the "
         "same engine decoding N sequences, one batched call of N tokens a step, same core, after the hub stopped.",
         "",
+        f"Commit {out['commit']}." if out.get("commit") else "",
+        "",
         f"Machine: {m['cpu']} ({m['cpus']} cores, shared), load average {m['loadavg_start'][0]:.1f} at start, "
         f"{m['loadavg_end'][0]:.1f} at end. Planner inputs: acceptance α = {out['alpha']:.2f} (from N = 1's tokens "
         f"a round), round trip less the hub's call {out['rtt_ms']:.1f} ms (N = 1's replayed rounds, warm), "
@@ -43,8 +45,12 @@ def markdown(out: dict) -> str:
                   "(calls × mean ms; prefills not included): " + "; ".join(
                       f"N = {n}: " + ", ".join(f"{b}: {c} × {ms:.0f}" for b, (c, ms) in sorted(
                           calls.items(), key=lambda kv: int(kv[0]))) for n, calls in seen) + "."]
-    lines += ["", "Rates are of the decode (a generation's first answer, its prompt's prefill, to its end), as the "
-              "plain baseline's; hub tok/s sums the devices' rates. Every N generates every prompt at least once.",
+    lines += ["", "Rates are of the decode on both sides, no prompt's prefill in either: the plain baseline times "
+              "its decode steps only; the reverse star runs job k of every device together and times each "
+              "generation from the last first answer of its group (every prompt of the group prefilled at the hub "
+              "by then) to its end, counting the tokens committed after that. hub tok/s sums the devices' rates. "
+              "Every N generates every prompt at least once, the baseline the same prompts in the same groups. "
+              "The hub's verify service joins (edge/star/verify_join.py); both predictions model it.",
               "", f"Proposals not found for a context (a round with no drafts): {out['trace_misses']}. "
               f"Wall time {out['wall_s'] / 60:.1f} min.", ""]
     return "\n".join(lines)

@@ -12,11 +12,16 @@ devices replay those proposals from the same contexts and take the measured step
 MT-bench prompts.
 
 Baseline (a), same core, same file, same run: the hub decoding N sequences by one batched call of
-N tokens a step (benchmarks/lib/reverse_baseline_worker.py, after the hub has stopped). Prediction
+N tokens a step (benchmarks/lib/reverse_baseline_worker.py, after the hub has stopped), the same
+prompts in the same groups. Both rates EXCLUDE the prompts' prefill: the baseline times its decode
+steps only; the reverse star runs job k of every device together and counts each generation from
+the last first answer of its group (every prompt of the group prefilled at the hub by then) to its
+end. Prediction
 (b): server/reverse_planner.py fed with that worker's measured call times by tokens, the device's
 measured draft step, the measured round trip less the hub's call, and the acceptance of N = 1 --
 both its steady loop (rounds only) and server/reverse_schedule.py's generations (each device's
-prompts, the hub's prefill of each, each prompt's own acceptance from N = 1).
+prompts, the hub's prefill of each, each prompt's own acceptance from N = 1, run and timed as here),
+both with the verify service's joining (edge/star/verify_join.py).
 Medians over --rounds.
 
     python -m benchmarks.star.reverse_star --quick        # N = 1, 2; 24 tokens; one round
@@ -34,11 +39,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import List
 
 from benchmarks.lib.results import result_stem
 from benchmarks.lib.reverse_star_parts import (BIN, ROOT, HubProcess, RecordingDrafter, ReplayDrafter, alpha_of,
-                                               log, make_device, pin, prompt_alphas, run_devices)
+                                               jobs_of, log, make_device, pin, prompt_alphas, run_devices)
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
@@ -114,13 +118,6 @@ def calls_since(before: dict, now: dict) -> dict:
     return out
 
 
-def jobs_of(prompts: list, n: int) -> List[list]:
-    """Every N point generates every prompt at least once (the same mix of texts, so the same
-    acceptance): device i takes prompts i, i+N, ... of max(N, P) in turn."""
-    total = max(n, len(prompts))
-    return [[prompts[j % len(prompts)] for j in range(i, total, n)] for i in range(n)]
-
-
 def baseline(a, target: Path, prompts: list, work: Path) -> dict:
     pf = work / "prompts.json"
     pf.write_text(json.dumps(prompts))
@@ -171,7 +168,7 @@ def main(argv=None) -> None:
         plain = next(p for p in base["plain"] if p["n"] == n)
         pred = simulate_reverse(inp, n, a.gamma)
         jobs = [[Job(len(p), a.new, alphas.get(len(p))) for p in js] for js in jobs_of(prompts, n)]
-        sched = simulate_schedule(inp, jobs, a.gamma)
+        sched = simulate_schedule(inp, jobs, a.gamma, together=True)
         hub_tps = statistics.median(p["hub_tps"] for p in pts)
         rows.append({"n": n, "hub_tps": hub_tps, "per_device_tps": statistics.median(p["per_device_tps"] for p in pts),
                      "plain_hub_tps": plain["hub_tps"], "plain_per_client_tps": plain["per_client_tps"],
@@ -181,7 +178,8 @@ def main(argv=None) -> None:
                      "sched_error": sched.hub_tps / hub_tps - 1, "sched_prefill_s": sched.prefill_s,
                      "tokens_per_round": statistics.median(p["tokens_per_round"] for p in pts)})
     mach["loadavg_end"] = os.getloadavg()
-    out = {"machine": mach, "config": vars(a), "target": str(target.name), "draft": str(draft_path.name),
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    out = {"machine": mach, "config": vars(a), "commit": commit, "target": str(target.name), "draft": str(draft_path.name),
            "draft_step_ms": 1e3 * step, "alpha": alpha, "prompt_alphas": alphas, "rtt_ms": rtt,
            "call_ms": base["call_ms"],
            "plain": base["plain"], "real": real, "points": {str(n): p for n, p in points.items()},

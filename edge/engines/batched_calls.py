@@ -18,6 +18,10 @@ elsewhere (a draft on its way from the hub, a slow client's socket) is waited fo
 round's time (`linger_s`), then the round goes without it. Other operations (new_sequence, free,
 KV transfer) never wait: they run whenever the engine is idle.
 
+What a round cost (its rows, all generations', and its seconds) is told to each thread it served
+(`served_round`), with how many generations share the rounds (`sharing_of`): adaptive γ prices
+a round of N generations verifying γ+1 rows each, not one alone (edge/speculative/remote_gamma.py).
+
 truncate (a rejection's rollback) never waits for a round: with the engine idle it runs at
 once, else it is recorded and applied before the next round's forwards; length and tokens see
 it at once. Reads of a sequence (length, tokens) go straight to the engine: only the thread
@@ -39,7 +43,7 @@ import numpy as np
 
 from edge.engines.base import Engine, EngineError, tail_rows
 
-__all__ = ["BatchedCalls", "join_rounds", "shared_engine"]
+__all__ = ["BatchedCalls", "join_rounds", "served_round", "shared_engine", "sharing_of"]
 
 MAX_LINGER_S = 0.25        # the longest a round waits for a joined generation that is busy elsewhere
 MIN_LINGER_S = 0.002
@@ -77,6 +81,7 @@ class BatchedCalls(Engine):
         self._members: Dict[int, int] = {}     # joined generations: thread id -> joins
         self._idle_since = time.monotonic()    # the last round's end (or the first forward's arrival)
         self._round_s = 0.0                    # the last forward round's seconds
+        self._served: Dict[int, tuple] = {}    # thread id -> (rows, seconds) of the round that served its last forward
         # rounds: forward_batch calls; forwards: the calls they served; largest: most in one round;
         # lingered: rounds that went without a joined generation (busy elsewhere past linger_s)
         self.stats = {"rounds": 0, "forwards": 0, "largest": 0, "lingered": 0}
@@ -155,6 +160,17 @@ class BatchedCalls(Engine):
         return self.inner.check_kv(blob)
 
     # ---- rounds ----
+    def sharing(self) -> int:
+        """Generations joined to the rounds now (at least 1): how many sequences a round serves."""
+        with self._cv:
+            return max(1, len(self._members))
+
+    def served_round(self) -> Optional[tuple]:
+        """(rows, seconds) of the whole round that served this thread's last forward: what its call
+        cost the engine, other generations' rows included (its own wall time also counts the queue)."""
+        with self._cv:
+            return self._served.get(threading.get_ident())
+
     def join(self) -> Callable[[], None]:
         """This thread's generation joins the rounds: they wait for its forwards; -> leave()."""
         me, left = threading.get_ident(), []
@@ -166,6 +182,7 @@ class BatchedCalls(Engine):
                     self._members[me] -= 1
                     if not self._members[me]:
                         del self._members[me]
+                        self._served.pop(me, None)
                     self._cv.notify_all()     # a round may have been waiting for this one
         with self._cv:
             self._members[me] = self._members.get(me, 0) + 1
@@ -268,6 +285,9 @@ class BatchedCalls(Engine):
         try:
             rows = self.inner.forward_batch([o.call for o in fwd])
             self._round_s = time.monotonic() - t
+            served = (sum(len(o.call[1]) for o in fwd), self._round_s)
+            with self._cv:
+                self._served.update((o.thread, served) for o in fwd)
         except Exception as e:
             if len(fwd) == 1:
                 fwd[0].error = e
@@ -289,6 +309,21 @@ def _settle(op: _Op, fn: Callable) -> None:
 def join_rounds(engine: Engine) -> Callable[[], None]:
     """A generation on `engine` joins its rounds when it is shared (BatchedCalls); -> leave()."""
     return engine.join() if isinstance(engine, BatchedCalls) else _stay
+
+
+def served_round(engine: Engine) -> Optional[tuple]:
+    """(rows, seconds) of the round that served this thread's last forward on a shared engine (every
+    generation's rows, the round's own time, no queue wait); None for an engine not shared."""
+    return engine.served_round() if isinstance(engine, BatchedCalls) else None
+
+
+def sharing_of(engine: Engine) -> Callable[[], int]:
+    """How many generations share `engine`'s rounds now (1 for an engine not shared)."""
+    return engine.sharing if isinstance(engine, BatchedCalls) else _alone
+
+
+def _alone() -> int:
+    return 1
 
 
 def _stay() -> None:

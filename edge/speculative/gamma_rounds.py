@@ -40,11 +40,14 @@ class GammaRounds:
             self.policy.costs.add_draft(n_drafts, seconds)
         self._seen = context_len
 
-    def verified(self, n_tokens: int, seconds: float, n_verify_calls: int) -> None:
-        """A target call over `n_tokens` took `seconds` (the `n_verify_calls`-th of the generation)."""
+    def verified(self, n_tokens: int, seconds: float, n_verify_calls: int, served: Optional[tuple] = None) -> None:
+        """A target call over `n_tokens` took `seconds` (the `n_verify_calls`-th of the generation);
+        served: (rows, seconds) of the whole round that served it on a shared engine (batched_calls.py)."""
         # (The target's prefill is no verify-cost sample, nor is the first call: they pay warm-up
         # costs, hundreds of ms on a GPU, which would forbid speculation exactly where it pays.)
         if self.policy is not None and n_verify_calls > 1:
+            if served is not None and getattr(self.policy, "prices_shared_rounds", False):
+                n_tokens, seconds = served        # the round's cost by all its rows, not this call's wait in it
             self.policy.costs.add_target(n_tokens, seconds)
 
     def accepted(self, asked: int, n_drafts: int, n_accepted: int) -> None:

@@ -37,7 +37,7 @@ from edge.speculative.gen_result import CallTiming, GenResult
 from edge.speculative.jump_forward import jump_forward, verified_rows, with_forced
 from edge.speculative.prefix_cache import PrefixCache, give_back, take_sequence
 from edge.engines.base import Engine
-from edge.engines.batched_calls import join_rounds
+from edge.engines.batched_calls import join_rounds, served_round
 from edge.speculative.sampling import (GREEDY, Role, SamplingParams, SparseDist, adjust_logits, pick, role_rng,
                                 to_probs)
 from edge.speculative.verify import verify_greedy, verify_stochastic
@@ -232,7 +232,8 @@ def generate_speculative(target: Engine, drafter: Drafter, prompt_ids: Sequence[
             logits = run.adjusted(verified_rows(run, pending, drafts), params, drafts)
             if matcher is not None:
                 logits = mask_rows(logits, masks)
-            rounds.verified(len(pending) + len(drafts), res.timings[-1].seconds, res.n_verify_calls)
+            rounds.verified(len(pending) + len(drafts), res.timings[-1].seconds, res.n_verify_calls,
+                            served_round(target))
             if params.greedy:
                 n, nxt = verify_greedy(drafts, logits)
             else:

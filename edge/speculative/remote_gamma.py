@@ -201,9 +201,11 @@ class GammaPricing:
     verify_costs: {k: seconds of a target call over k tokens} measured beforehand
     (edge/speculative/verify_costs.py), seeding the cost model (empty: measured as it goes).
     stop_aware: RemoteGamma's; False is the pricing before the confidence stop's sent count was
-    priced, kept for the A/B runs that set it side by side (`--gammas auto-asked`)."""
+    priced, kept for the A/B runs that set it side by side (`--gammas auto-asked`). sharing:
+    RemoteGamma's (edge/engines/batched_calls.py's sharing_of on a shared engine)."""
     verify_costs: Mapping[int, float] = field(default_factory=dict)
     stop_aware: bool = True
+    sharing: Optional[Callable[[], int]] = None     # generations sharing the target's rounds now (None: 1)
 
     def cost_tracker(self) -> CostTracker:
         costs = CostTracker()
@@ -231,7 +233,17 @@ class RemoteGamma:
     prompt where the draft agrees little costs the target nothing to keep measuring.
     While speculating, a plain step every `refresh` rounds keeps t1 measured. (The probes and
     refresh steps: edge/speculative/gamma_probes.py, shared with AdaptiveGamma.)
+
+    Shared rounds (`sharing`: N generations on one engine, their forwards one call a round,
+    edge/engines/batched_calls.py): the costs are fed with what whole rounds cost by all their rows
+    (prices_shared_rounds), and a round is priced as N generations asking the same γ: its verify
+    over N·(γ+1) rows, a plain round over N (v(N) single steps, not 1). Priced as if alone, a round
+    of 4 verifying 5 rows each looked like 5 rows of 1 while it cost the engine 20 rows: where a row
+    costs a slice of a step (a CPU's compute-bound batch) each generation drafted deep and the
+    batch slowed below plain batched decoding; priced shared, γ falls to 0 there by itself.
     """
+
+    prices_shared_rounds = True        # GammaRounds feeds whole shared rounds' costs (rows, seconds)
 
     MAX_P_MIN = 0.95                  # the strictest stop a target asks for
 
@@ -239,7 +251,7 @@ class RemoteGamma:
                  explore: int = 2, explore_gamma: int = 1, probe_start: int = 16, max_interval: int = 64,
                  refresh: int = 32, explore_alpha: float = 0.8, acceptance: Optional[AcceptanceTracker] = None,
                  costs: Optional[CostTracker] = None, background: bool = False, probe_gamma: int = 4,
-                 stop_aware: bool = True):
+                 stop_aware: bool = True, sharing: Optional[Callable[[], int]] = None):
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1 for adaptive γ, got {max_gamma!r}")
         self.max_gamma, self.margin, self.explore_alpha = max_gamma, margin, explore_alpha
@@ -256,6 +268,7 @@ class RemoteGamma:
         # own stop (the older model, for A/B runs)
         self.stop_aware = stop_aware
         self.probe = 0                    # drafts a background probe asks for now (0: none due)
+        self.sharing = sharing
 
     @property
     def first_gamma(self) -> int:
@@ -265,8 +278,16 @@ class RemoteGamma:
         g = min(self.max_gamma, self.explore_gamma)
         if self.costs.samples(g + 2) == 0:
             return g
-        deep = best_gamma(self.explore_alpha, lambda k: self.costs.verify_cost(k + 1), self.max_gamma, self.margin)
+        n = self._sharing()
+        deep = best_gamma(self.explore_alpha, lambda k: self._verify(k + 1, n), self.max_gamma, self.margin)
         return max(g, deep)
+
+    def _sharing(self) -> int:
+        return max(1, int(self.sharing())) if self.sharing is not None else 1
+
+    def _verify(self, k: int, n: int) -> float:
+        """A round's verify cost in single steps when each of the `n` generations sharing it feeds k rows."""
+        return self.costs.verify_cost(n * k)
 
     def round_cost(self, gamma: int, alpha: Optional[float] = None) -> float:
         """Target single steps one round of `gamma` drafts asked costs (measured, or priors): a
@@ -275,12 +296,13 @@ class RemoteGamma:
         there than a verify over γ+1); a request not answered in time costs its wait and a plain
         step. With α: the wait as it is when the service drafts ahead (RoundTrips.wait_s).
         Expected tokens need no such care: α counts a draft asked for and not sent as rejected."""
+        n = self._sharing()
         if gamma < 1:
-            return self.costs.verify_cost(1)
+            return self._verify(1, n)
         p = self.waits.answered
         shares = self.waits.sent_shares(gamma) if self.stop_aware else [(gamma, 1.0)]
-        verify = sum(q * self.costs.verify_cost(s + 1) for s, q in shares)
-        v = p * verify + (1.0 - p) * self.costs.verify_cost(1)
+        verify = sum(q * self._verify(s + 1, n) for s, q in shares)
+        v = p * verify + (1.0 - p) * self._verify(1, n)
         t1 = self.costs.target_seconds(1)
         return v + (self.waits.wait_s(gamma, alpha, self.stop_aware) / t1 if t1 else 0.0)
 
@@ -290,20 +312,23 @@ class RemoteGamma:
         probability p adds at most p tokens to a round and costs the verify's marginal step Δv (the
         mean slope of v(k) over k = 2..max_gamma+1) plus its compute b/t1 while the target waits.
         Adding it beats the round's rate R (tokens a step, of the γ best now; 1 when plain decoding
-        is) when p > R·(Δv + b/t1): that is the stop, capped at MAX_P_MIN. Where a verify over k
+        is, alone; 1/v(N) on rounds N generations share, where a draft per generation adds N rows
+        to Δv) when p > R·(Δv + b/t1): that is the stop, capped at MAX_P_MIN. Where a verify over k
         tokens costs ~k steps it is ~1 (few drafts pay); a memory-bound target, Δv ≈ 0, takes the
         unsure drafts too, which a service-wide stop set for the other kind would withhold."""
         t1 = self.costs.target_seconds(1)
         if not self.stop_aware or not t1 or self.costs.samples(2) == 0:
             return None
         top = self.max_gamma + 1
-        dv = max(0.0, (self.costs.verify_cost(top) - self.costs.verify_cost(2)) / (top - 2)) if top > 2 else \
-            max(0.0, self.costs.verify_cost(2) - 1.0)
         alpha = self.acceptance.alpha
         g = self.choose(alpha)
+        n = self._sharing()
+        dv = max(0.0, (self._verify(top, n) - self._verify(2, n)) / (top - 2)) if top > 2 else \
+            max(0.0, self._verify(2, n) - self._verify(1, n))
         p = self.waits.answered
-        rate = (p * expected_tokens(alpha, g) + 1.0 - p) / self.round_cost(g, alpha) if g else 1.0
-        return min(self.MAX_P_MIN, max(1.0, rate) * (dv + self.waits.per_draft_s / t1))
+        plain = 1.0 / self._verify(1, n)  # 1 alone; shared, a plain round's tokens over its N rows' cost
+        rate = (p * expected_tokens(alpha, g) + 1.0 - p) / self.round_cost(g, alpha) if g else plain
+        return min(self.MAX_P_MIN, max(plain, rate) * (dv + self.waits.per_draft_s / t1))
 
     def choose(self, alpha: float) -> int:
         return best_gamma(alpha, lambda g: self.round_cost(g, alpha), self.max_gamma, self.margin,

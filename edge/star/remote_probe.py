@@ -22,7 +22,7 @@ def remote_gamma_policy(max_gamma: int, waits: RoundTrips, pricing: GammaPricing
     return RemoteGamma(max_gamma, waits, costs=pricing.cost_tracker(),
                        explore=1 if measured else 2, background=background,
                        probe_start=4 if background else 16, max_interval=32 if background else 64,
-                       stop_aware=pricing.stop_aware)
+                       stop_aware=pricing.stop_aware, sharing=pricing.sharing)
 
 
 def score_probe(probe: tuple, context: Sequence[int]) -> Optional[Tuple[int, int]]:

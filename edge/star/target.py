@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine
+from edge.engines.batched_calls import sharing_of
 from edge.speculative.generate import GenResult, generate_speculative
 from edge.speculative.prefix_cache import PrefixCache
 from edge.speculative.remote_gamma import GammaPricing
@@ -125,7 +126,8 @@ class StarTarget:
     def _generate(self, kept, prompt_ids, max_new, params, stop_ids, on_token, deadline, on_logits,
                   grammar) -> GenResult:
         """One generation on its own session (`kept`: the kept one it took, or None: join)."""
-        pricing = GammaPricing((self.verify_costs or {}) if self.adaptive else {}, self.stop_aware)
+        pricing = GammaPricing((self.verify_costs or {}) if self.adaptive else {}, self.stop_aware,
+                               sharing_of(self.engine))
         drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline, pricing=pricing)
         self.last_drafter = drafter
         drafter.constrain(grammar, len(prompt_ids))     # before the primed first request

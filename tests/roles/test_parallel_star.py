@@ -38,3 +38,19 @@ def test_four_generations_at_once_through_the_star_equal_the_target_alone():
         assert eng.stats["forwards"] > eng.stats["rounds"]                     # rounds served several
     finally:
         hub.stop()
+
+
+def test_four_adaptive_generations_price_their_shared_rounds_and_equal_the_target_alone():
+    """γ=auto on a shared engine: each policy reads how many generations share the rounds and is fed
+    whole rounds' costs (edge/speculative/remote_gamma.py); the output is the target's alone."""
+    alone = [generate_plain(make_engine(0), p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
+    bus = MemoryBus()
+    hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=make_engine(seed=1), tokenizer_fp="tok").start()
+    try:
+        eng = BatchedCalls(make_engine(0))
+        star = StarTarget(eng, HubClient(MemoryLink(bus, "t1"), "t1", "tok", 256), gamma=4, adaptive=True)
+        out = all_at_once([lambda i=i: star.generate(PROMPTS[i], LENGTHS[i]) for i in range(4)])
+        assert [o.tokens for o in out] == alone
+        assert star.last_drafter.policy.sharing is not None and eng.sharing() == 1     # all left
+    finally:
+        hub.stop()

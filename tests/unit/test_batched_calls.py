@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edge.engines.base import EngineError
-from edge.engines.batched_calls import BatchedCalls
+from edge.engines.batched_calls import BatchedCalls, served_round, sharing_of
 from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
 from edge.speculative.prefix_cache import PrefixCache
 from edge.speculative.sampling import SamplingParams
@@ -102,6 +102,34 @@ def test_a_round_waits_for_a_joined_generation_until_it_leaves_or_linger_runs_ou
     other.start()
     other.join()
     assert quick.forward(quick.new_sequence(), [3]).shape[0] == 1 and quick.stats["lingered"] == 1
+
+
+def test_each_thread_hears_its_round_rows_and_seconds_and_how_many_share_the_rounds():
+    """What adaptive γ prices a shared round by (edge/speculative/remote_gamma.py): the whole round's
+    rows (every generation's forward in it) and how many generations are joined."""
+    eng = BatchedCalls(make_engine(0), linger_s=60.0)
+    a, b = eng.new_sequence(), eng.new_sequence()
+    assert served_round(eng) is None and eng.sharing() == 1 and served_round(make_engine(0)) is None
+    eng.forward(a, [1, 2, 3])
+    rows, seconds = served_round(eng)
+    assert rows == 3 and seconds >= 0
+    leaves, heard = [], {}
+    ready = threading.Barrier(2)
+
+    def gen(seq, toks):
+        leaves.append(eng.join())
+        ready.wait()                              # both joined: the round waits for both forwards
+        eng.forward(seq, toks)
+        heard[seq] = (served_round(eng)[0], eng.sharing())
+    ts = [threading.Thread(target=gen, args=(s, t)) for s, t in ((a, [4]), (b, [5, 6, 7, 8]))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert heard == {a: (5, 2), b: (5, 2)}       # one round of 1 + 4 rows, two joined
+    for leave in leaves:
+        leave()
+    assert eng.sharing() == 1 and sharing_of(eng)() == 1 and sharing_of(make_engine(0))() == 1
 
 
 def test_four_speculative_generations_with_a_prompt_cache_equal_each_alone():

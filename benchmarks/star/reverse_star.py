@@ -160,8 +160,8 @@ def main(argv=None) -> None:
     # the round trip less the hub's call, from N = 1's first replayed round (the calibration pass is
     # the hub's warm-up: its first calls page the target's weights in, and its round trips ran long)
     warm = points[1][0] if 1 in points else real
-    rtt = max(0.5, warm["rtt_ms_p50"] - call[a.gamma + 1])
-    inp = ReverseInputs(call, 1e3 * step, rtt, alpha)
+    inp = ReverseInputs(call, 1e3 * step, 0.0, alpha)
+    inp.rtt_ms = max(0.5, warm["rtt_ms_p50"] - inp.hub_ms(a.gamma + 1))
     alphas = prompt_alphas(real, a.gamma)
     rows = []
     for n, pts in points.items():

@@ -180,7 +180,7 @@ def main(argv=None) -> None:
     mach["loadavg_end"] = os.getloadavg()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     out = {"machine": mach, "config": vars(a), "commit": commit, "target": str(target.name), "draft": str(draft_path.name),
-           "draft_step_ms": 1e3 * step, "alpha": alpha, "prompt_alphas": alphas, "rtt_ms": rtt,
+           "draft_step_ms": 1e3 * step, "alpha": alpha, "prompt_alphas": alphas, "rtt_ms": inp.rtt_ms,
            "call_ms": base["call_ms"],
            "plain": base["plain"], "real": real, "points": {str(n): p for n, p in points.items()},
            "trace_misses": len(misses), "rows": rows, "wall_s": time.time() - t_begin}

@@ -161,9 +161,10 @@ class BatchedCalls(Engine):
 
     # ---- rounds ----
     def sharing(self) -> int:
-        """Generations joined to the rounds now (at least 1): how many sequences a round serves."""
+        """Generations a round of this thread's would serve now: those joined, and this thread's own
+        when it has not joined yet (a generation pricing its first request before its prefill)."""
         with self._cv:
-            return max(1, len(self._members))
+            return len(self._members) + (threading.get_ident() not in self._members)
 
     def served_round(self) -> Optional[tuple]:
         """(rows, seconds) of the whole round that served this thread's last forward: what its call

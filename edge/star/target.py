@@ -126,8 +126,7 @@ class StarTarget:
     def _generate(self, kept, prompt_ids, max_new, params, stop_ids, on_token, deadline, on_logits,
                   grammar) -> GenResult:
         """One generation on its own session (`kept`: the kept one it took, or None: join)."""
-        pricing = GammaPricing((self.verify_costs or {}) if self.adaptive else {}, self.stop_aware,
-                               sharing_of(self.engine))
+        pricing = GammaPricing((self.verify_costs or {}) if self.adaptive else {}, self.stop_aware, self._sharing)
         drafter = RemoteDrafter(self.hub, params.to_wire(), self.gamma, deadline, pricing=pricing)
         self.last_drafter = drafter
         drafter.constrain(grammar, len(prompt_ids))     # before the primed first request
@@ -162,6 +161,11 @@ class StarTarget:
             return res
         finally:
             self._end(drafter, committed, time.monotonic() - t0)
+
+    def _sharing(self) -> int:
+        """Generations sharing the engine's rounds (adaptive γ prices them): those joined to its rounds,
+        or those running here when more (requests that came together, some still before their prefill)."""
+        return max(sharing_of(self.engine)(), self.active)
 
     def _end(self, drafter: RemoteDrafter, committed: list, busy_s: float) -> None:
         """A generation's end: its session kept for the next one (the last to end is kept), or closed."""

@@ -127,6 +127,7 @@ def test_each_thread_hears_its_round_rows_and_seconds_and_how_many_share_the_rou
     for t in ts:
         t.join(60)
     assert heard == {a: (5, 2), b: (5, 2)}       # one round of 1 + 4 rows, two joined
+    assert eng.sharing() == 3                     # a third generation, not joined yet, counts itself
     for leave in leaves:
         leave()
     assert eng.sharing() == 1 and sharing_of(eng)() == 1 and sharing_of(make_engine(0))() == 1

@@ -47,6 +47,7 @@ class GammaRounds:
         # costs, hundreds of ms on a GPU, which would forbid speculation exactly where it pays.)
         if self.policy is not None and n_verify_calls > 1:
             if served is not None and getattr(self.policy, "prices_shared_rounds", False):
+                self.policy.shared_round(n_tokens, served[0])
                 n_tokens, seconds = served        # the round's cost by all its rows, not this call's wait in it
             self.policy.costs.add_target(n_tokens, seconds)
 

@@ -28,15 +28,17 @@ from edge.speculative.verify import AcceptanceTracker, CostTracker, expected_tok
 
 
 def best_gamma(alpha: float, round_cost: Callable[[int], float], max_gamma: int, margin: float = 0.0,
-               answered: float = 1.0) -> int:
+               answered: float = 1.0, others: float = 0.0) -> int:
     """The γ in 0..max_gamma with the best expected tokens per unit of round cost; 0 unless some
     γ >= 1 beats plain decoding (round_cost(0)) by more than `margin` (relative). `answered`: the
-    share of requests answered in time (an unanswered round yields the one plain token)."""
+    share of requests answered in time (an unanswered round yields the one plain token). `others`:
+    tokens the other generations sharing the round (batched) commit in it, whatever this one asks;
+    round_cost then prices the whole round, their rows included."""
     if max_gamma < 0:
         raise ValueError(f"max_gamma must be >= 0, got {max_gamma!r}")
-    best, best_s = 0, (1.0 + margin) / round_cost(0)
+    best, best_s = 0, (1.0 + margin) * (others + 1.0) / round_cost(0)
     for g in range(1, max_gamma + 1):
-        s = (answered * expected_tokens(alpha, g) + 1.0 - answered) / round_cost(g)
+        s = (others + answered * expected_tokens(alpha, g) + 1.0 - answered) / round_cost(g)
         if s > best_s:
             best, best_s = g, s
     return best
@@ -236,11 +238,13 @@ class RemoteGamma:
 
     Shared rounds (`sharing`: N generations on one engine, their forwards one call a round,
     edge/engines/batched_calls.py): the costs are fed with what whole rounds cost by all their rows
-    (prices_shared_rounds), and a round is priced as N generations asking the same γ: its verify
-    over N·(γ+1) rows, a plain round over N (v(N) single steps, not 1). Priced as if alone, a round
-    of 4 verifying 5 rows each looked like 5 rows of 1 while it cost the engine 20 rows: where a row
-    costs a slice of a step (a CPU's compute-bound batch) each generation drafted deep and the
-    batch slowed below plain batched decoding; priced shared, γ falls to 0 there by itself.
+    (prices_shared_rounds), and γ is chosen for the whole round's rate: the other generations put
+    R rows in it (the median of the last rounds that served this one, at least N-1) and commit N-1
+    tokens, so a round of γ costs v(R+γ+1) + W/t1 for N-1 + E(γ) tokens against v(R+1) for N
+    (a wait for drafts holds the round for everyone). Priced as if alone, a round of 4 verifying 5
+    rows each looked like 5 rows of 1 while it cost the engine 20: where a row costs a slice of a
+    step (a CPU's compute-bound batch) each generation drafted deep and the batch slowed below
+    plain batched decoding; priced shared, γ falls to 0 there by itself.
     """
 
     prices_shared_rounds = True        # GammaRounds feeds whole shared rounds' costs (rows, seconds)
@@ -269,6 +273,7 @@ class RemoteGamma:
         self.stop_aware = stop_aware
         self.probe = 0                    # drafts a background probe asks for now (0: none due)
         self.sharing = sharing
+        self._other_rows: deque = deque(maxlen=8)     # rows the others put in the rounds that served this one
 
     @property
     def first_gamma(self) -> int:
@@ -278,16 +283,22 @@ class RemoteGamma:
         g = min(self.max_gamma, self.explore_gamma)
         if self.costs.samples(g + 2) == 0:
             return g
-        n = self._sharing()
-        deep = best_gamma(self.explore_alpha, lambda k: self._verify(k + 1, n), self.max_gamma, self.margin)
+        rows, others = self.others()
+        deep = best_gamma(self.explore_alpha, lambda k: self.costs.verify_cost(rows + k + 1), self.max_gamma,
+                          self.margin, others=others)
         return max(g, deep)
 
-    def _sharing(self) -> int:
-        return max(1, int(self.sharing())) if self.sharing is not None else 1
+    def shared_round(self, own_rows: int, round_rows: int) -> None:
+        """A round on a shared engine served this generation's `own_rows` among `round_rows` in all."""
+        self._other_rows.append(max(0, int(round_rows) - int(own_rows)))
 
-    def _verify(self, k: int, n: int) -> float:
-        """A round's verify cost in single steps when each of the `n` generations sharing it feeds k rows."""
-        return self.costs.verify_cost(n * k)
+    def others(self) -> tuple:
+        """(rows, tokens) the other generations sharing the round put in it: (0, 0) alone."""
+        n = max(1, int(self.sharing())) if self.sharing is not None else 1
+        if n == 1:
+            return 0, 0
+        seen = float(np.median(self._other_rows)) if self._other_rows else 0.0
+        return max(float(n - 1), seen), n - 1
 
     def round_cost(self, gamma: int, alpha: Optional[float] = None) -> float:
         """Target single steps one round of `gamma` drafts asked costs (measured, or priors): a
@@ -296,13 +307,13 @@ class RemoteGamma:
         there than a verify over γ+1); a request not answered in time costs its wait and a plain
         step. With α: the wait as it is when the service drafts ahead (RoundTrips.wait_s).
         Expected tokens need no such care: α counts a draft asked for and not sent as rejected."""
-        n = self._sharing()
+        rows = self.others()[0]             # a shared round's other rows: its whole cost
         if gamma < 1:
-            return self._verify(1, n)
+            return self.costs.verify_cost(rows + 1)
         p = self.waits.answered
         shares = self.waits.sent_shares(gamma) if self.stop_aware else [(gamma, 1.0)]
-        verify = sum(q * self._verify(s + 1, n) for s, q in shares)
-        v = p * verify + (1.0 - p) * self._verify(1, n)
+        verify = sum(q * self.costs.verify_cost(rows + s + 1) for s, q in shares)
+        v = p * verify + (1.0 - p) * self.costs.verify_cost(rows + 1)
         t1 = self.costs.target_seconds(1)
         return v + (self.waits.wait_s(gamma, alpha, self.stop_aware) / t1 if t1 else 0.0)
 
@@ -312,8 +323,8 @@ class RemoteGamma:
         probability p adds at most p tokens to a round and costs the verify's marginal step Δv (the
         mean slope of v(k) over k = 2..max_gamma+1) plus its compute b/t1 while the target waits.
         Adding it beats the round's rate R (tokens a step, of the γ best now; 1 when plain decoding
-        is, alone; 1/v(N) on rounds N generations share, where a draft per generation adds N rows
-        to Δv) when p > R·(Δv + b/t1): that is the stop, capped at MAX_P_MIN. Where a verify over k
+        is, alone; on a shared round its rate and Δv over the others' rows, as round_cost prices
+        it) when p > R·(Δv + b/t1): that is the stop, capped at MAX_P_MIN. Where a verify over k
         tokens costs ~k steps it is ~1 (few drafts pay); a memory-bound target, Δv ≈ 0, takes the
         unsure drafts too, which a service-wide stop set for the other kind would withhold."""
         t1 = self.costs.target_seconds(1)
@@ -322,17 +333,17 @@ class RemoteGamma:
         top = self.max_gamma + 1
         alpha = self.acceptance.alpha
         g = self.choose(alpha)
-        n = self._sharing()
-        dv = max(0.0, (self._verify(top, n) - self._verify(2, n)) / (top - 2)) if top > 2 else \
-            max(0.0, self._verify(2, n) - self._verify(1, n))
+        rows, others = self.others()
+        v = self.costs.verify_cost
+        dv = max(0.0, (v(rows + top) - v(rows + 2)) / (top - 2)) if top > 2 else max(0.0, v(rows + 2) - v(rows + 1))
         p = self.waits.answered
-        plain = 1.0 / self._verify(1, n)  # 1 alone; shared, a plain round's tokens over its N rows' cost
-        rate = (p * expected_tokens(alpha, g) + 1.0 - p) / self.round_cost(g, alpha) if g else plain
+        plain = (others + 1.0) / v(rows + 1)  # 1 alone; shared, the whole round's tokens over its cost
+        rate = (others + p * expected_tokens(alpha, g) + 1.0 - p) / self.round_cost(g, alpha) if g else plain
         return min(self.MAX_P_MIN, max(plain, rate) * (dv + self.waits.per_draft_s / t1))
 
     def choose(self, alpha: float) -> int:
         return best_gamma(alpha, lambda g: self.round_cost(g, alpha), self.max_gamma, self.margin,
-                          self.waits.answered)
+                          self.waits.answered, self.others()[1])
 
     def could_pay(self) -> bool:
         """Would speculation win at the optimistic α, with the waits and costs measured so far?"""

@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine
-from edge.engines.batched_calls import sharing_of
+from edge.engines.batched_calls import BatchedCalls, sharing_of
 from edge.speculative.generate import GenResult, generate_speculative
 from edge.speculative.prefix_cache import PrefixCache
 from edge.speculative.remote_gamma import GammaPricing
@@ -22,6 +22,7 @@ from edge.speculative.sampling import GREEDY, SamplingParams
 from edge.speculative.verify_costs import measure_verify_costs
 
 __all__ = ["Deadline", "RemoteDrafter", "StarTarget"]
+SHARED_KS = (12, 16, 24)      # verify-cost rows measured beside KS on an engine generations share
 log = logging.getLogger(__name__)
 
 
@@ -74,7 +75,13 @@ class StarTarget:
             return self._calibrate()
 
     def _calibrate(self) -> dict:
-        self.verify_costs = c = measure_verify_costs(self.engine)    # k = 1..8 (KS): γ up to 8 reads them
+        c = measure_verify_costs(self.engine)    # k = 1..8 (KS): γ up to 8 reads them
+        if isinstance(self.engine, BatchedCalls):
+            # rounds shared with other generations hold their rows too: a verify over 12 to 24 rows is
+            # priced from a measure, not a line from k = 6..8 (flat on one core for the 0.5B: 2.29 vs 2.44
+            # steps, then 3.14 at 12)
+            c.update(measure_verify_costs(self.engine, SHARED_KS, repeats=1))
+        self.verify_costs = c
         log.info("verify cost over k tokens, in one-token steps (%.1f ms): %s", 1e3 * c[1],
                  " ".join(f"{k}:{v / c[1]:.2f}" for k, v in sorted(c.items())))
         return c

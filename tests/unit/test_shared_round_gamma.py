@@ -2,10 +2,10 @@
 edge/engines/batched_calls.py batches their forwards into one call a round). Pure: a cost table stands in for
 the clock, and GammaRounds is fed what generate.py feeds it on a shared engine.
 
-The round a generation joins serves N generations: a γ round costs the engine N·(γ+1) rows and a
-plain one N rows. On a CPU a row costs a good share of a step (compute-bound batches), so drafts
-that pay alone stop paying at N = 4; where rows are nearly free (a memory-bound target) they
-still pay."""
+The round a generation joins serves N generations: the others put R rows in it (at least N-1) and
+commit N-1 tokens, so its γ drafts cost v(R+γ+1) against v(R+1) for the whole round. On a CPU a
+row costs a good share of a step (compute-bound batches), so drafts that pay alone stop paying at
+N = 4; where rows are nearly free (a memory-bound target) they still pay."""
 from __future__ import annotations
 
 import pytest
@@ -51,10 +51,21 @@ def test_a_memory_bound_round_of_four_still_speculates():
 def test_a_plain_round_costs_its_n_rows_and_one_alone():
     assert policy(cpu_rows, 1).round_cost(0) == pytest.approx(1.0)
     assert policy(cpu_rows, 4).round_cost(0) == pytest.approx(cpu_rows(4) / cpu_rows(1))
-    # a γ round: the verify over N·(γ+1) rows, the wait on top
+    # a γ round: the verify over the others' N-1 rows and this one's γ+1, the wait on top
     p = policy(cpu_rows, 4)
     wait = p.waits.wait_s(2) / STEP_S
-    assert p.round_cost(2) == pytest.approx(cpu_rows(12) / cpu_rows(1) + wait)
+    assert p.round_cost(2) == pytest.approx(cpu_rows(3 + 3) / cpu_rows(1) + wait)
+    assert p.others() == (3, 3)
+
+
+def test_the_others_rows_come_from_the_rounds_that_served_this_generation():
+    p = policy(cpu_rows, 4)
+    for _ in range(8):
+        p.shared_round(1, 21)            # the others verify 20 rows a round (γ=4 each)
+    assert p.others() == (20, 3)
+    assert p.round_cost(0) == pytest.approx(cpu_rows(21) / cpu_rows(1))
+    p.sharing = lambda: 1                # alone again: no others whatever was seen
+    assert p.others() == (0, 0) and p.round_cost(0) == pytest.approx(1.0)
 
 
 def test_sharing_read_at_each_choice():
@@ -77,6 +88,7 @@ def test_shared_rounds_feed_the_whole_rounds_cost_not_the_calls_wait():
     rounds.verified(3, 0.9, n_verify_calls=2, served=(12, 0.2))
     assert p.costs.samples(12) == 1 and p.costs.samples(3) == 0
     assert p.costs.target_seconds(12) == pytest.approx(0.2)
+    assert list(p._other_rows) == [9]                            # the others' rows in that round
     rounds.verified(3, 0.05, n_verify_calls=3)                   # an engine not shared: the call itself
     assert p.costs.samples(3) == 1
 

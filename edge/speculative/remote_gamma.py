@@ -289,8 +289,13 @@ class RemoteGamma:
         return max(g, deep)
 
     def shared_round(self, own_rows: int, round_rows: int) -> None:
-        """A round on a shared engine served this generation's `own_rows` among `round_rows` in all."""
-        self._other_rows.append(max(0, int(round_rows) - int(own_rows)))
+        """A round on a shared engine served this generation's `own_rows` among `round_rows` in all.
+        Past what the others could verify at max_gamma it held a prompt's prefill: not a sample (a
+        round or two of those at the start priced the next rounds' drafts as nearly free)."""
+        others = max(0, int(round_rows) - int(own_rows))
+        n = max(1, int(self.sharing())) if self.sharing is not None else 1
+        if others <= (n - 1) * (self.max_gamma + 1):
+            self._other_rows.append(others)
 
     def others(self) -> tuple:
         """(rows, tokens) the other generations sharing the round put in it: (0, 0) alone."""

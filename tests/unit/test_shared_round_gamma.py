@@ -64,6 +64,8 @@ def test_the_others_rows_come_from_the_rounds_that_served_this_generation():
         p.shared_round(1, 21)            # the others verify 20 rows a round (γ=4 each)
     assert p.others() == (20, 3)
     assert p.round_cost(0) == pytest.approx(cpu_rows(21) / cpu_rows(1))
+    p.shared_round(1, 400)               # a round that held another's prompt: no sample
+    assert p.others() == (20, 3)
     p.sharing = lambda: 1                # alone again: no others whatever was seen
     assert p.others() == (0, 0) and p.round_cost(0) == pytest.approx(1.0)
 
@@ -83,7 +85,7 @@ def test_shared_rounds_feed_the_whole_rounds_cost_not_the_calls_wait():
     """On a shared engine a generation's call time counts its wait for the round; the policy is fed
     the round's own rows and seconds instead (a policy that does not price shared rounds keeps its
     own call's)."""
-    p = RemoteGamma(8, costs=CostTracker())
+    p = RemoteGamma(8, costs=CostTracker(), sharing=lambda: 2)
     rounds = GammaRounds(p, 8)
     rounds.verified(3, 0.9, n_verify_calls=2, served=(12, 0.2))
     assert p.costs.samples(12) == 1 and p.costs.samples(3) == 0

@@ -279,7 +279,13 @@ class RemoteGamma:
     def first_gamma(self) -> int:
         """γ of the exploring rounds: with the verify-cost curve measured (seeded), the γ that would
         pay best at the optimistic α with no wait -- deep on a memory-bound target, where a verify
-        over k tokens costs far less than k steps; else `explore_gamma`."""
+        over k tokens costs far less than k steps; else `explore_gamma`. 0 on rounds shared with
+        other generations where probes go in the background (greedy): an exploring round would hold
+        theirs while it waits for drafts, and a primed request keeps the draft's core busy (on two
+        cores that slowed the target's batched steps ~15%, measured); background probes measure α and
+        the wait at no cost to the round."""
+        if self.background and self.others()[1] > 0:
+            return 0
         g = min(self.max_gamma, self.explore_gamma)
         if self.costs.samples(g + 2) == 0:
             return g
@@ -366,7 +372,12 @@ class RemoteGamma:
 
     def _next(self) -> int:
         if self.waits.samples == 0 or (self.acceptance.rounds < self.explore and self._asked < 2 * self.explore):
-            return self.first_gamma           # an unready drafter answers at once: asking costs nothing
+            g = self.first_gamma              # an unready drafter answers at once: asking costs nothing
+            if g > 0:
+                return g
+            if self._rounds.plain(lambda: True) is not None:    # shared rounds: probes in the background
+                self.probe = self.probe_gamma
+            return 0
         if self.costs.samples(1) == 0:
             return 0                          # the unit of every cost
         g = self.choose(self.acceptance.alpha)

@@ -99,3 +99,22 @@ def test_shared_rounds_feed_the_whole_rounds_cost_not_the_calls_wait():
     local = GammaRounds(Local(), 8)
     local.verified(3, 0.9, n_verify_calls=2, served=(12, 0.2))
     assert Local.costs.samples(3) == 1 and Local.costs.samples(12) == 0
+
+
+def test_shared_greedy_rounds_explore_in_the_background_not_in_rounds():
+    """Sharing the round, a greedy generation primes nothing and explores no round (either would hold
+    the others' rounds on the draft); its first probes go in the background. Alone, as before."""
+    alone = policy(cpu_rows, 1)
+    alone.background = True
+    assert alone.first_gamma >= 1
+    p = RemoteGamma(8, RoundTrips(), costs=GammaPricing({k: cpu_rows(k) for k in range(1, 41)}).cost_tracker(),
+                    sharing=lambda: 4, background=True, probe_start=4)
+    assert p.first_gamma == 0
+    gammas, probes = [], []
+    for _ in range(12):
+        gammas.append(p.next_gamma())
+        probes.append(p.probe)
+    assert gammas == [0] * 12 and probes.count(p.probe_gamma) >= 1
+    sampled = RemoteGamma(8, RoundTrips(), costs=GammaPricing({k: cpu_rows(k) for k in range(1, 41)}).cost_tracker(),
+                          sharing=lambda: 4)
+    assert sampled.first_gamma >= 1 and sampled.next_gamma() >= 1    # sampling: no background probes

@@ -129,7 +129,7 @@ def _plot(data: dict, path: Path) -> None:
         x = range(len(labels))
         ax.set_xticks(list(x), labels)
         ax.set_title(title)
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8)
     fig.suptitle(f"{data['cells'][next(iter(data['cells']))].get('tokens', '')}-token prompt prefill; "
                  f"{data['machine']['cpu']}")
     fig.tight_layout()

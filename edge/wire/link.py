@@ -4,9 +4,8 @@ Both implementations share the `Link` interface and semantics: MQTT topic
 filters with `+` and `#`, retained messages, a last will, callbacks run on the
 link's own delivery thread (one per link, in arrival order — keep them short:
 hand work to a queue), and automatic re-subscription after a reconnect.
-subscribe() returns once the broker acknowledged the filter (SUBACK); `wait_subscribed()` waits
-for every filter, the re-subscriptions after a reconnect included (edge/wire/subacks.py).
-The in-memory bus is edge/wire/memory_link.py (it builds on this file, not the other way).
+subscribe() returns on the broker's SUBACK; `wait_subscribed()` waits for every filter, those
+re-subscribed after a reconnect included (edge/wire/subacks.py). The in-memory bus: memory_link.py.
 
 Give each link non-overlapping filters: MQTT 3.1.1 lets a broker send one
 copy per matching subscription (amqtt does, Mosquitto does not), and every

@@ -25,6 +25,7 @@ from server.hub import Hub
 
 from harness.at_once import all_at_once
 from harness.goodness_of_fit import TableEngine, chi_square, critical_value, exact_distribution
+from harness.counting_engine import CountingEngine
 from harness.tiny_models import target_and_draft
 
 torch.set_num_threads(1)
@@ -45,17 +46,6 @@ def prompt(i):
 
 
 # ---------------------------------------------------------------- the core
-
-class CountingEngine(TorchEngine):
-    """Counts forward_batch calls and the sequences each served."""
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.batches = []
-
-    def forward_batch(self, calls):
-        self.batches.append(len(calls))
-        return super().forward_batch(calls)
-
 
 def test_one_batched_call_verifies_every_pending_session(models):
     eng = CountingEngine(models[0], fingerprint="target")

@@ -4,11 +4,11 @@ clock: the order of events decides, never the wall clock."""
 import pytest
 import torch
 
-from edge.engines.torch_engine import TorchEngine
 from edge.star.verify_join import VerifyJoin
 from edge.star.verify_service import VerifyService
 from edge.wire.protocol import VerifyRequest, VerifyResponse
 
+from harness.counting_engine import CountingEngine
 from harness.tiny_models import target_and_draft
 
 torch.set_num_threads(1)
@@ -68,16 +68,6 @@ class Clock:
 
     def __call__(self):
         return self.t
-
-
-class CountingEngine(TorchEngine):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.batches = []
-
-    def forward_batch(self, calls):
-        self.batches.append(len(calls))
-        return super().forward_batch(calls)
 
 
 def test_the_service_holds_a_step_until_the_devices_answered_together_are_back():

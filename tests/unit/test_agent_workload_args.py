@@ -27,7 +27,8 @@ def test_quick_is_small_and_what_is_given_wins():
 
 
 @pytest.mark.parametrize("bad", [["--servers", "vllm"], ["--parts", "speed"], ["--categories", "live"],
-                                 ["--turns", "9"], ["--cases", "0"], ["--parallel", "0"]])
+                                 ["--turns", "9"], ["--cases", "0"], ["--parallel", "0"],
+                                 ["--server-core", "2"]])
 def test_bad_options_are_refused(bad):
     with pytest.raises(SystemExit):
         aw.args_of(bad)
@@ -61,3 +62,22 @@ def test_redo_drops_the_matching_cells_only(tmp_path):
     assert store.drop(["ours|*|concurrent"]) == ["ours|m|concurrent"]
     assert sorted(store.drop(["ours*|*|bfcl_*", "nothing"])) == ["ours|n|bfcl_simple"]
     assert sorted(store.data["cells"]) == ["llama-server|m|bfcl_simple", "ours-star|m|concurrent", "ours|m|multiturn"]
+
+
+def test_two_runs_sharing_one_result_file_keep_each_others_cells(tmp_path):
+    path = tmp_path / "shared.json"
+    a, b = aw.Store(path), aw.Store(path)           # say llama-server on core 1, ours on core 0
+    a.data["runs"].append({"started": "t0", "argv": ["--servers", "llama-server"]})
+    b.data["runs"].append({"started": "t1", "argv": ["--servers", "ours"]})
+    a.cell("llama-server", "m", "bfcl_simple")["cases"] = {"c0": {"ok": False}}
+    a.save()
+    b.cell("ours", "m", "bfcl_simple")["cases"] = {"c0": {"ok": True}}
+    b.save()                                         # adopts a's cell, keeps its own
+    a.cell("llama-server", "m", "bfcl_simple")["cases"]["c1"] = {"ok": True}
+    a.data["runs"][-1]["finished"] = "t2"            # its own run, changed since: not a second run
+    a.save()
+    disk = json.loads(path.read_text())
+    assert disk["cells"]["ours|m|bfcl_simple"]["cases"] == {"c0": {"ok": True}}
+    assert sorted(disk["cells"]["llama-server|m|bfcl_simple"]["cases"]) == ["c0", "c1"]
+    assert [r["started"] for r in disk["runs"]] == ["t1", "t0"] and disk["runs"][1]["finished"] == "t2"
+    assert aw.args_of(["--server-core", "1"]).server_core == 1

@@ -37,6 +37,9 @@ def args_of(argv=None) -> argparse.Namespace:
     ap.add_argument("--gamma", default="auto", help="the star target's -g")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b", help="the star's draft model")
     ap.add_argument("--draft-format", default="Q4_0", help="the draft's GGUF format (export/target_format.py)")
+    ap.add_argument("--server-core", type=int, choices=(0, 1), default=0,
+                    help="the core the servers run on (the clients, hub and draft: the other); two runs of "
+                         "different servers may share --out on different cores")
     ap.add_argument("--port", type=int, default=18400, help="first of the local ports the servers take")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take")
     ap.add_argument("--redo", action="append", default=[], metavar="PATTERN",

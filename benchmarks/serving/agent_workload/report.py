@@ -53,7 +53,8 @@ def header(v: Cells) -> List[str]:
     return [f"# Agent workloads: ours vs llama-server ({', '.join(_short(x) for x in v.models)})", "",
             f"CPU: {m.get('cpu')} ({m.get('cpus')} cpus). Every server on core {TARGET_CORE}, one thread, the same "
             f"GGUF; the star's hub + draft service ({cfg.get('draft')} as {cfg.get('draft_format')}) on core "
-            f"{STAR_CORE}; the clients on core {STAR_CORE}. llama-server: `--jinja -t 1 -tb 1 -np {cfg.get('np')}`; "
+            f"{STAR_CORE}; the clients on core {STAR_CORE} (a run with --server-core 1 swaps the cores: each server's "
+            "`core` in the JSON). llama-server: `--jinja -t 1 -tb 1 -np {cfg.get('np')}`; "
             f"ours: the endpoint decoding alone{par}; ours-star: `edge-agent run --role target -g "
             f"{cfg.get('gamma')}{par}`. The machine is shared with other work: each timing row gives the 1-minute "
             "load average at the cell's start→end (2 cpus: above 2, the servers waited for a core)."]

@@ -1,5 +1,5 @@
 """The run: model by model, server by server, the cells not yet in the result JSON; this process
-(the clients) on STAR_CORE, off the servers' core."""
+(the clients) on the core the servers do not run on."""
 from __future__ import annotations
 
 import os
@@ -18,7 +18,7 @@ from benchmarks.serving.agent_workload.concurrent import run_concurrent
 from benchmarks.serving.agent_workload.multiturn import run_multiturn, system_prompt
 from benchmarks.serving.agent_workload.options import args_of, part_keys
 from benchmarks.serving.agent_workload.report import write_report
-from benchmarks.serving.agent_workload.servers import STAR_CORE, free_port, make_server
+from benchmarks.serving.agent_workload.servers import free_port, make_server
 from benchmarks.serving.agent_workload.store import Store
 
 
@@ -58,7 +58,7 @@ def run(args) -> dict:
     from benchmarks.lib.datasets import mtbench_first_turns
     from benchmarks.speculative.native_spec import tools
 
-    os.sched_setaffinity(0, {STAR_CORE})            # the clients: off the servers' core
+    os.sched_setaffinity(0, {1 - args.server_core})   # the clients: off the servers' core
     store = open_store(args)
     d = store.data
     bin_dir: Dict[str, Path] = {}

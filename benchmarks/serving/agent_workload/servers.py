@@ -1,4 +1,4 @@
-"""The servers, one at a time on TARGET_CORE: llama-server, ours alone (benchmarks/lib/agent_alone_worker.py)
+"""The servers, one at a time on TARGET_CORE (--server-core may swap the cores): llama-server, ours alone (benchmarks/lib/agent_alone_worker.py)
 and ours through the star (`edge-agent run --role target`, the hub and draft service on STAR_CORE)."""
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ class Server:
 
     name = "?"
 
-    def __init__(self, model: str, gguf: Path, port: int, logdir: Path):
-        self.model, self.gguf, self.port, self.logdir = model, gguf, port, logdir
+    def __init__(self, model: str, gguf: Path, port: int, logdir: Path, core: int = TARGET_CORE):
+        self.model, self.gguf, self.port, self.logdir, self.core = model, gguf, port, logdir, core
         self.url = f"http://127.0.0.1:{port}"
         self.proc: Optional[subprocess.Popen] = None
         self.log = logdir / f"{self.name}.err"
@@ -42,7 +42,7 @@ class Server:
 
     def _spawn(self, argv: List[str]) -> None:
         self.argv = [str(a) for a in argv]
-        self.proc = spawn_pinned(self.argv, self.log, [TARGET_CORE])
+        self.proc = spawn_pinned(self.argv, self.log, [self.core])
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -58,7 +58,7 @@ class Server:
             stop_process(self.proc)
 
     def describe(self) -> dict:
-        return {"command": " ".join(self.argv), "core": TARGET_CORE}
+        return {"command": " ".join(self.argv), "core": self.core}
 
 
 class LlamaServer(Server):
@@ -110,7 +110,7 @@ class OursStar(Server):
             broker = MosquittoBroker().start()
             self.stack.callback(broker.close)
             self.broker_url = broker.url
-            self.stack.enter_context(RemoteStar(str(self.draft), self.logdir / "star", core=STAR_CORE,
+            self.stack.enter_context(RemoteStar(str(self.draft), self.logdir / "star", core=1 - self.core,
                                                 broker_url=broker.url))
             self._spawn([BIN / "edge-agent", "run", "--role", "target", "-m", self.gguf, "--broker", broker.url,
                          "--http-port", self.port, "--client-id", "dev0", "-g", self.gamma, "--threads", 1,
@@ -130,16 +130,16 @@ class OursStar(Server):
 
     def describe(self) -> dict:
         return {**super().describe(), "star": f"hub + draft service ({self.draft.name}, one thread) on core "
-                                              f"{STAR_CORE}, Mosquitto", "joined": self.joined()}
+                                              f"{1 - self.core}, Mosquitto", "joined": self.joined()}
 
 
 def make_server(name: str, model: str, port: int, args, ctx: dict) -> Server:
     from export.target_format import target_gguf
     gguf = target_gguf(model)
-    logdir = ctx["logdir"] / f"{name}-{Path(str(model)).name}"
+    logdir, core = ctx["logdir"] / f"{name}-{Path(str(model)).name}", args.server_core
     if name == "llama-server":
-        return LlamaServer(model, gguf, port, logdir, bin_dir=ctx["bin_dir"](), np_=args.np)
+        return LlamaServer(model, gguf, port, logdir, core, bin_dir=ctx["bin_dir"](), np_=args.np)
     if name == "ours":
-        return OursAlone(model, gguf, port, logdir, parallel=args.parallel)
-    return OursStar(model, gguf, port, logdir, draft=target_gguf(args.draft, args.draft_format), gamma=args.gamma,
+        return OursAlone(model, gguf, port, logdir, core, parallel=args.parallel)
+    return OursStar(model, gguf, port, logdir, core, draft=target_gguf(args.draft, args.draft_format), gamma=args.gamma,
                     parallel=args.parallel)

@@ -8,6 +8,7 @@ SUN_CHUNK_BYTES = 2 << 20      # KV bytes per KVChunk (well under MAX_MESSAGE_BY
 MAX_KV_CHUNKS = 4096           # 8 GiB: any receiver applies its own, smaller memory limit
 MAX_NEW_TOKENS = 1 << 16       # tokens one SUN request may ask for
 MAX_HELD = 4096               # session ids a DraftHello lists (~70 KB); past it, none
+MAX_ENDED = 64                 # session ids a Join names as ended by its client (its newest)
 MAX_STOP = 64                  # stop token ids per request
 MAX_STREAM_TOKENS = 256        # tokens in one SunTokens message
 JOIN_ROLES = ("target", "prefill", "decoder", "drafter")  # SUN roles reserved; drafter: the reverse star

@@ -49,7 +49,7 @@ from edge.wire.topics import (  # noqa: F401,E402
 # the limits and error codes (edge/wire/limits.py) are part of the wire format: used from here too
 from edge.wire.limits import (  # noqa: F401,E402
     MAX_APPEND, MAX_KEEP, SUN_CHUNK_BYTES, MAX_KV_CHUNKS,
-    MAX_NEW_TOKENS, MAX_HELD, MAX_STOP, MAX_STREAM_TOKENS, JOIN_ROLES, SUN_ROLES, TELEMETRY_ROLES,
+    MAX_NEW_TOKENS, MAX_HELD, MAX_ENDED, MAX_STOP, MAX_STREAM_TOKENS, JOIN_ROLES, SUN_ROLES, TELEMETRY_ROLES,
     FINISH_REASONS, E_CONTEXT_FULL, E_BAD_KEEP, E_UNKNOWN_SESSION, E_OVERLOADED, E_BAD_REQUEST, E_INTERNAL, E_UNKNOWN_TASK,
     E_NO_DECODER, E_REFUSED, E_TIMEOUT, E_WORKER_LOST, E_BAD_GRAMMAR)
 
@@ -70,6 +70,10 @@ class Join(Message):
     role: str = wire(one_of(JOIN_ROLES), "target")
     nonce: str = wire(ID_OR_EMPTY, "")          # echoed in Joined so stale replies are ignored
     hub: str = wire(ID_OR_EMPTY, "")            # the hub it is for, of several (edge/star/hub_ring.py); "": the one
+    # Sessions this client ended (its bye went to their draft service, which tells the hub only after its
+    # loop handled it): the hub releases those of this client before it counts them, so back-to-back
+    # requests are not refused for sessions already gone (server/join_ended.py).
+    ended: list = wire(ids(MAX_ENDED), factory=list)
 
 
 @message("joined")

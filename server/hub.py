@@ -39,6 +39,7 @@ from edge.wire.seen_ids import SeenIds
 from server.discovery import Discovery
 from server.hub_peers import HubPeers
 from server.hub_verify import VerifySide, answer_drafter
+from server.join_ended import release_ended
 from server.registry import CLIENT_SHARE, Refusal, Registry
 from server.sun_router import SunRouter
 
@@ -332,6 +333,8 @@ class Hub:
                     "hub: dropped a replayed join of %s (nonce %s)", join.client, join.nonce)
             return
         client = join.client
+        side = self.verify.registry if join.role == "drafter" and self.verify is not None else self.registry
+        release_ended(side, join, self.link, self.ctl_key)     # their byes may come after this join
         if join.role == "drafter":                 # the reverse star (server/hub_verify.py)
             self._reply(client, answer_drafter(self.verify, join, self.counters))
             return

@@ -8,6 +8,8 @@ session id and secret and go to the least-loaded fitting service.
 No client may hold more than `client_share` of the session slots of the services that could
 serve it (and never more than `max_sessions_per_client`): else one greedy client, joining
 until refused, would take every draft slot and every other client would be refused as "full".
+A join's own list of the sessions its client ended (Join.ended) is released before the count: their
+byes reach the hub only through their services, often after the next join (server/join_ended.py).
 
 A service counts as online only while server/liveness.py says it is alive: a
 retained hello alone (maybe a dead process's) is not enough until the service
@@ -98,6 +100,7 @@ class Registry:
         self._lock = threading.Lock()
         self.refusals = 0
         self.unconfirmed = 0          # sessions released because the service's hellos stopped listing them
+        self.ended = 0                # sessions released because their client's join named them ended
 
     # ---- services ----
     def update_service(self, hello: DraftHello, local: object = None) -> bool:
@@ -213,6 +216,13 @@ class Registry:
         with self._lock:
             return self.sessions.pop(sid, None)
 
+    def release_ended(self, client: str, sids) -> list:
+        """Forget the sessions `client` says it ended (Join.ended); another client's are left alone."""
+        with self._lock:
+            mine = [sid for sid in sids if sid in self.sessions and self.sessions[sid].client == client]
+            self.ended += len(mine)
+            return [self.sessions.pop(sid) for sid in mine]
+
     def count(self) -> int:
         with self._lock:
             return len(self.sessions)
@@ -220,6 +230,7 @@ class Registry:
     def snapshot(self) -> dict:
         with self._lock:
             return {"sessions": len(self.sessions), "refusals": self.refusals, "unconfirmed": self.unconfirmed,
+                    "ended_by_join": self.ended,
                     "liveness": self.liveness.snapshot(),
                     "services": {n: {"model_fp": s.model_fp, "vocab": s.vocab_size,
                                      "online": s.online and self.liveness.alive(n),

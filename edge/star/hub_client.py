@@ -30,6 +30,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Dict, Optional
 
+from edge.star.ended_sessions import EndedSessions
 from edge.star.hub_watch import HubWatch
 from edge.wire.link import Link
 from edge.star.session_keys import SessionKeys  # noqa: F401  (draft services import it from here)
@@ -120,6 +121,7 @@ class Session:
         """Say bye (best effort) and forget the session. A session lost with one of several hubs
         still says bye: its draft service outlived that hub and would hold the slot until eviction."""
         if not self.lost or self.home:
+            self.hub.ended.ended(self.sid, self.home)     # the next join names it: the bye may come later
             try:
                 self.hub.link.publish(self.up, encode(Bye(self.sid), self.secret), kind="control")
             except Exception:
@@ -137,6 +139,7 @@ class _PendingJoin:
         self.expires = expires
         self.claimed = False        # finish_join took it: the session is in use
         self.abandoned = False      # nobody will finish it: an acceptance is closed at once
+        self.ended: list = []       # the ended sessions it names (Join.ended)
 
 
 class HubClient:
@@ -151,6 +154,7 @@ class HubClient:
         self.join_ttl_s = join_ttl_s
         self.keys = SessionKeys()
         self.sessions: Dict[str, Session] = {}
+        self.ended = EndedSessions()                  # said bye to; the next joins name them
         self._joins: Dict[str, _PendingJoin] = {}
         self._late: "OrderedDict[str, None]" = OrderedDict()   # nonces of joins forgotten unanswered
         self.join_counts = {"orphans_closed": 0, "expired": 0}
@@ -194,10 +198,12 @@ class HubClient:
         now = time.monotonic()
         pj = _PendingJoin(now + max(self.join_ttl_s, wait_s))
         pj.hub = (self.watch.owner(self.client) or "") if self.watch is not None else ""
+        pj.ended = self.ended.for_join(pj.hub)
         with self._lock:
             self._prune(now)
             self._joins[nonce] = pj
-        msg = Join(self.client, self.model_fp, self.vocab_size, gamma, sampling, self.role, nonce, pj.hub)
+        msg = Join(self.client, self.model_fp, self.vocab_size, gamma, sampling, self.role, nonce, pj.hub,
+                   pj.ended)
         sent = (self.watch is None or bool(pj.hub)) and self.link.is_connected() and \
             self.link.publish(join_topic(self.client), encode(msg), "control")
         if not sent:
@@ -293,6 +299,7 @@ class HubClient:
                 del self._late[j.nonce]
             if pj is not None:
                 pj.joined, pj.epoch = j, self.watch.epoch(pj.hub) if self.watch else self.epoch
+                self.ended.answered(pj.ended)          # the hub released them before it answered
             orphan = late or (pj is not None and pj.abandoned)
         if pj is not None:
             pj.done.set()

@@ -7,19 +7,16 @@ came from (name scopes), which tells the layer's nodes apart from the
 prologue (embedding, RoPE, mask) and the epilogue (final norm, lm_head).
 Weights are dataless placeholders named after their source
 ("m.<state-dict name>[::T|::q4|::q4_scales|::q4_zp]"); export/onnx.py writes
-them. Traces are kept in memory and on disk, keyed by the model's structure,
-this code and the tool versions.
+them. Traces and optimised graphs are kept in memory and on disk, keyed by their
+input, this code and the tool versions (export/onnx_cache.py).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import warnings
 from dataclasses import replace
-from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import onnx
 import torch
@@ -28,6 +25,7 @@ from onnx import helper
 from torch import nn
 
 from edge.model.transformer import Transformer
+from export.onnx_cache import cached_graph, graph_name
 from export.quant import GROUP
 
 
@@ -107,7 +105,6 @@ def _dynamic_shapes(kind: str, layers: int):
 
 _SCOPE = "pkg.torch.onnx.name_scopes"
 _LAYER0 = "m.model.layers.0."
-_TRACES: Dict[tuple, bytes] = {}  # (structure, kind) -> traced 1-layer graph, weights stripped
 
 
 def _structure_key(cfg, kind: str) -> tuple:
@@ -128,52 +125,32 @@ def _one_layer(model: Transformer) -> Transformer:
     return m1.eval()
 
 
-def _trace_file(key: tuple) -> Optional[Path]:
-    """Where a trace is kept between runs: named by the structure, this code and the tool versions."""
-    if os.environ.get("STARSUN_NO_TRACE_CACHE"):
-        return None
-    import onnxscript
-    import edge.model.transformer
-    h = hashlib.sha256(json.dumps(key).encode())
-    for part in (torch.__version__, onnx.__version__, onnxscript.__version__):
-        h.update(part.encode())
-    for src in (__file__, edge.model.transformer.__file__):  # this file holds the traced forward
-        h.update(Path(src).read_bytes())
-    root = Path(os.environ.get("STARSUN_CACHE_DIR") or Path.home() / ".cache" / "starsun")
-    return root / "onnx-traces" / f"{key[1]}-{h.hexdigest()[:24]}.onnx"
-
-
 def trace(model: Transformer, kind: str) -> onnx.ModelProto:
+    """The traced 1-layer graph of `model`'s structure, weights stripped (kept: export/onnx_cache.py)."""
+    import edge.model.transformer
     kind = "model" if kind == "decoder" else kind  # the same graph, other weights
     key = _structure_key(model.cfg, kind)
-    cached = _trace_file(key)
-    if key not in _TRACES and cached is not None and cached.is_file():
-        _TRACES[key] = cached.read_bytes()
-    if key not in _TRACES:
-        m1 = _one_layer(model)
-        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
-            warnings.simplefilter("ignore")
-            for lg in ("torch.onnx", "torch.export", "torch._export", "onnxscript"):
-                logging.getLogger(lg).setLevel(logging.ERROR)
-            prog = torch.onnx.export(_Graph(m1, kind).eval(), _sample(m1, kind), dynamo=True, verbose=False,
-                                     dynamic_shapes=_dynamic_shapes(kind, 1), input_names=input_names(kind, 1),
-                                     output_names=output_names(1), optimize=False, report=False)
-        proto = prog.model_proto
-        for t in proto.graph.initializer:  # weights come back by name at write time
-            if t.name.startswith("m."):
-                t.ClearField("raw_data")
-        _TRACES[key] = proto.SerializeToString()
-        if cached is not None:
-            try:  # a trace costs seconds per graph: keep it for the next run (weights are not in it)
-                cached.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_bytes(_TRACES[key])
-                tmp.replace(cached)
-            except OSError as e:
-                warnings.warn(f"could not keep the ONNX trace in {cached.parent}: {e}")
+    # this file holds the traced forward, transformer.py the layers
+    name = graph_name(kind, json.dumps(key).encode(), (__file__, edge.model.transformer.__file__))
     proto = onnx.ModelProto()
-    proto.ParseFromString(_TRACES[key])
+    proto.ParseFromString(cached_graph(name, lambda: _trace(model, kind)))
     return proto
+
+
+def _trace(model: Transformer, kind: str) -> tuple:
+    m1 = _one_layer(model)
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")
+        for lg in ("torch.onnx", "torch.export", "torch._export", "onnxscript"):
+            logging.getLogger(lg).setLevel(logging.ERROR)
+        prog = torch.onnx.export(_Graph(m1, kind).eval(), _sample(m1, kind), dynamo=True, verbose=False,
+                                 dynamic_shapes=_dynamic_shapes(kind, 1), input_names=input_names(kind, 1),
+                                 output_names=output_names(1), optimize=False, report=False)
+    proto = prog.model_proto
+    for t in proto.graph.initializer:  # weights come back by name at write time
+        if t.name.startswith("m."):
+            t.ClearField("raw_data")
+    return proto.SerializeToString(), True
 
 
 def _placeholder(name: str, dims, dtype) -> onnx.TensorProto:
@@ -331,12 +308,18 @@ def replicate(proto: onnx.ModelProto, layers: int) -> None:
 
 
 def optimize_graph(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """onnxscript's cleanup (constants, casts, dead shape code) without touching weights.
+    """onnxscript's cleanup (constants, casts, dead shape code) without touching weights; the result
+    is kept under the input graph's bytes (export/onnx_cache.py: ~15 s for a 30-layer graph)."""
+    name = graph_name("optimized", proto.SerializeToString(), (__file__,))
+    out = onnx.ModelProto()
+    out.ParseFromString(cached_graph(name, lambda: _optimize(proto)))
+    return out
 
-    The weights are dataless placeholders here; the optimizer would fold or
-    deduplicate equal-looking ones, so they go in as graph inputs and come back
-    out as initializers.
-    """
+
+def _optimize(proto: onnx.ModelProto) -> tuple:
+    """-> (the optimised graph's bytes, whether to keep them: not where the optimizer failed).
+    The weights are dataless placeholders here; the optimizer would fold or deduplicate
+    equal-looking ones, so they go in as graph inputs and come back out as initializers."""
     g = proto.graph
     weights = {t.name: t for t in g.initializer if t.name.startswith("m.")}
     keep = [t for t in g.initializer if t.name not in weights]
@@ -345,11 +328,13 @@ def optimize_graph(proto: onnx.ModelProto) -> onnx.ModelProto:
     n_inputs = len(g.input)
     for t in weights.values():
         g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    optimized = True
     try:
         import onnxscript.optimizer as oso
         proto = oso.optimize(proto, input_size_limit=64, output_size_limit=4096)
     except Exception as e:  # the graph is valid without it; ORT optimises at load as well
         warnings.warn(f"onnxscript optimizer skipped: {e}")
+        optimized = False
     g = proto.graph
     real = [i for i in g.input if i.name not in weights]
     used = {i for n in g.node for i in n.input}
@@ -358,4 +343,4 @@ def optimize_graph(proto: onnx.ModelProto) -> onnx.ModelProto:
     if len(real) != n_inputs:
         raise OnnxExportError("the ONNX optimizer changed the graph inputs; cannot export")
     g.initializer.extend(t for name, t in weights.items() if name in used)
-    return proto
+    return proto.SerializeToString(), optimized

@@ -20,6 +20,8 @@ tokens. What an agent needs from it:
 (f) a conversation's second turn reuses the first's prompt: usage.prompt_tokens_details.cached_tokens;
 (g) two requests at once (one free, one held to a json_schema) both complete, each with its own
     correct answer (no overlap asserted);
+(h) back-to-back pairs of requests at once, at the client limit of 2 (the hub's --max-sessions 4, half
+    for one client, = --parallel 2): no join refused for sessions whose byes are still on their way;
 and the drafts came from the hub's draft service (its stats line counts them).
 
 The 0.5B answering a tool result: after its own call and the tool's answer it writes the same call
@@ -74,7 +76,8 @@ def star(mosquitto, tmp_path_factory):
     common = ["--broker", mosquitto.url, "--threads", "1", "--max-len", "2048"]
     parallel = ["--parallel", "2"] if _agent_has("--parallel") else []
     try:                              # both load at once; a target up first joins at its first request
-        ps.start("hub", BIN / "edge-hub", "serve", "--draft-model", MODEL, "--stats-every", "0.5", *common)
+        ps.start("hub", BIN / "edge-hub", "serve", "--draft-model", MODEL, "--stats-every", "0.5",
+                 "--max-sessions", "4", *common)
         ps.start("target", BIN / "edge-agent", "run", "--role", "target", "-m", MODEL, "--client-id", "acceptance",
                  "--http-port", port, "--prompt-cache", "4", *parallel, *common)
         ps.wait_for("hub", "serving on", 120)
@@ -225,6 +228,20 @@ def test_two_requests_at_once_both_complete(client):
     doc = json.loads(held.choices[0].message.content)
     jsonschema.validate(doc, capital)
     assert doc["capital"] == "Rome", raw(held)
+
+
+def test_back_to_back_requests_at_once_keep_their_sessions(star):
+    """(h) #44: a join names the sessions its client ended, so the hub does not count them while their
+    byes are still at the draft service; a refused join would decode alone (lossless) and say so."""
+    client, ps = star
+    ask = dict(model=MODEL, temperature=0, max_tokens=6)
+    for wave in range(3):
+        with ThreadPoolExecutor(2) as pool:
+            asks = [pool.submit(client.chat.completions.create, **ask, messages=[
+                {"role": "user", "content": f"Count from {k} to {k + 4}."}]) for k in (2 * wave, 2 * wave + 1)]
+            for r in asks:
+                assert r.result(timeout=300).choices[0].message.content
+    assert "refused the session" not in ps.err("target"), ps.err("target")
 
 
 def test_the_drafts_came_from_the_hubs_draft_service(star):

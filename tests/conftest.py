@@ -162,7 +162,8 @@ def sun_table(tmp_path_factory):
     """The synthetic SUN accuracy table (`sun_test_table()`), trained once per session:
     (results, its directory with the specialists, the base)."""
     import torch
-    from export.sun_eval import accuracy_table, markdown_table, synthetic_base, synthetic_suite
+    from export.sun_eval import accuracy_table, markdown_table, synthetic_suite
+    from harness.synthetic_base import synthetic_base     # trained once, kept (test_sun_demo's too)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)            # faster than 2 for a model this small
     try:

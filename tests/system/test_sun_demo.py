@@ -34,8 +34,9 @@ def small_specialists(monkeypatch):
     import server.demos.sun_specialists as specialists
     monkeypatch.setattr(specialists, "SUN_LORA", replace(specialists.SUN_LORA, steps=SUN_STEPS))
     monkeypatch.setattr(specialists, "QSUN_LORA", replace(specialists.QSUN_LORA, steps=QSUN_STEPS))
-    base, suite = sun_eval.synthetic_base, sun_eval.synthetic_suite
-    monkeypatch.setattr(sun_eval, "synthetic_base", lambda steps, **kw: base(steps=BASE_STEPS, **kw))
+    from harness.synthetic_base import synthetic_base as kept   # conftest's sun_table trains the same base
+    suite = sun_eval.synthetic_suite
+    monkeypatch.setattr(sun_eval, "synthetic_base", lambda steps, **kw: kept(steps=BASE_STEPS, **kw))
     monkeypatch.setattr(sun_eval, "synthetic_suite", lambda n_train, n_eval, seed: suite(n_train, N_EVAL, seed))
 
 

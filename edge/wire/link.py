@@ -28,12 +28,12 @@ from abc import ABC, abstractmethod
 from typing import Callable, Optional
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.client import topic_matches_sub
 
 # LinkError, parse_url and parse_urls are imported from here by callers too
 from edge.wire.brokers import STABLE_S, BrokerList, FailoverClient, LinkError, parse_url, parse_urls  # noqa: F401
 from edge.wire.subacks import SubAcks
 from edge.wire.tls_failure import tls_failure_message
+from edge.wire.topic_match import topic_matches_sub
 
 log = logging.getLogger(__name__)
 

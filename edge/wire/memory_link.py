@@ -11,9 +11,8 @@ import queue
 import threading
 from typing import Optional
 
-from paho.mqtt.client import topic_matches_sub
-
 from edge.wire.link import Link, LinkError, check_topic
+from edge.wire.topic_match import topic_matches_sub
 
 
 class MemoryBus:

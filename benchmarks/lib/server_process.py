@@ -35,6 +35,14 @@ def spawn_pinned(argv: List[str], log: Path, cores: Iterable[int]) -> subprocess
                             env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=pinned(cores))
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) the process has used so far: what a request cost it,
+    read before and after, whatever else the machine runs (wall time counts the waits for a core)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def healthy(port: int) -> bool:
     """GET 127.0.0.1:port/health answers 200."""
     try:

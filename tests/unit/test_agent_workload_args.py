@@ -43,14 +43,15 @@ def test_the_checkpoint_resumes_and_a_partial_run_reports(tmp_path):
     store.cell("ours", aw.MODELS[0], "concurrent").update(done=True, summary={
         "clients": 4, "requests": 4, "failed": 0, "tok_s": 10.0, "p50_s": 1.0, "p99_s": 2.0,
         "ttft_p50_s": 0.5, "server_parallel": 1})
-    store.cell("ours", aw.MODELS[0], "serial").update(done=True, summary={"tok_s": 8.0})
+    store.cell("ours", aw.MODELS[0], "serial").update(done=True, summary={"tok_s": 8.0, "cpu_ms_per_token": 70.04})
     store.save()
     again = aw.Store(out.with_suffix(".json"))
     assert again.done("ours", aw.MODELS[0], "concurrent") and not again.done("llama-server", aw.MODELS[0], "bfcl_simple")
     assert json.loads(out.with_suffix(".json").read_text())["cells"][f"llama-server|{aw.MODELS[0]}|bfcl_simple"]
     aw.write_report(again.data, out)
     md = out.with_suffix(".md").read_text()
-    assert "(1/1 so far)" in md and "| 1 | 10.00 | 1.00 | 2.00 | 0.50 | 0/4 | - | 8.00 | - | 1.25x |" in md and out.with_suffix(".png").exists()
+    assert "(1/1 so far)" in md and out.with_suffix(".png").exists()
+    assert "| 1 | 10.00 | - | 1.00 | 2.00 | 0.50 | 0/4 | - | 8.00 | 70.0 | - | 1.25x |" in md  # no CPU: -
 
 
 def test_redo_drops_the_matching_cells_only(tmp_path):

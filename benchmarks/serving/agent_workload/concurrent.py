@@ -1,7 +1,9 @@
 """Concurrent clients: each sends MT-bench first turns back to back (streamed); total completion
 tok/s over the window, p50 / p99 latency, TTFT p50. The part "serial" is the same requests sent by
 one client one after another, on the same server: the one-at-a-time figure the concurrent one is
-measured against."""
+measured against. The server process's CPU seconds over the cell's completion tokens ("CPU ms a token",
+prefills included; ours-star: the target process, not its hub and draft service) compare servers
+measured at different loads better than their tok/s do."""
 from __future__ import annotations
 
 import threading
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 from benchmarks.lib.chat_client import ServerGone, chat_stream
+from benchmarks.lib.server_process import process_cpu_s
 from benchmarks.serving.agent_workload.store import median_of
 
 if TYPE_CHECKING:
@@ -42,17 +45,22 @@ def run_concurrent(server: Server, store: Store, prompts: List[str], args, paral
                     k: r.get(k) for k in ("status", "ttft_s", "total_s", "completion_tokens", "error")}})
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    cpu0 = _cpu_s(server)
     for th in threads:
         th.start()
     for th in threads:
         th.join()
+    cpu1 = _cpu_s(server)
+    cpu_s = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     ok = [r for r in results if r["status"] == 200]
+    tokens = sum(r["completion_tokens"] or 0 for r in ok)
     window = max(r["end"] for r in results) - min(r["start"] for r in results)
     lat = [r["total_s"] for r in ok]
     cell.update(requests=[{k: v for k, v in r.items() if k not in ("start", "end")} for r in results])
     cell["summary"] = {"clients": clients, "requests": len(results), "failed": len(results) - len(ok),
-                       "window_s": window, "tokens": sum(r["completion_tokens"] or 0 for r in ok),
-                       "tok_s": sum(r["completion_tokens"] or 0 for r in ok) / window,
+                       "window_s": window, "tokens": tokens, "tok_s": tokens / window,
+                       "server_cpu_s": cpu_s,
+                       "cpu_ms_per_token": 1e3 * cpu_s / tokens if tokens and cpu_s is not None else None,
                        "p50_s": float(np.percentile(lat, 50)) if lat else None,
                        "p99_s": float(np.percentile(lat, 99)) if lat else None,
                        "ttft_p50_s": median_of([r["ttft_s"] for r in ok]),
@@ -60,3 +68,11 @@ def run_concurrent(server: Server, store: Store, prompts: List[str], args, paral
     cell["done"] = True
     store.save()
     print(f"{server.name} {server.model} {part}: {cell['summary']}", flush=True)
+
+
+def _cpu_s(server: Server) -> Optional[float]:
+    """The server process's CPU seconds so far; None once it is gone."""
+    try:
+        return process_cpu_s(server.proc.pid)
+    except OSError:
+        return None

@@ -105,17 +105,21 @@ def concurrent_table(v: Cells) -> List[str]:
     lines = ["", f"## {cfg.get('clients')} concurrent clients ({cfg.get('requests')} MT-bench requests each, "
                  f"up to {cfg.get('concurrent_tokens')} tokens, streamed), and the same requests from one client "
                  "one at a time on the same server (their ratio means something where their load averages are "
-                 "alike)", "",
-             "| model | server | generations at once | total tok/s | p50 latency s | p99 latency s | TTFT p50 s | "
-             "failed | load avg | one at a time: tok/s | load avg | concurrent / one at a time |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "alike; CPU ms a token: the server process's CPU seconds over the completion tokens, prefills "
+                 "included (ours-star: its target process), which a busy machine inflates less than it does wall "
+                 "time)", "",
+             "| model | server | generations at once | total tok/s | CPU ms a token | p50 latency s | p99 latency s | "
+             "TTFT p50 s | failed | load avg | one at a time: tok/s | CPU ms a token | load avg | "
+             "concurrent / one at a time |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in v.models:
         for s in v.servers:
             x, one = v.summ(s, m, "concurrent"), v.summ(s, m, "serial")
-            row = (f"{x['server_parallel']} | {_f(x['tok_s'])} | {_f(x['p50_s'])} | {_f(x['p99_s'])} | "
-                   f"{_f(x['ttft_p50_s'])} | {x['failed']}/{x['requests']} | {v.load(s, m, 'concurrent')}"
-                   if x else "- | - | - | - | - | - | -")
-            row += f" | {_f(one['tok_s'])} | {v.load(s, m, 'serial')}" if one else " | - | -"
+            row = (f"{x['server_parallel']} | {_f(x['tok_s'])} | {_f(x.get('cpu_ms_per_token'), '{:.1f}')} | "
+                   f"{_f(x['p50_s'])} | {_f(x['p99_s'])} | {_f(x['ttft_p50_s'])} | {x['failed']}/{x['requests']} | "
+                   f"{v.load(s, m, 'concurrent')}" if x else "- | - | - | - | - | - | - | -")
+            row += (f" | {_f(one['tok_s'])} | {_f(one.get('cpu_ms_per_token'), '{:.1f}')} | {v.load(s, m, 'serial')}"
+                    if one else " | - | - | -")
             ratio = x["tok_s"] / one["tok_s"] if x and one and one["tok_s"] else None
             lines.append(f"| {_short(m)} | {s} | {row} | {_f(ratio, '{:.2f}x')} |")
     return lines

@@ -15,9 +15,12 @@ class StopText:
 
     def feed(self, delta: str) -> str:
         """New text that is safe to emit now."""
+        # the text so far holds no stop string (it was cut at one): search only where one could end in
+        # delta, so a long answer costs linear time, not quadratic
+        before = len(self.text)
         self.text += delta
         for s in self.stops:
-            i = self.text.find(s)
+            i = self.text.find(s, max(0, before - len(s) + 1))
             if i >= 0:
                 self.text, self.hit = self.text[:i], True
         if self.hit:

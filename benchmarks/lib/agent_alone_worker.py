@@ -24,7 +24,7 @@ import threading
 from edge.api.admission import DEFAULT_PARALLEL, DEFAULT_QUEUE
 
 
-def main(argv=None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a .gguf path or model name")
     ap.add_argument("--port", type=int, required=True)
@@ -34,7 +34,22 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-cache-mb", type=float, default=1024.0)
     ap.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL, help="generations at once")
     ap.add_argument("--queue", type=int, default=DEFAULT_QUEUE, help="requests waiting beyond them")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    server = endpoint(parser().parse_args(argv)).start()
+    print(f"serving on http://127.0.0.1:{server.port}/v1", file=sys.stderr, flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+
+
+def endpoint(args):
+    """The OpenAIServer (not started) over generate_plain on the llama.cpp engine, as main's options say
+    (benchmarks/serving/decode_overhead.py profiles the same one)."""
     from edge.api.openai_http import OpenAIServer
     from edge.cli.options import open_prompt_cache
     from edge.engines.batched_calls import shared_engine
@@ -46,14 +61,8 @@ def main(argv=None) -> None:
                              n_seq_max=engine_sequences("llamacpp", args.parallel, args.prompt_cache))
     engine = shared_engine(engine, args.parallel)
     cache = open_prompt_cache(engine, args.prompt_cache, args.prompt_cache_mb)
-    server = OpenAIServer(functools.partial(generate_plain, engine, cache=cache), tok, model_name=args.model,
-                          port=args.port, context=engine.max_len, parallel=args.parallel, queue=args.queue).start()
-    print(f"serving on http://127.0.0.1:{server.port}/v1", file=sys.stderr, flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
-    server.stop()
+    return OpenAIServer(functools.partial(generate_plain, engine, cache=cache), tok, model_name=args.model,
+                        port=args.port, context=engine.max_len, parallel=args.parallel, queue=args.queue)
 
 
 if __name__ == "__main__":

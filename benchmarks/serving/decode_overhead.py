@@ -209,7 +209,8 @@ def _commit() -> str:
 
 def write(res: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    path = {ext: out.parent / f"{out.name}.{ext}" for ext in ("json", "md", "png")}   # a name may hold dots
+    path["json"].write_text(json.dumps(res, indent=1))
     lines = [f"# Where a decoded token's CPU goes: our endpoint decoding alone ({res['gguf']}, {res['threads']} "
              f"thread, --parallel {res['parallel']}, {res['tokens']}-token streamed MT-bench answers)", "",
              f"CPU: {res['cpu']} ({res['cores']} cores), commit {res['commit']}. Thread CPU in each generation's "
@@ -227,11 +228,11 @@ def write(res: dict, out: Path) -> None:
             ("tokens decoded / requests", lambda m: f"{m['decoded']} / {m['requests']}"),
             ("1-minute load average, start -> end", lambda m: "{:.1f} -> {:.1f}".format(*m["loadavg"]))]
     lines += [f"| {name} | " + " | ".join(f(m) for m in res["modes"].values()) + " |" for name, f in rows]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    path["md"].write_text("\n".join(lines) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 3))
+    fig, ax = plt.subplots(figsize=(9, 3))
     left = [0.0] * len(res["modes"])
     for part in PARTS[1:]:
         vals = [m["parts_us_per_token"][part] for m in res["modes"].values()]
@@ -241,11 +242,11 @@ def write(res: dict, out: Path) -> None:
         ax.text(left[i], i, f"  {100 * m['outside_llama_decode_fraction']:.2f}% of "
                             f"{m['decode_phase_ms_per_token']:.1f} ms", va="center", fontsize=8)
     ax.set_xlabel("thread CPU us a token outside llama_decode")
-    ax.set_xlim(0, max(left) * 1.6)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_xlim(0, max(left) * 1.5)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title(f"{res['gguf']}: our work around llama_decode", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=120)
+    fig.savefig(path["png"], dpi=120)
     print("\n".join(lines))
 
 

@@ -277,6 +277,8 @@ def test_sun_refuses_every_attack_and_keeps_serving(broker, sun_models, tmp_path
         small = P.encode(P.KVChunk("r-flood", 0, 1, 1, b"k" * 1024), b"f" * 32)
         big = P.encode(P.KVChunk("r-big", 0, 1, 1, b"k" * (1 << 20)), b"f" * 32)
         held = lambda rid: len(served._early.get(rid, ()))  # noqa: E731
+        overflow = lambda: served.dropped.get("early_overflow", 0)  # noqa: E731
+        overflow_before = overflow()
 
         def flood():
             pub(broker, P.sun_kv_topic(served.id, "intruder"), small, tmp_path, repeat=FLOOD)
@@ -286,7 +288,10 @@ def test_sun_refuses_every_attack_and_keeps_serving(broker, sun_models, tmp_path
             flooder.start()
             until(lambda: held("r-flood") >= FLOOD // 3)                # one request while small chunks pour in
             during_small = c.submit("maths", prompt, 12)
-            until(lambda: held("r-big") >= 5)                           # one while 1 MiB chunks do
+            # one while 1 MiB chunks do, the intruder's early quota full of them (max_pending / 4 = 8 MiB,
+            # the small chunks' share still in it: it holds 4-7, so waiting for 5 could time out after
+            # the flood had passed)
+            until(lambda: held("r-big") >= 1 and overflow() > overflow_before)
             during_big = c.submit("maths", prompt, 12)
             flooder.join(60)
             for h in (during_small, during_big):

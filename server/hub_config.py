@@ -8,7 +8,7 @@ The file has one table per --help section of `edge-hub serve`, each key the long
                  (broker: one URL or a list of a cluster's nodes; with an mqtts:// broker, tls_dir holds the
                  hub's own client certificate)
     [hub]        hub_id, hubs, stats_every
-    [model]      dtype, threads, max_len, device, gpu_layers
+    [model]      dtype, threads, max_len, accelerator, gpu_layers, repack
     [draft]      draft_model, draft_backend, verify_model, verify_backend, client_share, max_sessions, max_kv_mb, max_gamma, evict_after, ahead,
                  coalesce, join, q_top_k, draft_p_min, drafter, suffix_min_score
     [sun]        sun_isolated, sun_pool, sun_decoder, sun_max_batch, sun_max_sequences, sun_backend,
@@ -99,6 +99,7 @@ class HubConfig:
     verify_model: Optional[str] = None  # the reverse star's target (--verify-model), or None
     verify_backend: str = "auto"        # its engine (--verify-backend)
     verify_limits: object = None        # its sessions, KV, γ and eviction: the draft options' (DraftLimits)
+    repack: str = "auto"                # llama.cpp's CPU weight repacking of every model it loads (--repack)
 
 
 def hub_config_from(o: dict) -> HubConfig:
@@ -113,7 +114,8 @@ def hub_config_from(o: dict) -> HubConfig:
     return HubConfig(o["hub_id"], o["stats_every"], ctl_key, broker, o["dtype"], o["threads"], o["max_len"],
                      _draft_plan(o), o["client_share"], sun, TelemetrySettings.from_options(o),
                      o["device"], o["gpu_layers"], o["draft_backend"], o["hubs"],
-                     o.get("verify_model"), o.get("verify_backend", "auto"), _verify_limits(o))
+                     o.get("verify_model"), o.get("verify_backend", "auto"), _verify_limits(o),
+                     o.get("repack", "auto"))
 
 
 def _verify_limits(o: dict):

@@ -150,7 +150,8 @@ def _make_hub(cfg: HubConfig):
                                     None if cfg.draft.kind == "suffix" else "draft")
         core, tok = build_draft(replace(cfg.draft, model=model), f"{cfg.hub_id}-draft",
                                 lambda: open_model_for_command(model, cfg.dtype, cfg.threads, cfg.max_len,
-                                                               device=cfg.device, gpu_layers=cfg.gpu_layers))
+                                                               device=cfg.device, gpu_layers=cfg.gpu_layers,
+                                                               repack=cfg.repack))
     else:
         click.echo("no --draft-model: this hub only routes to draft services on devices "
                    "(`edge-agent run --role draft`)", err=True)
@@ -174,7 +175,7 @@ def verify_target(cfg: HubConfig) -> dict:
     model = resolve_for_command(cfg.verify_model, cfg.verify_backend, "target")
     # one sequence per session (llama.cpp: n_seq_max), so --max-sessions is what it can hold
     engine, tok = open_model_for_command(model, cfg.dtype, cfg.threads, cfg.max_len, device=cfg.device,
-                                         gpu_layers=cfg.gpu_layers,
+                                         gpu_layers=cfg.gpu_layers, repack=cfg.repack,
                                          **engine_kwargs(model.backend, "target", cfg.verify_limits.max_sessions))
     from edge.speculative.grammar import grammar_tokenizer
     # grammars (a drafting device's response_format / tool_choice) compiled against the target's tokenizer,
@@ -210,7 +211,7 @@ def _sun_decoder(cfg: HubConfig):
     # resolved here: --sun-backend auto becomes the bundle's decoder artifact (llama.cpp: the decoder sizes
     # its context's sequences for it) or torch for a tuned directory
     model = resolve_for_command(sun.decoder_dir, sun.backend, "decoder")
-    placement = place_model(model, cfg.device, cfg.gpu_layers)
+    placement = place_model(model, cfg.device, cfg.gpu_layers, repack=cfg.repack)
     try:
         decoder = SharedDecoder.from_dir(model, threads=cfg.threads, max_batch=sun.max_batch,
                                          stop_ids=sun.stop_ids, name=f"{cfg.hub_id}-decoder", backend=model.backend,

@@ -46,8 +46,8 @@ SUN_ROLES = ("prefill", "decoder")
 @dataclass
 class ModelSettings:
     """The role's model and how it loads: --model or --module, --backend, --dtype, --threads,
-    --max-len, where it runs (--accelerator, --gpu-layers) and the memory budget it is checked against
-    first (--profile, --memory-budget)."""
+    --max-len, where it runs (--accelerator, --gpu-layers), llama.cpp's weight repacking (--repack)
+    and the memory budget it is checked against first (--profile, --memory-budget)."""
     model: Optional[str]
     module_dir: Optional[str]
     backend: str
@@ -58,6 +58,7 @@ class ModelSettings:
     memory_budget: Optional[str]
     device: str = "auto"
     gpu_layers: Optional[str] = None        # N | all (llama.cpp)
+    repack: str = "auto"                    # auto | on | off (llama.cpp: edge/engines/llamacpp_repack.py)
 
 
 @dataclass
@@ -176,7 +177,7 @@ def agent_config_from(o: dict) -> AgentConfig:
     return AgentConfig(
         role, client_id, broker, ctl_key, TelemetrySettings.from_options(o),
         ModelSettings(o["model"], o["module_dir"], o["backend"], o["dtype"], o["threads"], o["max_len"],
-                      o["profile"], o["memory_budget"], o["device"], o["gpu_layers"]),
+                      o["profile"], o["memory_budget"], o["device"], o["gpu_layers"], o["repack"]),
         draft,
         TargetSettings(gamma, adaptive, o["http_host"], o["http_port"], o["prompt"], o["max_new"], o["temperature"],
                        o["hubs"], o["prompt_cache"], o["prompt_cache_mb"], o["parallel"], o["queue"]),
@@ -231,7 +232,7 @@ def start_role(cfg: AgentConfig) -> None:
     if cfg.role in SUN_ROLES:             # the module dir carries its own model
         from edge.cli.placing import place_model
         model = resolve_for_command(m.module_dir, m.backend, role_of=lambda base: sun_role(cfg, base))
-        placement = place_model(model, m.device, m.gpu_layers, m.profile)
+        placement = place_model(model, m.device, m.gpu_layers, m.profile, repack=m.repack)
         check_before_load(model.role, model, None, m.profile, m.memory_budget, max_batch=cfg.sun.max_batch,
                           placement=placement)
         if cfg.sun.with_decoder:
@@ -273,7 +274,7 @@ def _open_planned(cfg: AgentConfig, model):
     then opened with what its memory plan counted on that placement (and refused if it does not fit)."""
     from edge.cli.placing import place_model
     m, limits = cfg.model, cfg.draft.limits if cfg.draft else None
-    placement = place_model(model, m.device, m.gpu_layers, m.profile)
+    placement = place_model(model, m.device, m.gpu_layers, m.profile, repack=m.repack)
     engine_kw = check_before_load(cfg.role, model, m.max_len, m.profile, m.memory_budget,
                                   dtype=m.dtype, max_sessions=limits.max_sessions if limits else 64,
                                   max_kv_mb=limits.max_kv_mb if limits else 1024.0, placement=placement,

@@ -50,8 +50,23 @@ def threads_option(f):
                        "run on, as llama-server")(f)
 
 
+REPACK_HELP = ("llamacpp: repack the weights kept on the CPU into llama.cpp's faster layouts (llama-server's "
+               "default). auto: only where every weight type keeps a target's verification bit-exact (F32, F16, "
+               "BF16, Q4_0, Q4_1, Q8_0), so a Q4_K file is not repacked; on: repack anyway (a 1.5B Q4_K_M decodes "
+               "faster; a target's speculative greedy text may then leave its plain greedy text at near-ties, a "
+               "draft loses nothing: the target verifies it); off: never. A llama.cpp built with the AMX backend "
+               "never repacks (it would crash)")
+
+
+def repack_option(f):
+    """--repack auto|on|off: llama.cpp's CPU weight repacking (edge/engines/llamacpp_repack.py)."""
+    return option(MODEL, "--repack", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+                  help=REPACK_HELP)(f)
+
+
 def placement_options(f):
-    """--accelerator / --gpu-layers: where a model runs (edge/engines/placement.py decides `auto`)."""
+    """--accelerator / --gpu-layers / --repack: where a model runs (edge/engines/placement.py decides
+    `auto`) and how llama.cpp lays out the weights it keeps on the CPU."""
     return apply(f, [
         option(MODEL, "--accelerator", "device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
                help="where the model runs. auto: the GPU where the backend's runtime can use one (llama.cpp "
@@ -60,13 +75,14 @@ def placement_options(f):
         option(MODEL, "--gpu-layers", default=None, metavar="N|all",
                help="llamacpp: layers on the GPU (all, or N of them; 0: none); other backends place the whole "
                     "model by --accelerator"),
+        repack_option,
         renamed_option("--device", "--accelerator auto|cpu|cuda"),
     ])
 
 
 def model_options(f):
-    """--dtype / --threads / --max-len and the placement (--accelerator / --gpu-layers) of a loaded model
-    (`edge-agent run|generate`, `edge-hub serve`: its draft and SUN decoder)."""
+    """--dtype / --threads / --max-len and the placement (--accelerator / --gpu-layers / --repack) of a
+    loaded model (`edge-agent run|generate`, `edge-hub serve`: its draft, verify target and SUN decoder)."""
     return apply(f, [dtype_option, threads_option,
                      option(MODEL, "--max-len", default=4096, show_default=True, help="context cap per sequence"),
                      placement_options])

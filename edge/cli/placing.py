@@ -1,5 +1,5 @@
 """Placement as a command applies it: where a role's model runs, decided before it loads
-(edge/engines/placement.py) from --accelerator / --gpu-layers, the --profile and the installed
+(edge/engines/placement.py) from --accelerator / --gpu-layers / --repack, the --profile and the installed
 runtime, with its warnings and refusals shown the way a command shows errors.
 
 The start line (`placement: ...; backend: <why that backend>`, then `loaded ...: <where>` once
@@ -24,15 +24,16 @@ def profile_facts(profile: Optional[str]):
     return DeviceFacts.from_profile(load_device(profile))
 
 
-def place_model(model, device: str = "auto", gpu_layers=None, profile: Optional[str] = None, caps=None):
+def place_model(model, device: str = "auto", gpu_layers=None, profile: Optional[str] = None, caps=None,
+                repack: str = "auto"):
     """The Placement of a ResolvedModel on its backend, shown on stderr with why that backend; a
     request the runtime cannot honour is a click error naming the fix. caps: injected
-    capabilities (tests); None asks the installed runtime."""
+    capabilities (tests); None asks the installed runtime. repack: --repack (llama.cpp)."""
     from edge.engines.base import EngineError
     from edge.engines.placement import decide_placement, parse_gpu_layers
     try:
         p = decide_placement(model.backend, device or "auto", parse_gpu_layers(gpu_layers), profile_facts(profile),
-                             caps)
+                             caps, repack or "auto")
     except EngineError as e:           # PlacementError: it says what to do
         raise click.ClickException(str(e)) from None
     for w in p.warnings:

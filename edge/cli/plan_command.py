@@ -16,7 +16,8 @@ from typing import Optional
 import click
 
 from edge.cli.device_profiles import load_device
-from edge.cli.options import backend_option, dtype_option, parallel_options, prompt_cache_options, renamed_option
+from edge.cli.options import (backend_option, dtype_option, parallel_options, prompt_cache_options, renamed_option,
+                              repack_option)
 from edge.cli.sections import MODEL, TARGET, option
 from edge.memory.fit import (Fit, Workload, cache_slots_that_fit, engine_kwargs, engine_sequences, fit, parse_bytes,
                              role_sequences)
@@ -253,6 +254,7 @@ def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
 @click.option("--accelerator", "device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
               help="where the role runs on the device (auto: its GPU where the profile has one)")
 @click.option("--gpu-layers", default=None, metavar="N|all", help="llamacpp: layers on the GPU")
+@repack_option
 @click.option("--adapters", "n_adapters", type=int, default=0, show_default=True,
               help="prefill: LoRA specialists the worker holds beside its base")
 @click.option("--adapter-rank", type=int, default=16, show_default=True, help="their LoRA rank")
@@ -264,7 +266,7 @@ def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
 @parallel_options(TARGET, queue=False)
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
 def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_len, max_batch, max_sessions,
-         max_kv_mb, dtype, device, gpu_layers, n_adapters, adapter_rank, adapter_targets, adapter_dtype,
+         max_kv_mb, dtype, device, gpu_layers, repack, n_adapters, adapter_rank, adapter_targets, adapter_dtype,
          prompt_cache, prompt_cache_mb, parallel, as_json):
     """Estimate a role's memory on a device: fits or not, by how much, and the most that fits."""
     given = [x for x in (model, bundle, module_dir) if x]
@@ -284,7 +286,7 @@ def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_l
     f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
                      adapters=ad, prompt_cache=(prompt_cache, prompt_cache_mb), parallel=parallel)
     sp = specialists(f, e)
-    placed = _placed(e, profile, memory_budget, device, gpu_layers)
+    placed = _placed(e, profile, memory_budget, device, gpu_layers, repack)
     if as_json:
         d = f.to_dict() if f is not None else e.to_dict()
         d.update(profile=profile, advice=advice(f) if f is not None else [], placement=placed,
@@ -299,7 +301,7 @@ def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_l
             click.echo(format_placed(placed))
 
 
-def _placed(e, profile, memory_budget, device, gpu_layers) -> Optional[dict]:
+def _placed(e, profile, memory_budget, device, gpu_layers, repack="auto") -> Optional[dict]:
     """Where the plan's bytes live on the profile's device (edge/memory/placed.py), or None."""
     if not profile:
         return None
@@ -307,7 +309,7 @@ def _placed(e, profile, memory_budget, device, gpu_layers) -> Optional[dict]:
     from edge.memory.placed import MemorySides, placed_report, planned_placement
     dev = load_device(profile)
     try:
-        placement = planned_placement(e.workload.backend, device, gpu_layers, dev)
+        placement = planned_placement(e.workload.backend, device, gpu_layers, dev, repack)
     except PlacementError as err:
         raise click.ClickException(str(err)) from None
     return placed_report(e, placement, MemorySides.of_profile(dev, budget_bytes(None, memory_budget)))

@@ -30,18 +30,19 @@ def resolve_for_command(ref, backend: str = "auto", role=None, role_of: Optional
 
 
 def open_model_for_command(model, dtype: str, threads, max_len: int, device: str = "auto", gpu_layers=None,
-                           profile: Optional[str] = None, placement=None, **engine_kw):
+                           profile: Optional[str] = None, placement=None, repack: str = "auto", **engine_kw):
     """edge.engines.loader.open_model of a ResolvedModel, its errors shown as click errors and the
     load time reported; engine_kw go to the engine (what the memory plan counted, e.g. llama.cpp's
     n_seq_max). Where it runs: `placement` if decided already, else decided here from device /
-    gpu_layers / profile (edge/cli/placing.py); the loaded line ends with where the engine put it."""
+    gpu_layers / profile / repack (edge/cli/placing.py); the loaded line ends with where the engine put it
+    (llama.cpp: and whether it repacked the weights, and why)."""
     from edge.cli.placing import place_model
     from edge.model.checkpoint_files import CheckpointError   # torch-free: llama.cpp / ORT roles skip torch
     from edge.engines.base import EngineError       # ModelNotFound is one
     from edge.engines.loader import open_model
 
     if placement is None:
-        placement = place_model(model, device, gpu_layers, profile)
+        placement = place_model(model, device, gpu_layers, profile, repack=repack)
     engine_kw = {**engine_kw, **placement.engine_kwargs()}
     t0 = time.perf_counter()
     try:

@@ -50,8 +50,9 @@ class LlamaCppEngine(Engine):
         verify of γ+1 rows rounds exactly as one-row decoding does and greedy speculative text is
         the plain text bit for bit; off is faster over a long cache but breaks that: docs/models.md;
         it changes how V is stored, which export_kv/import_kv handle);
-        extra_bufts: llama.cpp's extra weight buffer types (CPU repacking, AMX); None = on,
-        unless this build has the AMX backend that crashes (then off, with a warning); mmap: map
+        extra_bufts: llama.cpp's extra weight buffer types (CPU repacking, AMX; `--repack`): None =
+        on only where every weight type keeps a verify's rows exact, True on, False off; an AMX build
+        keeps it off (edge/engines/llamacpp_repack.py; `self.repack`: what was chosen, why); mmap: map
         the GGUF instead of reading it. None = read it when the CPU backend repacks weights (extra
         buffer types on, no GPU layers): the mapped pages of repacked tensors stay resident
         beside their repacked copy, ~0.6 GB of RSS for Qwen2.5-Coder-1.5B Q4_K_M (measured
@@ -62,7 +63,8 @@ class LlamaCppEngine(Engine):
         path = str(path)
         if not os.path.isfile(path):
             raise EngineError(f"no GGUF file at {path}")
-        self._model, self.mmap, self.model_params = load_model(lc, path, n_gpu_layers, extra_bufts, mmap)
+        self._model, self.mmap, self.model_params, self.repack = load_model(lc, path, n_gpu_layers, extra_bufts,
+                                                                             mmap)
         self._ctx = None
         self._batch = None
         self.flash_attn = flash_attn
@@ -97,11 +99,11 @@ class LlamaCppEngine(Engine):
         self.gpu_layers = layers_on_gpu(lc, self.n_gpu_layers, self.cfg.num_layers)
 
     def where(self) -> str:
-        """Where the model runs, for the start line: layers on the GPU / CPU."""
-        n = self.cfg.num_layers
-        if self.gpu_layers == 0:
-            return f"all {n} layers on the CPU (n_gpu_layers={self.n_gpu_layers})"
-        return f"{self.gpu_layers} of {n} layers on the GPU (n_gpu_layers={self.n_gpu_layers})"
+        """Where the model runs, for the start line: layers on the GPU / CPU, and whether its weights
+        are repacked for the CPU (and why: llamacpp_repack.py)."""
+        n, asked = self.cfg.num_layers, f"(n_gpu_layers={self.n_gpu_layers})"
+        where = f"all {n} layers on the CPU" if self.gpu_layers == 0 else f"{self.gpu_layers} of {n} layers on the GPU"
+        return f"{where} {asked}; {self.repack.describe()}"
 
     def _read_shape(self) -> None:
         """The architecture, and the dimensions a KV blob must have (Engine._read_kv_array checks them)."""

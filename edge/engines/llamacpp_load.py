@@ -7,6 +7,9 @@ from typing import Optional, Tuple
 
 from edge.engines.base import EngineError
 from edge.engines.cpu_threads import default_threads
+from edge.engines.llamacpp_repack import RepackChoice, amx_compiled, choose_repack, repack_keeps_rows_exact
+
+__all__ = ["amx_compiled", "repack_keeps_rows_exact"]   # where tests and benchmarks read them
 
 log = logging.getLogger(__name__)
 _BACKEND_READY = False
@@ -23,29 +26,6 @@ def llama_lib():
     return llama_cpp
 
 
-def amx_compiled(llama_cpp) -> bool:
-    """Was this llama.cpp built with ggml's AMX backend? It segfaults in the first matmul of a
-    quantised model on AMX CPUs (upstream llama.cpp issue 20824); `make llama` builds without it."""
-    return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
-
-
-# ggml types whose weights ggml-cpu may repack and whose multi-row calls were measured to round as
-# one-row calls do (F32, F16, Q4_0, Q4_1, Q8_0, BF16): greedy speculative text stays the plain text
-# bit for bit. Q4_K repacked did not (docs/models.md), nor is any other type measured.
-ROW_EXACT_WHEN_REPACKED = frozenset({0, 1, 2, 3, 8, 30})
-
-
-def repack_keeps_rows_exact(path: str) -> bool:
-    """Does every tensor of the GGUF have a type whose CPU repacking keeps a verify of k rows equal
-    to k one-row calls? (Read from the header; an unreadable header: False, the safe answer.)"""
-    from edge.model.gguf_header import GGUFHeaderError, read_gguf_header
-    try:
-        types = {t.ggml_type for t in read_gguf_header(path).tensors}
-    except (OSError, GGUFHeaderError):
-        return False
-    return types <= ROW_EXACT_WHEN_REPACKED
-
-
 def init_backend(llama_cpp, verbose: bool) -> None:
     global _BACKEND_READY
     if not _BACKEND_READY:
@@ -56,28 +36,21 @@ def init_backend(llama_cpp, verbose: bool) -> None:
 
 
 def load_model(lc, path: str, n_gpu_layers: int, extra_bufts: Optional[bool],
-               mmap: Optional[bool]) -> Tuple[object, bool, object]:
+               mmap: Optional[bool]) -> Tuple[object, bool, object, RepackChoice]:
     """(the llama model of the GGUF at `path`, whether it is mapped, the llama_model_params it was
-    loaded with: its n_gpu_layers is what llama.cpp was told); extra_bufts and mmap as
-    LlamaCppEngine's (None: chosen here)."""
+    loaded with: its n_gpu_layers is what llama.cpp was told, the weight repacking chosen and why);
+    extra_bufts and mmap as LlamaCppEngine's (None: chosen here, llamacpp_repack.py)."""
     mp = lc.llama_model_default_params()
     mp.n_gpu_layers = int(n_gpu_layers)
-    if extra_bufts is None and amx_compiled(lc):
-        log.warning("this llama-cpp-python was built with ggml's AMX backend, which crashes on "
-                    "quantised models (llama.cpp issue 20824): running without extra buffer types "
-                    "(no weight repacking, slower). Rebuild it with AMX off: `make llama`")
-        extra_bufts = False
-    elif extra_bufts is None and not repack_keeps_rows_exact(path):
-        # exactness first: repacked K-quant weights round a k-row verify differently from one-row
-        # decoding, so greedy text through a draft could leave the target's own (docs/models.md);
-        # measured here the cost is small (1.5B Q4_K_M, one thread: prefill faster, decode ~10% slower)
-        log.info("%s: llama.cpp's CPU weight repacking off (its weight types would not keep "
-                 "speculative verification exact)", path)
-        extra_bufts = False
-    if extra_bufts is not None:
-        mp.use_extra_bufts = bool(extra_bufts)
-    if mmap is None:
-        mmap = not (extra_bufts is not False and int(n_gpu_layers) == 0)
+    repack = choose_repack(extra_bufts, amx_compiled(lc), path)
+    if repack.amx_guard:
+        log.warning("%s: %s", path, repack.describe())
+    else:
+        log.info("%s: %s", path, repack.describe())
+    if repack.extra_bufts is not None:
+        mp.use_extra_bufts = bool(repack.extra_bufts)
+    if mmap is None:   # repacked weights are a copy: mapping the file too would keep both resident
+        mmap = not (repack.on and int(n_gpu_layers) == 0)
     if hasattr(mp, "load_mode"):     # llama.cpp >= 0.3.3x: llama_load_mode replaces use_mmap
         mp.load_mode = lc.LLAMA_LOAD_MODE_MMAP if mmap else lc.LLAMA_LOAD_MODE_NONE
     else:
@@ -85,7 +58,7 @@ def load_model(lc, path: str, n_gpu_layers: int, extra_bufts: Optional[bool],
     model = lc.llama_model_load_from_file(path.encode(), mp)
     if not model:
         raise EngineError(f"llama.cpp could not load {path} (not a GGUF it supports, or truncated)")
-    return model, bool(mmap), mp
+    return model, bool(mmap), mp, repack
 
 
 def layers_on_gpu(lc, n_gpu_layers: int, n_layer: int) -> int:

@@ -1,14 +1,17 @@
 """Where a role's model runs: one decision per role, from what was asked, the device profile and
 what the installed runtime can do.
 
-    decide_placement(backend, device="auto", gpu_layers=None, device_facts=None, caps=probe(backend))
+    decide_placement(backend, device="auto", gpu_layers=None, device_facts=None, caps=probe(backend),
+                     repack="auto")
 
 `device`: auto | cpu | cuda (`--accelerator`); `gpu_layers`: llama.cpp's layers on the GPU
-(`--gpu-layers N|all`, all = -1). `auto` puts every layer on the GPU where the runtime can use
-one (llama.cpp built with a GPU backend, onnxruntime with CUDAExecutionProvider, torch with
-CUDA) and the profile has a GPU; without a profile the runtime decides (a CUDA build on a
-workstation is what its user built it for); a CPU profile stays on the CPU. What cannot be
-honoured is refused with the fix (PlacementError), never run on the CPU in silence.
+(`--gpu-layers N|all`, all = -1); `repack`: whether llama.cpp repacks the weights it keeps on the
+CPU (`--repack auto|on|off`, edge/engines/llamacpp_repack.py), carried to the engine with the
+rest. `auto` puts every layer on the GPU where the runtime can use one (llama.cpp built with a
+GPU backend, onnxruntime with CUDAExecutionProvider, torch with CUDA) and the profile has a GPU;
+without a profile the runtime decides (a CUDA build on a workstation is what its user built it
+for); a CPU profile stays on the CPU. What cannot be honoured is refused with the fix
+(PlacementError), never run on the CPU in silence.
 
 The decision is pure (capabilities are injected, probe_capabilities reads them), so the whole
 table is tested on a CPU machine. Only the runtime of the chosen backend is imported: a
@@ -16,12 +19,13 @@ llama.cpp or onnxruntime role must not load torch (~0.2 GB of RSS).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Tuple
 
 from edge.engines.base import EngineError
 
 DEVICES = ("auto", "cpu", "cuda")
+REPACK = ("auto", "on", "off")       # --repack: llama.cpp's CPU weight repacking (llamacpp_repack.py)
 ALL_LAYERS = -1                      # llama.cpp: n_gpu_layers < 0 offloads every layer
 GPU_KINDS = ("jetson", "gpu")        # devices/profiles/*.toml `kind`s that have a GPU
 CUDA_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
@@ -79,6 +83,7 @@ class Placement:
     ort_providers: Tuple[str, ...] = ()
     torch_device: str = "cpu"
     warnings: Tuple[str, ...] = field(default_factory=tuple)
+    repack: str = "auto"                 # llama.cpp's CPU weight repacking: auto | on | off (--repack)
 
     @property
     def on_gpu(self) -> bool:
@@ -87,7 +92,9 @@ class Placement:
     def engine_kwargs(self) -> dict:
         """What the backend's engine takes for this placement (load_engine passes them on)."""
         if self.backend == "llamacpp":
-            return {"n_gpu_layers": self.gpu_layers}
+            from edge.engines.llamacpp_repack import REPACK_MODES
+            kw = {"n_gpu_layers": self.gpu_layers}
+            return kw if self.repack == "auto" else {**kw, "extra_bufts": REPACK_MODES[self.repack]}
         if self.backend == "onnx":
             return {"providers": list(self.ort_providers)}
         return {"device": self.torch_device}
@@ -97,6 +104,7 @@ class Placement:
         if self.backend == "llamacpp":
             where = ("all layers on the GPU" if self.gpu_layers == ALL_LAYERS
                      else f"{self.gpu_layers} layers on the GPU" if self.gpu_layers else "all layers on the CPU")
+            where += f", --repack {self.repack}" if self.repack != "auto" else ""
         elif self.backend == "onnx":
             where = "providers " + ", ".join(self.ort_providers)
         else:
@@ -154,9 +162,20 @@ def _on(backend: str, device: str, reason: str, gpu_layers: int, warnings=()) ->
 
 
 def decide_placement(backend: str, device: str = "auto", gpu_layers: Optional[int] = None,
-                     facts: Optional[DeviceFacts] = None, caps: Optional[Capabilities] = None) -> Placement:
+                     facts: Optional[DeviceFacts] = None, caps: Optional[Capabilities] = None,
+                     repack: str = "auto") -> Placement:
     """The placement of one role's model (module doc). gpu_layers: parse_gpu_layers' value; it
-    speaks only for llama.cpp (other backends place the whole model)."""
+    speaks only for llama.cpp (other backends place the whole model), as does repack."""
+    if repack not in REPACK:
+        raise PlacementError(f"--repack {repack!r}: use auto, on or off")
+    p = _decide(backend, device, gpu_layers, facts, caps)
+    if backend != "llamacpp" and repack != "auto":
+        return replace(p, warnings=p.warnings + (f"--repack {repack} is for llama.cpp models; {backend} ignores it",))
+    return replace(p, repack=repack) if backend == "llamacpp" else p
+
+
+def _decide(backend: str, device: str, gpu_layers: Optional[int], facts: Optional[DeviceFacts],
+            caps: Optional[Capabilities]) -> Placement:
     if device not in DEVICES:
         raise PlacementError(f"unknown device {device!r}; use auto, cpu or cuda")
     caps = caps if caps is not None else probe_capabilities(backend)

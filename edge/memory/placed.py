@@ -84,7 +84,7 @@ def check_sides(e: Estimate, fraction: float, sides: MemorySides) -> Optional[st
     return None
 
 
-def planned_placement(backend: str, device: str, gpu_layers, profile):
+def planned_placement(backend: str, device: str, gpu_layers, profile, repack: str = "auto"):
     """The placement `edge-agent plan` assumes for a profile (the device's runtime as provisioning
     installs it: GPU builds where the profile has a GPU), decided as a role would decide it."""
     from edge.engines.placement import Capabilities, DeviceFacts, decide_placement, parse_gpu_layers
@@ -93,7 +93,7 @@ def planned_placement(backend: str, device: str, gpu_layers, profile):
     caps = Capabilities(llama_gpu_offload=gpu, torch_cuda=gpu,
                         ort_providers=("CUDAExecutionProvider", "CPUExecutionProvider") if gpu
                         else ("CPUExecutionProvider",))
-    return decide_placement(backend, device, parse_gpu_layers(gpu_layers), facts, caps)
+    return decide_placement(backend, device, parse_gpu_layers(gpu_layers), facts, caps, repack)
 
 
 def placed_report(e: Estimate, placement, sides: MemorySides) -> dict:

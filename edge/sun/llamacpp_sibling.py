@@ -23,6 +23,7 @@ class SiblingContext(LlamaCppEngine):
         lc = self._lc = owner._lc
         self._owner = owner                   # kept alive while this context uses its model
         self._model, self.mmap, self.model_params = owner._model, owner.mmap, owner.model_params
+        self.repack = owner.repack            # the weights (and their repacking) are the owner's
         self._ctx = self._batch = None
         self.path = owner.path
         if threads is None and getattr(owner, "_ctx", None):     # the owner's (--threads), not the library's

@@ -41,6 +41,9 @@ CASES = [
     _c("llamacpp", Q05, "target", 4096, fill=1024), _c("llamacpp", Q05, "target", 32768, fill=512),
     _c("llamacpp", Q15, "target", 1000, fill=900), _c("llamacpp", Q15, "target", 4096, fill=1024),
     _c("llamacpp", Q15, "target", 16384, fill=512),
+    # --repack on: a K-quant's weights repacked for the CPU (read, not mapped: one copy resident)
+    _c("llamacpp", Q05, "target", 4096, fill=1024, repack="on"),
+    _c("llamacpp", Q15, "target", 4096, fill=1024, repack="on"),
     _c("llamacpp", Q05, "draft", 4096, 8, fill=256), _c("llamacpp", SMOL, "draft", 2048, 4, fill=256),
     _c("llamacpp", Q05, "decoder", 1024, 16, fill=128), _c("llamacpp", SMOL, "decoder", 1024, 64, fill=64),
     _c("llamacpp", Q05, "prefill", 1024, 8, fill=900),
@@ -68,7 +71,7 @@ REPEATS = {"onnx": 3}
 
 
 def case_id(c: dict) -> str:
-    extra = "".join(f" {k}={c[k]}" for k in ("dtype", "fill", "kind") if k in c)
+    extra = "".join(f" {k}={c[k]}" for k in ("dtype", "fill", "kind", "repack") if k in c)
     return f"{c['backend']} {Path(str(c['model'])).name} {c['role']} ctx={c['context']} seq={c['sequences']}{extra}"
 
 

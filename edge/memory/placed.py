@@ -101,5 +101,6 @@ def placed_report(e: Estimate, placement, sides: MemorySides) -> dict:
     frac = gpu_fraction(placement, e.shape.layers)
     host, gpu = split(e, frac)
     return {"device": placement.device, "reason": placement.reason, "gpu_layers": placement.gpu_layers,
+            "repack": placement.repack,
             "gpu_fraction": frac, "host_bytes": host, "gpu_bytes": gpu, "unified": sides.unified,
             "host_budget_bytes": sides.host, "gpu_budget_bytes": sides.gpu, "refusal": check_sides(e, frac, sides)}

@@ -86,3 +86,20 @@ def test_the_hub_refuses_other_values():
     from server.hub_cli import main as hub
     r = CliRunner().invoke(hub, ["serve", "--repack", "yes"])
     assert r.exit_code == 2 and "Invalid value for '--repack': 'yes' is not one of 'auto', 'on', 'off'" in r.output
+
+
+def test_the_plan_takes_repack_and_counts_one_copy_of_the_weights(q4_k_m):
+    """Repacked weights are read, not mapped (LlamaCppEngine.mmap): one copy resident either way, so
+    the estimate is the same (measured: benchmarks/device/memory_plan.py's repack=on cases)."""
+    import json
+
+    from edge.cli.agent import main as agent
+    got = {}
+    for mode in ("on", "off", "auto"):
+        r = CliRunner().invoke(agent, ["plan", "--role", "target", "-m", q4_k_m, "--profile", "x86-cpu-generic",
+                                       "--repack", mode, "--json"])
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.output)
+        assert d["placement"]["repack"] == mode
+        got[mode] = d["total_bytes"]
+    assert got["on"] == got["off"] == got["auto"]

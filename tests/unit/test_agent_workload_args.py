@@ -82,3 +82,18 @@ def test_two_runs_sharing_one_result_file_keep_each_others_cells(tmp_path):
     assert sorted(disk["cells"]["llama-server|m|bfcl_simple"]["cases"]) == ["c0", "c1"]
     assert [r["started"] for r in disk["runs"]] == ["t1", "t0"] and disk["runs"][1]["finished"] == "t2"
     assert aw.args_of(["--server-core", "1"]).server_core == 1
+
+
+def test_repack_reaches_ours_command_lines_only_when_asked(monkeypatch, tmp_path):
+    """--repack on|off goes to ours alone (agent_alone_worker) and the star's `edge-agent run`; auto
+    leaves their command lines as they were (a recorded command stays the default's)."""
+    from benchmarks.serving.agent_workload import servers
+    monkeypatch.setattr(servers.Server, "_spawn", lambda self, argv: setattr(self, "argv", [str(a) for a in argv]))
+    monkeypatch.setattr(servers.Server, "wait_ready", lambda self, timeout=0: None)
+    assert aw.args_of([]).repack == "auto"
+    with pytest.raises(SystemExit):
+        aw.args_of(["--repack", "maybe"])
+    for mode, want in (("auto", []), ("on", ["--repack", "on"]), ("off", ["--repack", "off"])):
+        ours = servers.make_server("ours", aw.MODELS[0], 1, aw.args_of(["--repack", mode]), {"logdir": tmp_path})
+        ours.start()
+        assert ours.argv[-len(want) - 2:] == ["--parallel", "4", *want]

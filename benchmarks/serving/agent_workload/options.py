@@ -35,6 +35,9 @@ def args_of(argv=None) -> argparse.Namespace:
     ap.add_argument("--parallel", type=int, default=None,
                     help="ours' --parallel (generations at once, alone and through the star; default: --clients)")
     ap.add_argument("--gamma", default="auto", help="the star target's -g")
+    ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
+                    help="ours' (alone and the star's target) llama.cpp CPU weight repacking (edge-agent run "
+                         "--repack; on: llama-server's weight layout); llama-server keeps its default (on)")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b", help="the star's draft model")
     ap.add_argument("--draft-format", default="Q4_0", help="the draft's GGUF format (export/target_format.py)")
     ap.add_argument("--server-core", type=int, choices=(0, 1), default=0,

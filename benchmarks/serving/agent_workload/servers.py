@@ -82,13 +82,13 @@ class LlamaServer(Server):
 class OursAlone(Server):
     name = "ours"
 
-    def __init__(self, *a, parallel: int):
+    def __init__(self, *a, parallel: int, repack: str = "auto"):
         super().__init__(*a)
-        self.parallel = parallel
+        self.parallel, self.repack = parallel, repack
 
     def start(self) -> "OursAlone":
         self._spawn([sys.executable, "-m", "benchmarks.lib.agent_alone_worker", "--model", self.gguf,
-                     "--port", self.port, "--threads", 1, "--parallel", self.parallel])
+                     "--port", self.port, "--threads", 1, "--parallel", self.parallel, *repack_args(self.repack)])
         self.wait_ready()
         return self
 
@@ -98,9 +98,9 @@ class OursStar(Server):
     (server/demos/two_device.py's RemoteStar), then `edge-agent run --role target` on TARGET_CORE."""
     name = "ours-star"
 
-    def __init__(self, *a, draft: Path, gamma: str, parallel: int):
+    def __init__(self, *a, draft: Path, gamma: str, parallel: int, repack: str = "auto"):
         super().__init__(*a)
-        self.draft, self.gamma, self.parallel = draft, gamma, parallel
+        self.draft, self.gamma, self.parallel, self.repack = draft, gamma, parallel, repack
         self.stack = contextlib.ExitStack()
 
     def start(self) -> "OursStar":
@@ -114,7 +114,7 @@ class OursStar(Server):
                                                 broker_url=broker.url))
             self._spawn([BIN / "edge-agent", "run", "--role", "target", "-m", self.gguf, "--broker", broker.url,
                          "--http-port", self.port, "--client-id", "dev0", "-g", self.gamma, "--threads", 1,
-                         "--parallel", self.parallel])
+                         "--parallel", self.parallel, *repack_args(self.repack)])
             self.wait_ready()
         except BaseException:
             self.stop()
@@ -139,7 +139,13 @@ def make_server(name: str, model: str, port: int, args, ctx: dict) -> Server:
     logdir, core = ctx["logdir"] / f"{name}-{Path(str(model)).name}", args.server_core
     if name == "llama-server":
         return LlamaServer(model, gguf, port, logdir, core, bin_dir=ctx["bin_dir"](), np_=args.np)
+    repack = getattr(args, "repack", "auto")
     if name == "ours":
-        return OursAlone(model, gguf, port, logdir, core, parallel=args.parallel)
+        return OursAlone(model, gguf, port, logdir, core, parallel=args.parallel, repack=repack)
     return OursStar(model, gguf, port, logdir, core, draft=target_gguf(args.draft, args.draft_format), gamma=args.gamma,
-                    parallel=args.parallel)
+                    parallel=args.parallel, repack=repack)
+
+
+def repack_args(mode: str) -> list:
+    """--repack for ours' command line; none for auto (the command, as recorded, stays the default's)."""
+    return [] if mode == "auto" else ["--repack", mode]

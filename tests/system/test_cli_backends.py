@@ -46,7 +46,7 @@ def agents(tmp_path_factory, mosquitto):
         ps.start("prefill", *agent, "--role", "prefill", "--backend", "onnx", "--module", sun,
                  "--client-id", "prefill-onnx")
         ps.start("decoder", *agent, "--role", "decoder", "--backend", "llamacpp", "--module", sun,
-                 "--client-id", "decoder-llamacpp", "--max-batch", "4")
+                 "--client-id", "decoder-llamacpp", "--max-batch", "4", "--repack", "off")
         ps.wait_for("draft", "registered at")
         ps.start("target", *agent, "--role", "target", "--backend", "onnx", "--model", bundle,
                  "--client-id", "target-onnx", "--prompt", PROMPT, "-n", MAX_NEW, "-g", "3")
@@ -81,13 +81,14 @@ def test_sun_request_through_onnx_prefill_and_llamacpp_decoder_processes(agents)
     worker = PrefillWorker.from_dir(sun, threads=1, backend="onnx")
     assert worker.task == "maths"                 # from the bundle's artifact, as the agent finds it
     out = worker.prefill(prompt)
-    dec = SharedDecoder.from_dir(sun, threads=1, backend="llamacpp", max_batch=4)
+    dec = SharedDecoder.from_dir(sun, threads=1, backend="llamacpp", max_batch=4, engine_kw={"extra_bufts": False})
     rid = dec.admit(out.blob, max_new=16, first_token=out.first_token)
     while rid not in dec.results:
         dec.step()
     ref = dec.results[rid].tokens
     ps.wait_for("prefill", "up at")
     ps.wait_for("decoder", "up at")
+    assert "weight repacking off (off as asked)" in ps.err("decoder")     # --repack reaches a SUN worker
     client = SunClient(MqttLink(url).connect(10), "app-backends").start()
     try:
         end = time.monotonic() + 30

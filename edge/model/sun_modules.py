@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -102,13 +103,14 @@ def check_fingerprint(model: Transformer, manifest: dict) -> str:
 
 def pad_right(rows: Sequence[Sequence[int]], pad: int = 0, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Ragged token lists -> ([B, T] right-padded, lengths [B]) on `device`."""
-    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     if (lengths == 0).any():
         raise SunError("empty prompt: a prefill needs at least one token")
-    out = torch.full((len(rows), int(lengths.max())), pad, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
-    return out.to(device), lengths.to(device)
+    out = np.full((len(rows), int(lengths.max())), pad, dtype=np.int64)
+    # one numpy copy, not a tensor per row: tuning pads every step's prompts and answers
+    out[np.arange(out.shape[1]) < lengths[:, None]] = np.fromiter(
+        (t for r in rows for t in r), dtype=np.int64, count=int(lengths.sum()))
+    return torch.from_numpy(out).to(device), torch.from_numpy(lengths).to(device)
 
 
 def prefill_batch(prefill: Transformer, prompts: torch.Tensor, lengths: torch.Tensor):

@@ -141,7 +141,8 @@ def _guess_pre(tj: Mapping) -> str:
 
 def vocab_from_gguf(path: str | Path) -> GGUFVocab:
     """The tokenizer metadata of an existing GGUF file (to re-export a model we loaded from it)."""
-    r = gguf.GGUFReader(str(path))
+    from edge.model.tokenizer import open_gguf      # the stock reader slices the vocabulary's memmap slowly
+    r = open_gguf(path)
 
     def get(key, default=None):
         f = r.fields.get(key)

@@ -7,6 +7,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, quants
 
+from edge.model.tokenizer import open_gguf   # GGUFReader, fast on a real vocabulary (the stock one takes seconds)
 from edge.model.transformer import Transformer, tiny_config
 from export.gguf import GGUFExportError, as_vocab, gguf_name, write_gguf
 from export.quant import fake_quant_q4, fake_quant_state_dict, is_quantised_linear
@@ -296,7 +297,7 @@ def test_smollm2_k_quant_through_llamacpps_quantiser(tmp_path, smollm2, smollm2_
     _, _, seq, ref = smollm2_forced
     path = export_gguf(ck.source, tmp_path / "q4km.gguf", "Q4_K_M")
     assert not list(tmp_path.glob("*.tmp")), "the F16 intermediate must be removed"
-    r = GGUFReader(str(path))
+    r = open_gguf(path)
     assert int(r.fields["general.file_type"].parts[-1][0]) == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
     kinds = {t.tensor_type for t in r.tensors}
     assert QT.Q4_K in kinds or QT.Q6_K in kinds, kinds
@@ -323,7 +324,7 @@ def test_storage_formats_of_a_fetched_gguf(tmp_path, smollm2, smollm2_forced, fm
     _, ck = smollm2
     _, _, seq, ref = smollm2_forced
     path = quantize_with_llamacpp(ck.source, tmp_path / f"{fmt}.gguf", fmt, requantize=True)
-    r = GGUFReader(str(path))
+    r = open_gguf(path)
     assert int(r.fields["general.file_type"].parts[-1][0]) == file_type
     blocks = [t.tensor_type for t in r.tensors if t.name.startswith("blk.") and t.name.endswith("_proj.weight")
               or t.name.endswith(("attn_q.weight", "ffn_up.weight"))]
@@ -348,7 +349,7 @@ def test_edge_export_store_writes_once_and_prints_the_path(tmp_path, smollm2):
     assert res.exit_code == 0, res.output
     out = Path(res.output.strip().splitlines()[-1])
     assert out == tmp_path / "smollm2-135m-instruct-q8_0.gguf" and out.is_file()
-    assert int(GGUFReader(str(out)).fields["general.file_type"].parts[-1][0]) == 7   # MOSTLY_Q8_0
+    assert int(open_gguf(out).fields["general.file_type"].parts[-1][0]) == 7   # MOSTLY_Q8_0
     before = out.stat().st_mtime_ns
     again = CliRunner().invoke(export_main, ["store", str(src), "--as", "Q8_0"])
     assert again.exit_code == 0 and Path(again.output.strip().splitlines()[-1]) == out

@@ -28,6 +28,7 @@ import gguf
 import numpy as np
 
 from edge.engines.lora_gguf import TASK_KEY, AdapterError, base_shapes, check_pairs_fit
+from edge.model.tokenizer import open_gguf
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 # PEFT's module name after "model.layers.{i}." -> llama.cpp's tensor kind
@@ -154,7 +155,7 @@ def read_base(path) -> BaseModel:
         raise AdapterExportError(f"--base must be the base model's GGUF file (write one with `edge-export "
                                  f"gguf`), got {path}")
     arch, shapes = base_shapes(p)
-    r = gguf.GGUFReader(str(p))
+    r = open_gguf(p)              # the stock reader takes seconds on a real vocabulary
     heads = r.fields.get(f"{arch}.attention.head_count")
     kv = r.fields.get(f"{arch}.attention.head_count_kv")
     if heads is None:

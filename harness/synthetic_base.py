@@ -41,7 +41,10 @@ def synthetic_base(steps: int, seed: int = 0, progress: bool = False, **kw):
     from edge.model.sun_modules import MANIFEST, load_module, save_module
     root = Path(os.environ.get("STARSUN_CACHE_DIR") or Path.home() / ".cache" / "starsun") / "synthetic-base"
     d = root / f"{steps}-{seed}-{_key(steps, seed, kw)}"
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:                                    # nowhere to keep it: train it here
+        return _train(steps=steps, seed=seed, progress=progress, **kw)
     with FileLock(str(d) + ".lock"):
         if not (d / MANIFEST).is_file():
             base = _train(steps=steps, seed=seed, progress=progress, **kw)

@@ -97,3 +97,16 @@ def test_repack_reaches_ours_command_lines_only_when_asked(monkeypatch, tmp_path
         ours = servers.make_server("ours", aw.MODELS[0], 1, aw.args_of(["--repack", mode]), {"logdir": tmp_path})
         ours.start()
         assert ours.argv[-len(want) - 2:] == ["--parallel", "4", *want]
+
+
+def test_the_report_shows_every_stored_cell_not_only_the_last_runs(tmp_path):
+    store = aw.Store(tmp_path / "r.json")
+    store.data["config"] = {k: str(v) if k == "out" else v
+                            for k, v in vars(aw.args_of(["--models", aw.MODELS[1], "--servers", "ours-star"])).items()}
+    for server, model, ok in (("llama-server", aw.MODELS[0], 0), ("ours", aw.MODELS[1], 1)):
+        store.cell(server, model, "bfcl_simple").update(done=True, summary={
+            "passed": ok, "n": 1, "accuracy": float(ok), "no_calls": 1 - ok, "median_s": 1.0})
+    aw.write_report(store.data, tmp_path / "r")
+    md = (tmp_path / "r.md").read_text()
+    assert f"| {aw.MODELS[0]} | llama-server | 0/1 (0%) |" in md and f"| {aw.MODELS[1]} | ours | 1/1 (100%) |" in md
+    assert "-np 4`" in md                            # the header's f-strings filled in

@@ -18,13 +18,21 @@ def _short(model) -> str:
     return Path(str(model)).name
 
 
+def _union(asked, stored, order) -> list:
+    """asked + stored, each once, in `order` first (the canonical order), then as met."""
+    every = list(dict.fromkeys(list(asked) + list(stored)))
+    return [x for x in order if x in every] + [x for x in every if x not in order]
+
+
 class Cells:
     """The result JSON read for the report: what was asked (config) and each cell's summary."""
 
     def __init__(self, d: dict):
         self.d, self.cfg, self.cells = d, d.get("config", {}), d.get("cells", {})
-        self.models = self.cfg.get("models", list(MODELS))
-        self.servers = self.cfg.get("servers", list(SERVERS))
+        # what the last run asked for and what earlier runs (or a run beside it) left in the record
+        seen = [k.split("|") for k in self.cells]
+        self.models = _union(self.cfg.get("models", list(MODELS)), [m for _, m, _ in seen], MODELS)
+        self.servers = _union(self.cfg.get("servers", list(SERVERS)), [s for s, _, _ in seen], SERVERS)
         self.cats = self.cfg.get("categories", list(CATEGORIES))
 
     def cell(self, server, model, part) -> dict:
@@ -54,7 +62,7 @@ def header(v: Cells) -> List[str]:
             f"CPU: {m.get('cpu')} ({m.get('cpus')} cpus). Every server on core {TARGET_CORE}, one thread, the same "
             f"GGUF; the star's hub + draft service ({cfg.get('draft')} as {cfg.get('draft_format')}) on core "
             f"{STAR_CORE}; the clients on core {STAR_CORE} (a run with --server-core 1 swaps the cores: each server's "
-            "`core` in the JSON). llama-server: `--jinja -t 1 -tb 1 -np {cfg.get('np')}`; "
+            f"`core` in the JSON). llama-server: `--jinja -t 1 -tb 1 -np {cfg.get('np')}`; "
             f"ours: the endpoint decoding alone{par}; ours-star: `edge-agent run --role target -g "
             f"{cfg.get('gamma')}{par}`. The machine is shared with other work: each timing row gives the 1-minute "
             "load average at the cell's start→end (2 cpus: above 2, the servers waited for a core)."]

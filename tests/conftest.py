@@ -322,3 +322,17 @@ def pytest_sessionfinish(session, exitstatus):
         else:
             print("\n".join(lines), file=_sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# -- a test file's own scratch folder, removed when its tests end ------------------------------------
+# Exported GGUF / ONNX files run to GBs a file; kept to the end of the run (pytest's default for
+# tmp_path_factory) they filled a CI machine's disk. Function-scoped tmp_path folders of passed tests
+# go at once ([tool.pytest.ini_options] tmp_path_retention_policy = "failed").
+import shutil as _shutil  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def module_tmp_path(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    yield d
+    _shutil.rmtree(d, ignore_errors=True)

@@ -36,7 +36,7 @@ def _adapter(cfg, seed):
 
 
 @pytest.fixture(scope="module")
-def smollm2_lora(tmp_path_factory):
+def smollm2_lora(module_tmp_path):
     """(base model, tokenizer, F32 base GGUF, {task: (LoraAdapter, adapter GGUF)})."""
     from edge.model.fetch import model_path
     path = model_path("smollm2-135m")
@@ -49,7 +49,7 @@ def smollm2_lora(tmp_path_factory):
     from export.gguf_lora import export_adapter
     model, ck = load_model(path)
     model.eval()
-    root = tmp_path_factory.mktemp("smollm2_lora")
+    root = module_tmp_path
     base = write_gguf(root / "base-F32.gguf", ck.config, ck.state_dict, ck.tokenizer, "F32")
     tasks = {}
     for task, seed in (("tools", 1), ("code", 2)):

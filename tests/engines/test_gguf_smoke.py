@@ -26,10 +26,10 @@ def _shipped(name):
 
 
 @pytest.fixture(scope="module")
-def gguf_files(tmp_path_factory):
+def gguf_files(module_tmp_path):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama`")
     from export.gguf import export_gguf
-    root = tmp_path_factory.mktemp("gguf-types")
+    root = module_tmp_path
     smol = _shipped("smollm2-135m")
     files = {"Q4_1": smol, "Q4_K_M": _shipped("qwen2.5-coder-0.5b")}
     for ftype in ("F16", "Q8_0", "Q4_0"):

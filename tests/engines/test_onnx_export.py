@@ -265,19 +265,19 @@ def test_external_data_and_errors(exports, tmp_path):
 # -- the real model ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2(module_tmp_path):
     from edge.model.fetch import model_path
     if not model_path("smollm2-135m").exists():
         pytest.skip("SmolLM2-135M is not fetched (run `make models`)")
     from edge.model.checkpoint import load_model
     model, ckpt = load_model("smollm2-135m")
-    d = tmp_path_factory.mktemp("smollm2-onnx")
+    d = module_tmp_path
     paths = {k: export_onnx(model, d / f"{k}.onnx", kind=k, fingerprint=ckpt.fingerprint)
              for k in ("model", "prefill")}
     # the third graph as SUN deploys it: an int4 shared decoder (QSUN grid)
     paths["decoder"] = export_onnx(model, d / "decoder.int4.onnx", kind="decoder", int4=True,
                                    fingerprint=ckpt.fingerprint)
-    return model, ckpt, paths
+    yield model, ckpt, paths
 
 
 def test_smollm2_three_graphs_match_torch_and_greedy_is_identical(smollm2):

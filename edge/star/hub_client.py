@@ -160,6 +160,7 @@ class HubClient:
         self.join_counts = {"orphans_closed": 0, "expired": 0}
         self._lock = threading.Lock()
         self.status: Optional[HubStatus] = None
+        self._statuses = 0                            # statuses heard (the one hub's)
         self.epoch: Optional[float] = None
         self._listeners: list = []
         self._started = False
@@ -189,6 +190,12 @@ class HubClient:
         if self.watch is not None:
             return self.link.is_connected() and self.watch.any_live()
         return self.link.is_connected() and (self.status is None or self.status.online)
+
+    @property
+    def spoken(self) -> int:
+        """How many hub statuses this client has heard: the one hub's, or any of several (HubWatch).
+        A join no hub answered is worth waiting for again only once this moved."""
+        return self.watch.heard if self.watch is not None else self._statuses
 
     # ---- join ----
     def join_async(self, gamma: int, sampling: dict, wait_s: float = 0.0) -> _PendingJoin:
@@ -327,6 +334,7 @@ class HubClient:
         if not isinstance(st, HubStatus):
             return
         self.status = st
+        self._statuses += 1
         epoch = st.time if st.online else None
         changed = epoch != self.epoch
         if changed and self.epoch is not None:

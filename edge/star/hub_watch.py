@@ -25,6 +25,7 @@ class HubWatch:
     def __init__(self, link: Link, hubs: Iterable[str], on_change: Callable[[str], None],
                  silent_after: float = HUB_SILENT_S, tick_s: float = TICK_S):
         self.link, self.on_change, self.tick_s = link, on_change, tick_s
+        self.heard = 0                              # announcements heard, from any hub
         self.view = HubView(hubs, silent_after)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -58,6 +59,7 @@ class HubWatch:
             return
         if not isinstance(st, HubStatus) or topic != hub_hello_topic(st.hub):
             return                                  # a hub speaks only on its own topic
+        self.heard += 1
         if self.view.heard(st.hub, st.online, st.time, bool(st.services)):
             log.info("hub %s is %s; live hubs: %s", st.hub, "up" if st.online else "gone", self.view.live())
             self.on_change(st.hub)

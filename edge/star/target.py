@@ -56,7 +56,10 @@ class StarTarget:
         self._kept: Optional[KeptSession] = None      # the last generation's session, kept open
         # a join no hub answered: later generations decode alone at once (their drafters join in
         # the background) until a hub is heard from (its status) or one of them joins
-        self._unanswered: Optional[tuple] = None      # (the hub status then,)
+        # hub.spoken when the last join got no answer (None: answered). With several hubs there is no
+        # one status to compare (hub.status stays None): a target cut off from its broker waited for a
+        # status that never came and drafted again only if a background join beat its generation's end
+        self._unanswered: Optional[int] = None
         # telemetry (edge/telemetry/readings.py): tokens as they are committed, acceptance per generation
         self.counts = {"generations": 0, "tokens": 0, "accepted": 0, "drafted": 0, "busy_s": 0.0}
         self._t0 = time.monotonic()
@@ -100,12 +103,12 @@ class StarTarget:
         answer and no hub has spoken since: then False at once, and the drafter joins in the
         background (RemoteDrafter._ready) while the target decodes alone -- not every request
         waiting join_timeout for a hub that is not there."""
-        if self._unanswered is not None and self._unanswered[0] is self.hub.status:
+        if self._unanswered is not None and self._unanswered == self.hub.spoken:
             return False
         try:
             drafter.connect(self.join_timeout)
         except TimeoutError:
-            self._unanswered = (self.hub.status,)
+            self._unanswered = self.hub.spoken
             raise
         self._unanswered = None
         return True

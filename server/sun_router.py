@@ -301,11 +301,14 @@ class SunRouter:
             per = self.routed.setdefault(req.task, {})
             per[dec.id] = per.get(dec.id, 0) + 1
 
-    def _deliver(self, req: SunRequest, prefill: str, dec: str, assign: bool, job: bool) -> None:
-        """The decoder's reservation first, then the prefill worker's job (see the module docstring)."""
+    def _deliver(self, req: SunRequest, prefill: str, dec: str, assign: bool, job: bool,
+                 kv_sent: bool = False) -> None:
+        """The decoder's reservation first, then the prefill worker's job (see the module docstring).
+        kv_sent: the prefill worker is done with it (an assignment sent again alone)."""
         if assign:
             a = DecodeAssign(dec, req.rid, req.client, req.secret, req.task, req.max_new, req.sampling,
-                             req.stop, prefill=prefill, grammar=req.grammar, logprobs=req.logprobs)
+                             req.stop, prefill=prefill, grammar=req.grammar, logprobs=req.logprobs,
+                             kv_sent=kv_sent)
             self.link.publish(sun_ctl_topic(dec), encode(a, self.ctl_key), kind="control")
         if job:
             j = PrefillJob(prefill, req.rid, req.client, req.secret, req.task, req.prompt, req.sampling,
@@ -329,7 +332,7 @@ class SunRouter:
             self._count("redelivered")
             log.info("sun: %s/%s sent again by its client: its %s goes again", req.client, req.rid,
                      " and ".join(n for n, x in (("assignment", dec), ("job", job)) if x))
-            self._deliver(req, r.prefill, r.decoder, assign=dec, job=job)
+            self._deliver(req, r.prefill, r.decoder, assign=dec, job=job, kv_sent=not job)
 
     def _check(self, req: SunRequest) -> None:
         if not req.prompt:

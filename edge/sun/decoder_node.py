@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 # prefill worker's reservations are released at once by the router (worker_lost); this bounds KV
 # lost any other way, as long as the hub endpoint's own request timeout.
 KV_TIMEOUT_S = 300.0
+KV_LATE_S = 30.0               # a request waiting this long for its KV is logged once (lost, or a long queue)
 MAX_ASSIGNED_KEYS = 4096       # recent assignments whose KV may pass a full queue (a bounded memory)
 EARLY_QUOTA = 64 << 20         # early KV one sender may have held (at most max_pending / 4)
 
@@ -61,6 +62,7 @@ class _Pending:
     total: int = 0
     first: int = -1
     nbytes: int = 0
+    said_late: bool = False     # logged once as late (KV_LATE_S)
 
 
 @dataclass
@@ -142,9 +144,9 @@ class DecoderNode(Node):
 
     def _relinked(self) -> None:
         """The link is back after a loss: KV sent to the old subscription meanwhile is lost."""
-        if self._pending:
-            log.warning("decoder %s: link back after a loss; %d requests waiting for their KV are failed "
-                        "(worker_lost: their clients send them again)", self.id, len(self._pending))
+        log.warning("decoder %s: link back after a loss; %d requests waiting for their KV are failed "
+                    "(worker_lost: their clients send them again), %d decoding go on", self.id,
+                    len(self._pending), self.decoder.load)
         for p in list(self._pending.values()):
             self.stats["kv_lost"] += 1
             self._fail(p, E_WORKER_LOST, f"decoder {self.id}'s link to the broker was lost while this "
@@ -226,6 +228,8 @@ class DecoderNode(Node):
 
     def _assign(self, a: DecodeAssign) -> None:
         if not self.fresh(a.rid):
+            if a.kv_sent:
+                self._kv_lost_if_pending(a.rid)
             return
         self.served += 1                                  # taken, refused or not (the router counts it)
         if self.load >= self.decoder.max_sequences:       # the KV it would send has nowhere to go
@@ -246,6 +250,23 @@ class DecoderNode(Node):
             self.drop("kv_wrong_sender")                  # held for this request, but not from its prefill
         for payload in mine:
             self._kv(payload, a.prefill)
+        if a.kv_sent:                                     # the first copy to arrive (the assignment was lost)
+            self._kv_lost_if_pending(a.rid)
+
+    def _kv_lost_if_pending(self, rid: str) -> None:
+        """A copy of the assignment says the prefill worker is done, and the KV that came before it (in
+        this loop's order) is in: a request still waiting here lost (part of) its KV on the way, as
+        when this decoder's link moved to another broker node meanwhile. Failed at once (the client
+        sends it again under a new id), not held for kv_timeout."""
+        p = self._pending.get(rid)
+        if p is None:
+            return
+        self.stats["kv_lost"] += 1
+        log.info("decoder %s: request %s lost its KV on the way (%d of %s chunks came): failed, its client sends "
+                 "it again", self.id, rid, len(p.chunks), p.total or "?")
+        self._fail(p, E_TIMEOUT, f"decoder {self.id} holds {len(p.chunks)} of {p.total or '?'} KV chunks of this "
+                                 f"request, which prefill worker {p.assign.prefill} sent: the rest was lost on the "
+                                 "way; send it again")
 
     def _kv(self, payload: bytes, sender: str) -> None:
         asked: List[str] = []
@@ -356,6 +377,11 @@ class DecoderNode(Node):
 
     def _expire(self, now: float) -> None:
         for rid, p in list(self._pending.items()):
+            if not p.said_late and now - p.since > KV_LATE_S:
+                p.said_late = True
+                log.warning("decoder %s: request %s of client %s has waited %.0f s for its KV from prefill worker "
+                            "%s (%d of %s chunks here); it is held until %g s", self.id, rid, p.assign.client,
+                            now - p.since, p.assign.prefill, len(p.chunks), p.total or "?", self.kv_timeout)
             if now - p.since > self.kv_timeout:
                 self.stats["timeouts"] += 1
                 log.warning("decoder %s: the KV of request %s never came within %g s", self.id, rid, self.kv_timeout)

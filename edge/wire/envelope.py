@@ -20,7 +20,7 @@ import msgpack
 
 from edge.wire.field_types import ProtocolError, _short, as_token_list, check_id, check_sampling, sampling, token_ids
 
-PROTOCOL_VERSION = 13         # 2: SUN KV topics name their sender; 3: SunHello carries max_load;
+PROTOCOL_VERSION = 14         # 2: SUN KV topics name their sender; 3: SunHello carries max_load;
                               # 4: DraftRequest carries background; 5: and the target's p_min;
                               # 6: and the grammar its drafts follow (grammar_id, grammar, grammar_from);
                               # 7: Join names the hub it is for (several hubs);
@@ -34,6 +34,7 @@ PROTOCOL_VERSION = 13         # 2: SUN KV topics name their sender; 3: SunHello 
                               # 12: VerifyRequest carries a grammar (grammar_id, grammar, grammar_from) and
                               #     logprobs, VerifyResponse its tokens' logprobs
                               # 13: Join names the sessions its client ended (ended), released before counting
+                              # 14: a DecodeAssign sent again says its prefill worker is done (kv_sent)
 MAX_MESSAGE_BYTES = 4 << 20
 
 def wire(check: Callable[[str, Any], Any], default: Any = MISSING, factory: Any = MISSING,

@@ -121,6 +121,9 @@ class DecodeAssign(Message):
     prefill: str = wire(ID, kw_only=True)       # who sends the KV (the decoder holds only its early KV)
     grammar: str = wire(grammar_text, "")       # tokens 1.. follow it, after token 0 ("": none)
     logprobs: Optional[int] = wire(LOGPROBS, None)
+    # a copy the router sends again after its prefill worker said it is done: the KV went out, so a
+    # decoder still missing any of it once the chunks before the copy are in lost it on the way
+    kv_sent: bool = wire(boolean, False)
 
 
 @message("sun_kv", session=True, id_field="rid")

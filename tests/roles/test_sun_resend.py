@@ -137,16 +137,44 @@ def test_kv_lost_while_the_decoders_link_moves_is_prefilled_again_at_once(models
         star.close()
 
 
-def test_kv_lost_without_a_move_is_resent_after_the_decoders_kv_timeout(models):
-    star = Star(models, dec_link=lambda bus: LossyLink(bus, is_kv), kv_timeout=0.5)
+def test_kv_lost_without_a_move_is_prefilled_again_at_the_first_copy(models):
+    """The client hears token 0 and nothing after, and sends a copy: the prefill worker, whose KV went
+    out, tells the decoder after it on the same topic; the decoder, missing a chunk, fails the request
+    at once (kv_lost), not after its KV timeout."""
+    star = Star(models, dec_link=lambda bus: LossyLink(bus, is_kv), kv_timeout=60.0)
     try:
         p = prompts(1, seed=37)[0]
         r, h, told = star.run(p)
         want = star.expect(p)
         assert star.decoder.link.lost
         assert r.tokens == want and told == list(enumerate(want))
-        assert h.resent == 1 and star.decoder.stats["timeouts"] == 1 and star.decoder.stats["kv_lost"] == 0
+        assert h.resent == 1 and star.decoder.stats["kv_lost"] == 1 and star.decoder.stats["timeouts"] == 0
         assert wait_until(star.clean)
+    finally:
+        star.close()
+
+
+def test_an_assignment_and_its_kv_lost_while_the_decoder_is_away_hold_no_reservation(models):
+    """As a RabbitMQ node's kill -9 played it in make test (the decoder's link moving): the assignment
+    and the KV of a request are both lost while the decoder's link is down. The client's copy brings
+    the assignment again (a reservation, first seen there) and the prefill worker's word that the KV
+    went out: the decoder fails it at once, the client sends it under a new id, and no reservation
+    waits out the 60 s KV timeout (it did, and a test waiting 90 s for idle workers failed)."""
+    star = Star(models, kv_timeout=60.0)
+    try:
+        p = prompts(1, seed=53)[0]
+        want = star.expect(p)
+        link = star.decoder.link
+        link._set_up(False)                                   # away: whatever comes for it is lost
+        told = []
+        h = star.client.submit("maths", p, max_new=MAX_NEW, on_token=lambda i, t: told.append((i, t)))
+        assert wait_until(lambda: star.prefill.stats["jobs"] == 1), "the prefill worker never delivered"
+        link._set_up(True)                                    # back (moved): nothing pending to fail
+        r = h.wait(20)
+        assert r.tokens == want and told == list(enumerate(want))
+        assert h.resent == 1 and star.decoder.stats["kv_lost"] == 1 and star.decoder.stats["timeouts"] == 0
+        assert star.prefill.stats["jobs"] == 2
+        assert wait_until(star.clean, 10), f"held: {sorted(star.decoder._pending)}"
     finally:
         star.close()
 

@@ -25,12 +25,10 @@ class _CountingHubClient(HubClient):
         return super().join(*a, **kw)
 
 
-def test_no_hub_costs_one_join_wait_and_a_hub_that_comes_is_joined():
-    bus = MemoryBus()
-    target = make_engine(seed=0)
+def _no_hub_then_a_hub(client, hub_came, make_hub):
+    """One waited join with no hub, none for three more requests, a waited join once a hub spoke."""
     want = generate_plain(make_engine(seed=0), PROMPT, 12).tokens
-    client = _CountingHubClient(MemoryLink(bus, "t1"), "t1", "tok", 256)
-    star = StarTarget(target, client, gamma=3, join_timeout=0.2)
+    star = StarTarget(make_engine(seed=0), client, gamma=3, join_timeout=0.2)
     try:
         assert star.generate(PROMPT, 12).tokens == want          # the one join that waited: unanswered
         assert client.waited == 1
@@ -38,10 +36,10 @@ def test_no_hub_costs_one_join_wait_and_a_hub_that_comes_is_joined():
             assert star.generate(PROMPT, 12).tokens == want
         assert client.waited == 1
         spoke = threading.Event()
-        client.on_hub_change(lambda: client.status is not None and client.status.online and spoke.set())
-        hub = Hub(link=MemoryLink(bus, "hub"), draft_engine=make_engine(seed=1), tokenizer_fp="tok").start()
+        client.on_hub_change(lambda: hub_came() and spoke.set())
+        hub = make_hub().start()
         try:
-            assert spoke.wait(60)                                 # the hub's status: it spoke
+            assert spoke.wait(60)                                 # the hub spoke
             got = star.generate(PROMPT, 12)
             assert got.tokens == want and client.waited == 2      # joined, waiting for the answer
             assert star.last_drafter.stats.answered > 0 and got.n_drafted > 0
@@ -49,6 +47,13 @@ def test_no_hub_costs_one_join_wait_and_a_hub_that_comes_is_joined():
             hub.stop()
     finally:
         star.hub.close()
+
+
+def test_no_hub_costs_one_join_wait_and_a_hub_that_comes_is_joined():
+    bus = MemoryBus()
+    client = _CountingHubClient(MemoryLink(bus, "t1"), "t1", "tok", 256)
+    _no_hub_then_a_hub(client, lambda: client.status is not None and client.status.online,
+                       lambda: Hub(link=MemoryLink(bus, "hub"), draft_engine=make_engine(seed=1), tokenizer_fp="tok"))
 
 
 def test_with_several_hubs_a_hub_that_comes_is_joined_too():
@@ -56,25 +61,7 @@ def test_with_several_hubs_a_hub_that_comes_is_joined_too():
     announcement must count as its speaking. Before, a target cut off from every hub (a partitioned
     broker node) joined again only if a background join beat its generation's end: under load, never."""
     bus = MemoryBus()
-    target = make_engine(seed=0)
-    want = generate_plain(make_engine(seed=0), PROMPT, 12).tokens
     client = _CountingHubClient(MemoryLink(bus, "t1"), "t1", "tok", 256, hubs=("ha",))
-    star = StarTarget(target, client, gamma=3, join_timeout=0.2)
-    try:
-        assert star.generate(PROMPT, 12).tokens == want          # the one join that waited: unanswered
-        for _ in range(3):
-            assert star.generate(PROMPT, 12).tokens == want
-        assert client.waited == 1
-        spoke = threading.Event()
-        client.on_hub_change(lambda: client.hub_online and spoke.set())
-        hub = Hub(link=MemoryLink(bus, "ha"), draft_engine=make_engine(seed=1), tokenizer_fp="tok",
-                  hub_id="ha", hubs=("ha",)).start()
-        try:
-            assert spoke.wait(60)                                 # hub ha announced itself
-            got = star.generate(PROMPT, 12)
-            assert got.tokens == want and client.waited == 2      # joined, waiting for the answer
-            assert star.last_drafter.stats.answered > 0 and got.n_drafted > 0
-        finally:
-            hub.stop()
-    finally:
-        star.hub.close()
+    _no_hub_then_a_hub(client, lambda: client.hub_online,
+                       lambda: Hub(link=MemoryLink(bus, "ha"), draft_engine=make_engine(seed=1), tokenizer_fp="tok",
+                                   hub_id="ha", hubs=("ha",)))

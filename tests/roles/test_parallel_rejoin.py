@@ -69,13 +69,19 @@ def test_a_remote_service_frees_the_sessions_a_join_names():
         assert wait_until(lambda: hub.registry.online_services() == ["d1"], 10)
         dev = HubClient(MemoryLink(bus, "dev0"), "dev0", "tiny-0", svc.vocab_size).start()
         first = [dev.join(3, GREEDY_WIRE) for _ in range(4)]
+        # the service took them (their up topics): a bye sent before is lost unseen, as a bye to a session
+        # not yet assigned would be (seen here under load: no bye held, none dropped)
+        assert wait_until(lambda: len(svc.sessions()) == 4, 10)
         for s in first[:3]:
             s.close()
         second = [dev.join(3, GREEDY_WIRE) for _ in range(3)]     # refused before Join.ended
         assert hub.counters["refused"] == 0 and hub.registry.count() == 4
         live = {s.sid for s in first[3:] + second}
         assert wait_until(lambda: set(svc.sessions()) == live, 10)  # the ended three closed at the service
-        assert wait_until(lambda: byes.count() == 3, 10)             # their byes: still held
+        # their byes: still held, or, where the hub's release overtook them (a loaded machine: seen
+        # once in make test beside a benchmark), dropped as for sessions the service had closed
+        assert wait_until(lambda: byes.count() + node.keys.dropped.get("unknown_session", 0) == 3, 10), \
+            (byes.count(), dict(node.keys.dropped), node.dropped)
     finally:
         byes.release()
         node.stop()

@@ -378,8 +378,8 @@ class DecoderNode(Node):
     def _expire(self, now: float) -> None:
         for rid, p in list(self._pending.items()):
             if not p.said_late and now - p.since > KV_LATE_S:
-                p.said_late = True
-                log.warning("decoder %s: request %s of client %s has waited %.0f s for its KV from prefill worker "
+                p.said_late = True                        # info: a burst's queue at its prefill worker is normal
+                log.info("decoder %s: request %s of client %s has waited %.0f s for its KV from prefill worker "
                             "%s (%d of %s chunks here); it is held until %g s", self.id, rid, p.assign.client,
                             now - p.since, p.assign.prefill, len(p.chunks), p.total or "?", self.kv_timeout)
             if now - p.since > self.kv_timeout:

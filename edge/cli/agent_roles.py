@@ -149,7 +149,8 @@ def run_target(engine, tok, link, client_id, model, target: TargetSettings,
 
     star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size, hubs=target.hubs),
                       gamma=target.gamma, adaptive=target.adaptive,
-                      prefix_cache=open_prompt_cache(engine, target.prompt_cache, target.prompt_cache_mb))
+                      prefix_cache=open_prompt_cache(engine, target.prompt_cache, target.prompt_cache_mb),
+                      keep_sessions=target.parallel)     # one kept hub session per conversation served at once
     try:
         star.check_join()
         click.echo(f"target {client_id} joined the star at {link.url}", err=True)

@@ -12,12 +12,16 @@ A session idle for longer than `max_idle_s` is closed and a new one joined: the 
 evicts a silent session (its --evict-after, 60 s by default), and a request on an evicted
 session would cost a rejoin in the middle of the generation. A session the hub lost (a
 restart) is joined again as well.
+
+A target serving several requests at once (--parallel N) keeps up to N sessions, one per
+conversation that ended last; a conversation's next turn takes its own (best_kept), so N agents
+taking turns each find their conversation at the draft.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from edge.speculative.common_prefix import common_prefix
 from edge.star.hub_client import Session
@@ -44,6 +48,28 @@ def keep_session(drafter: RemoteDrafter, context: Sequence[int]) -> Optional[Kep
     drafter.session = None          # close() now only abandons a join still on its way
     drafter.close()
     return KeptSession(s, held, time.monotonic())
+
+
+def best_kept(kept: List[KeptSession], prompt: Sequence[int], room: bool = False) -> Optional[KeptSession]:
+    """The kept session a new prompt takes (removed from `kept`), or None: join anew.
+
+    A conversation's next turn takes the session whose draft holds all of what it held and is
+    the longest such. Another prompt joins anew while there is `room` for one more session
+    (the kept ones stay for their own conversations' next turns); without room it takes the
+    one holding the longest prefix of it, the latest on a tie, or the oldest when none shares any."""
+    if not kept:
+        return None
+    prompt = [int(t) for t in prompt]
+    shared = [common_prefix(k.held, prompt) for k in kept]
+    ahead = [i for i, k in enumerate(kept) if k.held and shared[i] == len(k.held)]
+    if ahead:
+        return kept.pop(max(ahead, key=lambda i: (shared[i], kept[i].since)))
+    if room:
+        return None
+    best = max(range(len(kept)), key=lambda i: (shared[i], kept[i].since))
+    if shared[best] == 0:
+        best = min(range(len(kept)), key=lambda i: kept[i].since)
+    return kept.pop(best)
 
 
 def resume(kept: Optional[KeptSession], drafter: RemoteDrafter, prompt: Sequence[int],

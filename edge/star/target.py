@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from edge.speculative.prefix_cache import PrefixCache
 from edge.speculative.remote_gamma import GammaPricing
 from edge.star.remote_drafter import RemoteDrafter
 from edge.star.remote_round import Deadline
-from edge.star.session_reuse import KEEP_SESSION_S, KeptSession, keep_session, resume
+from edge.star.session_reuse import KEEP_SESSION_S, KeptSession, best_kept, keep_session, resume
 from edge.star.hub_client import HubClient, JoinRefused
 from edge.speculative.sampling import GREEDY, SamplingParams
 from edge.speculative.verify_costs import measure_verify_costs
@@ -32,14 +32,14 @@ class StarTarget:
     Several generations may run at once, each in its own thread (the HTTP endpoint admits
     --parallel N: edge/api/admission.py), on an engine they can share (edge/engines/batched_calls.py
     batches their verify calls). Each generation has its own hub session, or, with a prompt
-    cache, the last kept one while it is fresh (edge/star/session_reuse.py): the draft keeps its
-    KV too. One session is kept, the last to end; a generation takes it only when it is free
-    (no other generation took it), else joins anew.
+    cache, a kept one while it is fresh (edge/star/session_reuse.py): the draft keeps its KV too.
+    Up to keep_sessions are kept (the last to end; --parallel N keeps N), and a generation takes the
+    one holding the longest prefix of its prompt, else joins anew: sessions held stay <= N.
     """
 
     def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, join_timeout: float = 3.0,
                  adaptive: bool = False, prefix_cache: Optional[PrefixCache] = None,
-                 keep_session_s: float = KEEP_SESSION_S):
+                 keep_session_s: float = KEEP_SESSION_S, keep_sessions: int = 1):
         """gamma: drafted tokens per round; with adaptive=True the largest γ, each round choosing
         one in 0..gamma (edge/speculative/remote_gamma.py). prefix_cache: the KV of recent
         conversations, reused by the next request sharing a prefix (edge/speculative/prefix_cache.py)."""
@@ -53,7 +53,8 @@ class StarTarget:
         self.active = 0                               # generations running now
         self.last_drafter: Optional[RemoteDrafter] = None
         self.prefix_cache, self.keep_session_s = prefix_cache, keep_session_s
-        self._kept: Optional[KeptSession] = None      # the last generation's session, kept open
+        self.keep_sessions = max(1, int(keep_sessions))
+        self._kept: List[KeptSession] = []            # ended generations' sessions, kept open, oldest first
         # a join no hub answered: later generations decode alone at once (their drafters join in
         # the background) until a hub is heard from (its status) or one of them joins
         # hub.spoken when the last join got no answer (None: answered). With several hubs there is no
@@ -124,7 +125,8 @@ class StarTarget:
         with self.lock:
             if self.adaptive and self.verify_costs is None:
                 self._calibrate()
-            kept, self._kept = self._kept, None        # the kept session, if no other generation took it
+            room = len(self._kept) + self.active < self.keep_sessions    # for one more session
+            kept = best_kept(self._kept, prompt_ids, room)     # a kept session no other generation took
             self.active += 1
         try:
             return self._generate(kept, prompt_ids, max_new, params, stop_ids, on_token, deadline, on_logits,
@@ -178,12 +180,14 @@ class StarTarget:
         return max(sharing_of(self.engine)(), self.active)
 
     def _end(self, drafter: RemoteDrafter, committed: list, busy_s: float) -> None:
-        """A generation's end: its session kept for the next one (the last to end is kept), or closed."""
+        """A generation's end: its session kept for the next ones (the last keep_sessions to end), or closed."""
         if drafter.session is not None:
             self._unanswered = None                   # a hub answered (a background join)
         new = keep_session(drafter, committed) if self.prefix_cache is not None else drafter.close()
         with self.lock:
             self.counts["busy_s"] += busy_s
-            old, self._kept = self._kept, new if new is not None else self._kept
-        if new is not None and old is not None:
+            if new is not None:
+                self._kept.append(new)
+            gone, self._kept = self._kept[:-self.keep_sessions], self._kept[-self.keep_sessions:]
+        for old in gone:
             old.session.close()

@@ -84,6 +84,32 @@ def test_the_next_turn_reuses_the_targets_and_the_drafts_kv():
         hub.stop()
 
 
+def test_conversations_in_turn_each_find_their_own_session():
+    """--parallel 2 keeps two sessions: two agents sharing a system prompt, taking turns, each resume
+    the session whose draft holds their own conversation (not the other's, not a new join)."""
+    st, hub, draft, model = star(keep_sessions=2)
+    try:
+        turns = {c: SYSTEM + [c, c + 1] for c in (4, 40)}
+        sids = {}
+        for c, t in turns.items():
+            r = st.generate(t, 12)
+            assert r.tokens == cold(model, t, 12)
+            sids[c] = Recorded.sent[-1][0]
+            turns[c] = t + r.tokens + [c + 2, c + 3]
+        assert sids[4] != sids[40] and len(st._kept) == 2
+        for c, t in turns.items():
+            first = len(Recorded.sent)
+            r = st.generate(t, 12)
+            assert r.tokens == cold(model, t, 12) and st.last_drafter.stats.joins == 0
+            sid, _, keep, append = Recorded.sent[first]
+            # the draft holds this conversation's first turn (all but its last tokens), far past the
+            # system prompt the two share
+            assert sid == sids[c] and keep + append == len(t) and keep >= len(t) - 5 > len(SYSTEM) + 2
+        assert len(st.hub.sessions) == 2                         # never more than --parallel held
+    finally:
+        hub.stop()
+
+
 def test_a_stale_or_lost_session_is_joined_again():
     st, hub, _, model = star(keep_session_s=0.0)               # every kept session is stale at once
     try:
@@ -95,7 +121,7 @@ def test_a_stale_or_lost_session_is_joined_again():
         assert sid not in st.hub.sessions                       # the stale one was closed (bye)
         st.keep_session_s = 60.0
         st.generate(SYSTEM + [2], 6)
-        st._kept.session.mark_lost()                            # e.g. the hub restarted
+        st._kept[0].session.mark_lost()                         # e.g. the hub restarted
         st.generate(SYSTEM + [3], 6)
         assert st.last_drafter.stats.joins == 1
     finally:

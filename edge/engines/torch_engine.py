@@ -32,12 +32,12 @@ from __future__ import annotations
 import itertools
 import os
 from contextlib import contextmanager
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
-from edge.engines.base import Engine, EngineError
+from edge.engines.base import Engine, EngineError, batch_calls
 from edge.model.kv import INITIAL_CAPACITY, BatchCache, KVError, SequenceKV, gather, scatter_new
 from edge.model.transformer import SKINNY_MAX_ROWS, Transformer
 
@@ -179,6 +179,33 @@ class TorchEngine(Engine):
         logits = self.model.forward_cached(t, cache, last_only=last_only)
         cache.commit()
         return logits
+
+    @torch.inference_mode()
+    def forward_batch(self, calls: Sequence[tuple]) -> List[np.ndarray]:
+        """Several sequences' forwards in one pass, so the weights are read once for all of them
+        (a verify service joining its sessions' drafts). Shorter calls are padded at their end to
+        the longest with their own last token: causal attention keeps the real rows unchanged,
+        and the padding's rows and KV entries are dropped after. All or nothing: the cache's
+        lengths move only when the pass completed (BatchCache.commit)."""
+        calls = batch_calls(calls)
+        T = max((len(toks) for _, toks, _ in calls), default=0)
+        if (not self.fast or len(calls) < 2 or any(not toks for _, toks, _ in calls)
+                or any(self.length(seq) + T > self.max_len for seq, _, _ in calls)):
+            return super().forward_batch(calls)      # one call after another (errors said there)
+        for _, toks, _ in calls:
+            self._check_ids(toks)
+        kvs = [self._get(seq) for seq, _, _ in calls]
+        padded = [toks + [toks[-1]] * (T - len(toks)) for _, toks, _ in calls]
+        t = torch.tensor(padded, dtype=torch.long, device=self.device)
+        with self._threads(len(calls) * T):
+            logits = self._cached(kvs, t)             # [B, T, V]; every length moved by T
+        out = []
+        for b, (seq, toks, rows) in enumerate(calls):
+            n = len(toks)
+            kvs[b].truncate(kvs[b].length - (T - n))  # the padding's entries
+            self._tokens[seq].extend(toks)
+            out.append(self._out(logits[b, n - (rows or n):n]))
+        return out
 
     @torch.inference_mode()
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:

@@ -220,3 +220,42 @@ def test_engine_calls_run_at_their_own_thread_count():
     finally:
         torch.set_num_threads(before)
     assert default_threads() >= 1
+
+
+def test_forward_batch_is_one_pass_and_equals_one_call_per_sequence(pair, monkeypatch):
+    """Ragged calls (padded at their end inside the pass) give the rows of one call each, asked rows
+    only; the padding leaves no trace: lengths, tokens and every later call as without it."""
+    ref, fast = pair
+    ps = prompts(3, seed=5)
+    rs, fs = [ref.new_sequence() for _ in ps], [fast.new_sequence() for _ in ps]
+    for r, f, p in zip(rs, fs, ps):
+        ref.forward(r, p)
+        fast.forward(f, p)
+    passes = []
+    real = fast._cached
+    monkeypatch.setattr(fast, "_cached", lambda kvs, t, last_only=False: passes.append(tuple(t.shape))
+                        or real(kvs, t, last_only))
+    calls = [(fs[0], [3, 4, 5, 6, 7]), (fs[1], [9], True), (fs[2], [11, 12, 13], 2)]
+    out = fast.forward_batch(calls)
+    assert passes == [(3, 5)]
+    want = [ref.forward(rs[0], [3, 4, 5, 6, 7]), ref.forward_last(rs[1], [9]),
+            ref.forward(rs[2], [11, 12, 13])[-2:]]
+    for got, w in zip(out, want):
+        assert got.shape == w.shape
+        close(got, w)
+    for r, f in zip(rs, fs):
+        assert fast.length(f) == ref.length(r) and fast.tokens(f) == ref.tokens(r)
+        close(fast.forward(f, [21, 22]), ref.forward(r, [21, 22]))
+
+
+def test_forward_batch_near_the_context_end_falls_back_to_one_call_each(pair):
+    """Padding that would not fit the context: one call per sequence, the same rows."""
+    ref, fast = pair
+    f1, f2, r1, r2 = fast.new_sequence(), fast.new_sequence(), ref.new_sequence(), ref.new_sequence()
+    long = prompts(1, seed=7, lo=20, hi=21)[0] * 26          # 520 tokens; the context is 512
+    fast.forward(f1, long[:508])
+    ref.forward(r1, long[:508])
+    out = fast.forward_batch([(f1, [1, 2, 3, 4]), (f2, [5, 6, 7, 8, 9, 10])])
+    close(out[0], ref.forward(r1, [1, 2, 3, 4]))
+    close(out[1], ref.forward(r2, [5, 6, 7, 8, 9, 10]))
+    assert fast.length(f1) == 512 and fast.length(f2) == 6

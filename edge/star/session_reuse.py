@@ -53,15 +53,18 @@ def keep_session(drafter: RemoteDrafter, context: Sequence[int]) -> Optional[Kep
 def best_kept(kept: List[KeptSession], prompt: Sequence[int], room: bool = False) -> Optional[KeptSession]:
     """The kept session a new prompt takes (removed from `kept`), or None: join anew.
 
-    A conversation's next turn takes the session whose draft holds all of what it held and is
-    the longest such. Another prompt joins anew while there is `room` for one more session
-    (the kept ones stay for their own conversations' next turns); without room it takes the
-    one holding the longest prefix of it, the latest on a tie, or the oldest when none shares any."""
+    A conversation's next turn (its prompt extends all the draft held) or the same conversation
+    asked again (the prompt lies within what the draft held: a regenerated answer, a repeated
+    prompt) takes that session, the longest such. Another prompt joins anew while there is
+    `room` for one more session (the kept ones stay for their own conversations' next turns);
+    without room it takes the one holding the longest prefix of it, the latest on a tie, or the
+    oldest when none shares any."""
     if not kept:
         return None
     prompt = [int(t) for t in prompt]
     shared = [common_prefix(k.held, prompt) for k in kept]
-    ahead = [i for i, k in enumerate(kept) if k.held and shared[i] == len(k.held)]
+    ahead = [i for i, k in enumerate(kept)
+             if shared[i] > 0 and (shared[i] == len(k.held) or shared[i] >= len(prompt) - 1)]
     if ahead:
         return kept.pop(max(ahead, key=lambda i: (shared[i], kept[i].since)))
     if room:

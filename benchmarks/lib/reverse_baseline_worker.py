@@ -95,10 +95,13 @@ def main(argv=None) -> None:
     ap.add_argument("--ks", default="1,2,4,5")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--backend", default="llamacpp", choices=("llamacpp", "torch"))
+    ap.add_argument("--dtype", default="bfloat16", help="the torch engine's weights")
     a = ap.parse_args(argv)
     ns = [int(x) for x in a.ns.split(",")]
     prompts = json.loads(open(a.prompts).read())
-    engine, _ = open_model(a.target, backend="llamacpp", threads=1, max_len=a.max_len, n_seq_max=max(ns) + 1)
+    kw = dict(n_seq_max=max(ns) + 1) if a.backend == "llamacpp" else dict(dtype=a.dtype)
+    engine, _ = open_model(a.target, backend=a.backend, threads=1, max_len=a.max_len, **kw)
     out = {"plain": [plain_batched(engine, prompts, n, a.new) for n in ns],
            "call_ms": call_table(engine, prompts, ns, [int(k) for k in a.ks.split(",")], a.reps)}
     json.dump(out, sys.stdout)

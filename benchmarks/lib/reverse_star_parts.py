@@ -71,12 +71,13 @@ class ReplayDrafter(Drafter):
 class HubProcess:
     """`edge-hub serve --mosquitto --verify-model TARGET`, pinned to `core`, stats every second."""
 
-    def __init__(self, target: Path, port: int, core: Optional[int], workdir: Path, max_sessions: int):
+    def __init__(self, target: Path, port: int, core: Optional[int], workdir: Path, max_sessions: int,
+                 backend: str = "llamacpp", dtype: str = "bfloat16"):
         self.err_path = workdir / "hub.err"
         args = [str(BIN / "edge-hub"), "serve", "--mosquitto", "--port", str(port), "--verify-model", str(target),
-                "--verify-backend", "llamacpp", "--threads", "1", "--max-len", "1024",
+                "--verify-backend", backend, "--threads", "1", "--max-len", "1024",
                 "--max-sessions", str(max_sessions), "--max-gamma", "16", "--evict-after", "600",
-                "--stats-every", "1", "--telemetry-interval", "0"]
+                "--stats-every", "1", "--telemetry-interval", "0"] + (["--dtype", dtype] if backend == "torch" else [])
         if core is not None:
             args = ["taskset", "-c", str(core)] + args
         self.err = open(self.err_path, "wb")

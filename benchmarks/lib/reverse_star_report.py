@@ -5,12 +5,16 @@ import json
 from pathlib import Path
 
 
+def _engine(c: dict) -> str:
+    return f"torch ({c['hub_dtype']})" if c.get("hub_backend") == "torch" else "llama.cpp"
+
+
 def markdown(out: dict) -> str:
     m, c = out["machine"], out["config"]
     lines = [
         "# The reverse star: N drafting devices, one hub verifying in batch",
         "",
-        f"Hub: {out['target']} on llama.cpp, one thread{'' if c['no_pin'] else ', core 1'}, inside `edge-hub serve "
+        f"Hub: {out['target']} on {_engine(c)}, one thread{'' if c['no_pin'] else ', core 1'}, inside `edge-hub serve "
         f"--verify-model` (Mosquitto). Devices{'' if c['no_pin'] else ' on core 0'}: the real device code over MQTT; "
         f"N = 1 calibrates with the real {out['draft']} draft (step {out['draft_step_ms']:.1f} ms), every N "
         f"replays its proposals at that step cost. γ = {c['gamma']}, {c['new']} greedy tokens per device, "

@@ -1,8 +1,8 @@
 """The reverse star: N drafting devices around ONE hub verifying in batch, against the hub serving the
 same N clients by plain batched decoding, and against the planner's prediction -- ratios in one run.
 
-Hub: Qwen2.5-Coder-1.5B stored as F16 (memory-bound: it stands in for a GPU hub), llama.cpp, one
-thread, in the real `edge-hub serve --verify-model` (Mosquitto, the verify service: every pending
+Hub: Qwen2.5-Coder-1.5B stored as F16 (memory-bound: it stands in for a GPU hub), llama.cpp (or
+torch in bfloat16: --hub-backend torch), one thread, in the real `edge-hub serve --verify-model` (Mosquitto, the verify service: every pending
 session's verify in one llama_decode) pinned to core 1. Devices: N = 1, 2, 4, 8 drafting devices
 in this process pinned to core 0, each the real device code over its own MQTT link
 (benchmarks/lib/reverse_star_parts.py). N = 1 is a real device drafting with Qwen2.5-Coder-0.5B
@@ -58,6 +58,10 @@ def args_of(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="repeats of each N (medians)")
     ap.add_argument("--reps", type=int, default=3, help="repeats of each hub call timed for the planner's table")
     ap.add_argument("--target-format", default="F16", help="the hub target's GGUF type (F16: memory-bound, a GPU hub's stand-in)")
+    ap.add_argument("--hub-backend", default="llamacpp", choices=("llamacpp", "torch"),
+                    help="the hub target's engine (torch: the GGUF's weights in --hub-dtype; bfloat16 matmuls "
+                         "run on AMX tiles where the CPU has them: a verify call nearly as cheap as a step)")
+    ap.add_argument("--hub-dtype", default="bfloat16", help="the torch hub's weights (--hub-backend torch)")
     ap.add_argument("--draft-format", default="Q4_0", help="the devices' draft GGUF type")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the hub to core 1 and the devices to core 0")
     ap.add_argument("--quick", action="store_true", help="a smoke run: N = 1, 2, 24 tokens, one prompt of each kind, one round")
@@ -123,7 +127,7 @@ def baseline(a, target: Path, prompts: list, work: Path) -> dict:
     pf.write_text(json.dumps(prompts))
     cmd = [str(BIN / "python"), "-m", "benchmarks.lib.reverse_baseline_worker", "--target", str(target),
            "--prompts", str(pf), "--ns", a.ns, "--new", str(a.new), "--ks", f"1,2,{a.gamma},{a.gamma + 1}",
-           "--reps", str(a.reps)]
+           "--reps", str(a.reps), "--backend", a.hub_backend, "--dtype", a.hub_dtype]
     if not a.no_pin:
         cmd = ["taskset", "-c", "1"] + cmd
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -148,7 +152,7 @@ def main(argv=None) -> None:
     prompts, stop_ids = prompts_of(tok, a), tuple(tok.eos_ids)
     work = Path(tempfile.mkdtemp(prefix="reverse-star-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None))
     hub = HubProcess(target, find_free_port(), None if a.no_pin else 1, work, max_sessions=2 * max(
-        int(x) for x in a.ns.split(",")) + 4)
+        int(x) for x in a.ns.split(",")) + 4, backend=a.hub_backend, dtype=a.hub_dtype)
     try:
         hub.wait_up()
         real, step, points, misses = sweep(a, hub, tok.fingerprint(), draft.vocab_size, prompts, stop_ids, draft)

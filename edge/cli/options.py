@@ -193,10 +193,13 @@ def parallel_options(section: Section, queue: bool = True):
 
 
 def open_prompt_cache(engine, slots: int, mb: float):
-    """The PrefixCache of --prompt-cache / --prompt-cache-mb on `engine` (None when off)."""
+    """The PrefixCache of --prompt-cache / --prompt-cache-mb on `engine` (None when off). A llama.cpp
+    engine learns first when a next turn's short prefill pays a 64-row tile (tile_calibration.py)."""
     if not slots:
         return None
+    from edge.engines.tile_calibration import calibrate_tiles
     from edge.speculative.prefix_cache import PrefixCache
+    calibrate_tiles(engine, say=lambda msg: click.echo(msg, err=True))
     return PrefixCache(engine, int(slots), int(mb * 1e6))
 
 

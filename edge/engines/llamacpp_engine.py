@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine, EngineError, tail_rows
-from edge.engines.llamacpp_tiles import chunk_sizes, refeed
+from edge.engines.llamacpp_tiles import FITTED, chunk_sizes, refeed
 from edge.engines.llamacpp_load import (KV_ITEMSIZE, amx_compiled, init_backend, layers_on_gpu, llama_lib, load_model,
                                         new_context)
 from edge.engines.stream_placement import plan_moves
@@ -67,7 +67,8 @@ class LlamaCppEngine(Engine):
                                                                              mmap)
         self._ctx = None
         self._batch = None
-        self.flash_attn = flash_attn
+        self.flash_attn, self.threads = flash_attn, threads
+        self.tile_costs = FITTED             # a target with a prompt cache measures its own (tile_calibration.py)
         self._ctx = new_context(lc, self._model, path, max_len, n_seq_max, n_batch, kv_type, flash_attn, threads)
         self.kv_itemsize = KV_ITEMSIZE[kv_type]
         self._mem = lc.llama_get_memory(self._ctx)
@@ -189,9 +190,8 @@ class LlamaCppEngine(Engine):
         return list(self._tokens[seq])
 
     def prefill_refeed(self, held: int, new: int) -> int:
-        """Engine.prefill_refeed: on the CPU with flash attention, enough cached tokens to make a
-        short prefill over a long cache one tiled call (edge/engines/llamacpp_tiles.py)."""
-        return 0 if self.flash_attn is False or self.gpu_layers else refeed(held, new)
+        """Engine.prefill_refeed: on the CPU with flash attention, where it pays (llamacpp_tiles.py)."""
+        return 0 if self.flash_attn is False or self.gpu_layers else refeed(held, new, self.tile_costs)
 
     def truncate(self, seq: int, n: int) -> None:
         slot = self._get(seq)

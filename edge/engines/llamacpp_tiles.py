@@ -10,7 +10,7 @@ AVX-512, seconds at depth 1,800 / 1,000 / 500): 4 rows 0.50 / 0.23 / 0.16, 8 row
 0.30, 16 rows 1.19 / 0.69 / 0.43; 64 rows (tiled) 0.95 / 0.81 / 0.71.
 
 So a prefill that would feed fewer than 64 tokens over a long cache feeds some cached tokens
-again, 64 in all (`refeed`), when the cost model below says it pays; and a prefill longer than
+again, 64 in all (`refeed`), when the cost model below (TileCosts) says it pays; and a prefill longer than
 n_batch is cut so that its last call is not a short one (`chunk_sizes`). Only the prefill: a
 verify call stays as the loop makes it. The re-fed tokens' KV is recomputed from the same tokens
 at the same positions, as a cold prefill of them would (in tiles rather than rows: the last bits
@@ -18,28 +18,52 @@ of later rows may differ, as between any two ways of batching a prefill; docs/mo
 """
 from __future__ import annotations
 
-from typing import List
+from dataclasses import dataclass
+from typing import List, Tuple
 
 FA_TILE_ROWS = 64           # GGML_FA_TILE_Q in ggml-cpu/common.h
-# The cost model, in units of one row over an empty cache, fitted to the figures above: a row
-# fed row by row at depth D costs 1 + D / ROW_DEPTH; a 64-row tile TILE_BASE + D / TILE_DEPTH.
-ROW_DEPTH = 470.0
-TILE_BASE = 46.0
-TILE_DEPTH = 67.0
 
 
-def tiles_pay(new: int, depth: int) -> bool:
+@dataclass(frozen=True)
+class TileCosts:
+    """Seconds (or any one unit) of a call over a cache of D tokens: `new` rows fed row by row
+    rows_at(new) + new * row_depth * D, rows_at interpolated in `rows` ((n, cost over an empty
+    cache) pairs: a call's matmuls grow less than in proportion to its rows); a 64-row tile
+    tile + tile_depth * D. The defaults are fitted to the 0.5B's figures above (in units of one row
+    over an empty cache); they are not every model's (Qwen2.5-Coder-1.5B Q4_K_M here: ~9 us a row
+    per cached token against the 0.5B's ~29, so a tile pays only from ~48 rows at depth 1,800),
+    so a target with a prompt cache measures its own at start (edge/engines/tile_calibration.py)."""
+    rows: Tuple[Tuple[int, float], ...] = ((1, 1.0), (FA_TILE_ROWS, float(FA_TILE_ROWS)))
+    row_depth: float = 1 / 470.0
+    tile: float = 46.0
+    tile_depth: float = 1 / 67.0
+
+    def rows_at(self, n: int) -> float:
+        pts = sorted(self.rows)
+        if n <= pts[0][0]:
+            return pts[0][1] * n / pts[0][0]
+        for (n0, c0), (n1, c1) in zip(pts, pts[1:]):
+            if n <= n1:
+                return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+        (n0, c0), (n1, c1) = pts[-2], pts[-1]
+        return c1 + (c1 - c0) * (n - n1) / (n1 - n0)
+
+
+FITTED = TileCosts()
+
+
+def tiles_pay(new: int, depth: int, costs: TileCosts = FITTED) -> bool:
     """Feeding 64 tokens (tiled) at `depth` costs less than `new` (< 64) tokens row by row."""
-    return new * (1.0 + depth / ROW_DEPTH) > TILE_BASE + depth / TILE_DEPTH
+    return costs.rows_at(new) + new * costs.row_depth * depth > costs.tile + costs.tile_depth * depth
 
 
-def refeed(held: int, new: int) -> int:
+def refeed(held: int, new: int, costs: TileCosts = FITTED) -> int:
     """How many of the `held` cached tokens a prefill of `new` tokens after them should feed again
     (0: none), so that the call has FA_TILE_ROWS rows and is tiled."""
     if new <= 0 or new >= FA_TILE_ROWS or held + new < FA_TILE_ROWS:
         return 0
     back = FA_TILE_ROWS - new
-    return back if tiles_pay(new, held) else 0
+    return back if tiles_pay(new, held, costs) else 0
 
 
 def chunk_sizes(n: int, n_batch: int) -> List[int]:

@@ -33,8 +33,9 @@ class StarTarget:
     --parallel N: edge/api/admission.py), on an engine they can share (edge/engines/batched_calls.py
     batches their verify calls). Each generation has its own hub session, or, with a prompt
     cache, a kept one while it is fresh (edge/star/session_reuse.py): the draft keeps its KV too.
-    Up to keep_sessions are kept (the last to end; --parallel N keeps N), and a generation takes the
-    one holding the longest prefix of its prompt, else joins anew: sessions held stay <= N.
+    Up to keep_sessions are kept (the last to end; --parallel N keeps N), and a generation takes its
+    own conversation's (session_reuse.best_kept), joins anew while there is room, else takes the
+    longest shared prefix: sessions held stay <= N.
     """
 
     def __init__(self, engine: Engine, hub: HubClient, gamma: int = 4, join_timeout: float = 3.0,

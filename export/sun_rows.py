@@ -149,7 +149,7 @@ class RowRunner:
         t1 = time.perf_counter()
         path = self.out / "scoring" / task.name / f"{row}.json"
         cell = score_resumable(task, prefill, decoder, self.plan.eval_batch, path, row, self.progress)
-        cell["train_s"] = round(sum(self._train_s(task.name, n) for n in fresh), 1)
+        cell["train_s"] = round(sum(self._train_s(task.name, n) for n in fresh), 3)
         cell["trained"] = fresh
         cell["score_s"] = round(cell.pop("scored_s"), 1)     # summed over resumed runs, like train_s
         cell["prepare_s"] = round(t1 - t0, 1)                # this run: training and loading what it needs

@@ -8,7 +8,7 @@ The file has one table per --help section of `edge-hub serve`, each key the long
                  (broker: one URL or a list of a cluster's nodes; with an mqtts:// broker, tls_dir holds the
                  hub's own client certificate)
     [hub]        hub_id, hubs, stats_every
-    [model]      dtype, threads, max_len, accelerator, gpu_layers, repack
+    [model]      dtype, threads, max_len, accelerator, gpu_layers, repack, exact_rows
     [draft]      draft_model, draft_backend, verify_model, verify_backend, client_share, max_sessions, max_kv_mb, max_gamma, evict_after, ahead,
                  coalesce, join, q_top_k, draft_p_min, drafter, suffix_min_score
     [sun]        sun_isolated, sun_pool, sun_decoder, sun_max_batch, sun_max_sequences, sun_backend,
@@ -100,6 +100,7 @@ class HubConfig:
     verify_backend: str = "auto"        # its engine (--verify-backend)
     verify_limits: object = None        # its sessions, KV, γ and eviction: the draft options' (DraftLimits)
     repack: str = "auto"                # llama.cpp's CPU weight repacking of every model it loads (--repack)
+    exact_rows: bool = False            # the verify target's exact rows (--exact-rows; llamacpp_rows.py)
 
 
 def hub_config_from(o: dict) -> HubConfig:
@@ -115,7 +116,7 @@ def hub_config_from(o: dict) -> HubConfig:
                      _draft_plan(o), o["client_share"], sun, TelemetrySettings.from_options(o),
                      o["device"], o["gpu_layers"], o["draft_backend"], o["hubs"],
                      o.get("verify_model"), o.get("verify_backend", "auto"), _verify_limits(o),
-                     o.get("repack", "auto"))
+                     o.get("repack", "auto"), bool(o.get("exact_rows")))
 
 
 def _verify_limits(o: dict):

@@ -175,7 +175,7 @@ def verify_target(cfg: HubConfig) -> dict:
     model = resolve_for_command(cfg.verify_model, cfg.verify_backend, "target")
     # one sequence per session (llama.cpp: n_seq_max), so --max-sessions is what it can hold
     engine, tok = open_model_for_command(model, cfg.dtype, cfg.threads, cfg.max_len, device=cfg.device,
-                                         gpu_layers=cfg.gpu_layers, repack=cfg.repack,
+                                         gpu_layers=cfg.gpu_layers, repack=cfg.repack, exact_rows=cfg.exact_rows,
                                          **engine_kwargs(model.backend, "target", cfg.verify_limits.max_sessions))
     from edge.speculative.grammar import grammar_tokenizer
     # grammars (a drafting device's response_format / tool_choice) compiled against the target's tokenizer,

@@ -5,7 +5,7 @@ cores (taskset: one thread on core 0, two on cores 0-1): llama.cpp's `llama-serv
 llama-tools`, the llama.cpp vendored in the kit's llama-cpp-python; `-t N -tb N -np 1 -c CTX`, its
 defaults otherwise: CPU weight repacking on) and ours (benchmarks/lib/agent_alone_worker.py: the
 OpenAI endpoint `edge-agent run --role target` serves, target-only, its prompt cache on,
-`--threads N`); for a K-quant GGUF, whose weights ours keeps unrepacked (exact verification,
+`--threads N`); for a K-quant GGUF, whose weights ours keeps unrepacked (faster prefill,
 edge/engines/llamacpp_load.py), also `llama-server --no-repack`: the same weight layout and kernels
 as ours. Rounds alternate the servers' order. A request is PROMPT prompt tokens (MT-bench text as
 token ids, the first token different every request so that neither server reuses a prefix), one
@@ -79,11 +79,11 @@ def servers_for(model: str, gguf: Path, threads: str, ctx: int, logdir: Path, sa
     """The servers of one cell: ours and llama-server at `threads` (default: each its own choice); with
     same_layout, also llama-server --no-repack where ours keeps this GGUF's weights unrepacked (K-quants:
     edge/engines/llamacpp_load.py), the same weight layout and kernels as ours."""
-    from edge.engines.llamacpp_load import repack_keeps_rows_exact
+    from edge.engines.llamacpp_load import auto_repacks
     bin_dir = tools_bin()
     n = None if threads == "default" else int(threads)
     out = [OursServer(gguf, n, ctx, logdir, label="ours"), LlamaServer(bin_dir, gguf, n, ctx, logdir)]
-    if same_layout and not repack_keeps_rows_exact(str(gguf)):
+    if same_layout and not auto_repacks(str(gguf)):
         out.append(LlamaServer(bin_dir, gguf, n, ctx, logdir, extra=["--no-repack"]))
     if threads == "default":
         out.append(OursServer(gguf, 4, ctx, logdir, label="ours --threads 4 (llama.cpp's library default)"))

@@ -100,7 +100,7 @@ def write_report(data: dict, out: Path) -> None:
              "its `timings.prompt_per_second` (its prompt phase, without HTTP); per CPU s = "
              "prompt tokens / the server process's CPU seconds for it (at one thread the figure other work "
              "disturbs least). llama-server runs with its defaults (CPU weight repacking on); for a K-quant GGUF, "
-             "which ours keeps unrepacked for exact verification (docs/models.md), `llama-server --no-repack` "
+             "which ours keeps unrepacked for a faster prefill (docs/models.md), `llama-server --no-repack` "
              "is the same weight layout and kernels as ours. Medians.", "",
              "Commands (the runs that filled it, one resumable JSON): "
              + "; ".join(f"`{c}`" for c in data.get("commands", [])), ""]

@@ -28,12 +28,12 @@ def streamer(tokenizer):
 def run_generation(target_ref, draft_ref, prompt, gamma, max_new, temperature, top_k, top_p,
                    seed, chat, compare, dtype, threads, max_len, backend="auto",
                    draft_backend=None, draft_top_k=64, device="auto", gpu_layers=None, prompt_cache=0,
-                   prompt_cache_mb=1024.0, repack="auto"):
+                   prompt_cache_mb=1024.0, repack="auto", exact_rows=False):
     """gamma: (γ, adaptive) as --gamma reads it: the fixed γ, or the largest one a policy picks from.
     prompt_cache / prompt_cache_mb: the target's prompt cache (--compare's run reuses the prompt's KV).
     draft_ref None: a fetched model with the target's tokenizer (default_draft).
     device / gpu_layers / repack: where both models run and how llama.cpp lays out their weights
-    (edge/engines/placement.py)."""
+    (edge/engines/placement.py); exact_rows: the target's (edge/engines/llamacpp_rows.py)."""
     from edge.speculative.generate import ModelDrafter, generate_plain, generate_speculative
     from edge.speculative.ngram import NgramDrafter
     from edge.speculative.sampling import SamplingParams
@@ -41,7 +41,7 @@ def run_generation(target_ref, draft_ref, prompt, gamma, max_new, temperature, t
     gamma, adaptive = gamma
     target_model = resolve_for_command(target_ref, backend, "target")
     target, tok = open_model_for_command(target_model, dtype, threads, max_len, device=device, gpu_layers=gpu_layers,
-                                         repack=repack)
+                                         repack=repack, exact_rows=exact_rows)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     draft_tok = None
     if draft_ref is None:

@@ -59,6 +59,7 @@ class ModelSettings:
     device: str = "auto"
     gpu_layers: Optional[str] = None        # N | all (llama.cpp)
     repack: str = "auto"                    # auto | on | off (llama.cpp: edge/engines/llamacpp_repack.py)
+    exact_rows: bool = False                # --exact-rows (llama.cpp: edge/engines/llamacpp_rows.py)
 
 
 @dataclass
@@ -177,7 +178,8 @@ def agent_config_from(o: dict) -> AgentConfig:
     return AgentConfig(
         role, client_id, broker, ctl_key, TelemetrySettings.from_options(o),
         ModelSettings(o["model"], o["module_dir"], o["backend"], o["dtype"], o["threads"], o["max_len"],
-                      o["profile"], o["memory_budget"], o["device"], o["gpu_layers"], o["repack"]),
+                      o["profile"], o["memory_budget"], o["device"], o["gpu_layers"], o["repack"],
+                      bool(o.get("exact_rows"))),
         draft,
         TargetSettings(gamma, adaptive, o["http_host"], o["http_port"], o["prompt"], o["max_new"], o["temperature"],
                        o["hubs"], o["prompt_cache"], o["prompt_cache_mb"], o["parallel"], o["queue"]),
@@ -274,7 +276,8 @@ def _open_planned(cfg: AgentConfig, model):
     then opened with what its memory plan counted on that placement (and refused if it does not fit)."""
     from edge.cli.placing import place_model
     m, limits = cfg.model, cfg.draft.limits if cfg.draft else None
-    placement = place_model(model, m.device, m.gpu_layers, m.profile, repack=m.repack)
+    placement = place_model(model, m.device, m.gpu_layers, m.profile, repack=m.repack,
+                            exact_rows=m.exact_rows and cfg.role == "target")   # a draft needs none
     engine_kw = check_before_load(cfg.role, model, m.max_len, m.profile, m.memory_budget,
                                   dtype=m.dtype, max_sessions=limits.max_sessions if limits else 64,
                                   max_kv_mb=limits.max_kv_mb if limits else 1024.0, placement=placement,

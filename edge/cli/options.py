@@ -50,18 +50,28 @@ def threads_option(f):
                        "run on, as llama-server")(f)
 
 
-REPACK_HELP = ("llamacpp: repack the weights kept on the CPU into llama.cpp's faster layouts (llama-server's "
-               "default). auto: only where every weight type keeps a target's verification bit-exact (F32, F16, "
-               "BF16, Q4_0, Q4_1, Q8_0), so a Q4_K file is not repacked; on: repack anyway (a 1.5B Q4_K_M decodes "
-               "faster; a target's speculative greedy text may then leave its plain greedy text at near-ties, a "
-               "draft loses nothing: the target verifies it); off: never. A llama.cpp built with the AMX backend "
-               "never repacks (it would crash)")
+REPACK_HELP = ("llamacpp: repack the weights kept on the CPU into llama.cpp's interleaved layouts (llama-server's "
+               "default). auto: only where every weight type is F32, F16, BF16, Q4_0, Q4_1 or Q8_0, so a Q4_K "
+               "file is not repacked (on x86 it prefills faster unrepacked: a 1.5B Q4_K_M ~1.5x); on: repack "
+               "anyway (K-quants decode faster, ~15% on the 1.5B); off: never. A llama.cpp built with the AMX "
+               "backend never repacks (it would crash)")
 
 
 def repack_option(f):
     """--repack auto|on|off: llama.cpp's CPU weight repacking (edge/engines/llamacpp_repack.py)."""
     return option(MODEL, "--repack", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
                   help=REPACK_HELP)(f)
+
+
+def exact_rows_option(f):
+    """--exact-rows: pad a target's llama.cpp calls so that its rows round alike (llamacpp_rows.py)."""
+    return option(MODEL, "--exact-rows/--fast-rows", default=False, show_default=True,
+                  help="llamacpp: pad every call so that a row rounds the same whatever call computes it (a "
+                       "one-row decode, a verify, a batch of several requests; any thread count, repacked or "
+                       "not): a target's speculative greedy text is then its plain greedy text bit for bit. "
+                       "It costs the padding: a lone decode step computes 8 rows, a verify of 5 rows 8. Without "
+                       "it llama.cpp rounds rows by the call's shape, as llama-server does; a draft needs no "
+                       "exactness (the target verifies it)")(f)
 
 
 def placement_options(f):
@@ -76,6 +86,7 @@ def placement_options(f):
                help="llamacpp: layers on the GPU (all, or N of them; 0: none); other backends place the whole "
                     "model by --accelerator"),
         repack_option,
+        exact_rows_option,
         renamed_option("--device", "--accelerator auto|cpu|cuda"),
     ])
 

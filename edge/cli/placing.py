@@ -25,15 +25,16 @@ def profile_facts(profile: Optional[str]):
 
 
 def place_model(model, device: str = "auto", gpu_layers=None, profile: Optional[str] = None, caps=None,
-                repack: str = "auto"):
+                repack: str = "auto", exact_rows: bool = False):
     """The Placement of a ResolvedModel on its backend, shown on stderr with why that backend; a
     request the runtime cannot honour is a click error naming the fix. caps: injected
-    capabilities (tests); None asks the installed runtime. repack: --repack (llama.cpp)."""
+    capabilities (tests); None asks the installed runtime. repack / exact_rows: --repack, --exact-rows
+    (llama.cpp)."""
     from edge.engines.base import EngineError
     from edge.engines.placement import decide_placement, parse_gpu_layers
     try:
         p = decide_placement(model.backend, device or "auto", parse_gpu_layers(gpu_layers), profile_facts(profile),
-                             caps, repack or "auto")
+                             caps, repack or "auto", exact_rows)
     except EngineError as e:           # PlacementError: it says what to do
         raise click.ClickException(str(e)) from None
     for w in p.warnings:

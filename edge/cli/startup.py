@@ -30,7 +30,8 @@ def resolve_for_command(ref, backend: str = "auto", role=None, role_of: Optional
 
 
 def open_model_for_command(model, dtype: str, threads, max_len: int, device: str = "auto", gpu_layers=None,
-                           profile: Optional[str] = None, placement=None, repack: str = "auto", **engine_kw):
+                           profile: Optional[str] = None, placement=None, repack: str = "auto",
+                           exact_rows: bool = False, **engine_kw):
     """edge.engines.loader.open_model of a ResolvedModel, its errors shown as click errors and the
     load time reported; engine_kw go to the engine (what the memory plan counted, e.g. llama.cpp's
     n_seq_max). Where it runs: `placement` if decided already, else decided here from device /
@@ -42,7 +43,7 @@ def open_model_for_command(model, dtype: str, threads, max_len: int, device: str
     from edge.engines.loader import open_model
 
     if placement is None:
-        placement = place_model(model, device, gpu_layers, profile, repack=repack)
+        placement = place_model(model, device, gpu_layers, profile, repack=repack, exact_rows=exact_rows)
     engine_kw = {**engine_kw, **placement.engine_kwargs()}
     t0 = time.perf_counter()
     try:

@@ -1,19 +1,14 @@
 """The llama.cpp engine: a GGUF run by llama-cpp-python's low-level API behind the Engine interface.
 
-One llama context holds several sequences (llama.cpp seq ids), so `step`
-decodes one token for many of them in a single `llama_decode` -- as one ubatch
-only if their slots are consecutive, so `step` gathers them first
-(edge/engines/stream_placement.py). Logits are
-requested only for the positions asked for (every fed token in `forward`,
-as verification needs; `forward_last` for a prefill whose logits are thrown
-away but the last). Rollback is `llama_memory_seq_rm(mem, seq, n, -1)`.
-export_kv/import_kv move a sequence's cache through llama.cpp's own sequence
-state (edge/engines/llamacpp_kv.py converts it to and from our KV blobs), so a
-GGUF can be a SUN prefill module or a shared (Q4_0) decoder; llama and qwen2.
-
-llama.cpp's quantised kernels do not reproduce torch's fp32 logits bit for
-bit, and its one-token and multi-token calls differ slightly too (docs/models.md):
-compare across backends by closeness and agreement, not equality.
+One llama context holds several sequences (llama.cpp seq ids), so `step` decodes one token for many
+of them in a single `llama_decode` -- as one ubatch only if their slots are consecutive, so `step`
+gathers them first (edge/engines/stream_placement.py). Logits are requested only for the positions
+asked for (every fed token in `forward`, as verification needs; `forward_last` for a prefill).
+Rollback is `llama_memory_seq_rm(mem, seq, n, -1)`. export_kv/import_kv move a sequence's cache
+through llama.cpp's own sequence state (edge/engines/llamacpp_kv.py), so a GGUF can be a SUN prefill
+module or a shared (Q4_0) decoder; llama and qwen2. llama.cpp's kernels round a row differently by
+the call's shape unless exact_rows pads the calls (edge/engines/llamacpp_rows.py), and never as
+torch's fp32 does: compare across backends by closeness and agreement, not equality.
 """
 from __future__ import annotations
 
@@ -27,6 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from edge.engines.base import Engine, EngineError, tail_rows
+from edge.engines.llamacpp_rows import ROOM, decode_exact
 from edge.engines.llamacpp_tiles import FITTED, chunk_sizes, refeed
 from edge.engines.llamacpp_load import (KV_ITEMSIZE, amx_compiled, init_backend, layers_on_gpu, llama_lib, load_model,
                                         new_context)
@@ -38,25 +34,24 @@ __all__ = ["LlamaCppEngine", "amx_compiled"]   # amx_compiled: read by benchmark
 class LlamaCppEngine(Engine):
     name = "llamacpp"
     forks = True
+    exact_rows = False                       # pad calls so rows round alike (llamacpp_rows.py; __init__)
 
     def __init__(self, path: str | os.PathLike, max_len: int = 1024, n_seq_max: int = 8,
                  threads: Optional[int] = None, fingerprint: Optional[str] = None, n_batch: int = 512,
                  n_gpu_layers: int = 0, verbose: bool = False, kv_type: str = "f16",
                  flash_attn: Optional[bool] = None, extra_bufts: Optional[bool] = None,
-                 mmap: Optional[bool] = None):
+                 mmap: Optional[bool] = None, exact_rows: bool = False):
         """max_len: context per sequence; n_seq_max: sequences one context can hold at once;
         kv_type: the KV cache's precision (f16, llama.cpp's default, or f32); flash_attn: None
-        lets llama.cpp choose (on: on the CPU its kernel computes a short ubatch row by row, so a
-        verify of γ+1 rows rounds exactly as one-row decoding does and greedy speculative text is
-        the plain text bit for bit; off is faster over a long cache but breaks that: docs/models.md;
-        it changes how V is stored, which export_kv/import_kv handle);
-        extra_bufts: llama.cpp's extra weight buffer types (CPU repacking, AMX; `--repack`): None =
-        on only where every weight type keeps a verify's rows exact, True on, False off; an AMX build
-        keeps it off (edge/engines/llamacpp_repack.py; `self.repack`: what was chosen, why); mmap: map
-        the GGUF instead of reading it. None = read it when the CPU backend repacks weights (extra
-        buffer types on, no GPU layers): the mapped pages of repacked tensors stay resident
-        beside their repacked copy, ~0.6 GB of RSS for Qwen2.5-Coder-1.5B Q4_K_M (measured
-        here, model + a 4096-token context: 1862 MiB peak mapped, 1272 MiB read)."""
+        lets llama.cpp choose (on: on the CPU its kernel computes a short ubatch row by row, which
+        exact_rows needs; off is faster over a long cache: docs/models.md; it changes how V is
+        stored, which export_kv/import_kv handle); extra_bufts: llama.cpp's extra weight buffer
+        types (CPU repacking; `--repack`): None = llama.cpp's default (on), True on, False off; an
+        AMX build keeps it off (edge/engines/llamacpp_repack.py; `self.repack`: what was chosen,
+        why); mmap: map the GGUF instead of reading it (None: llamacpp_load.load_model decides);
+        exact_rows: pad every call so that a row rounds alike whatever call computes it (greedy
+        speculative text is then the plain text bit for bit, at the padding's cost:
+        edge/engines/llamacpp_rows.py; `--exact-rows`)."""
         lc = llama_lib()
         init_backend(lc, verbose)
         self._lc = lc
@@ -69,6 +64,8 @@ class LlamaCppEngine(Engine):
         self._batch = None
         self.flash_attn, self.threads = flash_attn, threads
         self.tile_costs = FITTED             # a target with a prompt cache measures its own (tile_calibration.py)
+        self.exact_rows = bool(exact_rows)
+        room = ROOM if self.exact_rows else 0      # the last cells are kept for a call's padding
         self._ctx = new_context(lc, self._model, path, max_len, n_seq_max, n_batch, kv_type, flash_attn, threads)
         self.kv_itemsize = KV_ITEMSIZE[kv_type]
         self._mem = lc.llama_get_memory(self._ctx)
@@ -76,7 +73,7 @@ class LlamaCppEngine(Engine):
         self._batch = lc.llama_batch_init(self._n_batch, 0, 1)
         vocab = lc.llama_model_get_vocab(self._model)
         self.vocab_size = int(lc.llama_vocab_n_tokens(vocab))
-        self.max_len = int(lc.llama_n_ctx_seq(self._ctx)) if hasattr(lc, "llama_n_ctx_seq") else int(max_len)
+        self.max_len = (int(lc.llama_n_ctx_seq(self._ctx)) if hasattr(lc, "llama_n_ctx_seq") else int(max_len)) - room
         self.n_seq_max = int(n_seq_max)
         self.capacity = self.n_seq_max       # sequences held at once (SharedDecoder queues the rest)
         if fingerprint is None:
@@ -213,7 +210,13 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
 
     def _decode(self, entries, want) -> np.ndarray:
-        """entries: (token, pos, slot) in order; want: indices whose logits come back."""
+        """entries: (token, pos, slot) in order, each slot's together; want: indices whose logits come
+        back. With exact_rows the call is padded first (edge/engines/llamacpp_rows.py)."""
+        if self.exact_rows and entries:
+            return decode_exact(self, entries, want)
+        return self._decode_raw(entries, want)
+
+    def _decode_raw(self, entries, want) -> np.ndarray:
         b, lc = self._batch, self._lc
         b.n_tokens = len(entries)
         for i, (tok, pos, slot) in enumerate(entries):
@@ -272,8 +275,7 @@ class LlamaCppEngine(Engine):
         return self._feed(seq, tokens, tail_rows(n_rows))
 
     def forward_batch(self, calls) -> List[np.ndarray]:
-        """Several sequences' forwards in one llama_decode (edge/engines/llamacpp_batch.py)."""
-        from edge.engines.llamacpp_batch import feed_batch
+        from edge.engines.llamacpp_batch import feed_batch   # one llama_decode for several sequences
         return feed_batch(self, calls)
 
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
@@ -351,7 +353,7 @@ class LlamaCppEngine(Engine):
         if not self._copies_queued:
             return
         try:
-            self._decode([(0, pos, slot)], [])
+            self._decode_raw([(0, pos, slot)], [])
         except EngineError:
             if self._copies_queued:
                 raise
@@ -367,7 +369,7 @@ class LlamaCppEngine(Engine):
     def _layout(self, slot: int):
         """How this context writes sequence state, learned once from a one-token probe in `slot`."""
         if self._kv_layout is None:
-            self._decode([(0, 0, slot)], [])
+            self._decode_raw([(0, 0, slot)], [])
             try:
                 self._kv_layout = self._parse(slot)[1]
             finally:

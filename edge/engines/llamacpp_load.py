@@ -7,9 +7,9 @@ from typing import Optional, Tuple
 
 from edge.engines.base import EngineError
 from edge.engines.cpu_threads import default_threads
-from edge.engines.llamacpp_repack import RepackChoice, amx_compiled, choose_repack, repack_keeps_rows_exact
+from edge.engines.llamacpp_repack import RepackChoice, amx_compiled, auto_repacks, choose_repack
 
-__all__ = ["amx_compiled", "repack_keeps_rows_exact"]   # where tests and benchmarks read them
+__all__ = ["amx_compiled", "auto_repacks"]   # where tests and benchmarks read them
 
 log = logging.getLogger(__name__)
 _BACKEND_READY = False

@@ -1,12 +1,15 @@
 """Whether llama.cpp repacks a GGUF's weights for the CPU (its extra buffer types), and why.
 
-Repacking (ggml-cpu's interleaved layouts, llama-server's default) decodes faster on some files,
-but for weight types such as Q4_K a verify over k rows then rounds differently from k one-row
-calls, so greedy text through a draft or the star can leave the target's own plain greedy text at
-a near-tie (docs/models.md). The choice is a mode (`--repack`, LlamaCppEngine's extra_bufts):
+Repacking (ggml-cpu's interleaved layouts, llama-server's default) decodes faster on some files but
+prefills K-quants slower on x86, where the unrepacked ones take llama.cpp's tiled matmul
+(Qwen2.5-Coder-1.5B Q4_K_M, two threads of an AMD EPYC, a 1,024-token prefill: 173-228 tok/s
+unrepacked vs 121-135 repacked; a decode step ~15% faster repacked on a Xeon; docs/models.md). An agent's turn is mostly
+prefill, so `auto` leaves such files unrepacked. Repacking no longer bears on exactness: rows round
+alike repacked or not under `--exact-rows` (edge/engines/llamacpp_rows.py), and by the call's shape
+either way without it. The choice is a mode (`--repack`, LlamaCppEngine's extra_bufts):
 
-    auto  repack where every weight type keeps rows exact when repacked, else not
-    on    repack (faster decode on K-quants; exactness no longer guaranteed)
+    auto  repack where every weight type is one measured not to lose by it, else not
+    on    repack (faster decode on K-quants, slower prefill)
     off   never repack
 
 A llama.cpp built with ggml's AMX backend crashes on repacked quantised weights (upstream
@@ -19,13 +22,12 @@ from typing import List, Optional
 
 REPACK_MODES = {"auto": None, "on": True, "off": False}     # --repack -> LlamaCppEngine(extra_bufts=...)
 
-# ggml types whose weights ggml-cpu may repack and whose multi-row calls were measured to round as
-# one-row calls do (F32, F16, Q4_0, Q4_1, Q8_0, BF16): greedy speculative text stays the plain text
-# bit for bit. Q4_K repacked did not (docs/models.md), nor is any other type measured.
-ROW_EXACT_WHEN_REPACKED = frozenset({0, 1, 2, 3, 8, 30})
+# ggml types that `auto` repacks (F32, F16, Q4_0, Q4_1, Q8_0, BF16): llama.cpp's default for them,
+# measured not to lose by it; any other type (Q4_K, Q6_K, Q5_0, ...) keeps the file unrepacked.
+REPACKED_BY_AUTO = frozenset({0, 1, 2, 3, 8, 30})
 AMX_REFUSAL = ("this llama.cpp was built with ggml's AMX backend, whose repacked quantised weights crash "
                "(llama.cpp issue 20824); rebuild it with AMX off (`make llama`) to repack")
-NEAR_TIES = "speculative greedy text may leave the target's plain greedy text at near-ties"
+SLOWER_PREFILL = "a long prompt prefills slower repacked (docs/models.md)"
 
 
 def amx_compiled(llama_cpp) -> bool:
@@ -34,16 +36,16 @@ def amx_compiled(llama_cpp) -> bool:
     return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
-def inexact_types(path: str) -> Optional[List[str]]:
-    """The GGUF's weight types (ggml names) not known to keep a k-row verify equal to k one-row
-    calls when repacked; None when the header cannot be read (then none is assumed exact)."""
+def unrepacked_types(path: str) -> Optional[List[str]]:
+    """The GGUF's weight types (ggml names) that keep `auto` from repacking it; None when the header
+    cannot be read (then `auto` does not repack)."""
     from gguf.constants import GGMLQuantizationType
     from edge.model.gguf_header import GGUFHeaderError, read_gguf_header
     try:
         types = {t.ggml_type for t in read_gguf_header(path).tensors}
     except (OSError, GGUFHeaderError):
         return None
-    return sorted(_type_name(t, GGMLQuantizationType) for t in types - ROW_EXACT_WHEN_REPACKED)
+    return sorted(_type_name(t, GGMLQuantizationType) for t in types - REPACKED_BY_AUTO)
 
 
 def _type_name(t: int, names) -> str:
@@ -53,10 +55,9 @@ def _type_name(t: int, names) -> str:
         return f"type {t}"
 
 
-def repack_keeps_rows_exact(path: str) -> bool:
-    """Does every tensor of the GGUF have a type whose CPU repacking keeps a verify of k rows equal
-    to k one-row calls? (Read from the header; an unreadable header: False, the safe answer.)"""
-    return inexact_types(path) == []
+def auto_repacks(path: str) -> bool:
+    """Does `--repack auto` repack the GGUF at `path` (every weight type in REPACKED_BY_AUTO)?"""
+    return unrepacked_types(path) == []
 
 
 @dataclass(frozen=True)
@@ -83,15 +84,11 @@ def choose_repack(asked: Optional[bool], amx: bool, path: str) -> RepackChoice:
         if asked:
             return RepackChoice(False, f"on was asked, refused: {AMX_REFUSAL}", amx_guard=True)
         return RepackChoice(False, f"auto: {AMX_REFUSAL}", amx_guard=True)
-    bad = inexact_types(path)
-    rows = (f"{', '.join(bad)} weights are not known to keep a verify's rows exact when repacked" if bad
+    bad = unrepacked_types(path)
+    kept = (f"{', '.join(bad)} weights stay unrepacked: {SLOWER_PREFILL}, or not measured" if bad
             else "its header could not be read to check its weight types" if bad is None else "")
     if asked:
-        if not rows:
-            return RepackChoice(True, "on as asked; every weight type of this GGUF keeps a verify's rows exact "
-                                      "when repacked")
-        return RepackChoice(True, f"on as asked: {NEAR_TIES}; {rows}")
-    if rows:
-        return RepackChoice(False, f"auto: {rows}; --repack on trades exact speculative greedy text for decode "
-                                   "speed")
-    return RepackChoice(None, "auto: every weight type of this GGUF keeps a verify's rows exact when repacked")
+        return RepackChoice(True, "on as asked" + (f"; {SLOWER_PREFILL}" if kept else ""))
+    if kept:
+        return RepackChoice(False, f"auto: {kept}; --repack on decodes K-quants faster")
+    return RepackChoice(None, "auto: llama.cpp's default for every weight type of this GGUF")

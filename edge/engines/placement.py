@@ -84,6 +84,7 @@ class Placement:
     torch_device: str = "cpu"
     warnings: Tuple[str, ...] = field(default_factory=tuple)
     repack: str = "auto"                 # llama.cpp's CPU weight repacking: auto | on | off (--repack)
+    exact_rows: bool = False             # llama.cpp: pad calls so rows round alike (--exact-rows, llamacpp_rows.py)
 
     @property
     def on_gpu(self) -> bool:
@@ -93,7 +94,7 @@ class Placement:
         """What the backend's engine takes for this placement (load_engine passes them on)."""
         if self.backend == "llamacpp":
             from edge.engines.llamacpp_repack import REPACK_MODES
-            kw = {"n_gpu_layers": self.gpu_layers}
+            kw = {"n_gpu_layers": self.gpu_layers, **({"exact_rows": True} if self.exact_rows else {})}
             return kw if self.repack == "auto" else {**kw, "extra_bufts": REPACK_MODES[self.repack]}
         if self.backend == "onnx":
             return {"providers": list(self.ort_providers)}
@@ -105,6 +106,7 @@ class Placement:
             where = ("all layers on the GPU" if self.gpu_layers == ALL_LAYERS
                      else f"{self.gpu_layers} layers on the GPU" if self.gpu_layers else "all layers on the CPU")
             where += f", --repack {self.repack}" if self.repack != "auto" else ""
+            where += ", --exact-rows" if self.exact_rows else ""
         elif self.backend == "onnx":
             where = "providers " + ", ".join(self.ort_providers)
         else:
@@ -163,15 +165,17 @@ def _on(backend: str, device: str, reason: str, gpu_layers: int, warnings=()) ->
 
 def decide_placement(backend: str, device: str = "auto", gpu_layers: Optional[int] = None,
                      facts: Optional[DeviceFacts] = None, caps: Optional[Capabilities] = None,
-                     repack: str = "auto") -> Placement:
+                     repack: str = "auto", exact_rows: bool = False) -> Placement:
     """The placement of one role's model (module doc). gpu_layers: parse_gpu_layers' value; it
-    speaks only for llama.cpp (other backends place the whole model), as does repack."""
+    speaks only for llama.cpp (other backends place the whole model), as do repack and exact_rows."""
     if repack not in REPACK:
         raise PlacementError(f"--repack {repack!r}: use auto, on or off")
     p = _decide(backend, device, gpu_layers, facts, caps)
-    if backend != "llamacpp" and repack != "auto":
-        return replace(p, warnings=p.warnings + (f"--repack {repack} is for llama.cpp models; {backend} ignores it",))
-    return replace(p, repack=repack) if backend == "llamacpp" else p
+    if backend != "llamacpp":
+        ignored = ([f"--repack {repack}"] if repack != "auto" else []) + (["--exact-rows"] if exact_rows else [])
+        return replace(p, warnings=p.warnings + tuple(f"{o} is for llama.cpp models; {backend} ignores it"
+                                                      for o in ignored))
+    return replace(p, repack=repack, exact_rows=bool(exact_rows))
 
 
 def _decide(backend: str, device: str, gpu_layers: Optional[int], facts: Optional[DeviceFacts],

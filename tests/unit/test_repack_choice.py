@@ -1,10 +1,10 @@
-"""--repack auto|on|off (edge/engines/llamacpp_repack.py): what llama.cpp is told for a GGUF, and why,
-from its weight types (read from the real files' headers) and the build (the AMX guard wins over
+"""--repack auto|on|off (edge/engines/llamacpp_repack.py) and --exact-rows: what llama.cpp is told for a
+GGUF, and why, from its weight types (read from the real files' headers) and the build (the AMX guard wins over
 `on`); the placement carries the mode to the engine's arguments; click refuses other values."""
 import pytest
 from click.testing import CliRunner
 
-from edge.engines.llamacpp_repack import NEAR_TIES, choose_repack, inexact_types
+from edge.engines.llamacpp_repack import SLOWER_PREFILL, choose_repack, unrepacked_types
 from edge.engines.placement import Capabilities, PlacementError, decide_placement
 from harness.agent_asks import fetched_or_skip
 
@@ -17,11 +17,11 @@ def q4_k_m():
 
 
 def test_auto_keeps_todays_choice(q4_k_m, exports):
-    assert inexact_types(q4_k_m) == ["Q4_K", "Q6_K"]
+    assert unrepacked_types(q4_k_m) == ["Q4_K", "Q6_K"]
     c = choose_repack(None, False, q4_k_m)
     assert (c.extra_bufts, c.on, c.amx_guard) == (False, False, False)
-    assert c.describe().startswith("weight repacking off (auto: Q4_K, Q6_K weights are not known to keep a verify's "
-                                   "rows exact when repacked; --repack on trades")
+    assert c.describe().startswith("weight repacking off (auto: Q4_K, Q6_K weights stay unrepacked: a long prompt "
+                                   "prefills slower repacked (docs/models.md), or not measured; --repack on decodes")
     f32 = str(exports.gguf("llama"))                       # F32 only: llama.cpp's own default (on)
     c = choose_repack(None, False, f32)
     assert (c.extra_bufts, c.on) == (None, True) and "every weight type" in c.why
@@ -30,9 +30,8 @@ def test_auto_keeps_todays_choice(q4_k_m, exports):
 def test_on_and_off_are_what_was_asked(q4_k_m, exports):
     on = choose_repack(True, False, q4_k_m)
     assert (on.extra_bufts, on.on) == (True, True)
-    assert on.describe().startswith(f"weight repacking on (on as asked: {NEAR_TIES}; Q4_K, Q6_K")
-    assert NEAR_TIES in on.why and "near-ties" in NEAR_TIES
-    assert "on as asked; every weight type" in choose_repack(True, False, str(exports.gguf("llama"))).why
+    assert on.describe() == f"weight repacking on (on as asked; {SLOWER_PREFILL})"
+    assert choose_repack(True, False, str(exports.gguf("llama"))).why == "on as asked"
     off = choose_repack(False, False, q4_k_m)
     assert (off.extra_bufts, off.why) == (False, "off as asked")
     assert choose_repack(False, True, q4_k_m).why == "off as asked"
@@ -51,7 +50,7 @@ def test_the_amx_guard_wins_over_on(q4_k_m, exports):
 def test_an_unreadable_header_is_not_trusted(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"not a gguf")
-    assert inexact_types(str(bad)) is None
+    assert unrepacked_types(str(bad)) is None
     assert choose_repack(None, False, str(bad)).extra_bufts is False
     assert choose_repack(True, False, str(bad)).extra_bufts is True
 
@@ -66,6 +65,11 @@ def test_the_placement_carries_the_mode_to_the_engine():
     onnx = decide_placement("onnx", "cpu", None, None, CPU, repack="on")     # said, not passed on
     assert onnx.engine_kwargs() == {"providers": ["CPUExecutionProvider"]}
     assert onnx.warnings == ("--repack on is for llama.cpp models; onnx ignores it",)
+    exact = decide_placement("llamacpp", "cpu", None, None, CPU, exact_rows=True)
+    assert exact.engine_kwargs() == {"n_gpu_layers": 0, "exact_rows": True}
+    assert exact.describe().startswith("llamacpp on cpu: all layers on the CPU, --exact-rows (")
+    torch = decide_placement("torch", "cpu", None, None, CPU, exact_rows=True)
+    assert torch.warnings == ("--exact-rows is for llama.cpp models; torch ignores it",)
     with pytest.raises(PlacementError, match="--repack 'maybe': use auto, on or off"):
         decide_placement("llamacpp", "cpu", None, None, CPU, repack="maybe")
 

@@ -95,6 +95,8 @@ def decode_exact(eng, entries: Sequence[Entry], want: Sequence[int]):
         return eng._decode_raw(entries, want)
     call = pad_call(entries, want)
     if call is None or len(call.entries) > eng._n_batch:    # too ragged to pad: one slot at a time
+        if len(per_slot) == 1:                               # a batch smaller than the padding: as it is
+            return eng._decode_raw(entries, want)
         return _slot_by_slot(eng, entries, want, per_slot)
     try:
         rows = eng._decode_raw(call.entries, call.want)

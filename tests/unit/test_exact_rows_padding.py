@@ -54,3 +54,49 @@ def test_too_ragged_for_the_room_is_none():
                                                   (4, 1, 2), (4, 5, 5), (5, 2, 4), (8, 1, 1)])
 def test_padded_rows(n_slots, longest, rows):
     assert padded_rows(n_slots, longest) == rows
+
+
+class _Engine:
+    """What decode_exact touches of a LlamaCppEngine: the raw decodes are recorded, each row's logits
+    are its (token, position) so the test can see which rows came back; removed cells recorded."""
+    vocab_size = 2
+
+    def __init__(self, n_batch=512):
+        self._n_batch, self.calls, self.removed = n_batch, [], []
+        self._mem = object()
+        self._lc = self
+
+    def llama_memory_seq_rm(self, mem, slot, first, last):
+        self.removed.append((slot, first))
+
+    def _decode_raw(self, entries, want):
+        import numpy as np
+        self.calls.append((list(entries), list(want)))
+        return np.array([[entries[i][0], entries[i][1]] for i in want], dtype=float)
+
+
+def test_decode_exact_pads_a_call_and_removes_the_padding_after():
+    from edge.engines.llamacpp_rows import decode_exact
+    eng = _Engine()
+    entries, want = _call([5, 2])
+    rows = decode_exact(eng, entries, want)
+    assert rows.tolist() == [[t, p] for t, p, _ in entries]                    # the wanted rows, in order
+    (sent, asked), = eng.calls
+    assert len(sent) == 12 and len(asked) == 8 and sorted(eng.removed) == [(0, 105), (1, 102)]
+
+
+def test_decode_exact_leaves_a_prefill_alone_and_splits_what_it_cannot_pad():
+    from edge.engines.llamacpp_rows import decode_exact
+    eng = _Engine()
+    entries, _ = _call([70])
+    decode_exact(eng, entries, [69])
+    assert eng.calls == [(entries, [69])] and eng.removed == []               # >= 64 rows: as it is
+    eng = _Engine()
+    entries, want = _call([30, 1])                                             # slot 1 would need 29 cells
+    rows = decode_exact(eng, entries, want)
+    assert rows.tolist() == [[t, p] for t, p, _ in entries]
+    assert [len(c[0]) for c in eng.calls] == [32, 8]                           # one slot at a time, each padded
+    eng = _Engine(n_batch=4)                                                   # a batch smaller than the padding
+    entries, want = _call([3])
+    assert decode_exact(eng, entries, want).tolist() == [[t, p] for t, p, _ in entries]
+    assert eng.calls == [(entries, want)]

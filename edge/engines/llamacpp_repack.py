@@ -3,12 +3,12 @@
 Repacking (ggml-cpu's interleaved layouts, llama-server's default) decodes faster on some files but
 prefills K-quants slower on x86, where the unrepacked ones take llama.cpp's tiled matmul
 (Qwen2.5-Coder-1.5B Q4_K_M, two threads of an AMD EPYC, a 1,024-token prefill: 173-228 tok/s
-unrepacked vs 121-135 repacked; a decode step ~15% faster repacked on a Xeon; docs/models.md). An agent's turn is mostly
-prefill, so `auto` leaves such files unrepacked. Repacking no longer bears on exactness: rows round
+unrepacked vs 121-135 repacked; a decode step ~15% faster repacked on a Xeon; docs/models.md). An
+agent's turn is mostly prefill, so `auto` leaves such files unrepacked. Repacking no longer bears on exactness: rows round
 alike repacked or not under `--exact-rows` (edge/engines/llamacpp_rows.py), and by the call's shape
 either way without it. The choice is a mode (`--repack`, LlamaCppEngine's extra_bufts):
 
-    auto  repack where every weight type is one measured not to lose by it, else not
+    auto  repack where every weight type is in REPACKED_BY_AUTO, else not
     on    repack (faster decode on K-quants, slower prefill)
     off   never repack
 
@@ -22,8 +22,9 @@ from typing import List, Optional
 
 REPACK_MODES = {"auto": None, "on": True, "off": False}     # --repack -> LlamaCppEngine(extra_bufts=...)
 
-# ggml types that `auto` repacks (F32, F16, Q4_0, Q4_1, Q8_0, BF16): llama.cpp's default for them,
-# measured not to lose by it; any other type (Q4_K, Q6_K, Q5_0, ...) keeps the file unrepacked.
+# ggml types that `auto` repacks (F32, F16, Q4_0, Q4_1, Q8_0, BF16): llama.cpp's default, kept (a Q4_0
+# target repacked: agent_workload/q4_0_target); any other type (Q4_K, Q6_K, Q5_0, ...), not measured
+# or measured to prefill slower repacked, keeps the file unrepacked.
 REPACKED_BY_AUTO = frozenset({0, 1, 2, 3, 8, 30})
 AMX_REFUSAL = ("this llama.cpp was built with ggml's AMX backend, whose repacked quantised weights crash "
                "(llama.cpp issue 20824); rebuild it with AMX off (`make llama`) to repack")

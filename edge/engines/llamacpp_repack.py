@@ -4,9 +4,9 @@ Repacking (ggml-cpu's interleaved layouts, llama-server's default) decodes faste
 prefills K-quants slower on x86, where the unrepacked ones take llama.cpp's tiled matmul
 (Qwen2.5-Coder-1.5B Q4_K_M, two threads of an AMD EPYC, a 1,024-token prefill: 173-228 tok/s
 unrepacked vs 121-135 repacked; a decode step ~15% faster repacked on a Xeon; docs/models.md). An
-agent's turn is mostly prefill, so `auto` leaves such files unrepacked. Repacking no longer bears on exactness: rows round
-alike repacked or not under `--exact-rows` (edge/engines/llamacpp_rows.py), and by the call's shape
-either way without it. The choice is a mode (`--repack`, LlamaCppEngine's extra_bufts):
+agent's turn is mostly prefill, so `auto` leaves such files unrepacked. Repacking does not bear on
+exactness: rows round alike repacked or not under `--exact-rows` (edge/engines/llamacpp_rows.py),
+and by the call's shape either way without it. The choice is a mode (`--repack`, LlamaCppEngine's extra_bufts):
 
     auto  repack where every weight type is in REPACKED_BY_AUTO, else not
     on    repack (faster decode on K-quants, slower prefill)

@@ -39,9 +39,10 @@ def seed_from(store: _Store, earlier: Path, tasks: Sequence[str]) -> None:
     fp_old, fp_now = old.get("meta", {}).get("decoder_fp32"), store.data["meta"].get("decoder_fp32")
     if fp_old and fp_now and fp_old != fp_now:
         raise ValueError(f"{earlier} was measured on another base (decoder {fp_old[:12]}, now {fp_now[:12]})")
+    redone = set(store.data["meta"].get("redone", []))      # export/sun_rows.redo_once: never the old cell
     for task, cells in ((t, c) for t, c in old.get("cells", {}).items() if t in tasks):
         for row, cell in cells.items():
-            if store.get(task, row) is None:
+            if store.get(task, row) is None and f"{task}:{row}" not in redone:
                 store.data["cells"].setdefault(task, {})[row] = cell
     walls = store.data["meta"].setdefault("wall_s", {})
     for task, w in old.get("meta", {}).get("wall_s", {}).items():

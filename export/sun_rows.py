@@ -226,6 +226,25 @@ def run_rows(runner: RowRunner, tasks: Sequence[TaskData], rows: Sequence[str],
     return runner.store.data
 
 
+def redo_once(runner: RowRunner, cells: Sequence[str]) -> List[str]:
+    """Drop each "task:row" cell -- its score, its kept scoring batches and the specialist no other row
+    needs (QSUN's, QSUN-LoRA's) -- so that run_rows computes it again. Once per cell: the store lists
+    it under meta "redone", and a rerun with the same cells keeps what was computed since."""
+    done = runner.store.data["meta"].setdefault("redone", [])
+    dropped = []
+    for cell in (c for c in cells if c not in done):
+        task, row = cell.split(":")
+        runner.store.data["cells"].get(task, {}).pop(row, None)
+        (runner.out / "scoring" / task / f"{row}.json").unlink(missing_ok=True)
+        for name in NEEDS[row][-1:]:
+            if not any(name in needs for r, needs in NEEDS.items() if r != row):
+                shutil.rmtree(runner.specialist_dir(task, name), ignore_errors=True)
+        done.append(cell)
+        dropped.append(cell)
+    runner.store.save()
+    return dropped
+
+
 def _prune(runner: RowRunner, task: str, rows: Sequence[str]) -> None:
     pending = [r for r in rows if runner.store.get(task, r) is None]
     for name in FULL_COPIES:

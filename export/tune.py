@@ -41,6 +41,7 @@ from export.quant import fake_quant_state_dict
 from export import tune_memory
 from export.tasks import Example
 from export.tune_lora import make_trainee, save_lora_specialist
+from export.tune_select import BestStep, held_back_ce, hold_back
 
 MODES = ("sun", "full")
 ADAPTERS = ("", "lora")           # "": the specialist is a full copy of the prefill module
@@ -79,6 +80,10 @@ class TuneConfig:
     freeze_embeddings: bool = False  # embedding + output head frozen and shared with the base (not a copy)
     bf16: bool = False            # autocast matmuls to bfloat16 (fp32 weights, gradients, AdamW state)
     ckpt_every_s: float = 0.0     # also checkpoint once this many seconds passed since the last one
+    # keep the best step (export/tune_select.py): judge every select_every steps, step 0 included, on
+    # select_n training pairs held back from it; 0: the last step is the result
+    select_every: int = 0
+    select_n: int = 0
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -92,6 +97,9 @@ class TuneConfig:
             raise TuneError(f"adapter must be 'lora' or none, got {self.adapter!r}")
         if self.adapter and self.mode == "full":
             raise TuneError("--full trains the whole model; an adapter applies to SUN (prefill-only) tuning")
+        if (self.select_every > 0) != (self.select_n > 0) or self.select_every < 0 or self.select_n < 0:
+            raise TuneError(f"step selection needs both select_every and select_n > 0 (or neither), got "
+                            f"{self.select_every} and {self.select_n}")
         if type(self.rank) is not int or self.rank < 1 or not self.alpha > 0:
             raise TuneError(f"LoRA rank must be a positive integer and alpha positive, got {self.rank!r}, {self.alpha!r}")
         self.targets = parse_targets(",".join(self.targets))
@@ -203,7 +211,8 @@ def _save_ckpt(d: Path, step: int, model: Transformer, opt: torch.optim.Optimize
 def _load_ckpt(d: Path, model: Transformer, opt: torch.optim.Optimizer, cfg: TuneConfig, dec_fp: str):
     meta = json.loads((d / "state.json").read_text())
     saved = TuneConfig(**{**meta["config"], "stop_ids": tuple(meta["config"]["stop_ids"])})
-    for key in ("mode", "decoder", "seed", "batch_size", "lr", "steps", "adapter", "rank", "alpha", "targets"):
+    for key in ("mode", "decoder", "seed", "batch_size", "lr", "steps", "adapter", "rank", "alpha", "targets",
+                "select_n"):
         if getattr(saved, key) != getattr(cfg, key):
             raise TuneError(f"cannot resume {d}: it was started with {key}={getattr(saved, key)!r}, "
                             f"now {key}={getattr(cfg, key)!r}; use another --out or the same options")
@@ -266,15 +275,23 @@ def tune(base: Transformer, train: Sequence[Example], cfg: TuneConfig,
         from tqdm import tqdm
         bar = tqdm(total=cfg.steps, initial=step, desc=f"{cfg.mode}{'-lora' if cfg.adapter else ''}/{cfg.decoder}", leave=False)
     t0 = time.perf_counter()
+    train, judge = hold_back(train, cfg.select_n, cfg.seed)
+    best = BestStep(ck) if judge else None
     with tune_memory.checkpointed_blocks(model, dec, enabled=cfg.grad_checkpoint):
+        if best is not None:
+            best.load(model)
+            judge_at = _judge(best, judge, model, dec, cfg)
+            judge_at(step)                      # step 0: the start as it is competes too
+            on_step = _then(judge_at, on_step)
         step = _steps(model, dec, opt, train, cfg, step, history, ck, dec_fp, eval_set, bar, log,
                       lambda: before_s + time.perf_counter() - t0, clock, on_step)
     if bar is not None:
         bar.close()
+    picked = best.restore(model) if best is not None else {}
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    final = {"step": step, "train_s": round(before_s + time.perf_counter() - t0, 2)}
+    final = {"step": step, "train_s": round(before_s + time.perf_counter() - t0, 2), **picked}
     if eval_set:
         final["eval_acc"] = evaluate(model, dec, eval_set, cfg.max_new, cfg.stop_ids)
     history.append(final)
@@ -320,6 +337,24 @@ def _steps(model, dec, opt, train, cfg: TuneConfig, step: int, history: list, ck
         if on_step is not None:
             on_step(step)
     return step
+
+
+def _judge(best: BestStep, judge, model, dec, cfg: TuneConfig) -> Callable[[int], None]:
+    """judge_at(step): the held-back CE at step 0, every cfg.select_every steps and after the last
+    (once per step, resumes included)."""
+    def judge_at(step: int) -> None:
+        if (step % cfg.select_every == 0 or step == cfg.steps) and not best.judged(step):
+            best.offer(step, held_back_ce(split_loss_sum, model, dec, judge, cfg.batch_size, cfg.device,
+                                          cfg.bf16), model)
+    return judge_at
+
+
+def _then(first: Callable[[int], None], then: Optional[Callable[[int], None]]) -> Callable[[int], None]:
+    def both(step: int) -> None:
+        first(step)
+        if then is not None:
+            then(step)
+    return both
 
 
 def _trainable_copy(init, base: Transformer, cfg: TuneConfig) -> Transformer:

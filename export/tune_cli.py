@@ -1,11 +1,12 @@
 """`edge-export tune`: train one SUN / QSUN specialist (or the full-FT baseline) from the command line.
 
   edge-export tune --base smollm2-135m --task maths --out runs/maths-sun --save-decoder runs/decoder-fp32
-  edge-export tune --base smollm2-135m --task maths --decoder int4 --init runs/maths-sun --out runs/maths-qsun
+  edge-export tune --base smollm2-135m --task maths --decoder int4 --init runs/maths-sun --out runs/maths-qsun \
+      --steps 40 --select-every 10
   edge-export tune --base smollm2-135m --task maths --full --out runs/maths-full
   edge-export tune --base smollm2-135m --task tools --adapter lora --rank 16 --out runs/tools-lora
   edge-export tune --base smollm2-135m --task tools --adapter lora --rank 16 --decoder int4 \
-      --init runs/tools-lora --out runs/tools-qlora
+      --init runs/tools-lora --out runs/tools-qlora --steps 40 --select-every 10
 
 With --adapter lora the specialist is a prefill-only LoRA adapter over the frozen base
 (PEFT's adapter_config.json + adapter_model.safetensors + our manifest.json): megabytes, not a model.
@@ -67,9 +68,14 @@ def default_lr(adapter) -> float:
 @click.option("--n-train", default=2000, show_default=True)
 @click.option("--n-eval", default=64, show_default=True)
 @click.option("--max-len", default=512, show_default=True, help="drop pairs longer than this (memory)")
+@click.option("--select-every", default=0, show_default=True,
+              help="keep the best step: judge the answer CE on --select-n held-back training pairs at step 0 "
+                   "and every this many steps, end at the lowest (0: the last step; for a re-tune from --init "
+                   "that may overfit a small set)")
+@click.option("--select-n", default=32, show_default=True, help="training pairs held back for --select-every")
 @click.option("--threads", default=0, help="torch threads (0: default)")
 def tune(base, task, data, out, full, precision, init_dir, decoder_dir, adapter, rank, alpha, targets, steps,
-         batch_size, lr, seed, eval_every, ckpt_every, n_train, n_eval, max_len, threads):
+         batch_size, lr, seed, eval_every, ckpt_every, n_train, n_eval, max_len, select_every, select_n, threads):
     """Prefill-only tuning of one task specialist against a frozen decoder (SUN / QSUN)."""
     from edge.model.checkpoint import CheckpointError, load_model
     from edge.model.reference import ModelNotFound, resolve_model
@@ -104,10 +110,13 @@ def tune(base, task, data, out, full, precision, init_dir, decoder_dir, adapter,
     train = [e for e in train if len(e.prompt) + len(e.answer) <= max_len]
     click.echo(_start_line(src, task or data, full, adapter, precision, steps, lr, len(train)))
     lr = default_lr(adapter) if lr is None else lr
+    if select_every and select_n >= len(train):
+        raise click.BadParameter(f"cannot hold back {select_n} of {len(train)} training pairs", param_hint="--select-n")
     cfg = TuneConfig(mode="full" if full else "sun", decoder=precision, steps=steps, batch_size=batch_size,
                      lr=lr, seed=seed, eval_every=eval_every, ckpt_every=ckpt_every, max_new=max_new,
                      stop_ids=stops, threads=threads, warmup=min(50, steps // 10), adapter=adapter or "",
-                     rank=rank, alpha=alpha if alpha is not None else 2.0 * rank, targets=target_names)
+                     rank=rank, alpha=alpha if alpha is not None else 2.0 * rank, targets=target_names,
+                     select_every=select_every, select_n=select_n if select_every else 0)
     init = _load_init(init_dir, model, bool(adapter)) if init_dir else None
     dec = None if full else build_decoder(model, precision)
     if dec is not None and decoder_dir:

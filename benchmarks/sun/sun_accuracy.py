@@ -35,7 +35,7 @@ from benchmarks.lib.results import ROOT, result_stem
 from benchmarks.sun.sun_accuracy_report import with_ext, write
 from export.sun_eval import ROWS
 from export.sun_eval_lora import LORA_ROWS, lora_titles, seed_from
-from export.sun_rows import ALL_ROWS, RowPlan, RowRunner, run_rows
+from export.sun_rows import ALL_ROWS, RowPlan, RowRunner, redo_once, run_rows
 from export.tune import TuneConfig
 
 # the order rows are computed in: the goals first (full FT, naive reuse, SUN-LoRA, then
@@ -88,11 +88,13 @@ def plan(args) -> RowPlan:
                   ckpt_every_s=args.ckpt_minutes * 60, weight_decay=0.0, micro_batch=args.micro_batch,
                   grad_checkpoint=args.grad_checkpoint, freeze_embeddings=args.freeze_embeddings, bf16=args.bf16)
     lora = dict(common, mode="sun", adapter="lora", rank=args.rank, alpha=args.alpha, lr=args.lora_lr)
+    # a re-tune for the int4 decoder starts from a tuned module: no warmup, and the best step kept
+    retune = dict(warmup=0, select_every=args.select_every, select_n=args.select_n if args.select_every else 0)
     return RowPlan(full=TuneConfig(mode="full", steps=args.steps, **common),
                    sun=TuneConfig(mode="sun", steps=args.steps, **common),
-                   qsun=TuneConfig(mode="sun", decoder="int4", steps=args.qsun_steps, **{**common, "warmup": 0}),
+                   qsun=TuneConfig(mode="sun", decoder="int4", steps=args.qsun_steps, **{**common, **retune}),
                    sun_lora=TuneConfig(steps=args.steps, **lora),
-                   qsun_lora=TuneConfig(decoder="int4", steps=args.qsun_steps, **{**lora, "warmup": 0}),
+                   qsun_lora=TuneConfig(decoder="int4", steps=args.qsun_steps, **{**lora, **retune}),
                    eval_batch=args.eval_batch)
 
 
@@ -101,10 +103,13 @@ def notes(args, tasks) -> str:
                            (f"micro-batches of {args.micro_batch} accumulated", args.micro_batch),
                            ("gradient checkpointing", args.grad_checkpoint),
                            ("bf16 autocast matmuls", args.bf16)) if on]
+    select = (f"; each int4 re-tune (QSUN, QSUN-LoRA) ends at its step (0, {args.select_every}, "
+              f"{2 * args.select_every}, ... or the last) of lowest answer CE on {args.select_n} training pairs "
+              f"held back from it" if args.select_every else "")
     return (f"Training: {args.steps} steps of batch {args.batch_size} at lr {args.lr:g} (full FT and SUN), "
             f"{args.qsun_steps} QSUN steps from SUN; adapter rows rank {args.rank}, alpha {args.alpha:g}, all "
             f"seven linear targets, lr {args.lora_lr:g}, {args.steps} SUN-LoRA steps, {args.qsun_steps} QSUN-LoRA "
-            f"steps from SUN-LoRA; training pairs up to {args.max_len} tokens, answers up to {args.max_new} "
+            f"steps from SUN-LoRA{select}; training pairs up to {args.max_len} tokens, answers up to {args.max_new} "
             f"new tokens ({', '.join(f'{t.name} {t.max_new}' for t in tasks)}); fp32 weights, gradients and AdamW state"
             f"{'; ' + ', '.join(mem) if mem else ''}; {args.threads or torch.get_num_threads()} threads.\n")
 
@@ -127,6 +132,13 @@ def parse(argv=None):
                     help="comma-separated rows to compute, in this order (e.g. sun-lora,qsun-lora); finished "
                          "rows are kept")
     ap.add_argument("--reuse", default=None, help="an earlier results JSON whose cells are kept, not recomputed")
+    ap.add_argument("--select-every", type=int, default=10,
+                    help="QSUN and QSUN-LoRA re-tunes keep their best step, judged at step 0 and every this many "
+                         "steps on --select-n held-back training pairs (0: the last step, as before 2026-12-07)")
+    ap.add_argument("--select-n", type=int, default=32)
+    ap.add_argument("--redo", default=[], type=lambda s: [c.strip().replace("-", "_") for c in s.split(",") if c],
+                    help="comma-separated TASK:ROW cells to compute again, once (e.g. tools:qsun-lora after a "
+                         "recipe change); a rerun with the same option keeps the new cell")
     ap.add_argument("--rank", type=int, default=16, help="LoRA rank of the adapter rows")
     ap.add_argument("--alpha", type=float, default=32.0)
     ap.add_argument("--lora-lr", type=float, default=1e-3,
@@ -153,6 +165,9 @@ def parse(argv=None):
                     "benchmarks/results/sun_accuracy/default, or .../smoke with --smoke)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks the pipeline in minutes")
     args = ap.parse_args(argv)
+    bad = [c for c in args.redo if c.count(":") != 1 or c.split(":")[1] not in ALL_ROWS]
+    if bad:
+        ap.error(f"--redo takes TASK:ROW cells (rows: {', '.join(ALL_ROWS)}), got {bad}")
     unknown = [r for r in args.rows if r not in ALL_ROWS]
     if unknown:
         ap.error(f"unknown rows {unknown}; choose from {', '.join(ALL_ROWS)}")
@@ -182,6 +197,7 @@ def main(argv=None):
     runner = RowRunner(base, args.work, plan(args))
     if args.reuse:
         seed_from(runner.store, args.reuse, [t.name for t in tasks])
+    redo_once(runner, args.redo)
     shown = [r for r in ROWS + LORA_ROWS if r in args.rows or any(r in c for c in runner.store.data["cells"].values())]
     names = [t.name for t in tasks]
 

@@ -41,3 +41,13 @@ def test_the_start_line_and_the_manifest_carry_the_rate_used(tiny_base, tmp_path
     first = run.output.splitlines()[0]
     assert first.startswith("tuning ") and said in first, first
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["tune"]["lr"] == lr
+
+
+def test_select_every_keeps_the_best_step_and_says_which(tiny_base, tmp_path):
+    args = tiny_base + ["--adapter", "lora", "--rank", "4", "--steps", "2", "--select-every", "1", "--select-n", "3"]
+    run = CliRunner().invoke(tune_cmd, args + ["--out", str(tmp_path / "out")])
+    assert run.exit_code == 0, run.output
+    final = json.loads((tmp_path / "out" / "manifest.json").read_text())["history_tail"][-1]
+    assert [j["step"] for j in final["judged"]] == [0, 1, 2] and final["picked_step"] in (0, 1, 2)
+    bad = CliRunner().invoke(tune_cmd, args[:-1] + ["100", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code != 0 and "cannot hold back 100" in bad.output

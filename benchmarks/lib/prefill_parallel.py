@@ -7,15 +7,14 @@ The servers stay up side by side and the runs alternate, ROUNDS each.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import threading
 import time
 from pathlib import Path
 
+from benchmarks.lib.datasets import mtbench_first_turns
 from benchmarks.lib.prefill_servers import LlamaServer, OursServer, Server, tools_bin
-from benchmarks.lib.results import ROOT
 
 CLIENTS, REQUESTS, MAX_TOKENS, ROUNDS = 4, 2, 64, 2
 
@@ -64,8 +63,7 @@ def _run(server: Server, questions: list) -> dict:
 
 
 def run_parallel(gguf: Path, ctx: int, logdir: Path) -> dict:
-    rows = [json.loads(line) for line in (ROOT / "models" / "data" / "mt_bench_question.jsonl").open()]
-    questions = [r["turns"][0] for r in rows]
+    questions = mtbench_first_turns()       # fetched on first use
     servers = [OursServer(gguf, 1, ctx, logdir, label="ours --parallel 1", parallel=1),
                OursServer(gguf, 1, ctx, logdir, label="ours --parallel 4", parallel=4),
                LlamaServer(tools_bin(), gguf, 1, ctx, logdir, np_=4)]

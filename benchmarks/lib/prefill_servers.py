@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
+from benchmarks.lib.datasets import mtbench_questions
 from benchmarks.lib.results import ROOT
 from benchmarks.lib.server_process import pinned, spawn_pinned, stop_process, wait_healthy
 
@@ -38,7 +39,7 @@ def prompt_ids(gguf: Path) -> Callable[[int, int], List[int]]:
     """ids(n, k): n token ids of MT-bench text whose first token is request k's own (no shared prefix)."""
     from edge.model.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(gguf)
-    rows = [json.loads(line) for line in (ROOT / "models" / "data" / "mt_bench_question.jsonl").open()]
+    rows = mtbench_questions()              # fetched on first use
     body = tok.encode("\n\n".join(t for r in rows for t in r["turns"]))
     firsts = list(dict.fromkeys(tok.encode(w)[0] for w in FIRST_WORDS))
 

@@ -31,6 +31,7 @@ import torch
 from edge.model.sun_modules import (MANIFEST, exact_match, greedy_from_prefill, pad_right, prefill_batch,
                                     read_manifest, weights_fingerprint)
 from edge.model.transformer import Transformer
+from edge.telemetry.cpu_info import cpu_name
 from export.quant import fake_quant_state_dict
 from export.sun_eval import ROWS, _specialist, _Store
 from export.sun_eval_lora import LORA_ROWS, _adapter_specialist
@@ -154,6 +155,10 @@ class RowRunner:
         cell["score_s"] = round(cell.pop("scored_s"), 1)     # summed over resumed runs, like train_s
         cell["prepare_s"] = round(t1 - t0, 1)                # this run: training and loading what it needs
         cell["load1"] = round(os.getloadavg()[0], 2)
+        cell["cpu"] = cpu_name()                            # rows of one table may span machines
+        picked = {n: self._picked(task.name, n) for n in fresh if self._picked(task.name, n) is not None}
+        if picked:
+            cell["picked_step"] = picked                     # a re-tune's kept step (export/tune_select.py)
         self.store.put(task.name, row, cell)
         del prefill, decoder
         if row in INT4_ROWS:
@@ -162,6 +167,10 @@ class RowRunner:
         self.log(f"{task.name}/{row}: {cell['acc']:.3f} (ce {cell['ce']:.3f}, {cell['n']} prompts; "
                  f"train {cell['train_s'] / 3600:.2f} h, score {cell['score_s'] / 3600:.2f} h)")
         return cell
+
+    def _picked(self, task: str, name: str) -> Optional[int]:
+        tail = read_manifest(self.specialist_dir(task, name)).get("history_tail", [])
+        return next((h["picked_step"] for h in reversed(tail) if "picked_step" in h), None)
 
     def _train_s(self, task: str, name: str) -> float:
         tail = read_manifest(self.specialist_dir(task, name)).get("history_tail", [])

@@ -24,6 +24,7 @@ from pathlib import Path
 from benchmarks.lib.fleet_broker_load import run_load
 from benchmarks.lib.fleet_round_count import ROUND_MESSAGES, count_star
 from benchmarks.lib.results import result_stem
+from edge.telemetry.cpu_info import cpu_name
 
 
 def log(msg: str) -> None:
@@ -154,16 +155,6 @@ def plot(out: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer prompts and load points")
@@ -190,7 +181,7 @@ def main(argv=None) -> None:
     out["rabbitmq_note"] = ("RabbitMQ: one node (3.10, rabbitmq_mqtt, MQTT 3.1.1, QoS 0), started by "
                             "benchmarks/lib/fleet_rabbit.py; its CPU is the Erlang VM's (all its threads). "
                             + (out["load"].get("rabbitmq", {}).get("skipped") or ""))
-    out["machine"] = {"cpu": cpu_model(), "cpus": os.cpu_count(), "loadavg_start": load0,
+    out["machine"] = {"cpu": cpu_name(), "cpus": os.cpu_count(), "loadavg_start": load0,
                       "loadavg_end": os.getloadavg(), "wall_s": time.time() - t0, "date": time.strftime("%Y-%m-%d %H:%M"),
                       "note": "a shared 2-core AMD EPYC: other engineers' work ran beside it"}
     log("wrote " + ", ".join(map(str, write(out, Path(a.out)))))

@@ -26,6 +26,7 @@ from benchmarks.lib.fleet_report import markdown, plot
 from benchmarks.lib.fleet_search import search
 from benchmarks.lib.fleet_validate import validate
 from benchmarks.lib.results import RESULTS, result_stem
+from edge.telemetry.cpu_info import cpu_name
 
 LEFT_OUT = [
     "prefills and joins: a session's start (its prompt fed to the draft, the hub's join) is not simulated; "
@@ -40,13 +41,6 @@ LEFT_OUT = [
     "acceptance i.i.d. per position at one α; real prompts vary (code agrees more than chat)",
     "the GPU hub's D(b) is a profile roofline (public figures), not a measurement: no GPU was lent to this task",
 ]
-
-
-def cpu_model() -> str:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def args_of(argv=None):
@@ -107,7 +101,7 @@ def main(argv=None) -> None:
         ans = s["answer"]
         print(f"{name}: " + (f"K={ans['k']} M={ans['m']} speedup {ans['speedup']:.2f}" if ans else "no (K, M) meets the goal"),
               flush=True)
-    out["machine"] = {"cpu": cpu_model(), "cpus": os.cpu_count(), "wall_s": time.time() - t0,
+    out["machine"] = {"cpu": cpu_name(), "cpus": os.cpu_count(), "wall_s": time.time() - t0,
                       "date": time.strftime("%Y-%m-%d %H:%M"), "note": "a shared 2-core AMD EPYC"}
     stem = Path(a.out)
     stem.parent.mkdir(parents=True, exist_ok=True)

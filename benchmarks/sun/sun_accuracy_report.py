@@ -13,21 +13,12 @@ import platform
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from edge.telemetry.cpu_info import cpu_name
 from export.sun_eval import ROW_TITLES, markdown_table
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def machine() -> dict:
-    return {"platform": platform.platform(), "cpu": cpu_model(), "cpus": os.cpu_count(),
+    return {"platform": platform.platform(), "cpu": cpu_name(), "cpus": os.cpu_count(),
             "load1": round(os.getloadavg()[0], 2)}
 
 
@@ -50,6 +41,20 @@ def wall_table(results: dict, tasks: Sequence[str], rows: Sequence[str], titles:
                 shown.append(f"{c['train_s'] / 3600:.2f} + {c['score_s'] / 3600:.2f}")
         lines.append(f"| {titles.get(r) or ROW_TITLES.get(r, r)} | " + " | ".join(shown) + " |")
     return head + "\n".join(lines) + "\n"
+
+
+def cells_by_cpu(results: dict, tasks: Sequence[str], rows: Sequence[str], titles: dict) -> str:
+    """Which CPU scored which cells (a table resumed across sessions may span machines), and the step
+    each int4 re-tune kept; cells from before a cell recorded its CPU say so."""
+    by: Dict[str, list] = {}
+    for t in tasks:
+        for r in rows:
+            c = results["cells"].get(t, {}).get(r)
+            if c is not None:
+                kept = "; ".join(f"step {s} kept" for s in c.get("picked_step", {}).values())
+                name = f"{t} {titles.get(r) or ROW_TITLES.get(r, r)}" + (f" ({kept})" if kept else "")
+                by.setdefault(c.get("cpu", "not recorded in the cell"), []).append(name)
+    return "".join(f"* {cpu}: {', '.join(names)}\n" for cpu, names in by.items())
 
 
 def with_ext(stem: Path, ext: str) -> Path:
@@ -81,8 +86,9 @@ def write(results: dict, out: Path, tasks: Sequence[str], rows: Sequence[str], t
           f"over resumed runs):\n\n{wall_table(results, tasks, rows, titles)}\n"
           f"Held-out prompts per task: {', '.join(f'{t} {n}' for t, n in sizes.items() if n)}; one seed, "
           f"greedy decoding.\n{notes}\n"
-          f"Machine: {m['cpu']}, {m['cpus']} CPUs, {m['platform']}; 1-minute load average when each row "
-          f"finished: {', '.join(f'{x:g}' for x in loads) or '-'} (cores shared with other work).\n")
+          f"Machine of the last write: {m['cpu']}, {m['cpus']} CPUs, {m['platform']}; 1-minute load average "
+          f"when each row finished: {', '.join(f'{x:g}' for x in loads) or '-'} (cores shared with other work). "
+          f"Cells by the CPU that scored them:\n\n{cells_by_cpu(results, tasks, rows, titles)}")
     with_ext(out, ".md").write_text(md)
     _plot(results, with_ext(out, ".png"), tasks, rows, titles)
     return md

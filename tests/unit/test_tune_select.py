@@ -126,3 +126,23 @@ def test_the_tables_command_line_takes_redo_cells_and_selects_re_tunes_only():
     assert plan(parse(["--select-every", "0"])).qsun_lora.select_n == 0
     with pytest.raises(SystemExit):
         parse(["--redo", "tools:nonsense"])
+
+
+def test_a_cell_records_its_cpu_and_the_kept_step_and_the_table_says_both(tmp_path):
+    from benchmarks.sun.sun_accuracy_report import write
+    from edge.telemetry.cpu_info import cpu_name
+    base, tr, ev = setup()
+    task = TaskData("reverse", tr, ev, SYNTHETIC["reverse"].max_new, SYNTHETIC["reverse"].stop_ids)
+    fast = dict(BASE, lr=1e-2, micro_batch=2, freeze_embeddings=True)
+    p = RowPlan(sun=TuneConfig(steps=3, **fast), eval_batch=4,
+                qsun=TuneConfig(decoder="int4", steps=2, select_every=1, select_n=8, **fast))
+    res = run_rows(RowRunner(base, tmp_path, p, progress=False, log=lambda s: None), [task], ("sun", "qsun"))
+    cells = res["cells"]["reverse"]
+    assert cells["sun"]["cpu"] == cells["qsun"]["cpu"] == cpu_name() and "picked_step" not in cells["sun"]
+    kept = cells["qsun"]["picked_step"]["qsun"]
+    assert kept in (0, 1, 2)
+    res["cells"]["reverse"]["base"] = {"acc": 0.1, "ce": 1.0, "n": 6}      # a cell from before cells said their CPU
+    md = write(res, tmp_path / "t", ["reverse"], ["base", "sun", "qsun"], {}, "tiny", "notes\n", {})
+    assert f"* {cpu_name()}: reverse SUN (prefill-only tuning), reverse QSUN (re-tuned for the int4 decoder) " \
+           f"(step {kept} kept)" in md
+    assert "* not recorded in the cell: reverse base model" in md

@@ -156,7 +156,7 @@ class RowRunner:
         cell["prepare_s"] = round(t1 - t0, 1)                # this run: training and loading what it needs
         cell["load1"] = round(os.getloadavg()[0], 2)
         cell["cpu"] = cpu_name()                            # rows of one table may span machines
-        picked = {n: self._picked(task.name, n) for n in fresh if self._picked(task.name, n) is not None}
+        picked = {n: s for n in fresh if (s := self._picked(task.name, n)) is not None}
         if picked:
             cell["picked_step"] = picked                     # a re-tune's kept step (export/tune_select.py)
         self.store.put(task.name, row, cell)

@@ -91,5 +91,6 @@ def choose_repack(asked: Optional[bool], amx: bool, path: str) -> RepackChoice:
     if asked:
         return RepackChoice(True, "on as asked" + (f"; {SLOWER_PREFILL}" if kept else ""))
     if kept:
-        return RepackChoice(False, f"auto: {kept}; --repack on decodes K-quants faster")
+        return RepackChoice(False, f"auto: {kept}; --repack on decodes K-quants faster: chats of short "
+                                   f"prompts, several at once")
     return RepackChoice(None, "auto: llama.cpp's default for every weight type of this GGUF")

@@ -44,6 +44,8 @@ CASES = [
     # --repack on: a K-quant's weights repacked for the CPU (read, not mapped: one copy resident)
     _c("llamacpp", Q05, "target", 4096, fill=1024, repack="on"),
     _c("llamacpp", Q15, "target", 4096, fill=1024, repack="on"),
+    # --repack both: the repacked copy beside the mapped file, and the twin's one sequence of KV
+    _c("llamacpp", Q15, "target", 4096, fill=1024, repack="both"),
     _c("llamacpp", Q05, "draft", 4096, 8, fill=256), _c("llamacpp", SMOL, "draft", 2048, 4, fill=256),
     _c("llamacpp", Q05, "decoder", 1024, 16, fill=128), _c("llamacpp", SMOL, "decoder", 1024, 64, fill=64),
     _c("llamacpp", Q05, "prefill", 1024, 8, fill=900),
@@ -124,7 +126,7 @@ def estimate_for(c: dict):
         return None
     shape = read_shape(c["model"], role=c["role"], backend=c["backend"])
     return estimate(shape, Workload(c["role"], c["backend"], c["context"], c["sequences"],
-                                    dtype=c.get("dtype", "float32")))
+                                    dtype=c.get("dtype", "float32"), twin=c.get("repack") == "both"))
 
 
 def export_onnx() -> None:

@@ -2,7 +2,7 @@
 "ours" without a star).
 
     python -m benchmarks.lib.agent_alone_worker --model GGUF --port P [--threads N] [--max-len 4096]
-        [--prompt-cache 4] [--prompt-cache-mb 1024] [--parallel 2] [--queue 16] [--repack auto|on|off]
+        [--prompt-cache 4] [--prompt-cache-mb 1024] [--parallel 2] [--queue 16] [--repack auto|on|off|both]
 
 What `edge-agent run --role target` serves, less the star: the same OpenAIServer in front of
 target-only decoding (generate_plain, llama.cpp) with the same prompt cache (`--prompt-cache` /
@@ -34,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt-cache-mb", type=float, default=1024.0)
     ap.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL, help="generations at once")
     ap.add_argument("--queue", type=int, default=DEFAULT_QUEUE, help="requests waiting beyond them")
-    ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
+    ap.add_argument("--repack", choices=("auto", "on", "off", "both"), default="auto",
                     help="llama.cpp's CPU weight repacking, as edge-agent run --repack")
     return ap
 
@@ -55,14 +55,14 @@ def endpoint(args):
     from edge.api.openai_http import OpenAIServer
     from edge.cli.options import open_prompt_cache
     from edge.engines.batched_calls import shared_engine
-    from edge.engines.llamacpp_repack import REPACK_MODES
+    from edge.engines.llamacpp_repack import repack_kwargs
     from edge.engines.loader import open_model
     from edge.memory.fit import engine_sequences
     from edge.speculative.generate import generate_plain
 
     engine, tok = open_model(args.model, backend="llamacpp", threads=args.threads, max_len=args.max_len,
                              n_seq_max=engine_sequences("llamacpp", args.parallel, args.prompt_cache),
-                             extra_bufts=REPACK_MODES[getattr(args, "repack", "auto")])
+                             **repack_kwargs(getattr(args, "repack", "auto")))
     print(f"loaded {args.model}: {engine.where()}", file=sys.stderr, flush=True)
     engine = shared_engine(engine, args.parallel)
     cache = open_prompt_cache(engine, args.prompt_cache, args.prompt_cache_mb)

@@ -33,8 +33,8 @@ def run_case(case: dict) -> dict:
     from edge.memory.fit import engine_kwargs
     kw = engine_kwargs(case["backend"], role, S)
     if "repack" in case:                  # llama.cpp's CPU weight repacking, as --repack gives it
-        from edge.engines.llamacpp_repack import REPACK_MODES
-        kw["extra_bufts"] = REPACK_MODES[case["repack"]]
+        from edge.engines.llamacpp_repack import repack_kwargs
+        kw.update(repack_kwargs(case["repack"]))
     engine, _tok = open_model(case["model"], backend=case["backend"], role=role,
                               dtype=case.get("dtype", "float32"), max_len=ctx, **kw)
     fill = int(case.get("fill") or ctx - gamma - 4)

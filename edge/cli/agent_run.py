@@ -58,7 +58,7 @@ class ModelSettings:
     memory_budget: Optional[str]
     device: str = "auto"
     gpu_layers: Optional[str] = None        # N | all (llama.cpp)
-    repack: str = "auto"                    # auto | on | off (llama.cpp: edge/engines/llamacpp_repack.py)
+    repack: str = "auto"                    # auto | on | off | both (llama.cpp: edge/engines/llamacpp_repack.py)
     exact_rows: bool = False                # --exact-rows (llama.cpp: edge/engines/llamacpp_rows.py)
 
 

@@ -53,13 +53,14 @@ def threads_option(f):
 REPACK_HELP = ("llamacpp: repack the weights kept on the CPU into llama.cpp's interleaved layouts (llama-server's "
                "default). auto: only where every weight type is F32, F16, BF16, Q4_0, Q4_1 or Q8_0, so a Q4_K "
                "file is not repacked (on x86 it prefills faster unrepacked: a 1.5B Q4_K_M ~1.5x); on: repack "
-               "anyway (K-quants decode faster, ~15% on the 1.5B); off: never. A llama.cpp built with the AMX "
-               "backend never repacks (it would crash)")
+               "anyway (K-quants decode faster, ~15% on the 1.5B); off: never; both: repacked, and prompts of 64+ "
+               "tokens prefill on an unrepacked copy of the weights (each side's speed, ~2x the weight memory). A "
+               "llama.cpp built with the AMX backend never repacks (it would crash)")
 
 
 def repack_option(f):
-    """--repack auto|on|off: llama.cpp's CPU weight repacking (edge/engines/llamacpp_repack.py)."""
-    return option(MODEL, "--repack", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+    """--repack auto|on|off|both: llama.cpp's CPU weight repacking (edge/engines/llamacpp_repack.py)."""
+    return option(MODEL, "--repack", default="auto", show_default=True, type=click.Choice(["auto", "on", "off", "both"]),
                   help=REPACK_HELP)(f)
 
 

@@ -51,12 +51,12 @@ def budget_bytes(profile: Optional[str], memory_budget: Optional[str]) -> Option
 def make_plan(role: str, model, budget: Optional[int], max_len: Optional[int] = None,
               max_batch: int = 64, max_sessions: int = 64, dtype: str = "float32", gamma: int = 4,
               max_kv_mb: Optional[float] = None, adapters: Optional[tuple] = None,
-              prompt_cache: Optional[tuple] = None, parallel: int = 1):
+              prompt_cache: Optional[tuple] = None, parallel: int = 1, twin: bool = False):
     """(Fit or None without a budget, Estimate) for a role as `edge-agent run` would load the
     ResolvedModel `model` (on its backend); adapters = (count, rank, targets, itemsize) of the
     LoRA specialists a prefill worker holds; prompt_cache = (slots, MB) of a target's
     (--prompt-cache, --prompt-cache-mb: edge/speculative/prefix_cache.py); parallel: a target's
-    generations at once (--parallel), a sequence each."""
+    generations at once (--parallel), a sequence each; twin: --repack both's unrepacked copy (llama.cpp)."""
     from edge.engines.base import EngineError
     from edge.memory.fit import estimate
     try:
@@ -70,7 +70,7 @@ def make_plan(role: str, model, budget: Optional[int], max_len: Optional[int] = 
                  gamma=gamma, max_kv_bytes=int(max_kv_mb * 1e6) if max_kv_mb and role == "draft" else None,
                  adapters=adapters[0] if adapters else 0, adapter_bytes=_adapters_bytes(shape, role, adapters),
                  cache_slots=cache_slots(role, prompt_cache),
-                 cache_bytes=int(prompt_cache[1] * 1e6) if cache_slots(role, prompt_cache) else None)
+                 cache_bytes=int(prompt_cache[1] * 1e6) if cache_slots(role, prompt_cache) else None, twin=twin)
     if budget is None:
         return None, estimate(shape, w)
     f = fit(shape, w, budget)
@@ -177,7 +177,7 @@ def check_before_load(role, model, max_len, profile, memory_budget, max_batch=64
     budget = budget_bytes(profile, memory_budget)
     try:
         f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
-                         prompt_cache=prompt_cache, parallel=parallel)
+                         prompt_cache=prompt_cache, parallel=parallel, twin=_twin(placement))
     except click.ClickException:
         if budget is not None:
             raise                         # a budget it cannot check is not enforced silently
@@ -194,6 +194,11 @@ def check_before_load(role, model, max_len, profile, memory_budget, max_batch=64
     return engine_kwargs(e.workload.backend, role, e.workload.engine_sequences)
 
 
+def _twin(placement) -> bool:
+    """Does the placement load --repack both's unrepacked copy beside the model (llamacpp_twin.py)?"""
+    return placement is not None and getattr(placement, "repack", "auto") == "both"
+
+
 def _check_placed(role, model, max_len, profile, memory_budget, max_batch, max_sessions, dtype, max_kv_mb,
                   placement, prompt_cache=None, parallel=1) -> dict:
     """check_before_load by sides: the estimate split by where it is placed (edge/memory/placed.py),
@@ -201,7 +206,7 @@ def _check_placed(role, model, max_len, profile, memory_budget, max_batch, max_s
     from edge.memory.placed import MemorySides, check_sides, gpu_fraction
     sides = MemorySides.of_profile(load_device(profile), budget_bytes(None, memory_budget))
     _, e = make_plan(role, model, None, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
-                     prompt_cache=prompt_cache, parallel=parallel)
+                     prompt_cache=prompt_cache, parallel=parallel, twin=_twin(placement))
     why = check_sides(e, gpu_fraction(placement, e.shape.layers), sides)
     if why:
         raise click.ClickException(f"{role} on {e.workload.backend} placed on {placement.device} does not fit "
@@ -284,7 +289,8 @@ def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_l
     if bundle and role == "prefill" and not n_adapters:
         ad = bundle_adapters(model)
     f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
-                     adapters=ad, prompt_cache=(prompt_cache, prompt_cache_mb), parallel=parallel)
+                     adapters=ad, prompt_cache=(prompt_cache, prompt_cache_mb), parallel=parallel,
+                     twin=repack == "both")
     sp = specialists(f, e)
     placed = _placed(e, profile, memory_budget, device, gpu_layers, repack)
     if as_json:

@@ -12,10 +12,12 @@ torch's fp32 does: compare across backends by closeness and agreement, not equal
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import heapq
 import itertools
 import os
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence
 
@@ -24,6 +26,7 @@ import numpy as np
 from edge.engines.base import Engine, EngineError, tail_rows
 from edge.engines.llamacpp_rows import ROOM, decode_exact
 from edge.engines.llamacpp_tiles import FITTED, chunk_sizes, refeed
+from edge.engines.llamacpp_twin import open_twin
 from edge.engines.llamacpp_load import (KV_ITEMSIZE, amx_compiled, init_backend, layers_on_gpu, llama_lib, load_model,
                                         new_context)
 from edge.engines.stream_placement import plan_moves
@@ -40,7 +43,7 @@ class LlamaCppEngine(Engine):
                  threads: Optional[int] = None, fingerprint: Optional[str] = None, n_batch: int = 512,
                  n_gpu_layers: int = 0, verbose: bool = False, kv_type: str = "f16",
                  flash_attn: Optional[bool] = None, extra_bufts: Optional[bool] = None,
-                 mmap: Optional[bool] = None, exact_rows: bool = False):
+                 mmap: Optional[bool] = None, exact_rows: bool = False, prefill_twin: bool = False):
         """max_len: context per sequence; n_seq_max: sequences one context can hold at once;
         kv_type: the KV cache's precision (f16, llama.cpp's default, or f32); flash_attn: None
         lets llama.cpp choose (on: on the CPU its kernel computes a short ubatch row by row, which
@@ -51,17 +54,16 @@ class LlamaCppEngine(Engine):
         why); mmap: map the GGUF instead of reading it (None: llamacpp_load.load_model decides);
         exact_rows: pad every call so that a row rounds alike whatever call computes it (greedy
         speculative text is then the plain text bit for bit, at the padding's cost:
-        edge/engines/llamacpp_rows.py; `--exact-rows`)."""
-        lc = llama_lib()
+        edge/engines/llamacpp_rows.py; `--exact-rows`); prefill_twin: long prefills on an unrepacked
+        copy of the weights (`--repack both`, edge/engines/llamacpp_twin.py)."""
+        self._lc = lc = llama_lib()
         init_backend(lc, verbose)
-        self._lc = lc
         path = str(path)
         if not os.path.isfile(path):
             raise EngineError(f"no GGUF file at {path}")
         self._model, self.mmap, self.model_params, self.repack = load_model(lc, path, n_gpu_layers, extra_bufts,
                                                                              mmap)
-        self._ctx = None
-        self._batch = None
+        self._ctx = self._batch = None
         self.flash_attn, self.threads = flash_attn, threads
         self.tile_costs = FITTED             # a target with a prompt cache measures its own (tile_calibration.py)
         self.exact_rows = bool(exact_rows)
@@ -76,12 +78,8 @@ class LlamaCppEngine(Engine):
         self.max_len = (int(lc.llama_n_ctx_seq(self._ctx)) if hasattr(lc, "llama_n_ctx_seq") else int(max_len)) - room
         self.n_seq_max = int(n_seq_max)
         self.capacity = self.n_seq_max       # sequences held at once (SharedDecoder queues the rest)
-        if fingerprint is None:
-            from pathlib import Path
-
-            from edge.model.checkpoint_files import file_fingerprint  # not edge.model.checkpoint: it imports torch
-            fingerprint = file_fingerprint(Path(path))
-        self.fingerprint = fingerprint
+        from edge.model.checkpoint_files import file_fingerprint  # not edge.model.checkpoint: it imports torch
+        self.fingerprint = fingerprint if fingerprint is not None else file_fingerprint(Path(path))
         self.path = path
         self._free_slots = list(range(self.n_seq_max))   # a heap: the lowest free slot first
         self.gather = True                   # keep a batch on one run of slots (off: benchmarks only)
@@ -95,13 +93,15 @@ class LlamaCppEngine(Engine):
         # what llama.cpp was told (its llama_model_params) and what that puts on the GPU
         self.n_gpu_layers = int(self.model_params.n_gpu_layers)
         self.gpu_layers = layers_on_gpu(lc, self.n_gpu_layers, self.cfg.num_layers)
+        self.twin = open_twin(self, prefill_twin, max_len, n_batch, kv_type)
 
     def where(self) -> str:
         """Where the model runs, for the start line: layers on the GPU / CPU, and whether its weights
         are repacked for the CPU (and why: llamacpp_repack.py)."""
         n, asked = self.cfg.num_layers, f"(n_gpu_layers={self.n_gpu_layers})"
         where = f"all {n} layers on the CPU" if self.gpu_layers == 0 else f"{self.gpu_layers} of {n} layers on the GPU"
-        return f"{where} {asked}; {self.repack.describe()}"
+        twin = f"; prefills of {self.twin.min_rows}+ tokens on an unrepacked copy (--repack both)" if self.twin else ""
+        return f"{where} {asked}; {self.repack.describe()}{twin}"
 
     def _read_shape(self) -> None:
         """The architecture, and the dimensions a KV blob must have (Engine._read_kv_array checks them)."""
@@ -118,6 +118,8 @@ class LlamaCppEngine(Engine):
         return buf.value.decode() if n >= 0 else None
 
     def close(self) -> None:
+        if getattr(self, "twin", None):
+            self.twin.close()
         if self._free_context() and self._model:
             self._lc.llama_model_free(self._model)
             self._model = None
@@ -136,10 +138,8 @@ class LlamaCppEngine(Engine):
         return True
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     # -- sequences ---------------------------------------------------------------
     def _get(self, seq: int) -> int:
@@ -247,6 +247,8 @@ class LlamaCppEngine(Engine):
             return np.zeros((0, self.vocab_size), dtype=np.float32)
         self._check_ids(tokens)
         self.check_room(seq, len(tokens))
+        if self.twin and self.twin.takes(len(tokens)):
+            return self.twin.feed(self, seq, tokens, n_rows)
         start = len(self._tokens[seq])
         first = len(tokens) - min(n_rows, len(tokens)) if n_rows else 0     # the first row wanted
         parts, c0 = [], 0
@@ -329,14 +331,14 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"KV transfer with llama.cpp supports {sorted(KV_ARCHS)} GGUFs, not {self.arch!r}")
         return self.arch in PERMUTED_ARCHS
 
-    def _state(self, slot: int) -> bytes:
-        lc = self._lc
-        n = lc.llama_state_seq_get_size(self._ctx, slot)
+    def _state(self, slot: int) -> memoryview:
+        """The sequence state of `slot`, as llama.cpp writes it (llamacpp_kv.py), not copied again."""
+        n = self._lc.llama_state_seq_get_size(self._ctx, slot)
         buf = (ctypes.c_uint8 * n)()
-        got = lc.llama_state_seq_get_data(self._ctx, buf, n, slot)
+        got = self._lc.llama_state_seq_get_data(self._ctx, buf, n, slot)
         if got != n:
             raise EngineError(f"llama.cpp wrote {got} of {n} bytes of sequence state")
-        return bytes(buf)
+        return memoryview(buf).cast("B")
 
     def _parse(self, slot: int):
         from edge.engines.llamacpp_kv import StateError, parse_state

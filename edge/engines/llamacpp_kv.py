@@ -166,3 +166,39 @@ def build_state(kv: np.ndarray, layout: Layout, slot: int, permuted: bool) -> by
                 parts.append(struct.pack("<iQ", layout.v_type, width * np.dtype(vt).itemsize))
                 parts.append(np.ascontiguousarray(v.transpose(1, 0, 2), dtype=vt).tobytes())
     return b"".join(parts)
+
+
+
+HEAD = 12        # the 4-byte tag, the u32 seq id, the u32 stream count
+
+# A context without a unified cache writes a sequence's state with a stream per sequence, each empty
+# (a u32 0) but the sequence's own. Between two contexts of one model (edge/engines/llamacpp_twin.py)
+# the one stream with cells moves whole; these rewrite the frame around it in place, no copy.
+
+
+def to_one_stream(buf, n: int, slot: int) -> Tuple[int, int]:
+    """buf[:n]: a state of `slot` of several streams -> (offset, length) of the same state as a
+    one-stream context reads it, its header rewritten in buf just before the sequence's stream."""
+    view = memoryview(buf)
+    tag, _, n_stream = struct.unpack_from("<4sII", view, 0)
+    at = HEAD + 4 * slot
+    tail = 4 * (n_stream - 1 - slot)
+    if not 0 <= slot < n_stream or n < at + 4 + tail or any(view[HEAD:at]) or any(view[n - tail:n]):
+        raise StateError(f"llama.cpp state of slot {slot} holds cells outside its own stream")
+    struct.pack_into("<4sII", view, at - HEAD, tag, 0, 1)
+    return at - HEAD, n - tail - (at - HEAD)
+
+
+def from_one_stream(buf, m: int, slot: int, n_stream: int) -> int:
+    """buf[4*slot : 4*slot + m]: a one-stream state -> the state of `slot` of n_stream streams,
+    rewritten in place from buf[0]; its length. buf must hold 4*(n_stream - 1) bytes more than m."""
+    view = memoryview(buf)
+    at = 4 * slot
+    tag, _, one = struct.unpack_from("<4sII", view, at)
+    if one != 1 or not 0 <= slot < n_stream or len(view) < m + 4 * (n_stream - 1):
+        raise StateError(f"expected a one-stream state to move into slot {slot} of {n_stream}")
+    end = at + m
+    view[end:end + 4 * (n_stream - 1 - slot)] = bytes(4 * (n_stream - 1 - slot))
+    view[HEAD:HEAD + at] = bytes(at)
+    struct.pack_into("<4sII", view, 0, tag, slot, n_stream)
+    return m + 4 * (n_stream - 1)

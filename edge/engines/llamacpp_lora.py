@@ -34,6 +34,9 @@ class LlamaCppAdapters:
 
     def __init__(self, engine):
         self.engine = engine
+        if getattr(engine, "twin", None):    # --repack both: its unrepacked copy would prefill without them
+            engine.twin.close()
+            engine.twin = None
         self._lc = engine._lc            # the engine's llama_cpp module, model and context
         self._adapters: Dict[str, object] = {}
         self.info: Dict[str, AdapterInfo] = {}

@@ -11,6 +11,7 @@ and by the call's shape either way without it. The choice is a mode (`--repack`,
     auto  repack where every weight type is in REPACKED_BY_AUTO, else not
     on    repack (faster decode on K-quants, slower prefill)
     off   never repack
+    both  repack, and run long prefills on an unrepacked copy (edge/engines/llamacpp_twin.py)
 
 A llama.cpp built with ggml's AMX backend crashes on repacked quantised weights (upstream
 llama.cpp issue 20824): there repacking stays off whatever was asked, and the reason says so.
@@ -21,6 +22,14 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 REPACK_MODES = {"auto": None, "on": True, "off": False}     # --repack -> LlamaCppEngine(extra_bufts=...)
+
+def repack_kwargs(mode: str) -> dict:
+    """LlamaCppEngine's arguments for `--repack mode` (auto: none, the engine chooses; both: repacked
+    with an unrepacked copy for long prefills: llamacpp_twin.py)."""
+    if mode == "both":
+        return {"extra_bufts": True, "prefill_twin": True}
+    return {} if mode == "auto" else {"extra_bufts": REPACK_MODES[mode]}
+
 
 # ggml types that `auto` repacks (F32, F16, Q4_0, Q4_1, Q8_0, BF16): llama.cpp's default, kept (a Q4_0
 # target repacked: agent_workload/q4_0_target); any other type (Q4_K, Q6_K, Q5_0, ...), not measured

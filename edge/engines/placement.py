@@ -6,7 +6,7 @@ what the installed runtime can do.
 
 `device`: auto | cpu | cuda (`--accelerator`); `gpu_layers`: llama.cpp's layers on the GPU
 (`--gpu-layers N|all`, all = -1); `repack`: whether llama.cpp repacks the weights it keeps on the
-CPU (`--repack auto|on|off`, edge/engines/llamacpp_repack.py), carried to the engine with the
+CPU (`--repack auto|on|off|both`, edge/engines/llamacpp_repack.py; both: llamacpp_twin.py), carried to the engine with the
 rest. `auto` puts every layer on the GPU where the runtime can use one (llama.cpp built with a
 GPU backend, onnxruntime with CUDAExecutionProvider, torch with CUDA) and the profile has a GPU;
 without a profile the runtime decides (a CUDA build on a workstation is what its user built it
@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 from edge.engines.base import EngineError
 
 DEVICES = ("auto", "cpu", "cuda")
-REPACK = ("auto", "on", "off")       # --repack: llama.cpp's CPU weight repacking (llamacpp_repack.py)
+REPACK = ("auto", "on", "off", "both")   # --repack: llama.cpp's CPU weight repacking (llamacpp_repack.py)
 ALL_LAYERS = -1                      # llama.cpp: n_gpu_layers < 0 offloads every layer
 GPU_KINDS = ("jetson", "gpu")        # devices/profiles/*.toml `kind`s that have a GPU
 CUDA_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
@@ -83,7 +83,7 @@ class Placement:
     ort_providers: Tuple[str, ...] = ()
     torch_device: str = "cpu"
     warnings: Tuple[str, ...] = field(default_factory=tuple)
-    repack: str = "auto"                 # llama.cpp's CPU weight repacking: auto | on | off (--repack)
+    repack: str = "auto"                 # llama.cpp's CPU weight repacking: auto | on | off | both (--repack)
     exact_rows: bool = False             # llama.cpp: pad calls so rows round alike (--exact-rows, llamacpp_rows.py)
 
     @property
@@ -93,9 +93,9 @@ class Placement:
     def engine_kwargs(self) -> dict:
         """What the backend's engine takes for this placement (load_engine passes them on)."""
         if self.backend == "llamacpp":
-            from edge.engines.llamacpp_repack import REPACK_MODES
+            from edge.engines.llamacpp_repack import repack_kwargs
             kw = {"n_gpu_layers": self.gpu_layers, **({"exact_rows": True} if self.exact_rows else {})}
-            return kw if self.repack == "auto" else {**kw, "extra_bufts": REPACK_MODES[self.repack]}
+            return {**kw, **repack_kwargs(self.repack)}
         if self.backend == "onnx":
             return {"providers": list(self.ort_providers)}
         return {"device": self.torch_device}
@@ -169,12 +169,15 @@ def decide_placement(backend: str, device: str = "auto", gpu_layers: Optional[in
     """The placement of one role's model (module doc). gpu_layers: parse_gpu_layers' value; it
     speaks only for llama.cpp (other backends place the whole model), as do repack and exact_rows."""
     if repack not in REPACK:
-        raise PlacementError(f"--repack {repack!r}: use auto, on or off")
+        raise PlacementError(f"--repack {repack!r}: use auto, on, off or both")
     p = _decide(backend, device, gpu_layers, facts, caps)
     if backend != "llamacpp":
         ignored = ([f"--repack {repack}"] if repack != "auto" else []) + (["--exact-rows"] if exact_rows else [])
         return replace(p, warnings=p.warnings + tuple(f"{o} is for llama.cpp models; {backend} ignores it"
                                                       for o in ignored))
+    if repack == "both" and exact_rows:
+        raise PlacementError("--repack both cannot go with --exact-rows: the unrepacked copy's rows round unlike "
+                             "the repacked model's; use --repack on or off with --exact-rows")
     return replace(p, repack=repack, exact_rows=bool(exact_rows))
 
 

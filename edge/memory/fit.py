@@ -75,6 +75,7 @@ class Workload:
     adapter_bytes: int = 0            # ... and their tensor bytes, all of them
     cache_slots: int = 0              # target: conversations its prompt cache holds (prefix_cache.py)
     cache_bytes: Optional[int] = None   # ... and the most KV bytes they may hold (None: no bound but the slots)
+    twin: bool = False                # llamacpp --repack both: an unrepacked copy for long prefills (llamacpp_twin.py)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -219,6 +220,8 @@ def estimate(shape: ModelShape, w: Workload) -> Estimate:
              "weights": weights, "kv": kv, "compute": compute}
     if w.adapter_bytes:
         parts["adapters"] = w.adapter_bytes
+    if w.twin and w.backend == "llamacpp":   # the file's second layout, one sequence's KV and its way across
+        parts["prefill twin"] = shape.stored_bytes + 2 * _kv(shape, replace(w, sequences=1, cache_slots=0))[0]
     loading = _loading_peak(shape, w, weights)
     if loading > weights + kv + compute:  # loading peaks above the run: count the difference
         parts["loading"] = loading - weights - kv - compute

@@ -1,4 +1,4 @@
-"""--repack auto|on|off (edge/engines/llamacpp_repack.py) and --exact-rows: what llama.cpp is told for a
+"""--repack auto|on|off|both (edge/engines/llamacpp_repack.py) and --exact-rows: what llama.cpp is told for a
 GGUF, and why, from its weight types (read from the real files' headers) and the build (the AMX guard wins over
 `on`); the placement carries the mode to the engine's arguments; click refuses other values."""
 import pytest
@@ -70,8 +70,19 @@ def test_the_placement_carries_the_mode_to_the_engine():
     assert exact.describe().startswith("llamacpp on cpu: all layers on the CPU, --exact-rows (")
     torch = decide_placement("torch", "cpu", None, None, CPU, exact_rows=True)
     assert torch.warnings == ("--exact-rows is for llama.cpp models; torch ignores it",)
-    with pytest.raises(PlacementError, match="--repack 'maybe': use auto, on or off"):
+    with pytest.raises(PlacementError, match="--repack 'maybe': use auto, on, off or both"):
         decide_placement("llamacpp", "cpu", None, None, CPU, repack="maybe")
+
+
+def test_both_loads_a_repacked_model_with_an_unrepacked_twin():
+    both = decide_placement("llamacpp", "cpu", None, None, CPU, repack="both")
+    assert both.engine_kwargs() == {"n_gpu_layers": 0, "extra_bufts": True, "prefill_twin": True}
+    assert both.describe().startswith("llamacpp on cpu: all layers on the CPU, --repack both (")
+    with pytest.raises(PlacementError, match="--repack both cannot go with --exact-rows"):
+        decide_placement("llamacpp", "cpu", None, None, CPU, repack="both", exact_rows=True)
+    torch = decide_placement("torch", "cpu", None, None, CPU, repack="both", exact_rows=True)
+    assert torch.warnings == ("--repack both is for llama.cpp models; torch ignores it",
+                              "--exact-rows is for llama.cpp models; torch ignores it")
 
 
 @pytest.mark.parametrize("argv", [
@@ -83,13 +94,13 @@ def test_click_refuses_other_values(argv):
     from edge.cli.agent import main as agent
     r = CliRunner().invoke(agent, argv)
     assert r.exit_code == 2, r.output
-    assert "Invalid value for '--repack': 'maybe' is not one of 'auto', 'on', 'off'" in r.output
+    assert "Invalid value for '--repack': 'maybe' is not one of 'auto', 'on', 'off', 'both'" in r.output
 
 
 def test_the_hub_refuses_other_values():
     from server.hub_cli import main as hub
     r = CliRunner().invoke(hub, ["serve", "--repack", "yes"])
-    assert r.exit_code == 2 and "Invalid value for '--repack': 'yes' is not one of 'auto', 'on', 'off'" in r.output
+    assert r.exit_code == 2 and "Invalid value for '--repack': 'yes' is not one of 'auto', 'on', 'off', 'both'" in r.output
 
 
 def test_the_plan_takes_repack_and_counts_one_copy_of_the_weights(q4_k_m):
@@ -99,11 +110,15 @@ def test_the_plan_takes_repack_and_counts_one_copy_of_the_weights(q4_k_m):
 
     from edge.cli.agent import main as agent
     got = {}
-    for mode in ("on", "off", "auto"):
+    for mode in ("on", "off", "auto", "both"):
         r = CliRunner().invoke(agent, ["plan", "--role", "target", "-m", q4_k_m, "--profile", "x86-cpu-generic",
                                        "--repack", mode, "--json"])
         assert r.exit_code == 0, r.output
         d = json.loads(r.output)
         assert d["placement"]["repack"] == mode
         got[mode] = d["total_bytes"]
+        parts = d["parts_bytes"]
+        assert ("prefill twin" in parts) == (mode == "both")
     assert got["on"] == got["off"] == got["auto"]
+    # both: the repacked copy of the file, the twin's one sequence of KV and the buffer it moves through
+    assert got["both"] - got["on"] == parts["prefill twin"] > 1_000_000_000

@@ -35,7 +35,7 @@ def args_of(argv=None) -> argparse.Namespace:
     ap.add_argument("--parallel", type=int, default=None,
                     help="ours' --parallel (generations at once, alone and through the star; default: --clients)")
     ap.add_argument("--gamma", default="auto", help="the star target's -g")
-    ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
+    ap.add_argument("--repack", choices=("auto", "on", "off", "both"), default="auto",
                     help="ours' (alone and the star's target) llama.cpp CPU weight repacking (edge-agent run "
                          "--repack; on: llama-server's weight layout); llama-server keeps its default (on)")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b", help="the star's draft model")

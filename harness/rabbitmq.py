@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
@@ -180,8 +180,8 @@ class RabbitCluster:
                 (node.dir / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
             for node in self.nodes:                 # boot in parallel: each takes seconds
                 self._spawn(node)
-            for node in self.nodes:
-                self._await(node)
+            for i, node in enumerate(self.nodes):
+                self._await_booted(i)
             for node in self.nodes[1:]:
                 self.ctl(node, "stop_app")
                 self.ctl(node, "join_cluster", self.nodes[0].node)
@@ -230,6 +230,26 @@ class RabbitCluster:
             except (RabbitError, subprocess.TimeoutExpired) as e:
                 if time.monotonic() >= end or not node.alive:
                     raise RabbitError(f"{node.node} did not start: {e}; its log: {self.log_tail(node)}") from None
+
+    def _await_booted(self, i: int, tries: int = 3) -> None:
+        """_await of a first boot. A port picked free can be taken before the node listens on it (other
+        tests run beside these and open ports of their own: `eaddrinuse` in the node's log): then
+        the node boots again on new ports."""
+        for left in range(tries - 1, -1, -1):
+            node = self.nodes[i]
+            try:
+                return self._await(node)
+            except RabbitError as e:
+                if left == 0 or "eaddrinuse" not in str(e):
+                    raise
+            self.kill(i)
+            shutil.rmtree(node.dir, ignore_errors=True)
+            (node.dir / "log").mkdir(parents=True)
+            taken = self.nodes[i] = replace(node, proc=None, **dict(zip(("amqp_port", "dist_port", "mqtt_port"),
+                                                                          self._ports(3))))
+            (taken.dir / "rabbitmq.conf").write_text(self._config(taken))
+            (taken.dir / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
+            self._spawn(taken)
 
     def _await_mqtt(self, node: RabbitNode, timeout: float = 30.0) -> None:
         end = time.monotonic() + timeout

@@ -256,8 +256,8 @@ def _slowest_files_first(items) -> None:
 # one at a time, so they never contend with each other (scripts/run_tests.sh). They wait on
 # events, not on start-up time, so the workers' load slows them down but does not fail them.
 _ONE_AT_A_TIME = {"test_cluster_netns_partition", "test_cluster_partition", "test_cluster_sun", "test_flash_jetson",
-                  "test_hub_external_tls", "test_multi_hub", "test_netns_helper", "test_rabbitmq_star",
-                  "test_star_namespaces"}
+                  "test_hub_external_tls", "test_multi_hub", "test_netns_helper", "test_rabbit_port_retry",
+                  "test_rabbitmq_star", "test_star_namespaces"}
 
 
 def pytest_collection_modifyitems(config, items):

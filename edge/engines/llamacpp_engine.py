@@ -38,6 +38,7 @@ class LlamaCppEngine(Engine):
     name = "llamacpp"
     forks = True
     exact_rows = False                       # pad calls so rows round alike (llamacpp_rows.py; __init__)
+    twin = None                              # --repack both's unrepacked copy (llamacpp_twin.py; __init__)
 
     def __init__(self, path: str | os.PathLike, max_len: int = 1024, n_seq_max: int = 8,
                  threads: Optional[int] = None, fingerprint: Optional[str] = None, n_batch: int = 512,
@@ -61,8 +62,7 @@ class LlamaCppEngine(Engine):
         path = str(path)
         if not os.path.isfile(path):
             raise EngineError(f"no GGUF file at {path}")
-        self._model, self.mmap, self.model_params, self.repack = load_model(lc, path, n_gpu_layers, extra_bufts,
-                                                                             mmap)
+        self._model, self.mmap, self.model_params, self.repack = load_model(lc, path, n_gpu_layers, extra_bufts, mmap)
         self._ctx = self._batch = None
         self.flash_attn, self.threads = flash_attn, threads
         self.tile_costs = FITTED             # a target with a prompt cache measures its own (tile_calibration.py)
@@ -100,8 +100,7 @@ class LlamaCppEngine(Engine):
         are repacked for the CPU (and why: llamacpp_repack.py)."""
         n, asked = self.cfg.num_layers, f"(n_gpu_layers={self.n_gpu_layers})"
         where = f"all {n} layers on the CPU" if self.gpu_layers == 0 else f"{self.gpu_layers} of {n} layers on the GPU"
-        twin = f"; prefills of {self.twin.min_rows}+ tokens on an unrepacked copy (--repack both)" if self.twin else ""
-        return f"{where} {asked}; {self.repack.describe()}{twin}"
+        return f"{where} {asked}; {self.repack.describe()}{self.twin.describe() if self.twin else ''}"
 
     def _read_shape(self) -> None:
         """The architecture, and the dimensions a KV blob must have (Engine._read_kv_array checks them)."""

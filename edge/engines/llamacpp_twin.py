@@ -45,6 +45,9 @@ class PrefillTwin:
         self._buf = bytearray()       # sequence state on its way between the two contexts
         self.stats = {"prefills": 0, "tokens": 0, "copied_tokens": 0, "copy_s": 0.0}
 
+    def describe(self) -> str:
+        return f"; prefills of {self.min_rows}+ tokens on an unrepacked copy (--repack both)"
+
     def takes(self, n_new: int) -> bool:
         return n_new >= self.min_rows
 
@@ -85,8 +88,10 @@ class PrefillTwin:
         n = lc.llama_state_seq_get_size(src._ctx, src_slot)
         pad = 4 * dst_slot if src.n_seq_max == 1 else 0     # room for the streams before dst_slot
         need = pad + n + 4 * dst.n_seq_max
-        if len(self._buf) < need:
-            self._buf = bytearray(need)
+        if len(self._buf) < need:        # grown ahead, up to max_len tokens' worth: a conversation grows every
+            cells = int(lc.llama_memory_seq_pos_max(src._mem, src_slot)) + 1      # turn, a new buffer faults in
+            full = need * self.engine.max_len // max(1, cells)                    # its pages again
+            self._buf = bytearray(max(need, min(2 * len(self._buf), full)))
         buf = self._buf
         if lc.llama_state_seq_get_data(src._ctx, _at(buf, pad), n, src_slot) != n:
             raise EngineError(f"llama.cpp wrote less than the {n} bytes of a sequence's state")

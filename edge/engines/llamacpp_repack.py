@@ -101,5 +101,6 @@ def choose_repack(asked: Optional[bool], amx: bool, path: str) -> RepackChoice:
         return RepackChoice(True, "on as asked" + (f"; {SLOWER_PREFILL}" if kept else ""))
     if kept:
         return RepackChoice(False, f"auto: {kept}; --repack on decodes K-quants faster: chats of short "
-                                   f"prompts, several at once")
+                                   f"prompts, several at once; --repack both takes each layout where it is "
+                                   f"faster, at ~2x the weight memory")
     return RepackChoice(None, "auto: llama.cpp's default for every weight type of this GGUF")

@@ -93,7 +93,7 @@ class LlamaCppEngine(Engine):
         # what llama.cpp was told (its llama_model_params) and what that puts on the GPU
         self.n_gpu_layers = int(self.model_params.n_gpu_layers)
         self.gpu_layers = layers_on_gpu(lc, self.n_gpu_layers, self.cfg.num_layers)
-        self.twin = open_twin(self, prefill_twin, max_len, n_batch, kv_type)
+        self.twin = open_twin(self, LlamaCppEngine, prefill_twin, max_len, n_batch, kv_type)
 
     def where(self) -> str:
         """Where the model runs, for the start line: layers on the GPU / CPU, and whether its weights

@@ -34,9 +34,8 @@ MIN_ROWS = 64        # shorter prefills stay on the repacked model: a few rows d
 class PrefillTwin:
     """The unrepacked copy of a LlamaCppEngine's GGUF and its one-sequence context."""
 
-    def __init__(self, main, max_len: int, n_batch: int, kv_type: str, min_rows: int = MIN_ROWS):
-        from edge.engines.llamacpp_engine import LlamaCppEngine
-        self.engine = LlamaCppEngine(main.path, max_len=max_len, n_seq_max=1, threads=main.threads,
+    def __init__(self, main, engine_class, max_len: int, n_batch: int, kv_type: str, min_rows: int = MIN_ROWS):
+        self.engine = engine_class(main.path, max_len=max_len, n_seq_max=1, threads=main.threads,
                                      fingerprint=main.fingerprint, n_batch=n_batch, kv_type=kv_type,
                                      flash_attn=main.flash_attn, extra_bufts=False, mmap=True)
         self.engine.tile_costs = main.tile_costs
@@ -126,8 +125,9 @@ class PrefillTwin:
         self.engine.close()
 
 
-def open_twin(main, asked: bool, max_len: int, n_batch: int, kv_type: str):
-    """main's PrefillTwin when asked for and it can help (main's weights repacked, on the CPU), else None."""
+def open_twin(main, engine_class, asked: bool, max_len: int, n_batch: int, kv_type: str):
+    """main's PrefillTwin (an engine_class, LlamaCppEngine, unrepacked) when asked for and it can help
+    (main's weights repacked, on the CPU), else None."""
     if not asked:
         return None
     if main.exact_rows:
@@ -135,7 +135,7 @@ def open_twin(main, asked: bool, max_len: int, n_batch: int, kv_type: str):
                           "rounds unlike the repacked model's; use --repack on or off with --exact-rows")
     if not main.repack.on or main.gpu_layers:
         return None            # nothing to gain: one layout already (the start line says why)
-    return PrefillTwin(main, max_len, n_batch, kv_type)
+    return PrefillTwin(main, engine_class, max_len, n_batch, kv_type)
 
 
 def _at(buf: bytearray, offset: int):

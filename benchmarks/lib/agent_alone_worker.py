@@ -2,11 +2,11 @@
 "ours" without a star).
 
     python -m benchmarks.lib.agent_alone_worker --model GGUF --port P [--threads N] [--max-len 4096]
-        [--prompt-cache 4] [--prompt-cache-mb 1024] [--parallel 2] [--queue 16] [--repack auto|on|off|both]
+        [--prompt-cache 4] [--prompt-cache-mb 1024] [--prompt-cache-ram 512] [--parallel 2] [--queue 16] [--repack auto|on|off|both]
 
 What `edge-agent run --role target` serves, less the star: the same OpenAIServer in front of
 target-only decoding (generate_plain, llama.cpp) with the same prompt cache (`--prompt-cache` /
-`--prompt-cache-mb`, its defaults) and the same `--parallel N` generations at once (their forwards
+`--prompt-cache-mb` / `--prompt-cache-ram`, its defaults) and the same `--parallel N` generations at once (their forwards
 one batched call a round, edge/engines/batched_calls.py; n_seq_max as the CLI's plan gives it,
 edge/memory/fit.engine_sequences). A target started
 with no hub answering waits its 3 s join timeout once (at start, edge/star/target.py) and still runs
@@ -32,6 +32,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--prompt-cache", type=int, default=4)
     ap.add_argument("--prompt-cache-mb", type=float, default=1024.0)
+    ap.add_argument("--prompt-cache-ram", type=float, default=None, help="MB saved to host memory (default: the CLI's)")
     ap.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL, help="generations at once")
     ap.add_argument("--queue", type=int, default=DEFAULT_QUEUE, help="requests waiting beyond them")
     ap.add_argument("--repack", choices=("auto", "on", "off", "both"), default="auto",
@@ -65,7 +66,7 @@ def endpoint(args):
                              **repack_kwargs(getattr(args, "repack", "auto")))
     print(f"loaded {args.model}: {engine.where()}", file=sys.stderr, flush=True)
     engine = shared_engine(engine, args.parallel)
-    cache = open_prompt_cache(engine, args.prompt_cache, args.prompt_cache_mb)
+    cache = open_prompt_cache(engine, args.prompt_cache, args.prompt_cache_mb, args.prompt_cache_ram)
     return OpenAIServer(functools.partial(generate_plain, engine, cache=cache), tok, model_name=args.model,
                         port=args.port, context=engine.max_len, parallel=args.parallel, queue=args.queue)
 

@@ -28,9 +28,9 @@ def streamer(tokenizer):
 def run_generation(target_ref, draft_ref, prompt, gamma, max_new, temperature, top_k, top_p,
                    seed, chat, compare, dtype, threads, max_len, backend="auto",
                    draft_backend=None, draft_top_k=64, device="auto", gpu_layers=None, prompt_cache=0,
-                   prompt_cache_mb=1024.0, repack="auto", exact_rows=False):
+                   prompt_cache_mb=1024.0, prompt_cache_ram=None, repack="auto", exact_rows=False):
     """gamma: (γ, adaptive) as --gamma reads it: the fixed γ, or the largest one a policy picks from.
-    prompt_cache / prompt_cache_mb: the target's prompt cache (--compare's run reuses the prompt's KV).
+    prompt_cache / prompt_cache_mb / prompt_cache_ram: the target's prompt cache (--compare's run reuses the prompt's KV).
     draft_ref None: a fetched model with the target's tokenizer (default_draft).
     device / gpu_layers / repack: where both models run and how llama.cpp lays out their weights
     (edge/engines/placement.py); exact_rows: the target's (edge/engines/llamacpp_rows.py)."""
@@ -68,7 +68,7 @@ def run_generation(target_ref, draft_ref, prompt, gamma, max_new, temperature, t
                                    f"exceeds the context of {target.max_len}: shorten it or lower --max-new")
     stops = tuple(tok.eos_ids)
     click.echo(f"--- speculative: draft {draft_name}, γ={f'auto:{gamma}' if adaptive else gamma} ---", err=True)
-    cache = open_prompt_cache(target, prompt_cache, prompt_cache_mb)
+    cache = open_prompt_cache(target, prompt_cache, prompt_cache_mb, prompt_cache_ram)
     spec = generate_speculative(target, drafter, ids, max_new, gamma, params, stop_ids=stops,
                                 on_token=streamer(tok), adaptive=adaptive, cache=cache)
     click.echo("")

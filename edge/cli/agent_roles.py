@@ -17,7 +17,7 @@ from edge.sun.worker_limits import DEFAULT_MAX_QUEUE, DEFAULT_MAX_SEQUENCES
 @dataclass
 class TargetSettings:
     """A target's γ and how it serves: --gamma, --http-host/--http-port, or --prompt once; the KV of
-    recent conversations it keeps: --prompt-cache N, --prompt-cache-mb; requests at once: --parallel N,
+    recent conversations it keeps: --prompt-cache N, --prompt-cache-mb, --prompt-cache-ram; requests at once: --parallel N,
     --queue N more waiting (edge/api/admission.py)."""
     gamma: int                      # the fixed γ, or the largest with adaptive
     adaptive: bool                  # --gamma auto[:N]
@@ -29,6 +29,7 @@ class TargetSettings:
     hubs: tuple = ()                # --hub-ids: the star's hub ids when there are several
     prompt_cache: int = 0           # --prompt-cache: conversations kept (edge/speculative/prefix_cache.py)
     prompt_cache_mb: float = 1024.0  # --prompt-cache-mb: their KV bound
+    prompt_cache_ram: Optional[float] = 0.0   # --prompt-cache-ram: MB of evicted ones saved to host memory (None: default)
     parallel: int = 1               # --parallel: generations at once, their engine calls batched
     queue: int = 16                 # --queue: requests waiting beyond them (then 503)
 
@@ -149,7 +150,8 @@ def run_target(engine, tok, link, client_id, model, target: TargetSettings,
 
     star = StarTarget(engine, HubClient(link, client_id, tok.fingerprint(), engine.vocab_size, hubs=target.hubs),
                       gamma=target.gamma, adaptive=target.adaptive,
-                      prefix_cache=open_prompt_cache(engine, target.prompt_cache, target.prompt_cache_mb),
+                      prefix_cache=open_prompt_cache(engine, target.prompt_cache, target.prompt_cache_mb,
+                                                     target.prompt_cache_ram),
                       keep_sessions=target.parallel)     # one kept hub session per conversation served at once
     try:
         star.check_join()

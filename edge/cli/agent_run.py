@@ -182,7 +182,8 @@ def agent_config_from(o: dict) -> AgentConfig:
                       bool(o.get("exact_rows"))),
         draft,
         TargetSettings(gamma, adaptive, o["http_host"], o["http_port"], o["prompt"], o["max_new"], o["temperature"],
-                       o["hubs"], o["prompt_cache"], o["prompt_cache_mb"], o["parallel"], o["queue"]),
+                       o["hubs"], o["prompt_cache"], o["prompt_cache_mb"], o["prompt_cache_ram"], o["parallel"],
+                       o["queue"]),
         SunSettings(o["task"], o["max_batch"], o["max_sequences"], o["max_queue"], o["stop_ids"],
                     _adapter_pairs(role, o.get("adapters") or ()), _sun_tokenizer(role, o.get("tokenizer")),
                     _with_decoder(role, o.get("with_decoder")), _on_demand(o)))
@@ -278,9 +279,13 @@ def _open_planned(cfg: AgentConfig, model):
     m, limits = cfg.model, cfg.draft.limits if cfg.draft else None
     placement = place_model(model, m.device, m.gpu_layers, m.profile, repack=m.repack,
                             exact_rows=m.exact_rows and cfg.role == "target")   # a draft needs none
+    chosen: dict = {}
     engine_kw = check_before_load(cfg.role, model, m.max_len, m.profile, m.memory_budget,
                                   dtype=m.dtype, max_sessions=limits.max_sessions if limits else 64,
                                   max_kv_mb=limits.max_kv_mb if limits else 1024.0, placement=placement,
-                                  prompt_cache=(cfg.target.prompt_cache, cfg.target.prompt_cache_mb),
-                                  parallel=cfg.target.parallel)
+                                  prompt_cache=(cfg.target.prompt_cache, cfg.target.prompt_cache_mb,
+                                                cfg.target.prompt_cache_ram),
+                                  parallel=cfg.target.parallel, chosen=chosen)
+    if cfg.target.prompt_cache_ram is None and "prompt_cache_ram" in chosen:
+        cfg.target = replace(cfg.target, prompt_cache_ram=chosen["prompt_cache_ram"])   # what the plan left it
     return open_model_for_command(model, m.dtype, m.threads, m.max_len, placement=placement, **engine_kw)

@@ -12,6 +12,7 @@ imports another (the hub never imports the agent's commands).
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import click
 
@@ -173,9 +174,11 @@ adaptive_refusal = click.option("--adaptive", is_flag=True, hidden=True, expose_
 # ---- a target's prompt cache ----
 
 def prompt_cache_options(section: Section):
-    """--prompt-cache N / --prompt-cache-mb MB: the KV of recent conversations a target keeps
-    (edge/speculative/prefix_cache.py; `edge-agent run`, `edge-agent generate`, `edge-agent plan`)."""
+    """--prompt-cache N / --prompt-cache-mb MB / --prompt-cache-ram MB: the KV of recent conversations a
+    target keeps, on the engine and saved to host memory (edge/speculative/prefix_cache.py,
+    saved_prompts.py; `edge-agent run`, `edge-agent generate`, `edge-agent plan`)."""
     from edge.speculative.prefix_cache import DEFAULT_MB, DEFAULT_SLOTS
+    from edge.speculative.saved_prompts import DEFAULT_RAM_MB
     return lambda f: apply(f, [
         option(section, "--prompt-cache", default=DEFAULT_SLOTS, show_default=True, type=click.IntRange(0, 64),
                metavar="N", help="conversations whose KV the target keeps between requests: a request sharing a "
@@ -185,6 +188,11 @@ def prompt_cache_options(section: Section):
                type=click.FloatRange(min=0.0),
                help="the most KV those conversations hold, as the engine allocates it (the least recently "
                     "used goes first); MB = 10^6 bytes"),
+        option(section, "--prompt-cache-ram", default=None, metavar="MB", type=click.FloatRange(min=0.0),
+               help="the most KV of conversations evicted from those N saved to host memory and restored "
+                    "(a copy, milliseconds) when a request continues one, as llama-server's --cache-ram "
+                    f"(0: off; default {DEFAULT_RAM_MB:.0f}, or what --profile / --memory-budget leave if "
+                    "less; counted by `edge-agent plan`)"),
     ])
 
 
@@ -204,15 +212,22 @@ def parallel_options(section: Section, queue: bool = True):
     return lambda f: apply(f, opts if queue else opts[:1])
 
 
-def open_prompt_cache(engine, slots: int, mb: float):
-    """The PrefixCache of --prompt-cache / --prompt-cache-mb on `engine` (None when off). A llama.cpp
-    engine learns first when a next turn's short prefill pays a 64-row tile (tile_calibration.py)."""
+def open_prompt_cache(engine, slots: int, mb: float, ram_mb: Optional[float] = 0.0):
+    """The PrefixCache of --prompt-cache / --prompt-cache-mb / --prompt-cache-ram on `engine` (None when
+    off). A llama.cpp engine learns first when a next turn's short prefill pays a 64-row tile
+    (tile_calibration.py)."""
     if not slots:
         return None
     from edge.engines.tile_calibration import calibrate_tiles
     from edge.speculative.prefix_cache import PrefixCache
     calibrate_tiles(engine, say=lambda msg: click.echo(msg, err=True))
-    return PrefixCache(engine, int(slots), int(mb * 1e6))
+    from edge.speculative.saved_prompts import DEFAULT_RAM_MB
+    ram = DEFAULT_RAM_MB if ram_mb is None else ram_mb                 # None: the default (no budget to fit)
+    cache = PrefixCache(engine, int(slots), int(mb * 1e6), ram_bytes=int(ram * 1e6))
+    if cache.saved is not None:
+        click.echo(f"prompt cache: {slots} conversations on the engine, up to {ram:.0f} MB more saved to host "
+                   "memory (--prompt-cache-ram)", err=True)
+    return cache
 
 
 # ---- the draft service ----

@@ -11,6 +11,7 @@ may read it) or from --memory-budget, which wins over the profile.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Optional
 
 import click
@@ -54,8 +55,8 @@ def make_plan(role: str, model, budget: Optional[int], max_len: Optional[int] = 
               prompt_cache: Optional[tuple] = None, parallel: int = 1, twin: bool = False):
     """(Fit or None without a budget, Estimate) for a role as `edge-agent run` would load the
     ResolvedModel `model` (on its backend); adapters = (count, rank, targets, itemsize) of the
-    LoRA specialists a prefill worker holds; prompt_cache = (slots, MB) of a target's
-    (--prompt-cache, --prompt-cache-mb: edge/speculative/prefix_cache.py); parallel: a target's
+    LoRA specialists a prefill worker holds; prompt_cache = (slots, MB[, RAM MB]) of a target's
+    (--prompt-cache, --prompt-cache-mb, --prompt-cache-ram: edge/speculative/prefix_cache.py); parallel: a target's
     generations at once (--parallel), a sequence each; twin: --repack both's unrepacked copy (llama.cpp)."""
     from edge.engines.base import EngineError
     from edge.memory.fit import estimate
@@ -71,10 +72,27 @@ def make_plan(role: str, model, budget: Optional[int], max_len: Optional[int] = 
                  adapters=adapters[0] if adapters else 0, adapter_bytes=_adapters_bytes(shape, role, adapters),
                  cache_slots=cache_slots(role, prompt_cache),
                  cache_bytes=int(prompt_cache[1] * 1e6) if cache_slots(role, prompt_cache) else None, twin=twin)
+    w = replace(w, saved_bytes=_saved_bytes(shape, w, budget, prompt_cache))
     if budget is None:
         return None, estimate(shape, w)
     f = fit(shape, w, budget)
     return f, f.estimate
+
+
+def _saved_bytes(shape, w: Workload, budget: Optional[int], prompt_cache: Optional[tuple]) -> int:
+    """The host memory a target's prompt cache may fill with saved conversations (--prompt-cache-ram MB;
+    None, its default: DEFAULT_RAM_MB, or what the budget leaves when that is less, down to none)."""
+    from edge.memory.fit import estimate
+    from edge.speculative.saved_prompts import DEFAULT_RAM_MB
+    if not w.cache_slots or not prompt_cache or len(prompt_cache) < 3:
+        return 0
+    if prompt_cache[2] is not None:
+        return int(prompt_cache[2] * 1e6)
+    want = int(DEFAULT_RAM_MB * 1e6)
+    if budget is None:
+        return want
+    room = budget - estimate(shape, w).total
+    return max(0, min(want, room // 10 ** 6 * 10 ** 6))
 
 
 def cache_slots(role: str, prompt_cache: Optional[tuple]) -> int:
@@ -136,9 +154,12 @@ def advice(f: Fit) -> list:
         out.append(f"lower {flag} to {f.max_sequences} or less")
     if w.role == "target" and w.sequences > 1 and f.max_sequences and f.max_sequences < w.sequences:
         out.append(f"lower --parallel to {f.max_sequences} or less")
-    slots = cache_slots_that_fit(e.shape, w, f.budget) if w.cache_slots else None
+    saved = e.parts.get("saved prompts", 0)
+    if saved and e.total - saved <= f.budget:       # (its default fits itself to the budget: asked for)
+        out.append(f"lower --prompt-cache-ram to {(f.budget - e.total + saved) // 10 ** 6} MB or less")
+    slots = cache_slots_that_fit(e.shape, replace(w, saved_bytes=0), f.budget) if w.cache_slots else None
     if slots is not None:                 # a target's prompt cache (each slot is a sequence on llama.cpp)
-        out.append(f"lower --prompt-cache to {slots} or less")
+        out.append(f"lower --prompt-cache to {slots} or less" + (" and --prompt-cache-ram to 0" if saved else ""))
     if e.parts.get("adapters") and e.total - e.parts["adapters"] <= f.budget:
         n = e.workload.adapters
         one = e.parts["adapters"] // max(1, n)
@@ -166,14 +187,16 @@ def refusal(f: Fit, where: str) -> str:
 
 
 def check_before_load(role, model, max_len, profile, memory_budget, max_batch=64, max_sessions=64,
-                      dtype="float32", max_kv_mb=None, placement=None, prompt_cache=None, parallel=1) -> dict:
+                      dtype="float32", max_kv_mb=None, placement=None, prompt_cache=None, parallel=1,
+                      chosen: Optional[dict] = None) -> dict:
     """`edge-agent run`'s check of a ResolvedModel: refuse a role that does not fit, before anything
     loads; returns the engine arguments the plan counted (llama.cpp: n_seq_max). With a `placement` on a GPU, or on
     a discrete-GPU profile (whose usable memory is the card's), each side (host, GPU, or a Jetson's
-    shared pool) is checked where its bytes live. prompt_cache: a target's (slots, MB), counted too."""
+    shared pool) is checked where its bytes live. prompt_cache: a target's (slots, MB, RAM MB or None),
+    counted too; `chosen` gets the RAM MB the plan gave it ("prompt_cache_ram": its default fits the budget)."""
     if placement is not None and profile and (placement.on_gpu or load_device(profile).kind == "gpu"):
         return _check_placed(role, model, max_len, profile, memory_budget, max_batch, max_sessions,
-                             dtype, max_kv_mb, placement, prompt_cache, parallel)
+                             dtype, max_kv_mb, placement, prompt_cache, parallel, chosen)
     budget = budget_bytes(profile, memory_budget)
     try:
         f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
@@ -191,7 +214,14 @@ def check_before_load(role, model, max_len, profile, memory_budget, max_batch=64
     if f is not None:
         click.echo(f"memory plan: {e.total / GB:.2f} GB of {f.budget / GB:.2f} GB "
                    f"(KV {e.kv_bytes_per_token} B/token)", err=True)
-    return engine_kwargs(e.workload.backend, role, e.workload.engine_sequences)
+    return _chosen(e, chosen)
+
+
+def _chosen(e, chosen: Optional[dict]) -> dict:
+    """The engine arguments the plan `e` counted; `chosen` told the prompt cache's RAM it counted."""
+    if chosen is not None:
+        chosen["prompt_cache_ram"] = e.workload.saved_bytes / 1e6
+    return engine_kwargs(e.workload.backend, e.workload.role, e.workload.engine_sequences)
 
 
 def _twin(placement) -> bool:
@@ -200,20 +230,24 @@ def _twin(placement) -> bool:
 
 
 def _check_placed(role, model, max_len, profile, memory_budget, max_batch, max_sessions, dtype, max_kv_mb,
-                  placement, prompt_cache=None, parallel=1) -> dict:
+                  placement, prompt_cache=None, parallel=1, chosen=None) -> dict:
     """check_before_load by sides: the estimate split by where it is placed (edge/memory/placed.py),
     each side against its budget (a side the profile does not size is not checked)."""
     from edge.memory.placed import MemorySides, check_sides, gpu_fraction
     sides = MemorySides.of_profile(load_device(profile), budget_bytes(None, memory_budget))
-    _, e = make_plan(role, model, None, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
-                     prompt_cache=prompt_cache, parallel=parallel, twin=_twin(placement))
-    why = check_sides(e, gpu_fraction(placement, e.shape.layers), sides)
+    def plan(cache):
+        _, e = make_plan(role, model, None, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
+                         prompt_cache=cache, parallel=parallel, twin=_twin(placement))
+        return e, check_sides(e, gpu_fraction(placement, e.shape.layers), sides)
+    e, why = plan(prompt_cache)
+    if why and e.parts.get("saved prompts") and prompt_cache[2] is None:
+        e, why = plan((*prompt_cache[:2], 0.0))      # the RAM tier's default gives way (no room on a side)
     if why:
         raise click.ClickException(f"{role} on {e.workload.backend} placed on {placement.device} does not fit "
                                    f"profile {profile}: it {why}; lower --max-len, use a smaller model or "
                                    "quantisation, or move layers between GPU and CPU (--gpu-layers N)")
     click.echo(f"memory plan: {e.total / GB:.2f} GB, placed on {placement.device} of profile {profile}", err=True)
-    return engine_kwargs(e.workload.backend, role, e.workload.engine_sequences)
+    return _chosen(e, chosen)
 
 
 def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
@@ -272,7 +306,7 @@ def format_table(f: Optional[Fit], e, profile: Optional[str]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
 def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_len, max_batch, max_sessions,
          max_kv_mb, dtype, device, gpu_layers, repack, n_adapters, adapter_rank, adapter_targets, adapter_dtype,
-         prompt_cache, prompt_cache_mb, parallel, as_json):
+         prompt_cache, prompt_cache_mb, prompt_cache_ram, parallel, as_json):
     """Estimate a role's memory on a device: fits or not, by how much, and the most that fits."""
     given = [x for x in (model, bundle, module_dir) if x]
     if len(given) != 1:
@@ -289,7 +323,8 @@ def plan(profile, memory_budget, role, model, bundle, module_dir, backend, max_l
     if bundle and role == "prefill" and not n_adapters:
         ad = bundle_adapters(model)
     f, e = make_plan(role, model, budget, max_len, max_batch, max_sessions, dtype, max_kv_mb=max_kv_mb,
-                     adapters=ad, prompt_cache=(prompt_cache, prompt_cache_mb), parallel=parallel,
+                     adapters=ad, prompt_cache=(prompt_cache, prompt_cache_mb, prompt_cache_ram),
+                     parallel=parallel,
                      twin=repack == "both")
     sp = specialists(f, e)
     placed = _placed(e, profile, memory_budget, device, gpu_layers, repack)

@@ -7,6 +7,7 @@ math (edge/speculative/verify.py) never depends on a backend.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -30,6 +31,7 @@ class Engine(ABC):
     capacity: Optional[int] = None
     kv_itemsize: int = 4
     forks: bool = False      # fork() copies a sequence's KV (else it raises)
+    saves: bool = False      # save_sequence() / restore_sequence() keep a sequence off the engine (else they raise)
 
     @abstractmethod
     def new_sequence(self) -> int:
@@ -137,6 +139,16 @@ class Engine(ABC):
     def import_kv(self, blob: bytes) -> int:
         raise EngineError(f"the {self.name} engine cannot import KV caches")
 
+    def save_sequence(self, seq: int) -> "SavedSequence":
+        """A copy of `seq`'s KV and tokens in host memory, as the engine holds them (no conversion:
+        restore_sequence gives back the same cells bit for bit); `seq` unchanged. A prompt cache keeps
+        conversations this way beyond the sequences an engine holds (edge/speculative/saved_prompts.py)."""
+        raise EngineError(f"the {self.name} engine cannot save a sequence")
+
+    def restore_sequence(self, saved: "SavedSequence") -> int:
+        """A new sequence holding what save_sequence saved (an EngineError when none is free)."""
+        raise EngineError(f"the {self.name} engine cannot restore a sequence")
+
     def _check_step(self, seqs: Sequence[int], tokens: Sequence[int]) -> bool:
         """Validate a step's arguments (clear errors); False when there is nothing to step."""
         if len(seqs) != len(tokens):
@@ -193,6 +205,15 @@ class Engine(ABC):
             raise EngineError(
                 f"context full: sequence holds {have} tokens, {n} more would exceed "
                 f"the model's context of {self.max_len}; use a shorter prompt or fewer new tokens")
+
+
+@dataclass(frozen=True)
+class SavedSequence:
+    """Engine.save_sequence's copy: the tokens, the engine's own bytes for their KV, their size."""
+    tokens: Tuple[int, ...]
+    data: Any
+    nbytes: int
+    engine: str                # the engine's fingerprint: restored only where the same weights computed it
 
 
 def tail_rows(n_rows: int) -> int:

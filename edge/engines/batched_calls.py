@@ -74,6 +74,7 @@ class BatchedCalls(Engine):
         self.vocab_size, self.max_len = inner.vocab_size, inner.max_len
         self.fingerprint, self.name, self.cfg = inner.fingerprint, inner.name, inner.cfg
         self.capacity, self.kv_itemsize, self.forks = inner.capacity, inner.kv_itemsize, inner.forks
+        self.saves = inner.saves
         self._cv = threading.Condition()
         self._pending: List[_Op] = []
         self._busy = False                     # a round is running (outside the lock)
@@ -158,6 +159,12 @@ class BatchedCalls(Engine):
 
     def check_kv(self, blob: bytes) -> dict:
         return self.inner.check_kv(blob)
+
+    def save_sequence(self, seq: int):
+        return self._exclusive(lambda: self.inner.save_sequence(seq))
+
+    def restore_sequence(self, saved) -> int:
+        return self._exclusive(lambda: self.inner.restore_sequence(saved))
 
     # ---- rounds ----
     def sharing(self) -> int:

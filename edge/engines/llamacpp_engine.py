@@ -1,14 +1,11 @@
 """The llama.cpp engine: a GGUF run by llama-cpp-python's low-level API behind the Engine interface.
 
-One llama context holds several sequences (llama.cpp seq ids), so `step` decodes one token for many
-of them in a single `llama_decode` -- as one ubatch only if their slots are consecutive, so `step`
-gathers them first (edge/engines/stream_placement.py). Logits are requested only for the positions
-asked for (every fed token in `forward`, as verification needs; `forward_last` for a prefill).
-Rollback is `llama_memory_seq_rm(mem, seq, n, -1)`. export_kv/import_kv move a sequence's cache
-through llama.cpp's own sequence state (edge/engines/llamacpp_kv.py), so a GGUF can be a SUN prefill
-module or a shared (Q4_0) decoder; llama and qwen2. llama.cpp's kernels round a row differently by
-the call's shape unless exact_rows pads the calls (edge/engines/llamacpp_rows.py), and never as
-torch's fp32 does: compare across backends by closeness and agreement, not equality.
+One context holds several sequences (llama.cpp seq ids): `step` decodes a token for many in one
+`llama_decode`, one ubatch when their slots are consecutive (stream_placement.py gathers them).
+Logits only for the rows asked for; rollback is `llama_memory_seq_rm`. export_kv/import_kv (SUN)
+and save_sequence/restore_sequence (a prompt cache's host-memory tier) go through llama.cpp's own
+sequence state (llamacpp_kv.py, llamacpp_saved.py); llama and qwen2. Kernels round a row by the
+call's shape unless exact_rows pads the calls (llamacpp_rows.py), and never as torch's fp32 does.
 """
 from __future__ import annotations
 
@@ -25,6 +22,7 @@ import numpy as np
 
 from edge.engines.base import Engine, EngineError, tail_rows
 from edge.engines.llamacpp_rows import ROOM, decode_exact
+from edge.engines.llamacpp_saved import restore_state, save_state
 from edge.engines.llamacpp_tiles import FITTED, chunk_sizes, refeed
 from edge.engines.llamacpp_twin import open_twin
 from edge.engines.llamacpp_load import (KV_ITEMSIZE, amx_compiled, init_backend, layers_on_gpu, llama_lib, load_model,
@@ -36,7 +34,7 @@ __all__ = ["LlamaCppEngine", "amx_compiled"]   # amx_compiled: read by benchmark
 
 class LlamaCppEngine(Engine):
     name = "llamacpp"
-    forks = True
+    forks = saves = True
     exact_rows = False                       # pad calls so rows round alike (llamacpp_rows.py; __init__)
     twin = None                              # --repack both's unrepacked copy (llamacpp_twin.py; __init__)
 
@@ -45,18 +43,14 @@ class LlamaCppEngine(Engine):
                  n_gpu_layers: int = 0, verbose: bool = False, kv_type: str = "f16",
                  flash_attn: Optional[bool] = None, extra_bufts: Optional[bool] = None,
                  mmap: Optional[bool] = None, exact_rows: bool = False, prefill_twin: bool = False):
-        """max_len: context per sequence; n_seq_max: sequences one context can hold at once;
-        kv_type: the KV cache's precision (f16, llama.cpp's default, or f32); flash_attn: None
-        lets llama.cpp choose (on: on the CPU its kernel computes a short ubatch row by row, which
-        exact_rows needs; off is faster over a long cache: docs/models.md; it changes how V is
-        stored, which export_kv/import_kv handle); extra_bufts: llama.cpp's extra weight buffer
-        types (CPU repacking; `--repack`): None = llama.cpp's default (on), True on, False off; an
-        AMX build keeps it off (edge/engines/llamacpp_repack.py; `self.repack`: what was chosen,
-        why); mmap: map the GGUF instead of reading it (None: llamacpp_load.load_model decides);
-        exact_rows: pad every call so that a row rounds alike whatever call computes it (greedy
-        speculative text is then the plain text bit for bit, at the padding's cost:
-        edge/engines/llamacpp_rows.py; `--exact-rows`); prefill_twin: long prefills on an unrepacked
-        copy of the weights (`--repack both`, edge/engines/llamacpp_twin.py)."""
+        """max_len: context per sequence; n_seq_max: sequences one context holds at once; kv_type: the
+        KV cache's precision (f16, llama.cpp's default, or f32); flash_attn: None lets llama.cpp choose
+        (off is faster over a long cache: docs/models.md; exact_rows needs it on); extra_bufts: CPU
+        weight repacking (`--repack`; None = llama.cpp's default, on; an AMX build keeps it off:
+        llamacpp_repack.py; `self.repack` says what was chosen and why); mmap: None lets
+        llamacpp_load.load_model decide; exact_rows: pad every call so that a row rounds alike
+        whatever call computes it (llamacpp_rows.py, `--exact-rows`); prefill_twin: long prefills on
+        an unrepacked copy of the weights (`--repack both`, llamacpp_twin.py)."""
         self._lc = lc = llama_lib()
         init_backend(lc, verbose)
         path = str(path)
@@ -184,6 +178,12 @@ class LlamaCppEngine(Engine):
     def tokens(self, seq: int) -> list:
         self._get(seq)
         return list(self._tokens[seq])
+
+    def save_sequence(self, seq: int):          # Engine.save_sequence: llamacpp_saved.py
+        return save_state(self, seq)
+
+    def restore_sequence(self, saved) -> int:
+        return restore_state(self, saved)
 
     def prefill_refeed(self, held: int, new: int) -> int:
         """Engine.prefill_refeed: on the CPU with flash attention, where it pays (llamacpp_tiles.py)."""

@@ -92,7 +92,7 @@ class PrefillTwin:
             full = need * self.engine.max_len // max(1, cells)                    # its pages again
             self._buf = bytearray(max(need, min(2 * len(self._buf), full)))
         buf = self._buf
-        if lc.llama_state_seq_get_data(src._ctx, _at(buf, pad), n, src_slot) != n:
+        if lc.llama_state_seq_get_data(src._ctx, buffer_at(buf, pad), n, src_slot) != n:
             raise EngineError(f"llama.cpp wrote less than the {n} bytes of a sequence's state")
         try:
             if src.n_seq_max == 1:
@@ -101,7 +101,7 @@ class PrefillTwin:
                 at, length = to_one_stream(buf, n, src_slot)
         except StateError as e:
             raise EngineError(f"cannot move a sequence's KV between the prefill twin and the model: {e}") from None
-        if lc.llama_state_seq_set_data(dst._ctx, _at(buf, at), length, dst_slot) != length:
+        if lc.llama_state_seq_set_data(dst._ctx, buffer_at(buf, at), length, dst_slot) != length:
             raise EngineError("llama.cpp refused a sequence's KV moved from the prefill twin (no room in its cache)")
 
     def _restore(self, main, seq: int, slot: int, held: list) -> None:
@@ -138,7 +138,7 @@ def open_twin(main, engine_class, asked: bool, max_len: int, n_batch: int, kv_ty
     return PrefillTwin(main, engine_class, max_len, n_batch, kv_type)
 
 
-def _at(buf: bytearray, offset: int):
+def buffer_at(buf: bytearray, offset: int):
     """A pointer to buf[offset:] for llama.cpp."""
     return ctypes.cast(ctypes.addressof((ctypes.c_uint8 * len(buf)).from_buffer(buf)) + offset,
                        ctypes.POINTER(ctypes.c_uint8))

@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from edge.engines.base import Engine, EngineError, batch_calls
+from edge.engines.base import Engine, EngineError, SavedSequence, batch_calls
 from edge.model.kv import INITIAL_CAPACITY, BatchCache, KVError, SequenceKV, gather, scatter_new
 from edge.model.transformer import SKINNY_MAX_ROWS, Transformer
 
@@ -53,6 +53,7 @@ def default_threads() -> int:
 
 class TorchEngine(Engine):
     name = "torch"
+    saves = True
 
     def __init__(self, model: Transformer, fingerprint: str = "", max_len: Optional[int] = None,
                  threads: Optional[int] = None, fast: bool = True, device=None, dtype=None):
@@ -118,6 +119,24 @@ class TorchEngine(Engine):
     @property
     def active_sequences(self) -> int:
         return len(self._seqs)
+
+    def save_sequence(self, seq: int):
+        """Engine.save_sequence: the used cells copied (not the grown capacity)."""
+        kv, tokens = self._get(seq), tuple(self._tokens[seq])
+        data = kv.data[:, :, :, : kv.length].clone()
+        return SavedSequence(tokens, data, data.numel() * data.element_size(), self._weights_id())
+
+    def _weights_id(self) -> str:
+        return self.fingerprint or f"unnamed weights {id(self.model)}"
+
+    def restore_sequence(self, saved) -> int:
+        if saved.engine != self._weights_id() or saved.data.dtype != self.dtype:
+            raise EngineError("a saved sequence goes back only to the model that computed it")
+        sid = self.new_sequence()
+        kv = self._seqs[sid]
+        kv.append(saved.data.to(self.device))
+        self._tokens[sid] = list(saved.tokens)
+        return sid
 
     def kv_bytes(self) -> int:
         return sum(s.data.numel() * s.data.element_size() for s in self._seqs.values())

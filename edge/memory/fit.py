@@ -18,7 +18,9 @@ compute    activations of the role's largest call and its logits rows (vocab x 4
 
 A target's prompt cache (edge/speculative/prefix_cache.py: `cache_slots` conversations, at most
 `cache_bytes` of KV) adds its sequences: on llama.cpp whole sequences of the context (n_seq_max
-counts them, allocated up front), elsewhere what the held tokens allocate, up to cache_bytes.
+counts them, allocated up front), elsewhere what the held tokens allocate, up to cache_bytes; its
+conversations saved to host memory (saved_prompts.py, `saved_bytes` at most: llama.cpp and torch
+engines save) are a part of their own, counted at their bound.
 
 The constants below "calibrated here" were fitted to peak RSS measured here (2-core x86,
 no GPU) by benchmarks/device/memory_plan.py, whose cases and errors are kept in
@@ -38,6 +40,7 @@ from edge.memory.model_shape import ModelShape
 
 MiB = 1 << 20
 BACKENDS = ("torch", "onnx", "llamacpp")
+SAVING_BACKENDS = ("torch", "llamacpp")   # engines with save_sequence (a prompt cache's host-memory tier)
 ROLES = ("target", "draft", "prefill", "decoder")
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
@@ -75,6 +78,7 @@ class Workload:
     adapter_bytes: int = 0            # ... and their tensor bytes, all of them
     cache_slots: int = 0              # target: conversations its prompt cache holds (prefix_cache.py)
     cache_bytes: Optional[int] = None   # ... and the most KV bytes they may hold (None: no bound but the slots)
+    saved_bytes: int = 0              # target: the most KV its prompt cache saves to host memory (--prompt-cache-ram)
     twin: bool = False                # llamacpp --repack both: an unrepacked copy for long prefills (llamacpp_twin.py)
 
     def __post_init__(self):
@@ -111,7 +115,8 @@ class Estimate:
         w = self.workload
         return {"model": self.shape.name, "quant": self.shape.quant, "role": w.role, "backend": w.backend,
                 "context": w.context, "sequences": w.sequences, "prompt_cache": w.cache_slots,
-                "prompt_cache_bytes": w.cache_bytes, "dtype": w.dtype if w.backend == "torch" else None,
+                "prompt_cache_bytes": w.cache_bytes, "prompt_cache_saved_bytes": w.saved_bytes,
+                "dtype": w.dtype if w.backend == "torch" else None,
                 "parts_bytes": dict(self.parts), "total_bytes": self.total,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "kv_tokens": self.kv_tokens}
 
@@ -220,6 +225,8 @@ def estimate(shape: ModelShape, w: Workload) -> Estimate:
              "weights": weights, "kv": kv, "compute": compute}
     if w.adapter_bytes:
         parts["adapters"] = w.adapter_bytes
+    if w.saved_bytes and w.cache_slots and w.backend in SAVING_BACKENDS:
+        parts["saved prompts"] = w.saved_bytes
     if w.twin and w.backend == "llamacpp":   # the file's second layout, one sequence's KV and its way across
         parts["prefill twin"] = shape.stored_bytes + 2 * _kv(shape, replace(w, sequences=1, cache_slots=0))[0]
     loading = _loading_peak(shape, w, weights)

@@ -22,6 +22,10 @@ that prefix: only the rest of the prompt is fed.
   reuse a common prefix.
 * An engine with a fixed number of sequences (llama.cpp's n_seq_max) counts the held ones:
   when a fresh sequence is refused, held ones are freed, least recently used first.
+* With `ram_bytes` an evicted conversation is saved to host memory first (saved_prompts.py: the
+  engine's own KV bytes, up to ram_bytes in all) and restored when a request shares more with it
+  than with any held one: the whole of it (taken out of the tier) under the reuse rule above, else
+  a copy of its prefix when that is FORK_ENOUGH tokens (the saved one stays).
 
 Lossless: a held sequence's tokens are the engine's own record of its KV (Engine.tokens), so
 what is reused is exactly the KV a cold prefill of those tokens computes (up to the rounding
@@ -37,6 +41,7 @@ from typing import Optional, Sequence, Tuple
 
 from edge.engines.base import Engine, EngineError
 from edge.speculative.common_prefix import common_prefix
+from edge.speculative.saved_prompts import SavedPrompts
 
 DEFAULT_SLOTS = 4
 DEFAULT_MB = 1024.0
@@ -53,7 +58,10 @@ class _Held:
 class PrefixCache:
     """Sequences of one engine held between generations (module doc)."""
 
-    def __init__(self, engine: Engine, slots: int = DEFAULT_SLOTS, max_bytes: Optional[int] = None):
+    def __init__(self, engine: Engine, slots: int = DEFAULT_SLOTS, max_bytes: Optional[int] = None,
+                 ram_bytes: int = 0):
+        """ram_bytes: the most KV bytes of evicted conversations saved to host memory (0: none; an
+        engine that cannot save keeps none)."""
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
             raise ValueError(f"prompt cache slots must be an integer >= 0, got {slots!r}")
         if max_bytes is not None and max_bytes < 0:
@@ -61,7 +69,9 @@ class PrefixCache:
         self.engine, self.slots, self.max_bytes = engine, slots, max_bytes
         self._held: "OrderedDict[int, _Held]" = OrderedDict()     # least recently used first
         self._lock = threading.Lock()                            # guards the table, not the engine
-        self.stats = {"requests": 0, "hits": 0, "reused_tokens": 0, "evicted": 0, "forks": 0}
+        self.saved = SavedPrompts(int(ram_bytes)) if ram_bytes and slots and engine.saves else None
+        self.stats = {"requests": 0, "hits": 0, "reused_tokens": 0, "evicted": 0, "forks": 0,
+                      "saved": 0, "restored": 0}
 
     def __len__(self) -> int:
         return len(self._held)
@@ -83,7 +93,12 @@ class PrefixCache:
         with self._lock:
             self.stats["requests"] += 1
             seq, keep = self._best(prompt)
-            if seq is not None:
+            if self.saved is not None:
+                restored = self._restore(prompt, max(keep, self._shared(prompt)))
+                if restored is not None:
+                    return restored
+            if seq is not None and seq in self._held:     # (a failed restore may have evicted it)
+                del self._held[seq]
                 keep -= self.engine.prefill_refeed(keep, len(prompt) - keep)
                 try:
                     if self.engine.length(seq) != keep:
@@ -91,11 +106,44 @@ class PrefixCache:
                 except EngineError:
                     self.engine.free(seq)
                 else:
-                    self.stats["hits"] += 1
-                    self.stats["reused_tokens"] += keep
-                    return seq, keep
+                    return self._hit(seq, keep)
             forked = self._fork(prompt)
             return forked if forked is not None else (self._fresh(), 0)
+
+    def _hit(self, seq: int, keep: int) -> Tuple[int, int]:
+        self.stats["hits"] += 1
+        self.stats["reused_tokens"] += keep
+        return seq, keep
+
+    def _shared(self, prompt: list) -> int:
+        """The longest prefix a held sequence shares with `prompt` (what a fork would copy), from FORK_ENOUGH."""
+        n = max((min(common_prefix(h.tokens, prompt), len(prompt) - 1) for h in self._held.values()), default=0)
+        return n if n >= FORK_ENOUGH and self.engine.forks else 0
+
+    def _restore(self, prompt: list, better_than: int) -> Optional[Tuple[int, int]]:
+        """(a sequence restored from the saved tier, its usable prefix) when a saved conversation
+        shares more than `better_than` tokens with `prompt` (and at least FORK_ENOUGH); else None."""
+        key, n = self.saved.best(prompt, max(better_than, FORK_ENOUGH - 1))
+        if key is None:
+            return None
+        whole = _reusable(n, len(self.saved.tokens(key)))
+        saved = self.saved.take(key) if whole else self.saved.peek(key)
+        keep = n - self.engine.prefill_refeed(n, len(prompt) - n)
+        try:
+            if keep < 1:
+                raise EngineError("nothing left to reuse")
+            seq = self._fresh(lambda: self.engine.restore_sequence(saved))
+        except EngineError:
+            if whole:
+                self.saved.put_back(key, saved)
+            return None
+        try:
+            self.engine.truncate(seq, keep)
+        except EngineError:
+            self.engine.free(seq)
+            return None
+        self.stats["restored"] += 1
+        return self._hit(seq, keep)
 
     def _fork(self, prompt: list) -> Optional[Tuple[int, int]]:
         """(a new sequence holding a copy of the longest prefix a held one shares with `prompt`, its
@@ -124,24 +172,24 @@ class PrefixCache:
         return forked, keep
 
     def _best(self, prompt: list) -> Tuple[Optional[int], int]:
-        """The held sequence to reuse for `prompt` (taken out of the table) and its usable prefix."""
+        """The held sequence to reuse for `prompt` (still in the table) and its usable prefix."""
         best, keep = None, 0
         for seq, h in self._held.items():
             n = min(common_prefix(h.tokens, prompt), len(prompt) - 1)
-            if n > keep and (2 * n >= len(h.tokens) or n >= SHARED_ENOUGH):
+            if n > keep and _reusable(n, len(h.tokens)):
                 best, keep = seq, n
-        if best is not None:
-            del self._held[best]
         return best, keep
 
-    def _fresh(self) -> int:
-        """A new sequence; held ones make room where the engine holds a fixed number."""
+    def _fresh(self, make=None) -> int:
+        """A new sequence (`make`: engine.new_sequence); held ones make room where the engine holds a
+        fixed number."""
         eng = self.engine
+        make = make or eng.new_sequence
         while self._held and eng.capacity is not None and eng.active_sequences >= eng.capacity:
             self._evict()
         while True:
             try:
-                return eng.new_sequence()
+                return make()
             except EngineError:
                 if not self._held:
                     raise
@@ -171,15 +219,28 @@ class PrefixCache:
         self.engine.free(seq)
 
     def clear(self) -> None:
-        """Free every held sequence."""
+        """Free every held sequence and forget the saved ones."""
         with self._lock:
             while self._held:
-                self._evict()
+                self._evict(save=False)
+            if self.saved is not None:
+                self.saved.clear()
 
-    def _evict(self) -> None:
+    def _evict(self, save: bool = True) -> None:
+        """Free the least recently used held sequence, saved to host memory first where there is a tier."""
         seq, _ = self._held.popitem(last=False)
         self.stats["evicted"] += 1
+        if save and self.saved is not None:
+            try:
+                self.stats["saved"] += self.saved.add(self.engine.save_sequence(seq))
+            except EngineError:
+                pass                            # not saved: dropped, as without a tier
         self.engine.free(seq)
+
+
+def _reusable(n: int, held: int) -> bool:
+    """A sequence holding `held` tokens is worth reusing whole for a prompt sharing n of them."""
+    return 2 * n >= held or n >= SHARED_ENOUGH
 
 
 def take_sequence(engine: Engine, cache: Optional[PrefixCache], prompt: Sequence[int]) -> Tuple[int, int]:

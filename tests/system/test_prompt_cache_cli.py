@@ -1,6 +1,7 @@
-"""--prompt-cache / --prompt-cache-mb on `edge-agent plan`, `run` (also from a --config file) and
-`generate`: the plan counts the cache, a llama.cpp target gets n_seq_max = 1 + its slots, and the
-target's StarTarget / generation gets the cache."""
+"""--prompt-cache / --prompt-cache-mb / --prompt-cache-ram on `edge-agent plan`, `run` (also from a
+--config file) and `generate`: the plan counts the cache (its host-memory tier at its bound, the
+default fitted to a budget), a llama.cpp target gets n_seq_max = 1 + its slots, and the target's
+StarTarget / generation gets the cache."""
 import json
 
 import pytest
@@ -36,6 +37,30 @@ def test_plan_counts_the_prompt_cache(gguf):
     assert "x 1 + 4 in the prompt cache" in table
 
 
+def test_plan_counts_the_saved_prompts_and_fits_their_default_to_a_budget(gguf):
+    MB = 10 ** 6
+    default = _plan("-m", gguf, "--parallel", "1")
+    assert default["parts_bytes"]["saved prompts"] == 512 * MB == default["prompt_cache_saved_bytes"]
+    assert _plan("-m", gguf, "--parallel", "1", "--prompt-cache-ram", "64")["parts_bytes"]["saved prompts"] == 64 * MB
+    assert "saved prompts" not in _plan("-m", gguf, "--parallel", "1", "--prompt-cache-ram", "0")["parts_bytes"]
+    assert "saved prompts" not in _plan("-m", gguf, "--prompt-cache", "0")["parts_bytes"]    # no cache, no tier
+    rest = default["total_bytes"] - 512 * MB
+    fitted = _plan("-m", gguf, "--parallel", "1", "--memory-budget", str(rest + 100 * MB))
+    assert fitted["fits"] and fitted["parts_bytes"]["saved prompts"] == 100 * MB       # the default gives way
+    asked = _plan("-m", gguf, "--parallel", "1", "--memory-budget", str(rest + 100 * MB), "--prompt-cache-ram", "512")
+    assert not asked["fits"] and "lower --prompt-cache-ram to 100 MB or less" in asked["advice"]
+
+
+def test_run_gives_the_target_the_saved_prompts_its_plan_left(monkeypatch, gguf):
+    budget = _plan("-m", gguf, "--parallel", "1", "--prompt-cache-ram", "0")["total_bytes"] + 30 * 10 ** 6
+    _, target = _run(monkeypatch, "-b", "llamacpp", "-m", gguf, "--parallel", "1", "--memory-budget", str(budget))
+    assert target.prompt_cache_ram == 30.0
+    _, target = _run(monkeypatch, "-b", "llamacpp", "-m", gguf, "--parallel", "1")       # no budget: the default
+    assert target.prompt_cache_ram == 512.0
+    _, target = _run(monkeypatch, "-b", "llamacpp", "-m", gguf, "--parallel", "1", "--prompt-cache-ram", "7")
+    assert target.prompt_cache_ram == 7.0
+
+
 def _run(monkeypatch, *extra):
     """`edge-agent run --role target` up to the engine load, which records its arguments and stops."""
     import edge.cli.agent_run as agent_run
@@ -69,7 +94,8 @@ def test_run_target_builds_the_cache():
     from harness.http_endpoints import tiny_engine
     engine = tiny_engine(0)
     cache = open_prompt_cache(engine, 3, 2.5)
-    assert cache.slots == 3 and cache.max_bytes == 2_500_000 and cache.engine is engine
+    assert cache.slots == 3 and cache.max_bytes == 2_500_000 and cache.engine is engine and cache.saved is None
+    assert open_prompt_cache(engine, 3, 2.5, None).saved.max_bytes == 512 * 10 ** 6     # the default tier
     assert open_prompt_cache(engine, 0, 2.5) is None
 
 

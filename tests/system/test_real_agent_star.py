@@ -18,6 +18,7 @@ tokens. What an agent needs from it:
     and punctuation taken without a target forward (jump-forward: the answer's timings.forced_n),
     as is a named tool_choice's fixed frame;
 (f) a conversation's second turn reuses the first's prompt: usage.prompt_tokens_details.cached_tokens;
+    also after more conversations than the 4 held slots let it go (saved to host memory, restored);
 (g) two requests at once (one free, one held to a json_schema) both complete, each with its own
     correct answer (no overlap asserted);
 (h) back-to-back pairs of requests at once, at the client limit of 2 (the hub's --max-sessions 4, half
@@ -209,6 +210,22 @@ def test_the_second_turn_reuses_the_first_turns_prompt(client):
     cached = two.usage.prompt_tokens_details.cached_tokens
     # the whole first prompt (the second one starts with it), never the whole second one
     assert one.usage.prompt_tokens <= cached < two.usage.prompt_tokens, (raw(one), raw(two))
+
+
+def test_a_conversation_the_held_slots_let_go_comes_back_from_host_memory(client):
+    code = "\n".join(f"def add_{i}(x):\n    return x + {i}" for i in range(30))
+    conv = [{"role": "system", "content": "You review Python modules. Answer with a function name only."},
+            {"role": "user", "content": f"{code}\n\nWhich function adds 7?"}]
+    one = client.chat.completions.create(model=MODEL, messages=conv, temperature=0, max_tokens=8)
+    for i in range(6):              # more conversations than the target's 4 held slots, sharing < 16 tokens
+        client.chat.completions.create(model=MODEL, temperature=0, max_tokens=2, messages=[   # with any other
+            {"role": "system", "content": f"{i} is your number."}, {"role": "user", "content": "Say it in French."}])
+    conv += [{"role": "assistant", "content": one.choices[0].message.content},
+             {"role": "user", "content": "And which adds 9?"}]
+    two = client.chat.completions.create(model=MODEL, messages=conv, temperature=0, max_tokens=8)
+    assert two.choices[0].message.content, raw(two)
+    assert one.usage.prompt_tokens <= two.usage.prompt_tokens_details.cached_tokens < two.usage.prompt_tokens, \
+        (raw(one), raw(two))
 
 
 def test_two_requests_at_once_both_complete(client):

@@ -1,7 +1,9 @@
 """Concurrent clients: each sends MT-bench first turns back to back (streamed); total completion
 tok/s over the window, p50 / p99 latency, TTFT p50. The part "serial" is the same requests sent by
 one client one after another, on the same server: the one-at-a-time figure the concurrent one is
-measured against. The server process's CPU seconds over the cell's completion tokens ("CPU ms a token",
+measured against: its prompts were the concurrent part's, so a server that keeps them (llama-server's
+--cache-ram, ours' saved prompts) answers from its prompt cache -- each request's cached_tokens says.
+The server process's CPU seconds over the cell's completion tokens ("CPU ms a token",
 prefills included; ours-star: the target process, not its hub and draft service) compare servers
 measured at different loads better than their tok/s do."""
 from __future__ import annotations
@@ -42,7 +44,8 @@ def run_concurrent(server: Server, store: Store, prompts: List[str], args, paral
                 r = {"status": 0, "error": str(e), "total_s": time.perf_counter() - t0}
             with lock:
                 results.append({"client": i, "start": t0, "end": time.perf_counter(), **{
-                    k: r.get(k) for k in ("status", "ttft_s", "total_s", "completion_tokens", "error")}})
+                    k: r.get(k) for k in ("status", "ttft_s", "total_s", "completion_tokens", "prompt_tokens",
+                                          "cached_tokens", "error")}})
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     cpu0 = _cpu_s(server)
@@ -64,6 +67,8 @@ def run_concurrent(server: Server, store: Store, prompts: List[str], args, paral
                        "p50_s": float(np.percentile(lat, 50)) if lat else None,
                        "p99_s": float(np.percentile(lat, 99)) if lat else None,
                        "ttft_p50_s": median_of([r["ttft_s"] for r in ok]),
+                       "prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in ok),
+                       "cached_tokens": sum(r.get("cached_tokens") or 0 for r in ok),
                        "server_parallel": parallel}
     cell["done"] = True
     store.save()

@@ -117,20 +117,28 @@ def concurrent_table(v: Cells) -> List[str]:
                  "included (ours-star: its target process), which a busy machine inflates less than it does wall "
                  "time)", "",
              "| model | server | generations at once | total tok/s | CPU ms a token | p50 latency s | p99 latency s | "
-             "TTFT p50 s | failed | load avg | one at a time: tok/s | CPU ms a token | load avg | "
-             "concurrent / one at a time |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "TTFT p50 s | failed | load avg | one at a time: tok/s | CPU ms a token | TTFT p50 s | "
+             "prompt tokens cached | load avg | concurrent / one at a time |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in v.models:
         for s in v.servers:
             x, one = v.summ(s, m, "concurrent"), v.summ(s, m, "serial")
             row = (f"{x['server_parallel']} | {_f(x['tok_s'])} | {_f(x.get('cpu_ms_per_token'), '{:.1f}')} | "
                    f"{_f(x['p50_s'])} | {_f(x['p99_s'])} | {_f(x['ttft_p50_s'])} | {x['failed']}/{x['requests']} | "
                    f"{v.load(s, m, 'concurrent')}" if x else "- | - | - | - | - | - | - | -")
-            row += (f" | {_f(one['tok_s'])} | {_f(one.get('cpu_ms_per_token'), '{:.1f}')} | {v.load(s, m, 'serial')}"
-                    if one else " | - | - | -")
+            row += (f" | {_f(one['tok_s'])} | {_f(one.get('cpu_ms_per_token'), '{:.1f}')} | "
+                    f"{_f(one.get('ttft_p50_s'))} | {_cached(one)} | {v.load(s, m, 'serial')}"
+                    if one else " | - | - | - | - | -")
             ratio = x["tok_s"] / one["tok_s"] if x and one and one["tok_s"] else None
             lines.append(f"| {_short(m)} | {s} | {row} | {_f(ratio, '{:.2f}x')} |")
     return lines
+
+
+def _cached(x: dict) -> str:
+    """'cached of prompt tokens' over a cell's requests ('-' where the run did not record them)."""
+    if not x.get("prompt_tokens"):
+        return "-"
+    return f"{x.get('cached_tokens') or 0} of {x['prompt_tokens']}"
 
 
 def write_report(d: dict, out: Path) -> None:

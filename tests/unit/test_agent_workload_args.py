@@ -35,8 +35,8 @@ def test_bad_options_are_refused(bad):
 
 
 def test_the_checkpoint_resumes_and_a_partial_run_reports(tmp_path):
-    out = tmp_path / "agent_workload" / "partial"
-    store = aw.Store(out.with_suffix(".json"))
+    out = tmp_path / "agent_workload" / "amd_1.5b_partial"     # a dot in the name is not a suffix
+    store = aw.Store(out.with_name(out.name + ".json"))
     store.data["config"] = {k: str(v) if k == "out" else v for k, v in vars(aw.args_of(["--quick"])).items()}
     cell = store.cell("llama-server", aw.MODELS[0], "bfcl_simple")
     cell["cases"] = {"simple_python_0": {"ok": True, "why": None, "s": 1.0}}
@@ -45,12 +45,12 @@ def test_the_checkpoint_resumes_and_a_partial_run_reports(tmp_path):
         "ttft_p50_s": 0.5, "server_parallel": 1})
     store.cell("ours", aw.MODELS[0], "serial").update(done=True, summary={"tok_s": 8.0, "cpu_ms_per_token": 70.04})
     store.save()
-    again = aw.Store(out.with_suffix(".json"))
+    again = aw.Store(out.with_name(out.name + ".json"))
     assert again.done("ours", aw.MODELS[0], "concurrent") and not again.done("llama-server", aw.MODELS[0], "bfcl_simple")
-    assert json.loads(out.with_suffix(".json").read_text())["cells"][f"llama-server|{aw.MODELS[0]}|bfcl_simple"]
+    assert json.loads(out.with_name(out.name + ".json").read_text())["cells"][f"llama-server|{aw.MODELS[0]}|bfcl_simple"]
     aw.write_report(again.data, out)
-    md = out.with_suffix(".md").read_text()
-    assert "(1/1 so far)" in md and out.with_suffix(".png").exists()
+    md = out.with_name(out.name + ".md").read_text()
+    assert "(1/1 so far)" in md and out.with_name(out.name + ".png").exists()
     assert "| 1 | 10.00 | - | 1.00 | 2.00 | 0.50 | 0/4 | - | 8.00 | 70.0 | - | - | - | 1.25x |" in md  # no CPU: -
 
 

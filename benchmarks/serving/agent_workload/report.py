@@ -148,7 +148,7 @@ def write_report(d: dict, out: Path) -> None:
     if errs:
         lines += ["", "## Failures", ""] + [f"* {e['at']}: {e['error'][:300]}".replace("\n", " ") for e in errs]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_name(out.name + ".md").write_text("\n".join(lines) + "\n")
     plot(v, out)
 
 
@@ -180,5 +180,5 @@ def plot(v: Cells, out: Path) -> None:
     axes[2].set_ylabel(f"total tok/s, {v.cfg.get('clients')} clients")
     fig.suptitle(f"agent workloads on {v.d.get('machine', {}).get('cpu')}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=110)
+    fig.savefig(out.with_name(out.name + ".png"), dpi=110)
     plt.close(fig)

@@ -36,7 +36,7 @@ def code_version() -> str:
 def open_store(args) -> Store:
     """The result JSON, the cells --redo names dropped, this run recorded."""
     from benchmarks.lib.bfcl_check import checker_name
-    store = Store(args.out.with_suffix(".json"))
+    store = Store(args.out.with_name(args.out.name + ".json"))
     d = store.data
     d.setdefault("machine", machine())
     if d["machine"]["cpu"] != machine()["cpu"]:
@@ -135,4 +135,4 @@ def main(argv=None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     run(args)
-    print(args.out.with_suffix(".md").read_text())
+    print(args.out.with_name(args.out.name + ".md").read_text())

@@ -110,3 +110,25 @@ def test_the_report_shows_every_stored_cell_not_only_the_last_runs(tmp_path):
     md = (tmp_path / "r.md").read_text()
     assert f"| {aw.MODELS[0]} | llama-server | 0/1 (0%) |" in md and f"| {aw.MODELS[1]} | ours | 1/1 (100%) |" in md
     assert "-np 4`" in md                            # the header's f-strings filled in
+
+
+def test_the_interleaved_part_runs_when_named_and_reports_its_turns(tmp_path):
+    a = aw.args_of(["--parts", "interleaved", "--conversations", "3", "--prompt-cache-ram", "0"])
+    assert aw.part_keys(a) == ["interleaved"] and a.conversations == 3 and a.prompt_cache_ram == 0.0
+    assert "interleaved" not in aw.part_keys(aw.args_of([]))
+    from benchmarks.serving.agent_workload.servers import make_server
+    ctx = {"logdir": tmp_path, "bin_dir": lambda: tmp_path}
+    assert make_server("ours", aw.MODELS[0], 1, a, ctx).ram == 0.0
+    from benchmarks.serving.agent_workload.interleaved import _messages
+    msgs = _messages("SYS", 1, [{"answer": "one"}])
+    assert msgs[0]["content"].startswith("Conversation 2 of") and [m["role"] for m in msgs] == \
+        ["system", "user", "assistant", "user"]
+    from benchmarks.serving.agent_workload.report import write_report
+    out = tmp_path / "r"
+    write_report({"config": {"conversations": 3, "prefix_tokens": 1800, "turn_tokens": 64, "models": [aw.MODELS[0]],
+                             "servers": ["ours"]},
+                  "cells": {f"ours|{aw.MODELS[0]}|interleaved": {"done": True, "summary": {
+                      "ttft_s": [9.0, 0.5, 0.4], "prompt_tokens": [1800, 1900, 2000], "cached_tokens": [0, 1850, 1950],
+                      "total_s": 40.0}}}}, out)
+    md = (tmp_path / "r.md").read_text()
+    assert "| 9.00 | 0.50 | 0.40 | 1800 / 1900 / 2000 | 0 / 1850 / 1950 | 40.00 |" in md

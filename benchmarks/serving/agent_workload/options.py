@@ -11,7 +11,8 @@ from benchmarks.lib.results import result_stem
 SERVERS = ("llama-server", "ours", "ours-star")
 MODELS = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 CATEGORIES = ("simple", "multiple", "parallel")
-PARTS = ("multiturn", "concurrent", "serial", "bfcl")   # the order they run in per server: timings first
+PARTS = ("multiturn", "concurrent", "serial", "bfcl", "interleaved")   # the order they run in per server
+DEFAULT_PARTS = PARTS[:4]                         # interleaved: asked for by name (interleaved.py)
 TURNS = 5                                         # the session's user turns (multiturn.py has five)
 DESCRIPTION = "Agent workloads on a device's OpenAI endpoint: ours (alone, through the star) vs llama-server."
 
@@ -20,7 +21,7 @@ def args_of(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.serving.agent_workload", description=DESCRIPTION)
     ap.add_argument("--models", default=",".join(MODELS), help="target models (names or GGUF paths), comma-separated")
     ap.add_argument("--servers", default=",".join(SERVERS), help=f"of {', '.join(SERVERS)}")
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"of {', '.join(PARTS)}")
+    ap.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"of {', '.join(PARTS)}")
     ap.add_argument("--categories", default=",".join(CATEGORIES), help="BFCL categories")
     ap.add_argument("--cases", type=int, default=100, help="BFCL cases per category (evenly spaced)")
     ap.add_argument("--bfcl-tokens", type=int, default=512, help="max_tokens of a BFCL request")
@@ -28,6 +29,9 @@ def args_of(argv=None) -> argparse.Namespace:
     ap.add_argument("--sessions", type=int, default=3, help="multi-turn sessions (medians)")
     ap.add_argument("--prefix-tokens", type=int, default=1800, help="the session's system prompt, in tokens")
     ap.add_argument("--turn-tokens", type=int, default=128, help="max_tokens of a session's turn")
+    ap.add_argument("--conversations", type=int, default=8, help="the interleaved part's conversations")
+    ap.add_argument("--prompt-cache-ram", type=float, default=None, metavar="MB",
+                    help="ours' --prompt-cache-ram (alone and the star's target; default: the CLI's)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients")
     ap.add_argument("--requests", type=int, default=4, help="requests per client, back to back")
     ap.add_argument("--concurrent-tokens", type=int, default=128, help="max_tokens of a concurrent request")
@@ -72,8 +76,8 @@ def args_of(argv=None) -> argparse.Namespace:
             ap.error(f"{name}: {', '.join(bad) or 'none given'} (choose from {', '.join(allowed)})")
     if args.turns < 1 or args.turns > TURNS:
         ap.error(f"--turns: 1..{TURNS}")
-    if min(args.cases, args.sessions, args.clients, args.requests, args.parallel) < 1:
-        ap.error("--cases, --sessions, --clients, --requests and --parallel must be at least 1")
+    if min(args.cases, args.sessions, args.clients, args.requests, args.parallel, args.conversations) < 1:
+        ap.error("--cases, --sessions, --clients, --requests, --parallel and --conversations must be at least 1")
     return args
 
 

@@ -108,6 +108,27 @@ def multiturn_table(v: Cells) -> List[str]:
     return lines
 
 
+def interleaved_table(v: Cells) -> List[str]:
+    """Only where a run had the interleaved part (it runs when asked for by name)."""
+    rows = [(m, s, v.summ(s, m, "interleaved")) for m in v.models for s in v.servers]
+    if not any(x for *_, x in rows):
+        return []
+    cfg = v.cfg
+    lines = ["", f"## Interleaved conversations: {cfg.get('conversations')} conversations of 3 turns, round-robin "
+                 f"(each ~{cfg.get('prefix_tokens')}-token system prompt its own; up to {cfg.get('turn_tokens')} tokens "
+                 "a turn): TTFT per turn, the median over the conversations, and the prompt tokens reused", "",
+             "| model | server | turn 1 TTFT s | turn 2 | turn 3 | prompt tokens (turn 1 / 2 / 3) | "
+             "cached tokens (turn 1 / 2 / 3) | all turns s | load avg |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for m, s, x in rows:
+        if x:
+            lines.append(f"| {_short(m)} | {s} | " + " | ".join(_f(t) for t in x["ttft_s"]) + " | "
+                         + " / ".join(str(t) for t in x["prompt_tokens"]) + " | "
+                         + " / ".join(str(t) for t in x["cached_tokens"])
+                         + f" | {_f(x['total_s'])} | {v.load(s, m, 'interleaved')} |")
+    return lines
+
+
 def concurrent_table(v: Cells) -> List[str]:
     cfg = v.cfg
     lines = ["", f"## {cfg.get('clients')} concurrent clients ({cfg.get('requests')} MT-bench requests each, "
@@ -143,7 +164,7 @@ def _cached(x: dict) -> str:
 
 def write_report(d: dict, out: Path) -> None:
     v = Cells(d)
-    lines = header(v) + bfcl_table(v) + multiturn_table(v) + concurrent_table(v)
+    lines = header(v) + bfcl_table(v) + multiturn_table(v) + interleaved_table(v) + concurrent_table(v)
     errs = d.get("errors", [])
     if errs:
         lines += ["", "## Failures", ""] + [f"* {e['at']}: {e['error'][:300]}".replace("\n", " ") for e in errs]

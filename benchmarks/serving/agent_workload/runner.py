@@ -15,6 +15,7 @@ from benchmarks.lib.results import ROOT
 from benchmarks.serving.agent_workload.bfcl import rescore, run_bfcl
 from benchmarks.lib.chat_client import ServerGone, chat
 from benchmarks.serving.agent_workload.concurrent import run_concurrent
+from benchmarks.serving.agent_workload.interleaved import run_interleaved
 from benchmarks.serving.agent_workload.multiturn import run_multiturn, system_prompt
 from benchmarks.serving.agent_workload.options import args_of, part_keys
 from benchmarks.serving.agent_workload.report import write_report
@@ -115,11 +116,11 @@ def run_server(server, store: Store, args, ctx: dict) -> None:
 
 
 def run_part(server, store: Store, key: str, args, ctx: dict) -> None:
-    if key == "multiturn":
+    if key in ("multiturn", "interleaved"):
         if ctx["system"] is None:
             from edge.model.tokenizer import Tokenizer
             ctx["system"] = system_prompt(args.prefix_tokens, Tokenizer.from_gguf(server.gguf))
-        run_multiturn(server, store, ctx["system"], args)
+        (run_multiturn if key == "multiturn" else run_interleaved)(server, store, ctx["system"], args)
     elif key in ("concurrent", "serial"):
         run_concurrent(server, store, ctx["prompts"], args, args.np if server.name == "llama-server" else args.parallel,
                        part=key)

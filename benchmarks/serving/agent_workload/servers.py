@@ -82,13 +82,14 @@ class LlamaServer(Server):
 class OursAlone(Server):
     name = "ours"
 
-    def __init__(self, *a, parallel: int, repack: str = "auto"):
+    def __init__(self, *a, parallel: int, repack: str = "auto", ram: Optional[float] = None):
         super().__init__(*a)
-        self.parallel, self.repack = parallel, repack
+        self.parallel, self.repack, self.ram = parallel, repack, ram
 
     def start(self) -> "OursAlone":
         self._spawn([sys.executable, "-m", "benchmarks.lib.agent_alone_worker", "--model", self.gguf,
-                     "--port", self.port, "--threads", 1, "--parallel", self.parallel, *repack_args(self.repack)])
+                     "--port", self.port, "--threads", 1, "--parallel", self.parallel, *repack_args(self.repack),
+                     *ram_args(self.ram)])
         self.wait_ready()
         return self
 
@@ -98,9 +99,9 @@ class OursStar(Server):
     (server/demos/two_device.py's RemoteStar), then `edge-agent run --role target` on TARGET_CORE."""
     name = "ours-star"
 
-    def __init__(self, *a, draft: Path, gamma: str, parallel: int, repack: str = "auto"):
+    def __init__(self, *a, draft: Path, gamma: str, parallel: int, repack: str = "auto", ram: Optional[float] = None):
         super().__init__(*a)
-        self.draft, self.gamma, self.parallel, self.repack = draft, gamma, parallel, repack
+        self.draft, self.gamma, self.parallel, self.repack, self.ram = draft, gamma, parallel, repack, ram
         self.stack = contextlib.ExitStack()
 
     def start(self) -> "OursStar":
@@ -114,7 +115,7 @@ class OursStar(Server):
                                                 broker_url=broker.url))
             self._spawn([BIN / "edge-agent", "run", "--role", "target", "-m", self.gguf, "--broker", broker.url,
                          "--http-port", self.port, "--client-id", "dev0", "-g", self.gamma, "--threads", 1,
-                         "--parallel", self.parallel, *repack_args(self.repack)])
+                         "--parallel", self.parallel, *repack_args(self.repack), *ram_args(self.ram)])
             self.wait_ready()
         except BaseException:
             self.stop()
@@ -139,11 +140,16 @@ def make_server(name: str, model: str, port: int, args, ctx: dict) -> Server:
     logdir, core = ctx["logdir"] / f"{name}-{Path(str(model)).name}", args.server_core
     if name == "llama-server":
         return LlamaServer(model, gguf, port, logdir, core, bin_dir=ctx["bin_dir"](), np_=args.np)
-    repack = getattr(args, "repack", "auto")
+    repack, ram = getattr(args, "repack", "auto"), getattr(args, "prompt_cache_ram", None)
     if name == "ours":
-        return OursAlone(model, gguf, port, logdir, core, parallel=args.parallel, repack=repack)
+        return OursAlone(model, gguf, port, logdir, core, parallel=args.parallel, repack=repack, ram=ram)
     return OursStar(model, gguf, port, logdir, core, draft=target_gguf(args.draft, args.draft_format), gamma=args.gamma,
-                    parallel=args.parallel, repack=repack)
+                    parallel=args.parallel, repack=repack, ram=ram)
+
+
+def ram_args(mb: Optional[float]) -> list:
+    """--prompt-cache-ram for ours' command line; none for the default."""
+    return [] if mb is None else ["--prompt-cache-ram", mb]
 
 
 def repack_args(mode: str) -> list:

@@ -123,8 +123,8 @@ def interleaved_table(v: Cells) -> List[str]:
     for m, s, x in rows:
         if x:
             lines.append(f"| {_short(m)} | {s} | " + " | ".join(_f(t) for t in x["ttft_s"]) + " | "
-                         + " / ".join(str(t) for t in x["prompt_tokens"]) + " | "
-                         + " / ".join(str(t) for t in x["cached_tokens"])
+                         + " / ".join(_f(t, "{:.0f}") for t in x["prompt_tokens"]) + " | "
+                         + " / ".join(_f(t, "{:.0f}") for t in x["cached_tokens"])
                          + f" | {_f(x['total_s'])} | {v.load(s, m, 'interleaved')} |")
     return lines
 
@@ -187,11 +187,11 @@ def plot(v: Cells, out: Path) -> None:
     axes[0].set_xticks([i + 0.4 - w / 2 for i in range(len(labels))], labels, fontsize=7)
     axes[0].set_ylabel("BFCL AST accuracy %")
     axes[0].legend(fontsize=7)
-    for m, s in pairs:
-        x = v.summ(s, m, "multiturn")
+    for (m, s), (part, style) in [(p, k) for p in pairs for k in (("multiturn", "-"), ("interleaved", "--"))]:
+        x = v.summ(s, m, part)
         if x:
-            axes[1].plot(range(1, len(x["ttft_s"]) + 1), x["ttft_s"], marker="o",
-                         label=f"{_short(m).replace('qwen2.5-coder-', '')} {s}")
+            axes[1].plot(range(1, len(x["ttft_s"]) + 1), x["ttft_s"], marker="o", linestyle=style,
+                         label=f"{_short(m).replace('qwen2.5-coder-', '')} {s}" + (" interleaved" if style == "--" else ""))
     axes[1].set_xlabel("turn")
     axes[1].set_ylabel("TTFT s (median)")
     if axes[1].lines:

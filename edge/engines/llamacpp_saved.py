@@ -16,24 +16,25 @@ from edge.engines.llamacpp_twin import buffer_at
 
 
 def save_state(engine, seq: int) -> SavedSequence:
-    """`seq` of a LlamaCppEngine copied out: (its tokens, a memoryview of its one-stream state)."""
+    """`seq` of a LlamaCppEngine copied out: its tokens and its one-stream state, kept in a buffer with
+    room on both sides so that restore_state rewrites the frame for its slot in place (no second copy)."""
     slot, tokens = engine._get(seq), tuple(engine._tokens[seq])
     if tokens and min(tokens) < 0:
         raise EngineError("a sequence imported without its tokens cannot be saved")
     engine._apply_queued_copies(slot, len(tokens))
     lc = engine._lc
     n = lc.llama_state_seq_get_size(engine._ctx, slot)
-    buf = bytearray(n)
-    if lc.llama_state_seq_get_data(engine._ctx, buffer_at(buf, 0), n, slot) != n:
+    room = 4 * (engine.n_seq_max - 1)
+    buf = bytearray(room + n + room)
+    if lc.llama_state_seq_get_data(engine._ctx, buffer_at(buf, room), n, slot) != n:
         raise EngineError(f"llama.cpp wrote less than the {n} bytes of a sequence's state")
-    at, length = (0, n) if engine.n_seq_max == 1 else _one_stream(buf, n, slot)
-    view = memoryview(buf)[at:at + length]
-    return SavedSequence(tokens, view, length, engine.fingerprint)
+    at, length = (0, n) if engine.n_seq_max == 1 else _one_stream(memoryview(buf)[room:], n, slot)
+    return SavedSequence(tokens, (buf, room + at), length, engine.fingerprint)
 
 
 def restore_state(engine, saved: SavedSequence) -> int:
     """A new sequence of `engine` holding `saved` (an EngineError when no slot is free or llama.cpp
-    refuses it; nothing is left behind)."""
+    refuses it; nothing is left behind, and `saved` is as it was: it may be restored again)."""
     if saved.engine != engine.fingerprint:
         raise EngineError("a saved sequence goes back only to the model that computed it")
     sid = engine.new_sequence()
@@ -41,12 +42,7 @@ def restore_state(engine, saved: SavedSequence) -> int:
     try:
         engine._apply_queued_copies(slot, 0)    # this slot may be a queued copy's source
         if saved.tokens:
-            m, streams = saved.nbytes, engine.n_seq_max
-            buf = bytearray(4 * slot + m + 4 * max(0, streams - 1))
-            buf[4 * slot: 4 * slot + m] = saved.data
-            length = m if streams == 1 else from_one_stream(buf, m, slot, streams)
-            if engine._lc.llama_state_seq_set_data(engine._ctx, buffer_at(buf, 0), length, slot) != length:
-                raise EngineError("llama.cpp refused a saved sequence's state (no room in its cache)")
+            _set(engine, saved, slot)
     except StateError as e:
         engine.free(sid)
         raise EngineError(f"cannot restore a saved sequence: {e}") from None
@@ -57,8 +53,23 @@ def restore_state(engine, saved: SavedSequence) -> int:
     return sid
 
 
-def _one_stream(buf: bytearray, n: int, slot: int):
+def _set(engine, saved: SavedSequence, slot: int) -> None:
+    """llama_state_seq_set_data of the saved frame into `slot`: rewritten for the slot in its buffer,
+    then back to its one-stream form."""
+    (buf, at), m, streams = saved.data, saved.nbytes, engine.n_seq_max
+    start = at - 4 * slot if streams > 1 else at
+    view = memoryview(buf)[start:]
+    length = from_one_stream(view, m, slot, streams) if streams > 1 else m
     try:
-        return to_one_stream(buf, n, slot)
+        if engine._lc.llama_state_seq_set_data(engine._ctx, buffer_at(buf, start), length, slot) != length:
+            raise EngineError("llama.cpp refused a saved sequence's state (no room in its cache)")
+    finally:
+        if streams > 1:
+            to_one_stream(view, length, slot)
+
+
+def _one_stream(view, n: int, slot: int):
+    try:
+        return to_one_stream(view, n, slot)
     except StateError as e:
         raise EngineError(f"cannot save a sequence: {e}") from None

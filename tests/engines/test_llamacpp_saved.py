@@ -35,11 +35,14 @@ def test_a_restored_sequence_gives_the_saved_ones_logits_bit_for_bit_in_another_
     engine.free(a)
     other = engine.new_sequence()                  # slot 0 taken: the copy goes back elsewhere
     b = engine.restore_sequence(saved)
+    c = engine.restore_sequence(saved)             # again, into a third slot: the saved copy is unchanged
     try:
         assert engine._slot[b] != 0 and engine.tokens(b) == ids[:-1]
         assert np.array_equal(engine.forward_last(b, ids[-1:]), want)
+        assert np.array_equal(engine.forward_last(c, ids[-1:]), want)
     finally:
         engine.free(b)
+        engine.free(c)
         engine.free(other)
 
 

@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 from edge.memory.fit import Estimate
 
 GB = 1e9
-_HOST_ALWAYS = ("runtime", "tokenizer")     # the process itself, wherever the model is
+_HOST_ALWAYS = ("runtime", "tokenizer", "saved prompts")   # the process itself and its host-memory KV copies
 
 
 @dataclass(frozen=True)

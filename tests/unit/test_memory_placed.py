@@ -42,6 +42,9 @@ def test_split_follows_the_layers_on_the_gpu():
     h2, g2 = split(e, gpu_fraction(half, layers))
     assert h2 + g2 == e.total and g2 < gpu and h2 > host
     assert split(e, 0.0) == (e.total, 0)
+    saved = estimate(e.shape, Workload("target", "llamacpp", 4096, 1, cache_slots=2, saved_bytes=10 ** 8))
+    assert saved.parts["saved prompts"] == 10 ** 8                       # copied off the GPU: host memory
+    assert split(saved, 1.0)[0] == saved.parts["runtime"] + saved.parts["tokenizer"] + 10 ** 8
 
 
 def test_unified_pool_counts_both_sides_together():

@@ -87,6 +87,8 @@ def test_run_takes_the_options_and_the_config_file(monkeypatch, gguf, tmp_path):
     cfg.write_text(f'model = "{gguf}"\nbackend = "llamacpp"\nprompt_cache = 0\nparallel = 1\n')
     loaded, target = _run(monkeypatch, "--config", str(cfg))
     assert loaded["n_seq_max"] == 1 and target.prompt_cache == 0
+    cfg.write_text(f'model = "{gguf}"\nbackend = "llamacpp"\nprompt_cache_ram = 64\nparallel = 1\n')
+    assert _run(monkeypatch, "--config", str(cfg))[1].prompt_cache_ram == 64.0
 
 
 def test_run_target_builds_the_cache():
